@@ -1,0 +1,126 @@
+# cadence — build, test and benchmark.
+#
+#   make build   .venv with the pinned dependencies + the extension (maturin develop --release)
+#   make run     build, then the main benchmark (cadence vs gloo vs Open MPI, allreduce)
+#   make test    build, then cargo test and pytest
+#   make bench   build, then every collective at 4 ranks (JSON in bench-results/)
+#   make lint    cargo fmt --check, cargo clippy -D warnings, ruff
+#   make clean   remove build outputs and .venv (the wheel cache stays)
+#
+# Python wheels are downloaded once into $(WHEEL_CACHE), outside the checkout and
+# keyed by the requirements files, then installed offline from there. A stamp in
+# .venv makes a re-run instant; `make build` is a no-op when no source changed.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := build
+
+PYTHON ?= python3
+VENV := .venv
+VBIN := $(CURDIR)/$(VENV)/bin
+REQ_HASH := $(shell cat requirements.txt requirements-mpi.txt | sha256sum | cut -d' ' -f1)
+WHEEL_CACHE ?= $(HOME)/.cache/cadence/wheels/$(REQ_HASH)
+PIP_OFFLINE := $(VBIN)/python -m pip install --quiet --no-index --find-links $(WHEEL_CACHE)
+PIP_FILL := $(VBIN)/python -m pip wheel --quiet --no-cache-dir --wheel-dir $(WHEEL_CACHE)
+
+# The extension module that `maturin develop` writes next to the Python sources.
+EXT := python/cadence/_core.abi3.so
+RUST_SRC := Cargo.toml $(wildcard Cargo.lock) $(shell find crates -type f \( -name '*.rs' -o -name Cargo.toml \) 2>/dev/null)
+
+# Same interpreter for maturin and cargo, so pyo3's build script is not re-run
+# (and pyo3 rebuilt) each time one follows the other.
+CARGO_ENV := PYO3_PYTHON=$(VBIN)/python
+CARGO_TEST_FLAGS ?= --release
+PYTEST_TIMEOUT ?= 300
+
+BENCH := $(VBIN)/cadence bench
+RUN_ARGS ?= --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 20 -w 5 \
+	--backends cadence,gloo,mpi
+BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
+
+.PHONY: build run test bench lint clean clean-cache deps mpi
+
+build: $(EXT) $(VENV)/.stamp-mpi
+
+# --- Python environment -----------------------------------------------------
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.stamp-deps: requirements.txt | $(VENV)/bin/python
+	@if [ ! -f "$(WHEEL_CACHE)/.complete-base" ]; then \
+	  echo "make: downloading wheels once into $(WHEEL_CACHE) (torch is large)"; \
+	  mkdir -p "$(WHEEL_CACHE)"; \
+	  $(PIP_FILL) -r requirements.txt; \
+	  touch "$(WHEEL_CACHE)/.complete-base"; \
+	fi
+	$(PIP_OFFLINE) -r requirements.txt
+	touch $@
+
+deps: $(VENV)/.stamp-deps $(VENV)/.stamp-mpi
+
+# Open MPI (apt) and mpi4py, for the `mpi` benchmark backend. Without Open MPI,
+# and without root to install it, everything else still builds and tests. No
+# stamp is written then, so a later `make build` picks Open MPI up.
+$(VENV)/.stamp-mpi: requirements-mpi.txt $(VENV)/.stamp-deps
+	@if ! command -v mpicc >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing Open MPI (apt-get install openmpi-bin libopenmpi-dev)"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -qq && apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; \
+	  fi; \
+	fi
+	@if ! command -v mpicc >/dev/null 2>&1; then \
+	  echo "make: Open MPI is not installed and this is not root; skipping mpi4py." >&2; \
+	  echo "make: the 'mpi' benchmark backend is unavailable until someone runs" >&2; \
+	  echo "make:   sudo apt-get install openmpi-bin libopenmpi-dev && make build" >&2; \
+	  exit 0; \
+	fi; \
+	if [ ! -f "$(WHEEL_CACHE)/.complete-mpi" ]; then \
+	  echo "make: fetching mpi4py into $(WHEEL_CACHE)"; \
+	  mkdir -p "$(WHEEL_CACHE)"; \
+	  $(PIP_FILL) --no-deps -r requirements-mpi.txt; \
+	  touch "$(WHEEL_CACHE)/.complete-mpi"; \
+	fi; \
+	$(PIP_OFFLINE) --no-deps -r requirements-mpi.txt; \
+	touch $@
+
+mpi: $(VENV)/.stamp-mpi
+
+# --- the extension ----------------------------------------------------------
+
+$(EXT): $(RUST_SRC) pyproject.toml $(VENV)/.stamp-deps
+	cd $(CURDIR) && VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(VBIN):$$PATH $(CARGO_ENV) \
+	  $(VBIN)/maturin develop --release --quiet
+	touch $@
+
+# --- the jobs ---------------------------------------------------------------
+
+run: build
+	mkdir -p bench-results
+	$(BENCH) $(RUN_ARGS) --json bench-results/run.json
+
+test: build
+	$(CARGO_ENV) cargo test --workspace $(CARGO_TEST_FLAGS)
+	$(VBIN)/pytest -q --timeout=$(PYTEST_TIMEOUT) tests
+
+bench: build
+	mkdir -p bench-results
+	status=0; for op in $(BENCH_OPS); do \
+	  $(BENCH) --nranks 4 --op $$op -b 8 -e 64M -f 8 -n 20 -w 5 --backends cadence,gloo,mpi \
+	    --json bench-results/$$op.json || status=1; \
+	done; exit $$status
+
+lint: $(VENV)/.stamp-deps
+	cargo fmt --all --check
+	$(CARGO_ENV) cargo clippy --workspace -- -D warnings
+	$(VBIN)/ruff check python tests
+
+clean:
+	cargo clean
+	rm -rf $(VENV) $(EXT) bench-results .pytest_cache .ruff_cache
+	find python tests -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The downloaded wheels live outside the checkout; this forgets them too.
+clean-cache:
+	rm -rf $(HOME)/.cache/cadence/wheels

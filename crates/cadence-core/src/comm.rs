@@ -1,0 +1,1014 @@
+//! The communicator: bootstrap (links to every peer), operation validation,
+//! algorithm choice, execution in issue order (inline on the caller's thread
+//! when nothing is queued, otherwise on a progress thread), records, and
+//! failure handling (a failed operation fails the communicator and tells every
+//! peer which rank is to blame).
+
+use crate::config::{Config, DebugLevel};
+use crate::engine::{Buffers, Engine, Wait};
+use crate::error::{CommError, ErrorKind, Result};
+use crate::monitor::{OpRecord, Recorder};
+use crate::reduce;
+use crate::schedule::{self, Algo, CollArgs, Schedule};
+use crate::transport::shm::{open_peer_inbox, Inbox, ShmLink};
+use crate::transport::tcp::{accept_all, connect, TcpLink};
+use crate::transport::{Link, OpMeta, RecvJob, SendJob, Sink, SinkMode, Source};
+use crate::types::{CollKind, DType, ElemOp, RedOp};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// What each rank publishes through the store at bootstrap.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerInfo {
+    pub rank: usize,
+    pub host: String,
+    pub pid: u32,
+    pub addr: String,
+}
+
+fn inbox_path(comm_id: &str, rank: usize) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/cadence-{comm_id}-r{rank}"))
+}
+
+/// A communicator being set up: it listens, and says where (`info`), before
+/// it knows its peers.
+pub struct Bootstrap {
+    pub comm_id: String,
+    pub rank: usize,
+    pub nranks: usize,
+    pub info: PeerInfo,
+    listener: TcpListener,
+    cfg: Config,
+}
+
+impl Bootstrap {
+    pub fn new(
+        comm_id: &str,
+        rank: usize,
+        nranks: usize,
+        host: &str,
+        ip: IpAddr,
+        cfg: Config,
+    ) -> Result<Bootstrap> {
+        if nranks == 0 || rank >= nranks {
+            return Err(CommError::invalid(format!(
+                "rank {rank} is not in a world of {nranks}"
+            )));
+        }
+        if comm_id.is_empty()
+            || comm_id.len() > 32
+            || !comm_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(CommError::invalid(format!(
+                "bad communicator id {comm_id:?}"
+            )));
+        }
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| CommError::setup(format!("cannot listen on {ip}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CommError::setup(e.to_string()))?;
+        Ok(Bootstrap {
+            comm_id: comm_id.to_string(),
+            rank,
+            nranks,
+            info: PeerInfo {
+                rank,
+                host: host.to_string(),
+                pid: std::process::id(),
+                addr: addr.to_string(),
+            },
+            listener,
+            cfg,
+        })
+    }
+
+    /// Connects to every peer, given every rank's published [`PeerInfo`].
+    pub fn connect(self, infos: Vec<PeerInfo>) -> Result<Comm> {
+        let (rank, n) = (self.rank, self.nranks);
+        let fail = |m: String| {
+            let mut e = CommError::setup(m);
+            e.rank = rank;
+            e.comm_id = self.comm_id.clone();
+            e
+        };
+        if infos.len() != n || infos.iter().enumerate().any(|(i, p)| p.rank != i) {
+            return Err(fail(format!(
+                "expected peer info for ranks 0..{n} in order"
+            )));
+        }
+        let deadline = Instant::now() + self.cfg.timeout;
+        let my_host = &infos[rank].host;
+        let local: Vec<usize> = (0..n).filter(|&r| infos[r].host == *my_host).collect();
+        let my_local = local
+            .iter()
+            .position(|&r| r == rank)
+            .expect("self is local");
+        let mut links: Vec<Option<Link>> = (0..n).map(|_| None).collect();
+
+        // Shared memory with same-host peers.
+        let inbox = if local.len() > 1 {
+            let path = inbox_path(&self.comm_id, rank);
+            let _ = std::fs::remove_file(&path);
+            let inbox = Inbox::create(&path, local.len(), self.cfg.shm).map_err(fail)?;
+            for (li, &peer) in local.iter().enumerate() {
+                if peer == rank {
+                    continue;
+                }
+                let (region, pid) = open_peer_inbox(&inbox_path(&self.comm_id, peer), deadline)
+                    .map_err(|e| fail(format!("rank {peer}: {e}")))?;
+                links[peer] = Some(Link::Shm(ShmLink::new(
+                    peer, &inbox, region, pid, my_local, li,
+                )));
+            }
+            Some(inbox)
+        } else {
+            None
+        };
+
+        // TCP with other hosts: the higher rank connects, the lower accepts.
+        let nstreams = self.cfg.nstreams;
+        let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
+        for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
+            let addr: SocketAddr = infos[peer].addr.parse().map_err(|_| {
+                fail(format!(
+                    "rank {peer} published a bad address {:?}",
+                    infos[peer].addr
+                ))
+            })?;
+            let mut v = Vec::new();
+            for s in 0..nstreams {
+                let sock = connect(addr, &self.comm_id, rank, s, deadline)
+                    .map_err(|e| fail(format!("connecting to rank {peer} at {addr}: {e}")))?;
+                v.push(Some(sock));
+            }
+            streams.insert(peer, v);
+        }
+        let expected: Vec<(usize, usize)> = ((rank + 1)..n)
+            .filter(|p| infos[*p].host != *my_host)
+            .flat_map(|p| (0..nstreams).map(move |s| (p, s)))
+            .collect();
+        let debug = self.cfg.debug;
+        let mut warn = |m: String| {
+            if debug >= DebugLevel::Warn {
+                eprintln!("cadence rank {rank}: WARN {m}");
+            }
+        };
+        for ((peer, s), sock) in accept_all(
+            &self.listener,
+            &self.comm_id,
+            &expected,
+            deadline,
+            &mut warn,
+        )
+        .map_err(fail)?
+        {
+            streams
+                .entry(peer)
+                .or_insert_with(|| (0..nstreams).map(|_| None).collect())[s] = Some(sock);
+        }
+        drop(self.listener);
+        for (peer, v) in streams {
+            let socks: Vec<_> = v
+                .into_iter()
+                .map(|s| s.expect("all streams connected"))
+                .collect();
+            let link = TcpLink::new(peer, socks).map_err(|e| fail(format!("rank {peer}: {e}")))?;
+            links[peer] = Some(Link::Tcp(link));
+        }
+
+        let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
+        let engine = Engine::new(rank, n, links, inbox);
+        let comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);
+        // Everyone has mapped everyone's inbox once a barrier completes; then
+        // the names can go, so a crash later leaves nothing in /dev/shm.
+        comm.run(OpRequest::barrier())?;
+        let inner = comm.shared.inner.lock().unwrap();
+        if let Some(inbox) = &inner.engine.inbox {
+            inbox.region.unlink();
+        }
+        drop(inner);
+        Ok(comm)
+    }
+}
+
+/// One operation as the user asked for it.
+#[derive(Clone)]
+pub struct OpRequest {
+    pub kind: CollKind,
+    pub dtype: DType,
+    pub op: RedOp,
+    pub root: usize,
+    pub counts: Vec<usize>,
+    pub bufs: Buffers,
+    /// Whether the caller passed an input / an output buffer at all.
+    pub has_input: bool,
+    pub has_output: bool,
+    /// Algorithm forced by the caller (beats `CADENCE_ALGO`).
+    pub algo: Option<Algo>,
+}
+
+impl OpRequest {
+    pub fn barrier() -> OpRequest {
+        OpRequest {
+            kind: CollKind::Barrier,
+            dtype: DType::U8,
+            op: RedOp::Sum,
+            root: 0,
+            counts: vec![],
+            bufs: Buffers {
+                input: std::ptr::null(),
+                input_bytes: 0,
+                output: std::ptr::null_mut(),
+                output_bytes: 0,
+            },
+            has_input: false,
+            has_output: false,
+            algo: None,
+        }
+    }
+}
+
+/// Completion of an asynchronous operation.
+#[derive(Default)]
+pub struct Completion {
+    state: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    fn finish(&self, r: Result<()>) {
+        *self.state.lock().unwrap() = Some(r);
+        self.cv.notify_all();
+    }
+    pub fn is_done(&self) -> bool {
+        self.state.lock().unwrap().is_some()
+    }
+    /// Waits up to `timeout` (forever if `None`); `None` if still running.
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
+        let mut st = self.state.lock().unwrap();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        while st.is_none() {
+            match deadline {
+                None => st = self.cv.wait(st).unwrap(),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    st = self.cv.wait_timeout(st, left).unwrap().0;
+                }
+            }
+        }
+        st.clone()
+    }
+}
+
+struct Task {
+    req: OpRequest,
+    done: Arc<Completion>,
+    enqueue_ns: u64,
+}
+
+struct Inner {
+    engine: Engine,
+    coll_seq: u64,
+    op_seq: u64,
+    p2p_tx: Vec<u64>,
+    p2p_rx: Vec<u64>,
+    failed: Option<CommError>,
+    schedules: HashMap<(CollArgs, Algo), Arc<Schedule>>,
+}
+
+struct Shared {
+    id: String,
+    rank: usize,
+    nranks: usize,
+    cfg: Config,
+    inner: Mutex<Inner>,
+    recorder: Mutex<Recorder>,
+    /// Submitted asynchronous operations not yet finished.
+    pending: AtomicUsize,
+}
+
+pub struct Comm {
+    shared: Arc<Shared>,
+    pub hosts: Vec<String>,
+    worker: Mutex<Option<(mpsc::Sender<Task>, std::thread::JoinHandle<()>)>>,
+}
+
+const SCHEDULE_CACHE_MAX: usize = 4096;
+
+fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
+    // FNV-1a over 64-bit words: stable across builds and hosts (unlike std's
+    // hasher), and a few lines — no crate needed.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for w in words {
+        for b in w.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl Comm {
+    fn from_parts(
+        id: String,
+        rank: usize,
+        nranks: usize,
+        hosts: Vec<String>,
+        engine: Engine,
+        cfg: Config,
+    ) -> Comm {
+        let recorder = Recorder::new(cfg.flight_recorder);
+        Comm {
+            shared: Arc::new(Shared {
+                id,
+                rank,
+                nranks,
+                inner: Mutex::new(Inner {
+                    engine,
+                    coll_seq: 0,
+                    op_seq: 0,
+                    p2p_tx: vec![0; nranks],
+                    p2p_rx: vec![0; nranks],
+                    failed: None,
+                    schedules: HashMap::new(),
+                }),
+                recorder: Mutex::new(recorder),
+                pending: AtomicUsize::new(0),
+                cfg,
+            }),
+            hosts,
+            worker: Mutex::new(None),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+    pub fn nranks(&self) -> usize {
+        self.shared.nranks
+    }
+    pub fn config(&self) -> &Config {
+        &self.shared.cfg
+    }
+
+    /// Runs an operation to completion. When no asynchronous operation is
+    /// queued it runs inline on the caller's thread: no hand-off, no wake-up.
+    pub fn run(&self, req: OpRequest) -> Result<()> {
+        if self.shared.pending.load(Ordering::Acquire) == 0 {
+            let enq = self.shared.recorder.lock().unwrap().now_ns();
+            return self.shared.execute(req, enq);
+        }
+        let done = self.submit(req)?;
+        done.wait(None).expect("waited without timeout")
+    }
+
+    /// Queues an operation on the progress thread; operations complete in
+    /// the order they were issued.
+    pub fn submit(&self, req: OpRequest) -> Result<Arc<Completion>> {
+        let done = Arc::new(Completion::default());
+        let enqueue_ns = self.shared.recorder.lock().unwrap().now_ns();
+        let mut w = self.worker.lock().unwrap();
+        if w.is_none() {
+            let (tx, rx) = mpsc::channel::<Task>();
+            let shared = self.shared.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("cadence-progress-{}", self.shared.rank))
+                .spawn(move || {
+                    let mut next: Option<Task> = None;
+                    loop {
+                        let Some(task) = next.take().or_else(|| rx.recv().ok()) else {
+                            break;
+                        };
+                        if is_p2p(&task.req) {
+                            next = shared.execute_p2p_batch(task, &rx);
+                        } else {
+                            let r = shared.execute(task.req, task.enqueue_ns);
+                            shared.pending.fetch_sub(1, Ordering::AcqRel);
+                            task.done.finish(r);
+                        }
+                    }
+                })
+                .map_err(|e| CommError::setup(format!("cannot start progress thread: {e}")))?;
+            *w = Some((tx, handle));
+        }
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        let task = Task {
+            req,
+            done: done.clone(),
+            enqueue_ns,
+        };
+        if w.as_ref().unwrap().0.send(task).is_err() {
+            self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+            return Err(CommError::new(ErrorKind::Failed(
+                "progress thread is gone".into(),
+            )));
+        }
+        Ok(done)
+    }
+
+    /// The flight recorder and link counters as JSON.
+    pub fn dump_records(&self) -> String {
+        self.shared.dump_records()
+    }
+
+    /// Stops the progress thread (after queued operations finish).
+    pub fn close(&self) {
+        if let Some((tx, handle)) = self.worker.lock().unwrap().take() {
+            drop(tx);
+            let _ = handle.join();
+        }
+    }
+
+    /// Test hook: writes garbage to the TCP link to `peer`.
+    pub fn inject_garbage(&self, peer: usize) -> Result<()> {
+        let mut inner = self.shared.inner.lock().unwrap();
+        match inner.engine.links.get_mut(peer) {
+            Some(Some(Link::Tcp(t))) => t
+                .inject_garbage()
+                .map_err(|e| CommError::invalid(format!("inject: {e}"))),
+            _ => Err(CommError::invalid(format!("no TCP link to rank {peer}"))),
+        }
+    }
+
+    /// Whether the communicator failed (and why).
+    pub fn failure(&self) -> Option<CommError> {
+        self.shared.inner.lock().unwrap().failed.clone()
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Shared {
+    fn err(&self, kind: ErrorKind, op: Option<(CollKind, u64)>) -> CommError {
+        CommError {
+            kind,
+            rank: self.rank,
+            op,
+            comm_id: self.id.clone(),
+        }
+    }
+
+    fn choose_algo(&self, req: &OpRequest, args: &CollArgs) -> Result<Algo> {
+        let n = self.nranks;
+        let applicable = |a: Algo| schedule::applicable(args, n, a);
+        if let Some(a) = req.algo {
+            if !applicable(a) {
+                return Err(self.err(
+                    ErrorKind::InvalidArgument(format!(
+                        "algorithm {} does not apply to {} here",
+                        a.name(),
+                        req.kind
+                    )),
+                    None,
+                ));
+            }
+            return Ok(a);
+        }
+        if let Some((a, explicit)) = self.cfg.algo.forced_for(req.kind) {
+            if applicable(a) {
+                return Ok(a);
+            }
+            if explicit {
+                return Err(self.err(
+                    ErrorKind::InvalidArgument(format!(
+                        "CADENCE_ALGO forces {} for {}, which does not apply (nranks {n}, counts {:?})",
+                        a.name(),
+                        req.kind,
+                        args.counts
+                    )),
+                    None,
+                ));
+            }
+        }
+        let def = schedule::default_algo(args, n, req.dtype.size());
+        if !self.cfg.algo.excluded.contains(&def) {
+            return Ok(def);
+        }
+        schedule::algos_for(req.kind)
+            .iter()
+            .copied()
+            .find(|a| !self.cfg.algo.excluded.contains(a) && applicable(*a))
+            .ok_or_else(|| {
+                self.err(
+                    ErrorKind::InvalidArgument(format!(
+                        "CADENCE_ALGO excludes every algorithm for {}",
+                        req.kind
+                    )),
+                    None,
+                )
+            })
+    }
+
+    /// Checks arguments that need no communication. Returns the collective's
+    /// arguments and the buffer sizes in elements.
+    fn validate(&self, req: &OpRequest) -> std::result::Result<CollArgs, String> {
+        let n = self.nranks;
+        let k = req.kind;
+        let want_counts = match k {
+            CollKind::AllReduce
+            | CollKind::Reduce
+            | CollKind::Broadcast
+            | CollKind::Send
+            | CollKind::Recv => 1,
+            CollKind::AllGather
+            | CollKind::ReduceScatter
+            | CollKind::Gather
+            | CollKind::Scatter => n,
+            CollKind::AllToAll => n * n,
+            CollKind::Barrier => 0,
+        };
+        if req.counts.len() != want_counts {
+            return Err(format!(
+                "{k} needs {want_counts} counts, got {}",
+                req.counts.len()
+            ));
+        }
+        let rooted = matches!(
+            k,
+            CollKind::Reduce
+                | CollKind::Broadcast
+                | CollKind::Gather
+                | CollKind::Scatter
+                | CollKind::Send
+                | CollKind::Recv
+        );
+        if rooted && req.root >= n {
+            return Err(format!(
+                "{k}: root/peer {} is not a rank (world of {n})",
+                req.root
+            ));
+        }
+        if matches!(k, CollKind::Send | CollKind::Recv) && req.root == self.rank {
+            return Err(format!("{k}: rank {} cannot {k} to itself", self.rank));
+        }
+        if k.reduces() {
+            if let RedOp::PremulSum(f) = req.op {
+                if !req.dtype.is_float() {
+                    return Err(format!(
+                        "premul_sum needs a floating-point dtype, not {}",
+                        req.dtype
+                    ));
+                }
+                if !f.is_finite() {
+                    return Err(format!("premul_sum factor {f} is not finite"));
+                }
+            }
+        }
+        let args = CollArgs {
+            kind: k,
+            root: req.root,
+            counts: req.counts.clone(),
+        };
+        let (ni, no) = args.buffer_lens(self.rank, n);
+        let es = req.dtype.size();
+        if req.has_input && req.bufs.input_bytes != ni * es {
+            return Err(format!(
+                "{k}: input has {} elements, expected {ni}",
+                req.bufs.input_bytes / es
+            ));
+        }
+        if !req.has_input && ni > 0 {
+            return Err(format!(
+                "{k}: this rank must pass an input of {ni} elements"
+            ));
+        }
+        if req.has_output && req.bufs.output_bytes != no * es {
+            return Err(format!(
+                "{k}: output has {} elements, expected {no}",
+                req.bufs.output_bytes / es
+            ));
+        }
+        Ok(args)
+    }
+
+    fn execute(&self, req: OpRequest, enqueue_ns: u64) -> Result<()> {
+        let args = self
+            .validate(&req)
+            .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None))?;
+        let algo = self.choose_algo(&req, &args)?;
+        let mut inner = self.inner.lock().unwrap();
+        if let Some(f) = &inner.failed {
+            return Err(self.err(ErrorKind::Failed(f.to_string()), None));
+        }
+        inner.op_seq += 1;
+        let seq = inner.op_seq;
+        self.record_start(seq, &req, algo, enqueue_ns);
+        let result = self.execute_locked(&mut inner, &req, &args, algo, seq);
+        if let Err(e) = &result {
+            if !matches!(e.kind, ErrorKind::InvalidArgument(_)) {
+                inner.failed = Some(e.clone());
+                inner.engine.broadcast_abort(e);
+            }
+        }
+        drop(inner);
+        self.record_end(seq, &result);
+        if let Err(e) = &result {
+            if self.cfg.debug >= DebugLevel::Warn {
+                eprintln!("{e}");
+            }
+            self.dump_on_error();
+        }
+        result
+    }
+
+    fn execute_locked(
+        &self,
+        inner: &mut Inner,
+        req: &OpRequest,
+        args: &CollArgs,
+        algo: Algo,
+        seq: u64,
+    ) -> Result<()> {
+        let n = self.nranks;
+        let es = req.dtype.size();
+        let (ni, no) = args.buffer_lens(self.rank, n);
+        let opref = |kind: CollKind| Some((kind, seq));
+        let meta = if matches!(req.kind, CollKind::Send | CollKind::Recv) {
+            p2p_meta(inner, self.rank, req)
+        } else {
+            inner.coll_seq += 1;
+            let redop = if req.kind.reduces() { req.op.code() } else { 0 };
+            let words = [
+                req.kind.code() as u64,
+                req.dtype.code() as u64,
+                redop as u64,
+                req.root as u64,
+                algo as u64,
+            ]
+            .into_iter()
+            .chain(args.counts.iter().map(|&c| c as u64));
+            OpMeta {
+                coll: req.kind,
+                dtype: req.dtype,
+                redop,
+                root: req.root as u32,
+                seq: inner.coll_seq,
+                sig: fnv1a(words),
+                count: args.counts.iter().sum::<usize>() as u64,
+            }
+        };
+
+        // Buffers: allocate what the caller did not pass, and separate input
+        // from output when they overlap in a way the schedule cannot take.
+        let mut bufs = req.bufs;
+        let mut tmp_out: Vec<u8> = Vec::new();
+        if !req.has_output && no > 0 {
+            tmp_out.resize(no * es, 0);
+            bufs.output = tmp_out.as_mut_ptr();
+            bufs.output_bytes = no * es;
+        }
+        let mut tmp_in: Vec<u8> = Vec::new();
+        let exact_inplace = bufs.input == bufs.output as *const u8
+            && bufs.input_bytes == bufs.output_bytes
+            && matches!(req.kind, CollKind::AllReduce | CollKind::Reduce);
+        let allgather_inplace = req.kind == CollKind::AllGather && {
+            let displ: usize = args.counts[..self.rank].iter().sum();
+            bufs.input == bufs.output.wrapping_add(displ * es) as *const u8
+        };
+        let overlap = {
+            let (a, b) = (bufs.input as usize, bufs.output as usize);
+            bufs.input_bytes > 0
+                && bufs.output_bytes > 0
+                && a < b + bufs.output_bytes
+                && b < a + bufs.input_bytes
+        };
+        let premul = match req.op {
+            RedOp::PremulSum(f) if req.kind.reduces() => Some(f),
+            _ => None,
+        };
+        if let (Some(f), true) = (premul, exact_inplace) {
+            // SAFETY: the caller guarantees the output buffer is valid and
+            // exclusively ours for the duration of the operation.
+            let out = unsafe { std::slice::from_raw_parts_mut(bufs.output, bufs.output_bytes) };
+            reduce::scale(req.dtype, out, f);
+        } else if premul.is_some() || (overlap && !exact_inplace && !allgather_inplace) {
+            // SAFETY: as above, for the input buffer (read-only here).
+            let inp = unsafe { slice_or_empty(bufs.input, bufs.input_bytes) };
+            tmp_in.resize(inp.len(), 0);
+            match premul {
+                Some(f) => reduce::scale_into(req.dtype, &mut tmp_in, inp, f),
+                None => tmp_in.copy_from_slice(inp),
+            }
+            bufs.input = tmp_in.as_ptr();
+        }
+        debug_assert_eq!(bufs.input_bytes, ni * es);
+
+        let key = (args.clone(), algo);
+        let sched = match inner.schedules.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(schedule::build(args, self.rank, n, algo).map_err(|e| {
+                    self.err(ErrorKind::InvalidArgument(e.to_string()), opref(req.kind))
+                })?);
+                if inner.schedules.len() >= SCHEDULE_CACHE_MAX {
+                    inner.schedules.clear();
+                }
+                inner.schedules.insert(key, s.clone());
+                s
+            }
+        };
+        let deadline = Instant::now() + self.cfg.timeout;
+        inner
+            .engine
+            .run(&sched, &meta, req.op.elementwise(), bufs, deadline)
+            .map_err(|k| self.err(k, opref(req.kind)))?;
+
+        if req.op == RedOp::Avg
+            && req.kind.reduces()
+            && (req.kind != CollKind::Reduce || self.rank == req.root)
+        {
+            // SAFETY: output valid and exclusively ours until we return.
+            let out = unsafe { slice_mut_or_empty(bufs.output, bufs.output_bytes) };
+            reduce::divide(req.dtype, out, n);
+        }
+        Ok(())
+    }
+
+    /// Runs queued sends and receives together, like a group call: each
+    /// moves as soon as its peer is ready, so `irecv` then `send` (or a ring
+    /// of `isend`/`irecv`) cannot deadlock behind one another. Sends and
+    /// receives queued while the batch runs join it; the first queued
+    /// collective ends the batch and is returned, to run after it.
+    fn execute_p2p_batch(&self, first: Task, rx: &mpsc::Receiver<Task>) -> Option<Task> {
+        struct Active {
+            task: Task,
+            seq: u64,
+            kind: CollKind,
+            deadline: Instant,
+            job: usize,
+            finished: bool,
+        }
+        let mut inner = self.inner.lock().unwrap();
+        let mut sends: Vec<(usize, SendJob)> = Vec::new();
+        let mut recvs: Vec<(usize, RecvJob)> = Vec::new();
+        let mut active: Vec<Active> = Vec::new();
+        let mut stash: Option<Task> = None;
+        let mut incoming = Some(first);
+        let mut wait = Wait::new();
+        let result: Result<()> = loop {
+            // Take in every operation queued so far.
+            while stash.is_none() {
+                let task = match incoming.take() {
+                    Some(t) => t,
+                    None => match rx.try_recv() {
+                        Ok(t) => t,
+                        Err(_) => break,
+                    },
+                };
+                if !is_p2p(&task.req) {
+                    stash = Some(task);
+                    break;
+                }
+                let checked = self
+                    .validate(&task.req)
+                    .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None));
+                let refused = checked.err().or_else(|| {
+                    inner
+                        .failed
+                        .as_ref()
+                        .map(|f| self.err(ErrorKind::Failed(f.to_string()), None))
+                });
+                if let Some(e) = refused {
+                    self.pending.fetch_sub(1, Ordering::AcqRel);
+                    task.done.finish(Err(e));
+                    continue;
+                }
+                inner.op_seq += 1;
+                let seq = inner.op_seq;
+                let meta = p2p_meta(&mut inner, self.rank, &task.req);
+                let req = &task.req;
+                self.record_start(seq, req, Algo::P2p, task.enqueue_ns);
+                let es = req.dtype.size();
+                let n = req.counts[0] * es;
+                let job = if req.kind == CollKind::Send {
+                    // SAFETY: the caller keeps the input alive and unmodified
+                    // until this operation completes (Work holds it).
+                    let src = unsafe { Source::new(req.bufs.input, n) };
+                    sends.push((req.root, SendJob::new(meta, src)));
+                    sends.len() - 1
+                } else {
+                    // SAFETY: the caller keeps the output alive and untouched
+                    // by others until this operation completes.
+                    let sink = unsafe {
+                        Sink::new(req.bufs.output, n, SinkMode::Copy, req.dtype, ElemOp::Sum)
+                    };
+                    recvs.push((req.root, RecvJob::new(meta, sink)));
+                    recvs.len() - 1
+                };
+                active.push(Active {
+                    seq,
+                    kind: req.kind,
+                    deadline: Instant::now() + self.cfg.timeout,
+                    job,
+                    finished: false,
+                    task,
+                });
+            }
+            let (progressed, pending) = match inner.engine.progress_round(&mut sends, &mut recvs) {
+                Ok(x) => x,
+                Err(k) => break Err(self.err(k, None)),
+            };
+            for a in active.iter_mut().filter(|a| !a.finished) {
+                let done = if a.kind == CollKind::Send {
+                    sends[a.job].1.done
+                } else {
+                    recvs[a.job].1.done
+                };
+                if done {
+                    a.finished = true;
+                    self.record_end(a.seq, &Ok(()));
+                    self.pending.fetch_sub(1, Ordering::AcqRel);
+                    a.task.done.finish(Ok(()));
+                }
+            }
+            if !pending {
+                break Ok(());
+            }
+            if progressed {
+                wait.reset();
+                continue;
+            }
+            let deadline = active
+                .iter()
+                .filter(|a| !a.finished)
+                .map(|a| a.deadline)
+                .min();
+            let sig = sends
+                .first()
+                .map(|s| s.1.meta.sig)
+                .or(recvs.first().map(|r| r.1.meta.sig));
+            if let Err(k) = inner.engine.backoff(
+                &mut wait,
+                &sends,
+                &recvs,
+                deadline.unwrap_or_else(Instant::now),
+                sig.unwrap_or(0),
+            ) {
+                break Err(self.err(k, None));
+            }
+        };
+        if let Err(e) = result {
+            inner.failed = Some(e.clone());
+            inner.engine.broadcast_abort(&e);
+            drop(inner);
+            for a in active.into_iter().filter(|a| !a.finished) {
+                let mut e = e.clone();
+                e.op = Some((a.kind, a.seq));
+                self.record_end(a.seq, &Err(e.clone()));
+                if self.cfg.debug >= DebugLevel::Warn {
+                    eprintln!("{e}");
+                }
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+                a.task.done.finish(Err(e));
+            }
+            self.dump_on_error();
+        }
+        stash
+    }
+
+    fn record_start(&self, seq: u64, req: &OpRequest, algo: Algo, enqueue_ns: u64) {
+        let es = req.dtype.size();
+        let count: usize = req.counts.iter().sum();
+        let mut rec = self.recorder.lock().unwrap();
+        let now = rec.now_ns();
+        rec.push(OpRecord {
+            comm_id: self.id.clone(),
+            seq,
+            collective: req.kind.name(),
+            algo: algo.name(),
+            dtype: req.dtype.name(),
+            redop: if req.kind.reduces() {
+                req.op.name()
+            } else {
+                ""
+            },
+            root: req.root,
+            count: count as u64,
+            bytes: (req
+                .bufs
+                .input_bytes
+                .max(req.bufs.output_bytes)
+                .max(count * es)) as u64,
+            enqueue_ns,
+            start_ns: now,
+            end_ns: 0,
+            status: "running".into(),
+        });
+    }
+
+    fn record_end(&self, seq: u64, result: &Result<()>) {
+        let mut rec = self.recorder.lock().unwrap();
+        let now = rec.now_ns();
+        if let Some(r) = rec.get_mut(seq) {
+            r.end_ns = now;
+            r.status = match result {
+                Ok(()) => "ok".into(),
+                Err(e) => e.to_string(),
+            };
+        }
+    }
+
+    fn dump_records(&self) -> String {
+        let links = self
+            .inner
+            .try_lock()
+            .map(|mut i| i.engine.link_stats())
+            .unwrap_or_default();
+        let rec = self.recorder.lock().unwrap();
+        let ops: Vec<&OpRecord> = rec.records().collect();
+        serde_json::json!({
+            "comm_id": self.id,
+            "rank": self.rank,
+            "nranks": self.nranks,
+            "base_unix_ns": rec.base_unix_ns.to_string(),
+            "total_ops": rec.total_ops,
+            "ops": ops,
+            "links": links,
+        })
+        .to_string()
+    }
+
+    fn dump_on_error(&self) {
+        if let Some(dir) = &self.cfg.dump_dir {
+            let _ = std::fs::create_dir_all(dir);
+            let path = dir.join(format!("cadence-{}-rank{}.json", self.id, self.rank));
+            if let Err(e) = std::fs::write(&path, self.dump_records()) {
+                eprintln!("cadence: could not write {}: {e}", path.display());
+            }
+        }
+    }
+}
+
+/// The wire identity of a send or receive. Point-to-point messages have their
+/// own sequence per (source, destination) pair, so ranks that take no part do
+/// not have to count them; both sides describe the message as a send.
+fn p2p_meta(inner: &mut Inner, rank: usize, req: &OpRequest) -> OpMeta {
+    let send = req.kind == CollKind::Send;
+    let (src, dst) = if send {
+        (rank, req.root)
+    } else {
+        (req.root, rank)
+    };
+    let counter = if send {
+        &mut inner.p2p_tx[req.root]
+    } else {
+        &mut inner.p2p_rx[req.root]
+    };
+    *counter += 1;
+    let count = req.counts[0] as u64;
+    OpMeta {
+        coll: CollKind::Send,
+        dtype: req.dtype,
+        redop: 0,
+        root: dst as u32,
+        seq: *counter,
+        sig: fnv1a([99, req.dtype.code() as u64, count, src as u64, dst as u64]),
+        count,
+    }
+}
+
+fn is_p2p(req: &OpRequest) -> bool {
+    matches!(req.kind, CollKind::Send | CollKind::Recv)
+}
+
+/// # Safety
+/// `p` must be valid for reads of `n` bytes (or `n == 0`).
+unsafe fn slice_or_empty<'a>(p: *const u8, n: usize) -> &'a [u8] {
+    if n == 0 {
+        &[]
+    } else {
+        // SAFETY: per the function's contract.
+        unsafe { std::slice::from_raw_parts(p, n) }
+    }
+}
+
+/// # Safety
+/// `p` must be valid for reads and writes of `n` bytes (or `n == 0`), with
+/// no other live reference to them.
+unsafe fn slice_mut_or_empty<'a>(p: *mut u8, n: usize) -> &'a mut [u8] {
+    if n == 0 {
+        &mut []
+    } else {
+        // SAFETY: per the function's contract.
+        unsafe { std::slice::from_raw_parts_mut(p, n) }
+    }
+}

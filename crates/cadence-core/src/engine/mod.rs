@@ -1,0 +1,462 @@
+//! The engine runs schedules. One engine per communicator; it owns the links
+//! to every peer and executes one operation at a time, phase by phase (see
+//! `schedule::ir` for the semantics it implements).
+//!
+//! Waiting: a transfer that cannot move is retried in a spin loop for a few
+//! tens of microseconds (a peer on another core answers in well under that),
+//! then the engine yields the CPU, then sleeps or blocks in `poll(2)`. Pure
+//! spinning would starve the very rank we wait for when ranks outnumber cores.
+//! Every wait checks the operation's deadline, the shared-memory abort notice,
+//! and (every 100 ms) whether same-host peers are still alive.
+
+use crate::error::{CommError, ErrorKind};
+use crate::reduce;
+use crate::schedule::{Buf, Schedule, Span, Step};
+use crate::transport::shm::Inbox;
+use crate::transport::tcp::poll_fds;
+use crate::transport::{AbortNotice, Link, OpMeta, RecvJob, SendJob, Sink, SinkMode, Source};
+use crate::types::{DType, ElemOp};
+use std::time::{Duration, Instant};
+
+/// How long to spin before yielding, and how long to yield before sleeping.
+const SPIN: Duration = Duration::from_micros(50);
+const YIELD: Duration = Duration::from_millis(2);
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+
+/// How long a wait has lasted, for the backoff policy and the timeout text.
+pub struct Wait {
+    t0: Instant,
+    idle_since: Option<Instant>,
+    last_liveness: Instant,
+}
+
+impl Wait {
+    pub fn new() -> Wait {
+        let now = Instant::now();
+        Wait {
+            t0: now,
+            idle_since: None,
+            last_liveness: now,
+        }
+    }
+    /// Something moved: the next idle stretch starts spinning again.
+    pub fn reset(&mut self) {
+        self.idle_since = None;
+    }
+}
+
+impl Default for Wait {
+    fn default() -> Self {
+        Wait::new()
+    }
+}
+
+/// The memory an operation works on. Pointers come from the user's buffers
+/// (kept alive by the caller until the operation completes).
+#[derive(Clone, Copy)]
+pub struct Buffers {
+    pub input: *const u8,
+    pub input_bytes: usize,
+    pub output: *mut u8,
+    pub output_bytes: usize,
+}
+
+// SAFETY: the buffers are plain memory; the caller guarantees they stay valid
+// and untouched by others until the operation that uses them completes, which
+// may be on the communicator's progress thread.
+unsafe impl Send for Buffers {}
+
+pub struct Engine {
+    pub rank: usize,
+    pub nranks: usize,
+    pub links: Vec<Option<Link>>,
+    pub inbox: Option<Inbox>,
+    scratch: Vec<u8>,
+    /// Reused per phase: which peers already have an earlier unfinished send
+    /// (resp. receive), so later messages to them wait their turn.
+    busy_tx: Vec<bool>,
+    busy_rx: Vec<bool>,
+    pollfds: Vec<libc::pollfd>,
+}
+
+impl Engine {
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        links: Vec<Option<Link>>,
+        inbox: Option<Inbox>,
+    ) -> Engine {
+        Engine {
+            rank,
+            nranks,
+            links,
+            inbox,
+            scratch: Vec::new(),
+            busy_tx: vec![false; nranks],
+            busy_rx: vec![false; nranks],
+            pollfds: Vec::new(),
+        }
+    }
+
+    /// Executes one rank's schedule. `deadline` bounds every wait.
+    pub fn run(
+        &mut self,
+        sched: &Schedule,
+        meta: &OpMeta,
+        elem_op: ElemOp,
+        bufs: Buffers,
+        deadline: Instant,
+    ) -> Result<(), ErrorKind> {
+        let dtype = meta.dtype;
+        let esize = dtype.size();
+        let need = sched.scratch_len * esize;
+        if self.scratch.len() < need {
+            self.scratch.resize(need, 0);
+        }
+        let mem = Memory {
+            bufs,
+            scratch: self.scratch.as_mut_ptr(),
+            scratch_bytes: need,
+            esize,
+        };
+        for (pi, phase) in sched.phases.iter().enumerate() {
+            let mut sends: Vec<(usize, SendJob)> = Vec::new();
+            let mut recvs: Vec<(usize, RecvJob)> = Vec::new();
+            for step in &phase.steps {
+                match *step {
+                    Step::Copy { src, dst } => mem.copy(src, dst)?,
+                    Step::Reduce { src, dst } => mem.reduce(dtype, elem_op, src, dst)?,
+                    Step::Send { peer, src } => {
+                        let (p, n) = mem.locate(src)?;
+                        // SAFETY: `locate` bounds-checked the span; the schedule
+                        // rules (verified) keep it unwritten during this phase.
+                        let source = unsafe { Source::new(p, n) };
+                        sends.push((peer, SendJob::new(*meta, source)));
+                    }
+                    Step::Recv {
+                        peer,
+                        dst,
+                        reduce_with,
+                    } => {
+                        let (d, n) = mem.locate(dst)?;
+                        let mode = match reduce_with {
+                            None => SinkMode::Copy,
+                            Some(a) => {
+                                let (ap, an) = mem.locate(a)?;
+                                if an != n {
+                                    return Err(internal("reduce_with length differs from dst"));
+                                }
+                                if ap as *mut u8 == d {
+                                    SinkMode::ReduceInPlace
+                                } else if ranges_overlap(ap, d, n) {
+                                    return Err(internal("reduce_with overlaps dst"));
+                                } else {
+                                    SinkMode::ReduceWith(ap)
+                                }
+                            }
+                        };
+                        // SAFETY: spans bounds-checked by `locate`; within a phase
+                        // no other step touches a receive's destination (verified
+                        // schedule rule), and `ReduceWith` operands are disjoint.
+                        let sink = unsafe { Sink::new(d, n, mode, dtype, elem_op) };
+                        recvs.push((peer, RecvJob::new(*meta, sink)));
+                    }
+                }
+            }
+            if !sends.is_empty() || !recvs.is_empty() {
+                self.transfer(&mut sends, &mut recvs, deadline, pi, meta.sig)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Progresses a phase's transfers until all are done.
+    fn transfer(
+        &mut self,
+        sends: &mut [(usize, SendJob)],
+        recvs: &mut [(usize, RecvJob)],
+        deadline: Instant,
+        phase: usize,
+        my_sig: u64,
+    ) -> Result<(), ErrorKind> {
+        let mut wait = Wait::new();
+        loop {
+            let (progressed, pending) = self.progress_round(sends, recvs)?;
+            if !pending {
+                break;
+            }
+            if progressed {
+                wait.reset();
+                continue;
+            }
+            self.backoff(&mut wait, sends, recvs, deadline, my_sig)
+                .map_err(|e| match e {
+                    ErrorKind::Timeout { peer, secs, what } => ErrorKind::Timeout {
+                        peer,
+                        secs,
+                        what: format!("{what}, in phase {phase}"),
+                    },
+                    e => e,
+                })?;
+        }
+        let busy = wait.t0.elapsed().as_nanos() as u64;
+        for peer in sends
+            .iter()
+            .map(|(p, _)| *p)
+            .chain(recvs.iter().map(|(p, _)| *p))
+        {
+            if let Some(l) = self.links[peer].as_mut() {
+                l.stats().busy_ns += busy;
+            }
+        }
+        Ok(())
+    }
+
+    /// One pass over the transfers: each peer's first unfinished send and
+    /// first unfinished receive move as far as they can without blocking
+    /// (messages to one peer go in order). Returns (progressed, pending).
+    pub fn progress_round(
+        &mut self,
+        sends: &mut [(usize, SendJob)],
+        recvs: &mut [(usize, RecvJob)],
+    ) -> Result<(bool, bool), ErrorKind> {
+        let mut progressed = false;
+        let mut pending = false;
+        self.busy_tx.iter_mut().for_each(|b| *b = false);
+        self.busy_rx.iter_mut().for_each(|b| *b = false);
+        for (peer, job) in sends.iter_mut() {
+            if job.done || self.busy_tx[*peer] {
+                continue;
+            }
+            let link = self.links[*peer].as_mut().ok_or_else(|| no_link(*peer))?;
+            progressed |= link.send_progress(job)?;
+            if !job.done {
+                self.busy_tx[*peer] = true;
+                pending = true;
+            }
+        }
+        for (peer, job) in recvs.iter_mut() {
+            if job.done || self.busy_rx[*peer] {
+                continue;
+            }
+            let link = self.links[*peer].as_mut().ok_or_else(|| no_link(*peer))?;
+            progressed |= link.recv_progress(job)?;
+            if !job.done {
+                self.busy_rx[*peer] = true;
+                pending = true;
+            }
+        }
+        Ok((progressed, pending))
+    }
+
+    /// Called when a round moved nothing: checks what can end the wait (an
+    /// abort notice, the deadline, a dead peer), then spins, yields or sleeps
+    /// depending on how long the wait has lasted.
+    pub fn backoff(
+        &mut self,
+        wait: &mut Wait,
+        sends: &[(usize, SendJob)],
+        recvs: &[(usize, RecvJob)],
+        deadline: Instant,
+        my_sig: u64,
+    ) -> Result<(), ErrorKind> {
+        let now = Instant::now();
+        let since = *wait.idle_since.get_or_insert(now);
+        if let Some(inbox) = &self.inbox {
+            if inbox.aborted() {
+                if let Some(notice) = inbox.abort_notice() {
+                    return Err(notice.into_error(my_sig));
+                }
+            }
+        }
+        if now > deadline {
+            return Err(self.timeout_error(sends, recvs, wait.t0));
+        }
+        if now.duration_since(wait.last_liveness) > LIVENESS_EVERY {
+            wait.last_liveness = now;
+            let waiting_on = recvs
+                .iter()
+                .filter(|(_, j)| !j.done)
+                .map(|(p, _)| *p)
+                .chain(sends.iter().filter(|(_, j)| !j.done).map(|(p, _)| *p));
+            for peer in waiting_on {
+                if let Some(l) = self.links[peer].as_mut() {
+                    l.check_alive()?;
+                }
+            }
+        }
+        let waited = now.duration_since(since);
+        if waited < SPIN {
+            std::hint::spin_loop();
+        } else if waited < YIELD {
+            std::thread::yield_now();
+        } else {
+            self.idle_wait(sends, recvs);
+        }
+        Ok(())
+    }
+
+    /// Blocks briefly: in poll(2) when only TCP transfers are pending (the
+    /// kernel wakes us when data arrives), otherwise a short sleep.
+    fn idle_wait(&mut self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]) {
+        self.pollfds.clear();
+        let mut shm_pending = false;
+        let mut add =
+            |links: &Vec<Option<Link>>, peer: usize, events: i16, fds: &mut Vec<libc::pollfd>| {
+                match &links[peer] {
+                    Some(Link::Tcp(t)) => {
+                        for fd in t.fds() {
+                            fds.push(libc::pollfd {
+                                fd,
+                                events,
+                                revents: 0,
+                            });
+                        }
+                    }
+                    _ => shm_pending = true,
+                }
+            };
+        for (peer, j) in sends {
+            if !j.done {
+                add(&self.links, *peer, libc::POLLOUT, &mut self.pollfds);
+            }
+        }
+        for (peer, j) in recvs {
+            if !j.done {
+                add(&self.links, *peer, libc::POLLIN, &mut self.pollfds);
+            }
+        }
+        if shm_pending {
+            std::thread::sleep(Duration::from_micros(20));
+        } else {
+            poll_fds(&mut self.pollfds, Duration::from_millis(5));
+        }
+    }
+
+    fn timeout_error(
+        &self,
+        sends: &[(usize, SendJob)],
+        recvs: &[(usize, RecvJob)],
+        t0: Instant,
+    ) -> ErrorKind {
+        let secs = t0.elapsed().as_secs_f64();
+        // Blame whom we wait on for data first: a missing sender is the usual
+        // culprit; a send that cannot drain means the receiver is not reading.
+        if let Some((peer, j)) = recvs.iter().find(|(_, j)| !j.done) {
+            return ErrorKind::Timeout {
+                peer: *peer,
+                secs,
+                what: format!("receive of {} bytes, {} bytes arrived", j.sink.len(), j.got),
+            };
+        }
+        if let Some((peer, j)) = sends.iter().find(|(_, j)| !j.done) {
+            return ErrorKind::Timeout {
+                peer: *peer,
+                secs,
+                what: format!("send of {} bytes, peer took {}", j.src.len(), j.sent),
+            };
+        }
+        internal("timeout with nothing pending")
+    }
+
+    /// Tells every peer this rank failed.
+    pub fn broadcast_abort(&mut self, err: &CommError) {
+        let notice = AbortNotice::from_error(&err.kind, self.rank);
+        for l in self.links.iter_mut().flatten() {
+            l.send_abort(&notice);
+        }
+    }
+
+    pub fn link_stats(&mut self) -> Vec<crate::transport::LinkStats> {
+        self.links
+            .iter_mut()
+            .flatten()
+            .map(|l| l.stats().clone())
+            .collect()
+    }
+}
+
+fn internal(msg: &str) -> ErrorKind {
+    ErrorKind::InvalidArgument(format!("internal schedule error: {msg}"))
+}
+
+fn no_link(peer: usize) -> ErrorKind {
+    internal(&format!("no link to rank {peer}"))
+}
+
+fn ranges_overlap(a: *const u8, b: *const u8, n: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    n > 0 && a < b + n && b < a + n
+}
+
+/// Resolves spans to memory.
+struct Memory {
+    bufs: Buffers,
+    scratch: *mut u8,
+    scratch_bytes: usize,
+    esize: usize,
+}
+
+impl Memory {
+    /// Pointer and byte length of a span, bounds-checked.
+    fn locate(&self, span: Span) -> Result<(*mut u8, usize), ErrorKind> {
+        let (base, cap) = match span.buf {
+            Buf::Input => (self.bufs.input as *mut u8, self.bufs.input_bytes),
+            Buf::Output => (self.bufs.output, self.bufs.output_bytes),
+            Buf::Scratch => (self.scratch, self.scratch_bytes),
+        };
+        let off = span.off * self.esize;
+        let len = span.len * self.esize;
+        if off + len > cap {
+            return Err(internal(&format!("{span:?} out of bounds ({cap} bytes)")));
+        }
+        if len == 0 {
+            return Ok((std::ptr::NonNull::dangling().as_ptr(), 0));
+        }
+        // SAFETY: off + len <= cap, the size of the allocation behind `base`.
+        Ok((unsafe { base.add(off) }, len))
+    }
+
+    fn copy(&self, src: Span, dst: Span) -> Result<(), ErrorKind> {
+        let (s, n) = self.locate(src)?;
+        let (d, m) = self.locate(dst)?;
+        if n != m {
+            return Err(internal("copy lengths differ"));
+        }
+        if s != d && n > 0 {
+            // SAFETY: both ranges are in bounds (`locate`); `copy` tolerates
+            // overlap (the in-place case maps Input and Output to one buffer).
+            unsafe { std::ptr::copy(s, d, n) };
+        }
+        Ok(())
+    }
+
+    fn reduce(&self, dtype: DType, op: ElemOp, src: Span, dst: Span) -> Result<(), ErrorKind> {
+        let (s, n) = self.locate(src)?;
+        let (d, m) = self.locate(dst)?;
+        if n != m {
+            return Err(internal("reduce lengths differ"));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if ranges_overlap(s, d, n) {
+            return Err(internal("reduce operands overlap"));
+        }
+        // SAFETY: in bounds (`locate`), disjoint (checked above), and no other
+        // reference to these bytes exists during the call.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(s as *const u8, n),
+                std::slice::from_raw_parts_mut(d, n),
+            )
+        };
+        reduce::reduce_inplace(dtype, op, dst, src);
+        Ok(())
+    }
+}
+
+/// Elapsed time helper for records.
+pub fn nanos_since(base: Instant) -> u64 {
+    base.elapsed().as_nanos() as u64
+}

@@ -1,0 +1,120 @@
+//! Errors. Every failure a user can see names the operation (collective and
+//! sequence number) and, whenever it is known, the rank that caused it.
+
+use crate::types::CollKind;
+use std::fmt;
+use thiserror::Error;
+
+/// What went wrong, with the facts that point at the culprit.
+#[derive(Debug, Clone, Error, PartialEq)]
+pub enum ErrorKind {
+    #[error("timed out after {secs:.1}s waiting for rank {peer} ({what})")]
+    Timeout {
+        peer: usize,
+        secs: f64,
+        what: String,
+    },
+    #[error("rank {peer} (pid {pid}) died")]
+    PeerDied { peer: usize, pid: u32 },
+    #[error("rank {peer} closed its connection ({detail})")]
+    PeerClosed { peer: usize, detail: String },
+    #[error("mismatch with rank {peer}: this rank called {ours}, rank {peer} called {theirs}")]
+    Mismatch {
+        peer: usize,
+        ours: String,
+        theirs: String,
+        /// Argument signatures of both calls, so that ranks told about the
+        /// mismatch later can tell which side differs from their own call.
+        our_sig: u64,
+        their_sig: u64,
+    },
+    #[error("garbage from rank {peer}: {detail}")]
+    Garbage { peer: usize, detail: String },
+    #[error("aborted because of rank {origin}: {detail}")]
+    Aborted { origin: usize, detail: String },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("communicator unusable after an earlier failure: {0}")]
+    Failed(String),
+    #[error("setup failed: {0}")]
+    Setup(String),
+    #[error("i/o error with rank {peer}: {detail}")]
+    Io { peer: usize, detail: String },
+}
+
+impl ErrorKind {
+    /// The rank this error blames, if any.
+    pub fn culprit(&self) -> Option<usize> {
+        match self {
+            ErrorKind::Timeout { peer, .. }
+            | ErrorKind::PeerDied { peer, .. }
+            | ErrorKind::PeerClosed { peer, .. }
+            | ErrorKind::Mismatch { peer, .. }
+            | ErrorKind::Garbage { peer, .. }
+            | ErrorKind::Io { peer, .. } => Some(*peer),
+            ErrorKind::Aborted { origin, .. } => Some(*origin),
+            _ => None,
+        }
+    }
+}
+
+/// An error with the operation it happened in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommError {
+    pub kind: ErrorKind,
+    /// Rank that observed the error.
+    pub rank: usize,
+    /// Operation: (collective, sequence number on this communicator).
+    pub op: Option<(CollKind, u64)>,
+    pub comm_id: String,
+}
+
+impl CommError {
+    pub fn new(kind: ErrorKind) -> CommError {
+        CommError {
+            kind,
+            rank: usize::MAX,
+            op: None,
+            comm_id: String::new(),
+        }
+    }
+    pub fn invalid(msg: impl Into<String>) -> CommError {
+        CommError::new(ErrorKind::InvalidArgument(msg.into()))
+    }
+    pub fn setup(msg: impl Into<String>) -> CommError {
+        CommError::new(ErrorKind::Setup(msg.into()))
+    }
+    pub fn culprit(&self) -> Option<usize> {
+        self.kind.culprit()
+    }
+}
+
+impl fmt::Display for CommError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cadence")?;
+        if !self.comm_id.is_empty() {
+            write!(f, " comm {}", self.comm_id)?;
+        }
+        if self.rank != usize::MAX {
+            write!(f, " rank {}", self.rank)?;
+        }
+        if let Some((kind, seq)) = self.op {
+            write!(f, ", {kind} #{seq}")?;
+        }
+        write!(f, ": {}", self.kind)?;
+        if let Some(c) = self.culprit() {
+            write!(f, " [culprit: rank {c}]")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CommError {}
+
+impl From<ErrorKind> for CommError {
+    fn from(kind: ErrorKind) -> Self {
+        CommError::new(kind)
+    }
+}
+
+pub type Result<T, E = CommError> = std::result::Result<T, E>;

@@ -1,0 +1,22 @@
+//! cadence-core: the Rust core of the cadence collective communication library.
+//!
+//! Layers, bottom up: [`types`] (vocabulary), [`reduce`] (element-wise
+//! reductions), [`schedule`] (algorithms as per-rank plans, plus their verifier),
+//! [`transport`] (shared memory and TCP links), [`engine`] (runs schedules
+//! with deadlines), [`monitor`] (always-on operation records), [`comm`] (the
+//! communicator that ties them together), [`config`] (`CADENCE_*` variables).
+
+pub mod comm;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod monitor;
+pub mod reduce;
+pub mod schedule;
+pub mod transport;
+pub mod types;
+
+pub use comm::{Bootstrap, Comm, Completion, OpRequest, PeerInfo};
+pub use config::Config;
+pub use error::{CommError, ErrorKind};
+pub use types::{CollKind, DType, RedOp};

@@ -1,0 +1,132 @@
+//! Direct ("starlike") algorithms: allreduce, reduce_scatter, allgather,
+//! gather, scatter.
+//!
+//! Terms:
+//! - **block**: the part of a buffer one rank is responsible for: balanced
+//!   chunk r of the buffer for allreduce, rank r's block at its displacement
+//!   for the v-collectives.
+//! - **owner**: the rank a block belongs to. It alone reduces its block.
+//! - **stage**: one phase in which a rank exchanges with all n-1 **peers** at
+//!   once, visiting them in the order r+1, r+2, … so that ranks start on
+//!   different partners. Allreduce is two stages (reduce to owners, then
+//!   allgather from them); reduce_scatter is the first of those, allgather the
+//!   second; gather and scatter are a single stage to or from the root.
+//! - **slot**: a piece of scratch, one block long, holding one peer's
+//!   contribution to the owner's block until it is reduced.
+//!
+//! The owner receives n-1 contributions to its block in one phase; they cannot
+//! all reduce into one span at once, so the first peer's reduces on arrival
+//! (`block = Input ⊕ incoming`, no copy of Input) and the others land in slots
+//! that the next phase reduces in peer order. The owner alone computes its
+//! block, so every rank ends with the same bits.
+//!
+//! Two latencies for allreduce, and each rank sends 2(n-1)/n of the buffer,
+//! but as n-1 concurrent messages: for medium buffers on few ranks.
+
+use super::ir::{Buf, Span};
+use super::plan::{Blocks, PhaseBuilder, Plan};
+
+/// The peers of rank r in visiting order, with their distance k = 1..n.
+fn peers(r: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (1..n).map(move |k| (k, (r + k) % n))
+}
+
+/// First stage of allreduce and reduce_scatter: send block p of Input to each
+/// owner p, and gather the contributions to this rank's block: the first
+/// peer's reduced into `dst` on arrival, the others into slots.
+fn reduce_to_owners(plan: &mut Plan, blocks: &Blocks, dst: Span) {
+    let (r, n) = (plan.rank, plan.nranks);
+    let own = blocks.span(Buf::Input, r);
+    plan.need_scratch((n - 2) * own.len);
+    let mut phase = plan.phase();
+    for (k, p) in peers(r, n) {
+        phase.send(p, blocks.span(Buf::Input, p));
+        if k == 1 {
+            phase.recv_reduce(p, dst, own);
+        } else {
+            phase.recv(p, slot(k, own.len));
+        }
+    }
+}
+
+/// Where the peer at distance k ≥ 2 leaves its contribution.
+fn slot(k: usize, len: usize) -> Span {
+    Span::scratch((k - 2) * len, len)
+}
+
+/// Local steps that finish `dst` by reducing the slots, in peer order.
+fn reduce_slots(phase: &mut PhaseBuilder<'_>, n: usize, dst: Span) {
+    for k in 2..n {
+        phase.reduce(slot(k, dst.len), dst);
+    }
+}
+
+/// Allreduce: reduce each chunk at its owner, then every owner sends its
+/// finished chunk to every peer.
+pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
+    let (r, n) = (plan.rank, plan.nranks);
+    let chunks = Blocks::balanced(count, n);
+    let own = chunks.span(Buf::Output, r);
+    reduce_to_owners(plan, &chunks, own);
+    let mut phase = plan.phase();
+    reduce_slots(&mut phase, n, own);
+    for (_, p) in peers(r, n) {
+        phase.send(p, own).recv(p, chunks.span(Buf::Output, p));
+    }
+}
+
+/// Reduce-scatter: the first stage of allreduce over the ranks' blocks.
+pub(crate) fn reduce_scatter(plan: &mut Plan, counts: &[usize]) {
+    let n = plan.nranks;
+    let blocks = Blocks::of_counts(counts);
+    let dst = Span::output(0, counts[plan.rank]);
+    reduce_to_owners(plan, &blocks, dst);
+    reduce_slots(&mut plan.phase(), n, dst);
+}
+
+/// Allgather: every rank sends its Input to every peer and copies it into its
+/// own block of Output.
+pub(crate) fn allgather(plan: &mut Plan, counts: &[usize]) {
+    let (r, n) = (plan.rank, plan.nranks);
+    let blocks = Blocks::of_counts(counts);
+    let own = Span::input(0, counts[r]);
+    let mut phase = plan.phase();
+    phase.copy(own, blocks.span(Buf::Output, r));
+    for (_, p) in peers(r, n) {
+        phase.send(p, own).recv(p, blocks.span(Buf::Output, p));
+    }
+}
+
+/// Gather: every rank sends its Input to the root, which receives all blocks
+/// at once and copies its own.
+pub(crate) fn gather(plan: &mut Plan, counts: &[usize], root: usize) {
+    let (r, n) = (plan.rank, plan.nranks);
+    let own = Span::input(0, counts[r]);
+    let mut phase = plan.phase();
+    if r != root {
+        phase.send(root, own);
+        return;
+    }
+    let blocks = Blocks::of_counts(counts);
+    phase.copy(own, blocks.span(Buf::Output, r));
+    for (_, p) in peers(r, n) {
+        phase.recv(p, blocks.span(Buf::Output, p));
+    }
+}
+
+/// Scatter: the root sends every rank its block of Input at once and copies
+/// its own.
+pub(crate) fn scatter(plan: &mut Plan, counts: &[usize], root: usize) {
+    let (r, n) = (plan.rank, plan.nranks);
+    let own = Span::output(0, counts[r]);
+    let mut phase = plan.phase();
+    if r != root {
+        phase.recv(root, own);
+        return;
+    }
+    let blocks = Blocks::of_counts(counts);
+    phase.copy(blocks.span(Buf::Input, r), own);
+    for (_, p) in peers(r, n) {
+        phase.send(p, blocks.span(Buf::Input, p));
+    }
+}

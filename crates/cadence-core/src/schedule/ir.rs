@@ -1,0 +1,230 @@
+//! The schedule IR: what one rank does for one collective, as data.
+//!
+//! Terms used throughout the schedule layer:
+//! - **span**: a range of elements `[off, off+len)` in one of the rank's three
+//!   buffers (`Input`, `Output`, `Scratch`). Offsets and lengths are in elements,
+//!   never bytes; the engine lowers them to bytes once.
+//! - **step**: one action: send a span to a peer, receive a span from a peer
+//!   (optionally reducing it with local data), copy a span, or reduce one span
+//!   into another.
+//! - **phase**: a group of steps that run together. The engine first runs the
+//!   phase's local steps (`Copy`, `Reduce`) in the order listed, then progresses
+//!   all its `Send`s and `Recv`s concurrently and finishes the phase when all of
+//!   them are done. Phases run strictly one after another.
+//! - **channel order**: messages between two ranks are FIFO. The k-th `Send` from
+//!   rank a to rank b (counting over the whole schedule, in phase order, then
+//!   step order) is received by the k-th `Recv` at b from a, and both carry the
+//!   same number of elements.
+//!
+//! Rules every schedule obeys (the verifier checks them):
+//! - no step writes `Input` (the user's input is read-only);
+//! - within a phase, a span written by a `Recv` overlaps no other span of that
+//!   phase's transfers (except its own `reduce_with`, when equal to `dst`);
+//! - the schedule is correct both when `Input` and `Output` are distinct memory
+//!   and, for collectives that allow in-place use (allreduce, reduce), when they
+//!   are the same memory (the engine passes the same pointer for both);
+//! - a phase may only complete when the peers it talks to are in the phases
+//!   holding the matching steps (transfers are rendezvous: a large message only
+//!   completes while the receiver consumes it), so no cyclic wait exists.
+
+use crate::types::CollKind;
+use serde::Serialize;
+
+/// One of a rank's three buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Buf {
+    /// The user's input (read-only). For in-place calls the same memory as `Output`.
+    Input,
+    /// The user's output.
+    Output,
+    /// Temporary memory owned by the engine, `Schedule::scratch_len` elements.
+    Scratch,
+}
+
+/// A range of elements in one buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Span {
+    pub buf: Buf,
+    pub off: usize,
+    pub len: usize,
+}
+
+impl Span {
+    pub const fn new(buf: Buf, off: usize, len: usize) -> Span {
+        Span { buf, off, len }
+    }
+    pub const fn input(off: usize, len: usize) -> Span {
+        Span::new(Buf::Input, off, len)
+    }
+    pub const fn output(off: usize, len: usize) -> Span {
+        Span::new(Buf::Output, off, len)
+    }
+    pub const fn scratch(off: usize, len: usize) -> Span {
+        Span::new(Buf::Scratch, off, len)
+    }
+    pub const fn end(&self) -> usize {
+        self.off + self.len
+    }
+    /// Whether two spans share at least one element of the same buffer.
+    pub fn overlaps(&self, other: &Span) -> bool {
+        self.buf == other.buf
+            && self.len > 0
+            && other.len > 0
+            && self.off < other.end()
+            && other.off < self.end()
+    }
+}
+
+/// One action of one rank.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum Step {
+    /// Send the elements of `src` to `peer`.
+    Send { peer: usize, src: Span },
+    /// Receive `dst.len` elements from `peer`. With `reduce_with: None`,
+    /// `dst = incoming`; with `Some(a)`, `dst = a ⊕ incoming` where `a` has the
+    /// same length as `dst` and is either `dst` itself or a span that does not
+    /// overlap it (typically the same range of `Input`).
+    Recv {
+        peer: usize,
+        dst: Span,
+        reduce_with: Option<Span>,
+    },
+    /// Local copy, `dst = src` (same length, no overlap).
+    Copy { src: Span, dst: Span },
+    /// Local reduction, `dst = dst ⊕ src` (same length, no overlap).
+    Reduce { src: Span, dst: Span },
+}
+
+impl Step {
+    pub fn is_transfer(&self) -> bool {
+        matches!(self, Step::Send { .. } | Step::Recv { .. })
+    }
+}
+
+/// Steps that run together (see the module comment).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Phase {
+    pub steps: Vec<Step>,
+}
+
+/// Named algorithms. Not every algorithm applies to every collective; see
+/// [`crate::schedule::algos_for`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algo {
+    /// Reduce-scatter and/or allgather around a ring of ranks, n-1 steps each.
+    Ring,
+    /// Pairwise exchanges at distance 1, 2, 4, … (non-powers of two fold the
+    /// extra ranks into partners first).
+    RecursiveDoubling,
+    /// "Starlike": every rank exchanges with every other rank directly, in one
+    /// phase per stage.
+    Direct,
+    /// Binomial tree rooted at the collective's root.
+    BinomialTree,
+    /// Broadcast as scatter from the root followed by a ring allgather.
+    ScatterAllgather,
+    /// Reduce as ring reduce-scatter followed by a gather to the root.
+    ReduceScatterGather,
+    /// All-to-all as n-1 rounds of pairwise exchange (round k: send to r+k,
+    /// receive from r-k).
+    Pairwise,
+    /// Barrier by dissemination: round k signals r+2^k, waits on r-2^k.
+    Dissemination,
+    /// Point-to-point send/recv.
+    P2p,
+}
+
+impl Algo {
+    pub const ALL: [Algo; 9] = [
+        Algo::Ring,
+        Algo::RecursiveDoubling,
+        Algo::Direct,
+        Algo::BinomialTree,
+        Algo::ScatterAllgather,
+        Algo::ReduceScatterGather,
+        Algo::Pairwise,
+        Algo::Dissemination,
+        Algo::P2p,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::RecursiveDoubling => "recursive_doubling",
+            Algo::Direct => "direct",
+            Algo::BinomialTree => "binomial_tree",
+            Algo::ScatterAllgather => "scatter_allgather",
+            Algo::ReduceScatterGather => "reduce_scatter_gather",
+            Algo::Pairwise => "pairwise",
+            Algo::Dissemination => "dissemination",
+            Algo::P2p => "p2p",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Algo> {
+        Algo::ALL.into_iter().find(|a| a.name() == s)
+    }
+}
+
+/// What a collective call asks for, independent of rank. Buffer layouts (all in
+/// elements; `n` ranks; `displ(c)[r]` is the prefix sum of `c` before `r`):
+///
+/// | kind           | `counts`                          | Input of rank r                 | Output of rank r                      |
+/// |----------------|-----------------------------------|---------------------------------|---------------------------------------|
+/// | AllReduce      | `[count]`                         | `count`                         | `count`                               |
+/// | Reduce         | `[count]`                         | `count`                         | `count` (result meaningful at root)   |
+/// | Broadcast      | `[count]`                         | unused                          | `count` (root's holds the data)       |
+/// | AllGather      | `counts[r]` per rank (`n`)        | `counts[r]`                     | `sum(counts)`, r's block at displ[r]  |
+/// | ReduceScatter  | `counts[r]` per rank (`n`)        | `sum(counts)`                   | `counts[r]`                           |
+/// | AllToAll       | `n*n`, `counts[s*n+d]` = s→d      | blocks for d=0..n in order      | blocks from s=0..n in order           |
+/// | Gather         | `counts[r]` per rank (`n`)        | `counts[r]`                     | root: `sum(counts)`; others: unused   |
+/// | Scatter        | `counts[r]` per rank (`n`)        | root: `sum(counts)`; others: -  | `counts[r]`                           |
+/// | Barrier        | `[]`                              | -                               | -                                     |
+/// | Send           | `[count]`, `root` = destination   | `count`                         | -                                     |
+/// | Recv           | `[count]`, `root` = source        | -                               | `count`                               |
+///
+/// The engine always provides `Output` with the size in this table (allocating
+/// it for ranks whose user call has no output), so schedules may use it freely.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct CollArgs {
+    pub kind: CollKind,
+    /// Root for rooted collectives, peer for Send/Recv, 0 otherwise.
+    pub root: usize,
+    pub counts: Vec<usize>,
+}
+
+impl CollArgs {
+    /// Elements in rank `rank`'s Input and Output (see the table above).
+    pub fn buffer_lens(&self, rank: usize, nranks: usize) -> (usize, usize) {
+        let total: usize = self.counts.iter().sum();
+        let c0 = self.counts.first().copied().unwrap_or(0);
+        match self.kind {
+            CollKind::AllReduce | CollKind::Reduce => (c0, c0),
+            CollKind::Broadcast => (0, c0),
+            CollKind::AllGather => (self.counts[rank], total),
+            CollKind::ReduceScatter => (total, self.counts[rank]),
+            CollKind::AllToAll => {
+                let sent = (0..nranks).map(|d| self.counts[rank * nranks + d]).sum();
+                let got = (0..nranks).map(|s| self.counts[s * nranks + rank]).sum();
+                (sent, got)
+            }
+            CollKind::Gather => (self.counts[rank], if rank == self.root { total } else { 0 }),
+            CollKind::Scatter => (if rank == self.root { total } else { 0 }, self.counts[rank]),
+            CollKind::Barrier => (0, 0),
+            CollKind::Send => (c0, 0),
+            CollKind::Recv => (0, c0),
+        }
+    }
+}
+
+/// One rank's plan for one collective.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Schedule {
+    pub rank: usize,
+    pub nranks: usize,
+    pub algo: Algo,
+    pub phases: Vec<Phase>,
+    /// Elements of scratch memory the engine must provide.
+    pub scratch_len: usize,
+}

@@ -1,0 +1,390 @@
+//! Algorithms as data: each generator turns (collective, counts, rank, nranks)
+//! into a per-rank [`Schedule`] that the one engine executes and the verifier
+//! proves. See `ir.rs` for the vocabulary and the rules.
+//!
+//! Entry points: [`build`] makes one rank's schedule; [`algos_for`] and
+//! [`applicable`] say which algorithms a call may use; [`default_algo`] picks
+//! one by size; [`verify()`] proves a (collective, counts, nranks, algorithm)
+//! correct by running every rank's schedule on symbolic data.
+//!
+//! One generator file per algorithm family: `ring.rs`, `recursive_doubling.rs`,
+//! `direct.rs`, `tree.rs` (binomial), `two_stage.rs` (scatter-allgather and
+//! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`; `plan.rs`
+//! holds what they share.
+
+mod alltoall;
+mod barrier;
+mod direct;
+pub mod ir;
+mod p2p;
+mod plan;
+mod recursive_doubling;
+mod ring;
+mod tree;
+mod two_stage;
+pub mod verify;
+
+pub use ir::{Algo, Buf, CollArgs, Phase, Schedule, Span, Step};
+pub use verify::{verify, verify_p2p, verify_schedules, At, Fault, Layout, VerifyError};
+
+use crate::types::CollKind;
+use plan::Plan;
+use thiserror::Error;
+
+/// Why a schedule cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ScheduleError {
+    #[error("a communicator needs at least one rank")]
+    NoRanks,
+    #[error("rank {rank} is out of range for {nranks} ranks")]
+    RankOutOfRange { rank: usize, nranks: usize },
+    #[error("algorithm {} does not apply to {kind} (it takes {})", .algo.name(), algo_names(.kind))]
+    NotApplicable { kind: CollKind, algo: Algo },
+    #[error("{kind} on {nranks} ranks takes {expected} counts, got {got}")]
+    BadCounts {
+        kind: CollKind,
+        nranks: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{kind}: root {root} is out of range for {nranks} ranks")]
+    RootOutOfRange {
+        kind: CollKind,
+        root: usize,
+        nranks: usize,
+    },
+    #[error("{kind} at rank {rank}: the peer is the rank itself")]
+    SelfPeer { kind: CollKind, rank: usize },
+}
+
+fn algo_names(kind: &CollKind) -> String {
+    let names: Vec<&str> = algos_for(*kind).iter().map(|a| a.name()).collect();
+    names.join(", ")
+}
+
+/// The algorithms that apply to a collective, the size-based default's
+/// candidates among them.
+pub fn algos_for(kind: CollKind) -> &'static [Algo] {
+    use Algo::*;
+    match kind {
+        CollKind::AllReduce => &[Ring, RecursiveDoubling, Direct],
+        CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
+        CollKind::Broadcast => &[BinomialTree, ScatterAllgather],
+        CollKind::AllGather => &[Ring, Direct, RecursiveDoubling],
+        CollKind::ReduceScatter => &[Ring, Direct],
+        CollKind::AllToAll => &[Pairwise, Direct],
+        CollKind::Gather | CollKind::Scatter => &[Direct],
+        CollKind::Barrier => &[Dissemination],
+        CollKind::Send | CollKind::Recv => &[P2p],
+    }
+}
+
+/// Checks the rank-independent part of a call: the counts' shape (see the
+/// table on [`CollArgs`]) and the root.
+pub(crate) fn check_args(args: &CollArgs, nranks: usize) -> Result<(), ScheduleError> {
+    if nranks == 0 {
+        return Err(ScheduleError::NoRanks);
+    }
+    let kind = args.kind;
+    let expected = match kind {
+        CollKind::AllReduce
+        | CollKind::Reduce
+        | CollKind::Broadcast
+        | CollKind::Send
+        | CollKind::Recv => Some(1),
+        CollKind::AllGather | CollKind::ReduceScatter | CollKind::Gather | CollKind::Scatter => {
+            Some(nranks)
+        }
+        CollKind::AllToAll => nranks.checked_mul(nranks),
+        CollKind::Barrier => Some(0),
+    };
+    if expected != Some(args.counts.len()) {
+        return Err(ScheduleError::BadCounts {
+            kind,
+            nranks,
+            expected: expected.unwrap_or(usize::MAX),
+            got: args.counts.len(),
+        });
+    }
+    let rooted = matches!(
+        kind,
+        CollKind::Reduce
+            | CollKind::Broadcast
+            | CollKind::Gather
+            | CollKind::Scatter
+            | CollKind::Send
+            | CollKind::Recv
+    );
+    if rooted && args.root >= nranks {
+        return Err(ScheduleError::RootOutOfRange {
+            kind,
+            root: args.root,
+            nranks,
+        });
+    }
+    Ok(())
+}
+
+fn check(args: &CollArgs, nranks: usize, algo: Algo) -> Result<(), ScheduleError> {
+    if !algos_for(args.kind).contains(&algo) {
+        return Err(ScheduleError::NotApplicable {
+            kind: args.kind,
+            algo,
+        });
+    }
+    check_args(args, nranks)
+}
+
+/// Whether [`build`] accepts `algo` for this call on `nranks` ranks (for
+/// send/recv it still refuses the rank that is its own peer).
+///
+/// Every generator handles any counts (zeros, fewer elements than ranks,
+/// irregular v-counts) and any nranks, so this is only the table of
+/// [`algos_for`] plus the shape of the arguments.
+pub fn applicable(args: &CollArgs, nranks: usize, algo: Algo) -> bool {
+    check(args, nranks, algo).is_ok()
+}
+
+/// A simple size-based choice, where `bytes` is the collective's full buffer:
+/// the vector being reduced or broadcast, the gathered output of allgather,
+/// the input of reduce_scatter.
+pub fn default_algo(args: &CollArgs, nranks: usize, elem_size: usize) -> Algo {
+    use Algo::*;
+    use CollKind as K;
+    const KIB: usize = 1 << 10;
+    const MIB: usize = 1 << 20;
+    let bytes = args.counts.iter().sum::<usize>().saturating_mul(elem_size);
+    match args.kind {
+        // Small buffers are latency-bound: log2(n) rounds beat the ring's
+        // 2(n-1) steps, and whole-buffer messages cost little.
+        K::AllReduce if bytes < 32 * KIB => RecursiveDoubling,
+        // Medium: two phases of n-1 concurrent messages each; with few ranks
+        // the concurrent messages do not oversubscribe a rank's links.
+        K::AllReduce if bytes <= MIB && nranks <= 8 => Direct,
+        // Large: bandwidth-bound; the ring keeps every link busy with 1/n of
+        // the buffer per step and sends the minimum 2(n-1)/n per rank.
+        K::AllReduce => Ring,
+        // A tree's root sends the whole buffer per level; above a few hundred
+        // KiB, scattering first halves the root's traffic. With 2 ranks there
+        // is nothing to scatter.
+        K::Broadcast if bytes < 256 * KIB || nranks <= 2 => BinomialTree,
+        K::Broadcast => ScatterAllgather,
+        K::Reduce if bytes < 256 * KIB => BinomialTree,
+        K::Reduce => ReduceScatterGather,
+        // Recursive doubling takes any counts and any n (it folds), so it is
+        // always applicable; latency wins below 64 KiB, one phase of
+        // concurrent messages below 1 MiB, the ring above.
+        K::AllGather if bytes < 64 * KIB => RecursiveDoubling,
+        K::AllGather if bytes < MIB => Direct,
+        K::AllGather => Ring,
+        K::ReduceScatter if bytes < MIB => Direct,
+        K::ReduceScatter => Ring,
+        // One peer per round: nobody is flooded by n-1 senders at once.
+        K::AllToAll => Pairwise,
+        K::Gather | K::Scatter => Direct,
+        K::Barrier => Dissemination,
+        K::Send | K::Recv => P2p,
+    }
+}
+
+/// Rank `rank`'s schedule for one call.
+pub fn build(
+    args: &CollArgs,
+    rank: usize,
+    nranks: usize,
+    algo: Algo,
+) -> Result<Schedule, ScheduleError> {
+    check(args, nranks, algo)?;
+    if rank >= nranks {
+        return Err(ScheduleError::RankOutOfRange { rank, nranks });
+    }
+    let kind = args.kind;
+    if matches!(kind, CollKind::Send | CollKind::Recv) && args.root == rank {
+        return Err(ScheduleError::SelfPeer { kind, rank });
+    }
+    let mut plan = Plan::new(rank, nranks);
+    let count = args.counts.first().copied().unwrap_or(0);
+    let counts = &args.counts[..];
+    let root = args.root;
+    if nranks == 1 {
+        local_only(&mut plan, args);
+        return Ok(plan.finish(algo));
+    }
+    match (kind, algo) {
+        (CollKind::AllReduce, Algo::Ring) => ring::allreduce(&mut plan, count),
+        (CollKind::AllReduce, Algo::RecursiveDoubling) => {
+            recursive_doubling::allreduce(&mut plan, count)
+        }
+        (CollKind::AllReduce, Algo::Direct) => direct::allreduce(&mut plan, count),
+        (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, count, root),
+        (CollKind::Reduce, Algo::ReduceScatterGather) => two_stage::reduce(&mut plan, count, root),
+        (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
+        (CollKind::Broadcast, Algo::ScatterAllgather) => {
+            two_stage::broadcast(&mut plan, count, root)
+        }
+        (CollKind::AllGather, Algo::Ring) => ring::allgather(&mut plan, counts),
+        (CollKind::AllGather, Algo::Direct) => direct::allgather(&mut plan, counts),
+        (CollKind::AllGather, Algo::RecursiveDoubling) => {
+            recursive_doubling::allgather(&mut plan, counts)
+        }
+        (CollKind::ReduceScatter, Algo::Ring) => ring::reduce_scatter(&mut plan, counts),
+        (CollKind::ReduceScatter, Algo::Direct) => direct::reduce_scatter(&mut plan, counts),
+        (CollKind::AllToAll, Algo::Pairwise) => alltoall::pairwise(&mut plan, counts),
+        (CollKind::AllToAll, Algo::Direct) => alltoall::direct(&mut plan, counts),
+        (CollKind::Gather, Algo::Direct) => direct::gather(&mut plan, counts, root),
+        (CollKind::Scatter, Algo::Direct) => direct::scatter(&mut plan, counts, root),
+        (CollKind::Barrier, Algo::Dissemination) => barrier::dissemination(&mut plan),
+        (CollKind::Send, Algo::P2p) => p2p::send(&mut plan, count, root),
+        (CollKind::Recv, Algo::P2p) => p2p::recv(&mut plan, count, root),
+        // `check` accepted only the pairs of `algos_for`, all handled above.
+        _ => return Err(ScheduleError::NotApplicable { kind, algo }),
+    }
+    Ok(plan.finish(algo))
+}
+
+/// With one rank every collective is the identity from Input to Output
+/// (broadcast's data is already in Output; barrier has nothing to do).
+fn local_only(plan: &mut Plan, args: &CollArgs) {
+    let (input, output) = args.buffer_lens(0, 1);
+    match args.kind {
+        CollKind::Broadcast | CollKind::Barrier | CollKind::Send | CollKind::Recv => {}
+        _ => {
+            plan.phase()
+                .copy(Span::input(0, input), Span::output(0, output));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(kind: CollKind, root: usize, counts: Vec<usize>) -> CollArgs {
+        CollArgs { kind, root, counts }
+    }
+
+    #[test]
+    fn every_algorithm_outside_the_table_is_refused() {
+        for kind in CollKind::ALL {
+            let a = args(
+                kind,
+                1,
+                match kind {
+                    CollKind::AllGather
+                    | CollKind::ReduceScatter
+                    | CollKind::Gather
+                    | CollKind::Scatter => vec![3; 4],
+                    CollKind::AllToAll => vec![3; 16],
+                    CollKind::Barrier => vec![],
+                    _ => vec![3],
+                },
+            );
+            for algo in Algo::ALL {
+                let listed = algos_for(kind).contains(&algo);
+                assert_eq!(applicable(&a, 4, algo), listed, "{kind} {}", algo.name());
+                let built = build(&a, 0, 4, algo);
+                if listed {
+                    assert!(built.is_ok(), "{kind} {}: {built:?}", algo.name());
+                } else {
+                    assert_eq!(built, Err(ScheduleError::NotApplicable { kind, algo }));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        let ar = args(CollKind::AllReduce, 0, vec![4]);
+        assert_eq!(build(&ar, 0, 0, Algo::Ring), Err(ScheduleError::NoRanks));
+        assert_eq!(
+            build(&ar, 4, 4, Algo::Ring),
+            Err(ScheduleError::RankOutOfRange { rank: 4, nranks: 4 })
+        );
+        let ag = args(CollKind::AllGather, 0, vec![1, 2, 3]);
+        assert_eq!(
+            build(&ag, 0, 4, Algo::Ring),
+            Err(ScheduleError::BadCounts {
+                kind: CollKind::AllGather,
+                nranks: 4,
+                expected: 4,
+                got: 3
+            })
+        );
+        assert!(!applicable(&ag, 4, Algo::Ring));
+        let bc = args(CollKind::Broadcast, 4, vec![8]);
+        assert_eq!(
+            build(&bc, 0, 4, Algo::BinomialTree),
+            Err(ScheduleError::RootOutOfRange {
+                kind: CollKind::Broadcast,
+                root: 4,
+                nranks: 4
+            })
+        );
+        let send = args(CollKind::Send, 2, vec![8]);
+        assert_eq!(
+            build(&send, 2, 4, Algo::P2p),
+            Err(ScheduleError::SelfPeer {
+                kind: CollKind::Send,
+                rank: 2
+            })
+        );
+        let msg = build(&ar, 0, 4, Algo::Pairwise).unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "algorithm pairwise does not apply to allreduce \
+             (it takes ring, recursive_doubling, direct)"
+        );
+    }
+
+    #[test]
+    fn default_algo_follows_the_size_table() {
+        let ar = |count| args(CollKind::AllReduce, 0, vec![count]);
+        assert_eq!(default_algo(&ar(1000), 8, 4), Algo::RecursiveDoubling);
+        assert_eq!(default_algo(&ar(8192), 8, 4), Algo::Direct);
+        assert_eq!(default_algo(&ar(1 << 18), 8, 4), Algo::Direct);
+        assert_eq!(default_algo(&ar(8192), 16, 4), Algo::Ring);
+        assert_eq!(default_algo(&ar(1 << 20), 4, 4), Algo::Ring);
+        let bc = |count| args(CollKind::Broadcast, 0, vec![count]);
+        assert_eq!(default_algo(&bc(1000), 8, 4), Algo::BinomialTree);
+        assert_eq!(default_algo(&bc(1 << 20), 8, 4), Algo::ScatterAllgather);
+        assert_eq!(default_algo(&bc(1 << 20), 2, 4), Algo::BinomialTree);
+        let rd = |count| args(CollKind::Reduce, 0, vec![count]);
+        assert_eq!(default_algo(&rd(1000), 8, 4), Algo::BinomialTree);
+        assert_eq!(default_algo(&rd(1 << 20), 8, 4), Algo::ReduceScatterGather);
+        let ag = |each| args(CollKind::AllGather, 0, vec![each; 4]);
+        assert_eq!(default_algo(&ag(1000), 4, 4), Algo::RecursiveDoubling);
+        assert_eq!(default_algo(&ag(10_000), 4, 4), Algo::Direct);
+        assert_eq!(default_algo(&ag(1 << 20), 4, 4), Algo::Ring);
+        let rs = |each| args(CollKind::ReduceScatter, 0, vec![each; 4]);
+        assert_eq!(default_algo(&rs(1000), 4, 4), Algo::Direct);
+        assert_eq!(default_algo(&rs(1 << 20), 4, 4), Algo::Ring);
+        // Whatever the size, the default is always one the call may use.
+        for kind in CollKind::ALL {
+            let a = args(kind, 0, vec![]);
+            assert!(algos_for(kind).contains(&default_algo(&a, 4, 4)));
+        }
+    }
+
+    #[test]
+    fn one_rank_is_a_local_copy() {
+        let ar = args(CollKind::AllReduce, 0, vec![5]);
+        for algo in algos_for(CollKind::AllReduce) {
+            let s = build(&ar, 0, 1, *algo).unwrap();
+            assert_eq!(
+                s.phases,
+                vec![Phase {
+                    steps: vec![Step::Copy {
+                        src: Span::input(0, 5),
+                        dst: Span::output(0, 5)
+                    }]
+                }]
+            );
+            assert_eq!(s.scratch_len, 0);
+        }
+        let bc = args(CollKind::Broadcast, 0, vec![5]);
+        assert!(build(&bc, 0, 1, Algo::BinomialTree)
+            .unwrap()
+            .phases
+            .is_empty());
+    }
+}

@@ -1,0 +1,437 @@
+//! Transports move messages between two ranks. Every transport implements the
+//! same small interface ([`Link`]): progress a send, progress a receive, say
+//! what to wait on when idle. The engine never blocks inside a transport; it
+//! calls `*_progress` until the transfer is done and backs off when nothing
+//! moved.
+//!
+//! Terms: a **message** is what one schedule `Send` step transfers (possibly 0
+//! bytes: it still carries its header, which is how barriers signal). A message
+//! travels as one or more **frames** (shm: one per slot; TCP: one per stream
+//! stripe), each led by a [`WireHeader`] so that the receiver checks, before
+//! touching data, that the sender is running the same operation with the same
+//! arguments.
+
+pub mod shm;
+pub mod tcp;
+
+use crate::error::ErrorKind;
+use crate::reduce;
+use crate::types::{CollKind, DType, ElemOp, RedOp};
+use bytemuck::{Pod, Zeroable};
+
+/// "CDNC" little-endian.
+pub const MAGIC: u32 = 0x434e_4443;
+pub const FRAME_DATA: u8 = 1;
+pub const FRAME_ABORT: u8 = 2;
+
+/// Leads every frame on every transport.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable, PartialEq, Eq)]
+pub struct WireHeader {
+    pub magic: u32,
+    pub frame: u8,
+    pub coll: u8,
+    pub dtype: u8,
+    pub redop: u8,
+    /// Root (or p2p peer) of the sender's operation; for ABORT frames the
+    /// rank the failure is blamed on.
+    pub root: u32,
+    pub _pad: u32,
+    /// Sequence number of the operation on its stream of operations
+    /// (collectives, or p2p messages of one direction between two ranks).
+    pub seq: u64,
+    /// Hash of the operation's full arguments; equal on every rank that
+    /// called the same collective with the same arguments.
+    pub sig: u64,
+    /// The sender's total element count (for error messages).
+    pub count: u64,
+    /// Payload bytes of this frame.
+    pub len: u64,
+}
+
+pub const HEADER_BYTES: usize = std::mem::size_of::<WireHeader>();
+
+/// The identity of the operation a message belongs to. The receiver compares
+/// it with the header of each incoming frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpMeta {
+    pub coll: CollKind,
+    pub dtype: DType,
+    pub redop: u8,
+    pub root: u32,
+    pub seq: u64,
+    pub sig: u64,
+    pub count: u64,
+}
+
+impl OpMeta {
+    pub fn header(&self, len: usize) -> WireHeader {
+        WireHeader {
+            magic: MAGIC,
+            frame: FRAME_DATA,
+            coll: self.coll.code(),
+            dtype: self.dtype.code(),
+            redop: self.redop,
+            root: self.root,
+            _pad: 0,
+            seq: self.seq,
+            sig: self.sig,
+            count: self.count,
+            len: len as u64,
+        }
+    }
+
+    /// "allreduce #5 (count=100, float32, sum, root 0)"
+    pub fn describe(&self) -> String {
+        describe(
+            self.coll.code(),
+            self.seq,
+            self.count,
+            self.dtype.code(),
+            self.redop,
+            self.root,
+        )
+    }
+
+    /// Checks an incoming frame header against this operation; `want_len` is
+    /// the payload length the receiver expects for this frame.
+    pub fn check(&self, h: &WireHeader, peer: usize, want_len: usize) -> Result<(), ErrorKind> {
+        if h.magic != MAGIC {
+            return Err(ErrorKind::Garbage {
+                peer,
+                detail: format!("bad frame magic {:#010x} (expected {MAGIC:#010x})", h.magic),
+            });
+        }
+        if h.frame != FRAME_DATA {
+            return Err(ErrorKind::Garbage {
+                peer,
+                detail: format!("unknown frame type {}", h.frame),
+            });
+        }
+        if h.seq != self.seq || h.sig != self.sig || h.len != want_len as u64 {
+            let mut theirs = describe(h.coll, h.seq, h.count, h.dtype, h.redop, h.root);
+            if h.seq == self.seq && h.sig == self.sig {
+                theirs.push_str(&format!(
+                    " but sent a {}-byte frame where {want_len} bytes were expected",
+                    h.len
+                ));
+            }
+            return Err(ErrorKind::Mismatch {
+                peer,
+                ours: self.describe(),
+                theirs,
+                our_sig: self.sig,
+                their_sig: h.sig,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn describe(coll: u8, seq: u64, count: u64, dtype: u8, redop: u8, root: u32) -> String {
+    let coll_s = CollKind::from_code(coll).map_or("?", |c| c.name());
+    let dtype_s = DType::from_code(dtype).map_or("?", |d| d.name());
+    let mut s = format!("{coll_s} #{seq} (count={count}, {dtype_s}");
+    if CollKind::from_code(coll).is_some_and(|c| c.reduces()) {
+        s.push_str(", ");
+        s.push_str(RedOp::name_of_code(redop));
+    }
+    if matches!(
+        CollKind::from_code(coll),
+        Some(
+            CollKind::Reduce
+                | CollKind::Broadcast
+                | CollKind::Gather
+                | CollKind::Scatter
+                | CollKind::Send
+                | CollKind::Recv
+        )
+    ) {
+        s.push_str(&format!(", root/peer {root}"));
+    }
+    s.push(')');
+    s
+}
+
+/// What a failing rank tells its peers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AbortNotice {
+    /// The rank the sender blames.
+    pub origin: usize,
+    pub detail: String,
+    /// For argument mismatches: (blamed rank's signature, detecting rank,
+    /// detecting rank's signature). A mismatch is symmetric — the detector
+    /// cannot know which side is wrong — but a third rank can: the culprit is
+    /// the side whose call differs from its own.
+    pub mismatch: Option<(u64, usize, u64)>,
+}
+
+impl AbortNotice {
+    /// The notice a rank sends after failing with `kind`.
+    pub fn from_error(kind: &ErrorKind, me: usize) -> AbortNotice {
+        let mismatch = match kind {
+            ErrorKind::Mismatch {
+                our_sig, their_sig, ..
+            } => Some((*their_sig, me, *our_sig)),
+            _ => None,
+        };
+        let detail = match kind {
+            // Already a relayed report: pass the original on unchanged.
+            ErrorKind::Aborted { detail, .. } => detail.clone(),
+            k => format!("rank {me} reported: {k}"),
+        };
+        AbortNotice {
+            origin: kind.culprit().unwrap_or(me),
+            detail,
+            mismatch,
+        }
+    }
+
+    /// The error a receiver raises, given the signature of its own call.
+    pub fn into_error(self, my_sig: u64) -> ErrorKind {
+        let origin = match self.mismatch {
+            Some((_, detector, detector_sig)) if detector_sig != my_sig => detector,
+            _ => self.origin,
+        };
+        ErrorKind::Aborted {
+            origin,
+            detail: self.detail,
+        }
+    }
+}
+
+/// Where received bytes go: copied into `dst`, or reduced into it.
+pub struct Sink {
+    dst: *mut u8,
+    len: usize,
+    mode: SinkMode,
+    dtype: DType,
+    op: ElemOp,
+}
+
+#[derive(Clone, Copy)]
+pub enum SinkMode {
+    /// dst = incoming
+    Copy,
+    /// dst = dst ⊕ incoming
+    ReduceInPlace,
+    /// dst = a ⊕ incoming, `a` disjoint from dst
+    ReduceWith(*const u8),
+}
+
+impl Sink {
+    /// # Safety
+    /// `dst` must be valid for reads and writes of `len` bytes, and (for
+    /// `ReduceWith(a)`) `a` valid for reads of `len` bytes and disjoint from
+    /// `dst`, for as long as the sink is used; nothing else may access those
+    /// bytes meanwhile.
+    pub unsafe fn new(dst: *mut u8, len: usize, mode: SinkMode, dtype: DType, op: ElemOp) -> Sink {
+        Sink {
+            dst,
+            len,
+            mode,
+            dtype,
+            op,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn elem_size(&self) -> usize {
+        self.dtype.size()
+    }
+
+    /// Applies `data` at byte offset `off`. `data.len()` must be a multiple of
+    /// the element size unless the sink only copies.
+    pub fn deliver(&mut self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len, "sink overflow");
+        if data.is_empty() {
+            return;
+        }
+        // SAFETY: `Sink::new`'s contract: dst/a valid for `len` bytes, exclusive
+        // to this sink, and `off + data.len() <= len` was checked above. `data`
+        // comes from transport memory, never from dst.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(self.dst.add(off), data.len());
+            match self.mode {
+                SinkMode::Copy => dst.copy_from_slice(data),
+                SinkMode::ReduceInPlace => reduce::reduce_inplace(self.dtype, self.op, dst, data),
+                SinkMode::ReduceWith(a) => {
+                    let a = std::slice::from_raw_parts(a.add(off), data.len());
+                    reduce::reduce_into(self.dtype, self.op, dst, a, data)
+                }
+            }
+        }
+    }
+
+    /// For copy sinks, the destination bytes themselves, so a transport can
+    /// read from a socket straight into them. `None` for reducing sinks.
+    pub fn direct(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
+        match self.mode {
+            SinkMode::Copy if len == 0 => Some(&mut []),
+            SinkMode::Copy => {
+                assert!(off + len <= self.len, "sink overflow");
+                // SAFETY: as in `deliver`; the returned borrow is tied to
+                // `&mut self`, so no second view can exist meanwhile.
+                Some(unsafe { std::slice::from_raw_parts_mut(self.dst.add(off), len) })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Bytes a send reads from.
+pub struct Source {
+    ptr: *const u8,
+    len: usize,
+}
+
+impl Source {
+    /// # Safety
+    /// `ptr` must be valid for reads of `len` bytes while the source is used,
+    /// and nothing may write those bytes meanwhile.
+    pub unsafe fn new(ptr: *const u8, len: usize) -> Source {
+        Source { ptr, len }
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.len, "source overflow");
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: `Source::new`'s contract, bounds checked above.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
+    }
+}
+
+/// A send in progress.
+pub struct SendJob {
+    pub meta: OpMeta,
+    pub src: Source,
+    /// Transport-specific cursor (bytes handed to the transport so far, or
+    /// per-stream state); owned by the transport.
+    pub sent: usize,
+    pub started: bool,
+    pub done: bool,
+    pub stripes: Vec<StripeCursor>,
+}
+
+/// A receive in progress.
+pub struct RecvJob {
+    pub meta: OpMeta,
+    pub sink: Sink,
+    pub got: usize,
+    pub started: bool,
+    pub done: bool,
+    pub stripes: Vec<StripeCursor>,
+}
+
+/// Progress of one stripe of a message on one TCP stream.
+#[derive(Clone, Debug, Default)]
+pub struct StripeCursor {
+    pub stream: usize,
+    /// Byte range of the message this stripe carries.
+    pub off: usize,
+    pub len: usize,
+    /// Header bytes written/read so far (of HEADER_BYTES).
+    pub hdr_done: usize,
+    /// Payload bytes written/read so far.
+    pub done: usize,
+    /// Receiving and reducing: bytes held back because they do not yet make a
+    /// whole element.
+    pub carry: usize,
+}
+
+impl SendJob {
+    pub fn new(meta: OpMeta, src: Source) -> SendJob {
+        SendJob {
+            meta,
+            src,
+            sent: 0,
+            started: false,
+            done: false,
+            stripes: Vec::new(),
+        }
+    }
+}
+
+impl RecvJob {
+    pub fn new(meta: OpMeta, sink: Sink) -> RecvJob {
+        RecvJob {
+            meta,
+            sink,
+            got: 0,
+            started: false,
+            done: false,
+            stripes: Vec::new(),
+        }
+    }
+}
+
+/// Counters every connection keeps (always on, cheap: a few adds per frame).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LinkStats {
+    pub peer: usize,
+    pub transport: &'static str,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    pub msgs_sent: u64,
+    pub msgs_recv: u64,
+    /// Nanoseconds during which this link had a transfer pending.
+    pub busy_ns: u64,
+}
+
+/// A connection to one peer, over shared memory or TCP.
+pub enum Link {
+    Shm(shm::ShmLink),
+    Tcp(tcp::TcpLink),
+}
+
+impl Link {
+    pub fn send_progress(&mut self, job: &mut SendJob) -> Result<bool, ErrorKind> {
+        match self {
+            Link::Shm(l) => l.send_progress(job),
+            Link::Tcp(l) => l.send_progress(job),
+        }
+    }
+    pub fn recv_progress(&mut self, job: &mut RecvJob) -> Result<bool, ErrorKind> {
+        match self {
+            Link::Shm(l) => l.recv_progress(job),
+            Link::Tcp(l) => l.recv_progress(job),
+        }
+    }
+    pub fn stats(&mut self) -> &mut LinkStats {
+        match self {
+            Link::Shm(l) => &mut l.stats,
+            Link::Tcp(l) => &mut l.stats,
+        }
+    }
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, Link::Tcp(_))
+    }
+    /// Checks, cheaply, whether the peer is known to be gone.
+    pub fn check_alive(&mut self) -> Result<(), ErrorKind> {
+        match self {
+            Link::Shm(l) => l.check_alive(),
+            Link::Tcp(_) => Ok(()),
+        }
+    }
+    /// Tells the peer this rank failed (best effort, never blocks long).
+    pub fn send_abort(&mut self, notice: &AbortNotice) {
+        match self {
+            Link::Shm(l) => l.send_abort(notice),
+            Link::Tcp(l) => l.send_abort(notice),
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! Shared-memory transport between ranks on one host.
+//!
+//! Terms:
+//! - **inbox**: a file in `/dev/shm` that one rank creates and maps; it holds
+//!   one ring per same-host sender plus a header (pid, abort notice). Each rank
+//!   creates only its own inbox, so creation never races; peers open it, and it
+//!   is unlinked once everyone has mapped it, so a crash leaves nothing behind.
+//! - **ring**: a single-producer single-consumer queue of `nslots` slots. The
+//!   sender owns `head`, the receiver owns `tail`, each on its own cache line;
+//!   each side caches the other's counter and rereads it only when it must
+//!   (reading a line the other core writes costs a cache miss).
+//! - **slot**: a frame header ([`WireHeader`]) followed by up to `slot_bytes`
+//!   of payload. Small messages are one slot: the receiver sees them by
+//!   polling one counter, with no system call (flags instead of syscalls).
+//!
+//! Ordering: the sender writes a slot, then publishes it with a release store
+//! of `head`; the receiver acquires `head`, reads the slot, and releases it
+//! with a release store of `tail`.
+
+use super::{AbortNotice, LinkStats, RecvJob, SendJob, WireHeader, HEADER_BYTES};
+use crate::error::ErrorKind;
+use memmap2::MmapRaw;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const INBOX_MAGIC: u64 = 0x5842_4e49_4e44_4443; // "CDNINBX" + tag
+const HDR_SIZE: usize = 4096;
+const OFF_MAGIC: usize = 0;
+const OFF_PID: usize = 8;
+const OFF_NRINGS: usize = 16;
+const OFF_SLOT_BYTES: usize = 20;
+const OFF_NSLOTS: usize = 24;
+const OFF_ABORT_FLAG: usize = 64;
+const OFF_ABORT_ORIGIN: usize = 68;
+const OFF_ABORT_LEN: usize = 72;
+const OFF_ABORT_MISMATCH: usize = 76; // u32: 1 when the three fields below are set
+const OFF_ABORT_BLAMED_SIG: usize = 80;
+const OFF_ABORT_DETECTOR_SIG: usize = 88;
+const OFF_ABORT_DETECTOR: usize = 96;
+const OFF_ABORT_MSG: usize = 128;
+const ABORT_MSG_MAX: usize = 2048;
+const RING_CTL: usize = 128;
+const SLOT_HDR: usize = 64;
+
+/// Ring geometry. Larger slots mean fewer hand-offs per byte; more slots mean
+/// more data in flight. 8 × 64 KiB keeps a ring's working set near L2 size.
+#[derive(Clone, Copy, Debug)]
+pub struct ShmConfig {
+    pub slot_bytes: usize,
+    pub nslots: usize,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            slot_bytes: 64 * 1024,
+            nslots: 8,
+        }
+    }
+}
+
+fn ring_size(cfg: &ShmConfig) -> usize {
+    (RING_CTL + cfg.nslots * (SLOT_HDR + cfg.slot_bytes)).next_multiple_of(4096)
+}
+
+/// A mapped inbox file.
+pub struct Region {
+    map: MmapRaw,
+    path: PathBuf,
+    owner: bool,
+    unlinked: AtomicU32,
+}
+
+impl Region {
+    fn ptr(&self, off: usize) -> *mut u8 {
+        assert!(off < self.map.len());
+        // SAFETY: `off` is within the mapping (checked above).
+        unsafe { self.map.as_mut_ptr().add(off) }
+    }
+
+    fn atomic_u64(&self, off: usize) -> &AtomicU64 {
+        assert!(off % 8 == 0 && off + 8 <= self.map.len());
+        // SAFETY: the mapping is page-aligned and lives as long as `self`; the
+        // offset is 8-aligned and in bounds (checked). Every process touches
+        // this word only through atomics.
+        unsafe { &*(self.ptr(off) as *const AtomicU64) }
+    }
+
+    fn atomic_u32(&self, off: usize) -> &AtomicU32 {
+        assert!(off % 4 == 0 && off + 4 <= self.map.len());
+        // SAFETY: as in `atomic_u64`, for a 4-aligned word.
+        unsafe { &*(self.ptr(off) as *const AtomicU32) }
+    }
+
+    /// Copies `src` into the mapping at `off`.
+    fn write(&self, off: usize, src: &[u8]) {
+        assert!(off + src.len() <= self.map.len());
+        // SAFETY: in bounds (checked); the ring protocol gives the writer
+        // exclusive use of these bytes until it publishes them.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr(off), src.len()) }
+    }
+
+    /// Views `len` bytes at `off`.
+    fn read(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.map.len());
+        // SAFETY: in bounds (checked); the ring protocol guarantees the writer
+        // does not touch these bytes until the reader releases them, which it
+        // does only after this borrow ends (callers drop it before `tail` moves).
+        unsafe { std::slice::from_raw_parts(self.ptr(off), len) }
+    }
+
+    /// Removes the file name (the mapping stays valid).
+    pub fn unlink(&self) {
+        if self.owner && self.unlinked.swap(1, Ordering::AcqRel) == 0 {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.unlink();
+    }
+}
+
+/// This rank's own inbox.
+pub struct Inbox {
+    pub region: Arc<Region>,
+    pub cfg: ShmConfig,
+}
+
+impl Inbox {
+    /// Creates the inbox file with `nrings` rings (one per same-host rank,
+    /// indexed by local rank; the own one is unused).
+    pub fn create(path: &Path, nrings: usize, cfg: ShmConfig) -> Result<Inbox, String> {
+        let size = HDR_SIZE + nrings * ring_size(&cfg);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        file.set_len(size as u64)
+            .map_err(|e| format!("cannot size {} to {size} bytes: {e}", path.display()))?;
+        let map = MmapRaw::map_raw(&file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
+        let region = Region {
+            map,
+            path: path.to_owned(),
+            owner: true,
+            unlinked: AtomicU32::new(0),
+        };
+        region
+            .atomic_u32(OFF_PID)
+            .store(std::process::id(), Ordering::Relaxed);
+        region
+            .atomic_u32(OFF_NRINGS)
+            .store(nrings as u32, Ordering::Relaxed);
+        region
+            .atomic_u32(OFF_SLOT_BYTES)
+            .store(cfg.slot_bytes as u32, Ordering::Relaxed);
+        region
+            .atomic_u32(OFF_NSLOTS)
+            .store(cfg.nslots as u32, Ordering::Relaxed);
+        region
+            .atomic_u64(OFF_MAGIC)
+            .store(INBOX_MAGIC, Ordering::Release);
+        Ok(Inbox {
+            region: Arc::new(region),
+            cfg,
+        })
+    }
+
+    /// The abort notice another rank left here, if any.
+    pub fn abort_notice(&self) -> Option<AbortNotice> {
+        let r = &self.region;
+        if r.atomic_u32(OFF_ABORT_FLAG).load(Ordering::Acquire) != 2 {
+            return None;
+        }
+        let origin = r.atomic_u32(OFF_ABORT_ORIGIN).load(Ordering::Relaxed) as usize;
+        let len = (r.atomic_u32(OFF_ABORT_LEN).load(Ordering::Relaxed) as usize).min(ABORT_MSG_MAX);
+        let detail = String::from_utf8_lossy(r.read(OFF_ABORT_MSG, len)).into_owned();
+        let mismatch = (r.atomic_u32(OFF_ABORT_MISMATCH).load(Ordering::Relaxed) == 1).then(|| {
+            (
+                r.atomic_u64(OFF_ABORT_BLAMED_SIG).load(Ordering::Relaxed),
+                r.atomic_u32(OFF_ABORT_DETECTOR).load(Ordering::Relaxed) as usize,
+                r.atomic_u64(OFF_ABORT_DETECTOR_SIG).load(Ordering::Relaxed),
+            )
+        });
+        Some(AbortNotice {
+            origin,
+            detail,
+            mismatch,
+        })
+    }
+
+    /// Cheap check used in every wait loop.
+    #[inline]
+    pub fn aborted(&self) -> bool {
+        self.region
+            .atomic_u32(OFF_ABORT_FLAG)
+            .load(Ordering::Relaxed)
+            == 2
+    }
+}
+
+/// Opens a peer's inbox, waiting until its owner has initialised it.
+pub fn open_peer_inbox(path: &Path, deadline: Instant) -> Result<(Arc<Region>, u32), String> {
+    loop {
+        if let Ok(file) = File::options().read(true).write(true).open(path) {
+            if let Some(found) = try_map_initialised(&file, path)? {
+                return Ok(found);
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "shared-memory inbox {} did not appear in time",
+                path.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn try_map_initialised(file: &File, path: &Path) -> Result<Option<(Arc<Region>, u32)>, String> {
+    let len = file.metadata().map(|m| m.len() as usize).unwrap_or(0);
+    if len < HDR_SIZE {
+        return Ok(None);
+    }
+    let map = MmapRaw::map_raw(file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
+    let region = Region {
+        map,
+        path: path.to_owned(),
+        owner: false,
+        unlinked: AtomicU32::new(1),
+    };
+    if region.atomic_u64(OFF_MAGIC).load(Ordering::Acquire) != INBOX_MAGIC {
+        return Ok(None);
+    }
+    let cfg = ShmConfig {
+        slot_bytes: region.atomic_u32(OFF_SLOT_BYTES).load(Ordering::Relaxed) as usize,
+        nslots: region.atomic_u32(OFF_NSLOTS).load(Ordering::Relaxed) as usize,
+    };
+    let nrings = region.atomic_u32(OFF_NRINGS).load(Ordering::Relaxed) as usize;
+    if region.map.len() < HDR_SIZE + nrings * ring_size(&cfg) {
+        return Ok(None);
+    }
+    let pid = region.atomic_u32(OFF_PID).load(Ordering::Relaxed);
+    Ok(Some((Arc::new(region), pid)))
+}
+
+/// One direction of a ring as seen by one side.
+struct RingEnd {
+    region: Arc<Region>,
+    base: usize,
+    cfg: ShmConfig,
+    /// Our own counter (head for the sender, tail for the receiver).
+    mine: u64,
+    /// Last value read of the other side's counter.
+    theirs: u64,
+}
+
+impl RingEnd {
+    fn head(&self) -> &AtomicU64 {
+        self.region.atomic_u64(self.base)
+    }
+    fn tail(&self) -> &AtomicU64 {
+        self.region.atomic_u64(self.base + 64)
+    }
+    fn slot(&self, n: u64) -> usize {
+        self.base
+            + RING_CTL
+            + (n % self.cfg.nslots as u64) as usize * (SLOT_HDR + self.cfg.slot_bytes)
+    }
+}
+
+/// Both directions between this rank and one same-host peer.
+pub struct ShmLink {
+    pub peer: usize,
+    peer_pid: u32,
+    tx: RingEnd,
+    rx: RingEnd,
+    peer_inbox: Arc<Region>,
+    pub stats: LinkStats,
+}
+
+impl ShmLink {
+    /// `my_inbox`: this rank's inbox; `peer_inbox`: the peer's, with its pid;
+    /// `my_local`/`peer_local`: local indices (which ring is whose).
+    pub fn new(
+        peer: usize,
+        my_inbox: &Inbox,
+        peer_inbox: Arc<Region>,
+        peer_pid: u32,
+        my_local: usize,
+        peer_local: usize,
+    ) -> ShmLink {
+        let peer_cfg = ShmConfig {
+            slot_bytes: peer_inbox
+                .atomic_u32(OFF_SLOT_BYTES)
+                .load(Ordering::Relaxed) as usize,
+            nslots: peer_inbox.atomic_u32(OFF_NSLOTS).load(Ordering::Relaxed) as usize,
+        };
+        let tx = RingEnd {
+            region: peer_inbox.clone(),
+            base: HDR_SIZE + my_local * ring_size(&peer_cfg),
+            cfg: peer_cfg,
+            mine: 0,
+            theirs: 0,
+        };
+        let rx = RingEnd {
+            region: my_inbox.region.clone(),
+            base: HDR_SIZE + peer_local * ring_size(&my_inbox.cfg),
+            cfg: my_inbox.cfg,
+            mine: 0,
+            theirs: 0,
+        };
+        ShmLink {
+            peer,
+            peer_pid,
+            tx,
+            rx,
+            peer_inbox,
+            stats: LinkStats {
+                peer,
+                transport: "shm",
+                ..Default::default()
+            },
+        }
+    }
+
+    pub fn send_progress(&mut self, job: &mut SendJob) -> Result<bool, ErrorKind> {
+        let total = job.src.len();
+        let slot_bytes = self.tx.cfg.slot_bytes;
+        let nslots = self.tx.cfg.nslots as u64;
+        let mut progressed = false;
+        while !job.done {
+            if self.tx.mine - self.tx.theirs >= nslots {
+                self.tx.theirs = self.tx.tail().load(Ordering::Acquire);
+                if self.tx.mine - self.tx.theirs >= nslots {
+                    break;
+                }
+            }
+            let n = slot_bytes.min(total - job.sent);
+            let slot = self.tx.slot(self.tx.mine);
+            let hdr = job.meta.header(n);
+            self.tx.region.write(slot, bytemuck::bytes_of(&hdr));
+            self.tx
+                .region
+                .write(slot + SLOT_HDR, job.src.bytes(job.sent, n));
+            self.tx.mine += 1;
+            self.tx.head().store(self.tx.mine, Ordering::Release);
+            job.sent += n;
+            job.started = true;
+            job.done = job.sent == total;
+            progressed = true;
+            self.stats.bytes_sent += n as u64;
+        }
+        if job.done && progressed {
+            self.stats.msgs_sent += 1;
+        }
+        Ok(progressed)
+    }
+
+    pub fn recv_progress(&mut self, job: &mut RecvJob) -> Result<bool, ErrorKind> {
+        let total = job.sink.len();
+        let slot_bytes = self.rx.cfg.slot_bytes;
+        let mut progressed = false;
+        while !job.done {
+            if self.rx.mine == self.rx.theirs {
+                self.rx.theirs = self.rx.head().load(Ordering::Acquire);
+                if self.rx.mine == self.rx.theirs {
+                    break;
+                }
+            }
+            let want = slot_bytes.min(total - job.got);
+            let slot = self.rx.slot(self.rx.mine);
+            let hdr: WireHeader =
+                bytemuck::pod_read_unaligned(self.rx.region.read(slot, HEADER_BYTES));
+            job.meta.check(&hdr, self.peer, want)?;
+            job.sink
+                .deliver(job.got, self.rx.region.read(slot + SLOT_HDR, want));
+            self.rx.mine += 1;
+            self.rx.tail().store(self.rx.mine, Ordering::Release);
+            job.got += want;
+            job.started = true;
+            job.done = job.got == total;
+            progressed = true;
+            self.stats.bytes_recv += want as u64;
+        }
+        if job.done && progressed {
+            self.stats.msgs_recv += 1;
+        }
+        Ok(progressed)
+    }
+
+    /// Whether the peer process still exists (a zombie counts as dead).
+    pub fn check_alive(&mut self) -> Result<(), ErrorKind> {
+        if pid_alive(self.peer_pid) {
+            Ok(())
+        } else {
+            Err(ErrorKind::PeerDied {
+                peer: self.peer,
+                pid: self.peer_pid,
+            })
+        }
+    }
+
+    /// Leaves an abort notice in the peer's inbox (first notice wins).
+    pub fn send_abort(&mut self, notice: &AbortNotice) {
+        post_abort(&self.peer_inbox, notice);
+    }
+}
+
+/// Writes an abort notice into an inbox unless one is already there.
+pub fn post_abort(inbox: &Region, n: &AbortNotice) {
+    let flag = inbox.atomic_u32(OFF_ABORT_FLAG);
+    if flag
+        .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+    {
+        let mut end = n.detail.len().min(ABORT_MSG_MAX);
+        while !n.detail.is_char_boundary(end) {
+            end -= 1;
+        }
+        let bytes = &n.detail.as_bytes()[..end];
+        inbox.write(OFF_ABORT_MSG, bytes);
+        inbox
+            .atomic_u32(OFF_ABORT_ORIGIN)
+            .store(n.origin as u32, Ordering::Relaxed);
+        inbox
+            .atomic_u32(OFF_ABORT_LEN)
+            .store(bytes.len() as u32, Ordering::Relaxed);
+        if let Some((blamed_sig, detector, detector_sig)) = n.mismatch {
+            inbox
+                .atomic_u64(OFF_ABORT_BLAMED_SIG)
+                .store(blamed_sig, Ordering::Relaxed);
+            inbox
+                .atomic_u64(OFF_ABORT_DETECTOR_SIG)
+                .store(detector_sig, Ordering::Relaxed);
+            inbox
+                .atomic_u32(OFF_ABORT_DETECTOR)
+                .store(detector as u32, Ordering::Relaxed);
+            inbox
+                .atomic_u32(OFF_ABORT_MISMATCH)
+                .store(1, Ordering::Relaxed);
+        }
+        flag.store(2, Ordering::Release);
+    }
+}
+
+/// `kill(pid, 0)` says whether a process exists; a zombie (exited, not yet
+/// reaped by its parent) still exists, so /proc tells those apart.
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; it only checks existence.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // Format: "pid (comm) S ..."; comm may contain spaces or ')'.
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X'))
+        }
+        Err(_) => rc == 0,
+    }
+}

@@ -1,0 +1,515 @@
+//! Python bindings: `cadence._core`. Kept thin: buffers in, errors out. The
+//! Python package (python/cadence) builds the friendly API on top.
+
+use cadence_core::comm::{Bootstrap as CoreBootstrap, Comm, Completion, OpRequest, PeerInfo};
+use cadence_core::engine::Buffers;
+use cadence_core::schedule::Algo;
+use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, RedOp};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+create_exception!(
+    _core,
+    CommError,
+    PyRuntimeError,
+    "A collective failed: a peer died, disconnected, mismatched, sent garbage or timed out. \
+     The message names the operation and the culprit rank; `culprit` holds that rank (or None)."
+);
+
+fn to_py_err(py: Python<'_>, e: CoreError) -> PyErr {
+    if let ErrorKind::InvalidArgument(_) = e.kind {
+        return PyValueError::new_err(e.to_string());
+    }
+    let err = CommError::new_err(e.to_string());
+    let _ = err.value(py).setattr("culprit", e.culprit());
+    err
+}
+
+/// A borrowed view of a contiguous buffer: pointer, bytes and element type.
+struct View {
+    ptr: *mut u8,
+    bytes: usize,
+    dtype: DType,
+}
+
+/// What the buffer protocol said: pointer, bytes, and the element type when
+/// cadence knows its format (else the format, for the error message).
+struct RawView {
+    ptr: *mut u8,
+    bytes: usize,
+    dtype: Result<DType, String>,
+}
+
+fn unsupported(fmt: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "unsupported element type (buffer format {fmt}); cadence supports float16, bfloat16, \
+         float32, float64, int8, uint8, int32, int64"
+    ))
+}
+
+fn dtype_of_format(fmt: &str, itemsize: usize) -> Option<DType> {
+    let f = fmt.trim_start_matches(['@', '=', '<', '!']);
+    Some(match (f, itemsize) {
+        ("e", 2) => DType::F16,
+        ("f", 4) => DType::F32,
+        ("d", 8) => DType::F64,
+        ("b", 1) => DType::I8,
+        ("B", 1) => DType::U8,
+        ("i" | "l", 4) => DType::I32,
+        ("l" | "q", 8) => DType::I64,
+        _ => return None,
+    })
+}
+
+/// Reads the buffer of `obj` through the buffer protocol; objects that have
+/// none (torch tensors, bfloat16) go through `cadence._buffers.as_buffer`,
+/// which returns `(array, dtype_name_or_None)`.
+fn view(py: Python<'_>, obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<View> {
+    if let Some(v) = raw_view(obj, writable)? {
+        let dtype = v.dtype.map_err(|f| unsupported(&f))?;
+        return Ok(View {
+            ptr: v.ptr,
+            bytes: v.bytes,
+            dtype,
+        });
+    }
+    let helper = py.import("cadence._buffers")?.getattr("as_buffer")?;
+    let res = helper.call1((obj, writable))?;
+    let tup = res.downcast::<PyTuple>()?;
+    let arr = tup.get_item(0)?;
+    let dname: Option<String> = tup.get_item(1)?.extract()?;
+    let v = raw_view(&arr, writable)?.ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "{what}: cannot access the buffer of {}",
+            obj.get_type()
+        ))
+    })?;
+    let dtype = match dname {
+        Some(n) => {
+            let d = DType::from_name(&n)
+                .ok_or_else(|| PyValueError::new_err(format!("{what}: unsupported dtype {n}")))?;
+            if v.bytes % d.size() != 0 {
+                return Err(PyValueError::new_err(format!("{what}: bad {n} buffer")));
+            }
+            d
+        }
+        None => v.dtype.map_err(|f| unsupported(&f))?,
+    };
+    Ok(View {
+        ptr: v.ptr,
+        bytes: v.bytes,
+        dtype,
+    })
+}
+
+fn raw_view(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Option<RawView>> {
+    let mut flags = ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT;
+    if writable {
+        flags |= ffi::PyBUF_WRITABLE;
+    }
+    let mut buf = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
+    // SAFETY: `obj` is a live object (we hold the GIL through `Bound`), `buf`
+    // is writable storage for one Py_buffer. On success we read its fields and
+    // release it before returning; the caller keeps `obj` alive while the
+    // pointer is in use.
+    unsafe {
+        if ffi::PyObject_GetBuffer(obj.as_ptr(), buf.as_mut_ptr(), flags) != 0 {
+            // Remember why (read-only, non-contiguous, no buffer at all).
+            let err = PyErr::take(obj.py());
+            let has_buffer_protocol = obj.hasattr("__array_interface__").unwrap_or(false)
+                || obj.is_instance_of::<pyo3::types::PyByteArray>();
+            if let (Some(e), true) = (err, has_buffer_protocol) {
+                return Err(PyValueError::new_err(format!(
+                    "buffer must be C-contiguous{}: {e}",
+                    if writable { " and writable" } else { "" }
+                )));
+            }
+            return Ok(None);
+        }
+        let b = buf.assume_init_mut();
+        let fmt = if b.format.is_null() {
+            "B".to_string()
+        } else {
+            std::ffi::CStr::from_ptr(b.format)
+                .to_string_lossy()
+                .into_owned()
+        };
+        let itemsize = b.itemsize as usize;
+        let v = RawView {
+            ptr: b.buf as *mut u8,
+            bytes: b.len as usize,
+            dtype: dtype_of_format(&fmt, itemsize)
+                .ok_or_else(|| format!("{fmt:?}, itemsize {itemsize}")),
+        };
+        ffi::PyBuffer_Release(b);
+        Ok(Some(v))
+    }
+}
+
+fn parse_op(op: &str, factor: Option<f64>) -> PyResult<RedOp> {
+    RedOp::from_name(op, factor).ok_or_else(|| {
+        if op == "premul_sum" {
+            PyValueError::new_err("premul_sum needs factor=")
+        } else {
+            PyValueError::new_err(format!(
+                "unknown reduction {op:?} (sum, prod, min, max, avg, premul_sum)"
+            ))
+        }
+    })
+}
+
+fn parse_algo(algo: Option<&str>) -> PyResult<Option<Algo>> {
+    algo.map(|a| {
+        Algo::from_name(a).ok_or_else(|| PyValueError::new_err(format!("unknown algorithm {a:?}")))
+    })
+    .transpose()
+}
+
+/// An operation in flight. `wait()` returns the operation's result object.
+#[pyclass(module = "cadence._core")]
+struct Work {
+    done: Arc<Completion>,
+    /// Keeps the user's buffers alive until the operation finishes.
+    keep: Vec<PyObject>,
+    result: PyObject,
+}
+
+#[pymethods]
+impl Work {
+    /// Blocks until the operation finishes (or `timeout` seconds pass, which
+    /// raises TimeoutError); returns its result; raises CommError on failure.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyObject> {
+        let done = self.done.clone();
+        let t = timeout.map(Duration::from_secs_f64);
+        match py.allow_threads(move || done.wait(t)) {
+            None => Err(PyTimeoutError::new_err(format!(
+                "operation still running after {:.3}s",
+                timeout.unwrap_or(0.0)
+            ))),
+            Some(Ok(())) => Ok(self.result.clone_ref(py)),
+            Some(Err(e)) => Err(to_py_err(py, e)),
+        }
+    }
+
+    fn is_completed(&self) -> bool {
+        self.done.is_done()
+    }
+
+    fn __del__(&mut self, py: Python<'_>) {
+        // Dropping a Work must not free buffers the engine still uses.
+        if !self.done.is_done() {
+            let done = self.done.clone();
+            py.allow_threads(move || done.wait(None));
+        }
+        self.keep.clear();
+    }
+}
+
+/// A communicator over numpy arrays and CPU torch tensors (see python/cadence).
+#[pyclass(module = "cadence._core", name = "Comm", frozen)]
+struct PyComm {
+    comm: Arc<Comm>,
+}
+
+struct Call<'py> {
+    kind: CollKind,
+    input: Option<Bound<'py, PyAny>>,
+    output: Option<Bound<'py, PyAny>>,
+    op: RedOp,
+    root: usize,
+    counts: Vec<usize>,
+    dtype: Option<DType>,
+    algo: Option<Algo>,
+    async_op: bool,
+    result: PyObject,
+}
+
+impl PyComm {
+    fn call(&self, py: Python<'_>, c: Call<'_>) -> PyResult<PyObject> {
+        let name = c.kind.name();
+        let inp = c
+            .input
+            .as_ref()
+            .map(|o| view(py, o, false, &format!("{name} input")))
+            .transpose()?;
+        let out = c
+            .output
+            .as_ref()
+            .map(|o| view(py, o, true, &format!("{name} output")))
+            .transpose()?;
+        let dtype = match (&inp, &out, c.dtype) {
+            (Some(i), Some(o), _) if i.dtype != o.dtype => {
+                return Err(PyValueError::new_err(format!(
+                    "{name}: input is {} but output is {}",
+                    i.dtype, o.dtype
+                )))
+            }
+            (Some(i), _, _) => i.dtype,
+            (None, Some(o), _) => o.dtype,
+            (None, None, Some(d)) => d,
+            (None, None, None) => DType::U8,
+        };
+        let req = OpRequest {
+            kind: c.kind,
+            dtype,
+            op: c.op,
+            root: c.root,
+            counts: c.counts,
+            bufs: Buffers {
+                input: inp
+                    .as_ref()
+                    .map_or(std::ptr::null(), |v| v.ptr as *const u8),
+                input_bytes: inp.as_ref().map_or(0, |v| v.bytes),
+                output: out.as_ref().map_or(std::ptr::null_mut(), |v| v.ptr),
+                output_bytes: out.as_ref().map_or(0, |v| v.bytes),
+            },
+            has_input: inp.is_some(),
+            has_output: out.is_some(),
+            algo: c.algo,
+        };
+        let comm = self.comm.clone();
+        if c.async_op {
+            let done = comm.submit(req).map_err(|e| to_py_err(py, e))?;
+            let keep = c
+                .input
+                .into_iter()
+                .chain(c.output)
+                .map(|b| b.unbind())
+                .collect();
+            let w = Work {
+                done,
+                keep,
+                result: c.result,
+            };
+            return Ok(Py::new(py, w)?.into_any());
+        }
+        py.allow_threads(move || comm.run(req))
+            .map_err(|e| to_py_err(py, e))?;
+        Ok(c.result)
+    }
+}
+
+#[pymethods]
+impl PyComm {
+    #[getter]
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    #[getter]
+    fn size(&self) -> usize {
+        self.comm.nranks()
+    }
+    #[getter]
+    fn id(&self) -> String {
+        self.comm.id().to_string()
+    }
+    #[getter]
+    fn hosts(&self) -> Vec<String> {
+        self.comm.hosts.clone()
+    }
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.comm.config().timeout.as_secs_f64()
+    }
+
+    /// allreduce(x, out=None, op="sum", factor=None, algo=None, async_op=False)
+    ///
+    /// Reduces `x` over all ranks. In place when `out` is None; returns the
+    /// array holding the result (or a Work when `async_op`).
+    #[pyo3(signature = (x, out=None, op="sum", factor=None, algo=None, async_op=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn allreduce<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        out: Option<Bound<'py, PyAny>>,
+        op: &str,
+        factor: Option<f64>,
+        algo: Option<&str>,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let op = parse_op(op, factor)?;
+        let algo = parse_algo(algo)?;
+        let inp = view(py, &x, out.is_none(), "allreduce input")?;
+        let count = inp.bytes / inp.dtype.size();
+        let out = out.unwrap_or_else(|| x.clone());
+        let result = out.clone().unbind();
+        self.call(
+            py,
+            Call {
+                kind: CollKind::AllReduce,
+                input: Some(x),
+                output: Some(out),
+                op,
+                root: 0,
+                counts: vec![count],
+                dtype: None,
+                algo,
+                async_op,
+                result,
+            },
+        )
+    }
+
+    /// The generic entry point the Python API uses for every collective:
+    /// `_run(kind, input, output, op, factor, root, counts, dtype, algo,
+    /// async_op, result)`; `counts` as in the schedule layer's table.
+    #[pyo3(signature = (kind, input, output, op, factor, root, counts, dtype, algo, async_op, result))]
+    #[allow(clippy::too_many_arguments)]
+    fn _run<'py>(
+        &self,
+        py: Python<'py>,
+        kind: &str,
+        input: Option<Bound<'py, PyAny>>,
+        output: Option<Bound<'py, PyAny>>,
+        op: &str,
+        factor: Option<f64>,
+        root: usize,
+        counts: Vec<usize>,
+        dtype: Option<&str>,
+        algo: Option<&str>,
+        async_op: bool,
+        result: PyObject,
+    ) -> PyResult<PyObject> {
+        let kind = CollKind::from_name(kind)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown collective {kind:?}")))?;
+        let dtype = dtype
+            .map(|d| {
+                DType::from_name(d)
+                    .ok_or_else(|| PyValueError::new_err(format!("unknown dtype {d:?}")))
+            })
+            .transpose()?;
+        self.call(
+            py,
+            Call {
+                kind,
+                input,
+                output,
+                op: parse_op(op, factor)?,
+                root,
+                counts,
+                dtype,
+                algo: parse_algo(algo)?,
+                async_op,
+                result,
+            },
+        )
+    }
+
+    /// Element type cadence sees for `x` ("float32", "bfloat16", ...).
+    fn dtype_of(&self, py: Python<'_>, x: Bound<'_, PyAny>) -> PyResult<&'static str> {
+        Ok(view(py, &x, false, "buffer")?.dtype.name())
+    }
+
+    /// The flight recorder (last operations) and link counters, as JSON.
+    fn dump_records(&self, py: Python<'_>) -> String {
+        let comm = self.comm.clone();
+        py.allow_threads(move || comm.dump_records())
+    }
+
+    /// Finishes queued operations and stops the progress thread.
+    fn close(&self, py: Python<'_>) {
+        let comm = self.comm.clone();
+        py.allow_threads(move || comm.close())
+    }
+
+    /// Test hook: writes garbage bytes on the TCP link to `peer`.
+    fn _inject_garbage(&self, py: Python<'_>, peer: usize) -> PyResult<()> {
+        self.comm.inject_garbage(peer).map_err(|e| to_py_err(py, e))
+    }
+}
+
+/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout)` listens;
+/// publish `info()` through the store; `connect([info of every rank])`.
+#[pyclass(module = "cadence._core")]
+struct Bootstrap {
+    inner: Option<CoreBootstrap>,
+}
+
+#[pymethods]
+impl Bootstrap {
+    #[new]
+    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None))]
+    fn new(
+        py: Python<'_>,
+        comm_id: &str,
+        rank: usize,
+        size: usize,
+        host: &str,
+        ip: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<Bootstrap> {
+        let mut cfg = Config::from_env().map_err(PyValueError::new_err)?;
+        if let Some(t) = timeout {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(PyValueError::new_err(
+                    "timeout must be a positive number of seconds",
+                ));
+            }
+            cfg.timeout = Duration::from_secs_f64(t);
+        }
+        let ip: IpAddr = ip
+            .parse()
+            .map_err(|_| PyValueError::new_err(format!("bad IP address {ip:?}")))?;
+        let b =
+            CoreBootstrap::new(comm_id, rank, size, host, ip, cfg).map_err(|e| to_py_err(py, e))?;
+        Ok(Bootstrap { inner: Some(b) })
+    }
+
+    /// This rank's address record (JSON) to publish.
+    fn info(&self) -> PyResult<String> {
+        let b = self
+            .inner
+            .as_ref()
+            .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
+        Ok(serde_json::to_string(&b.info).expect("serializable"))
+    }
+
+    /// Connects to every peer; `infos[r]` is rank r's `info()`.
+    fn connect(&mut self, py: Python<'_>, infos: Vec<String>) -> PyResult<PyComm> {
+        let b = self
+            .inner
+            .take()
+            .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
+        let parsed = infos
+            .iter()
+            .map(|s| serde_json::from_str::<PeerInfo>(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| PyValueError::new_err(format!("bad peer info: {e}")))?;
+        let comm = py
+            .allow_threads(move || b.connect(parsed))
+            .map_err(|e| to_py_err(py, e))?;
+        Ok(PyComm {
+            comm: Arc::new(comm),
+        })
+    }
+}
+
+/// Algorithms applicable to a collective, by name.
+#[pyfunction]
+fn algorithms(kind: &str) -> PyResult<Vec<&'static str>> {
+    let k = CollKind::from_name(kind)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown collective {kind:?}")))?;
+    Ok(cadence_core::schedule::algos_for(k)
+        .iter()
+        .map(|a| a.name())
+        .collect())
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("CommError", m.py().get_type::<CommError>())?;
+    m.add_class::<PyComm>()?;
+    m.add_class::<Work>()?;
+    m.add_class::<Bootstrap>()?;
+    m.add_function(wrap_pyfunction!(algorithms, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

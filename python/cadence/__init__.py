@@ -1,0 +1,353 @@
+"""cadence — a collective communication library for distributed training.
+
+    import cadence
+    comm = cadence.init()            # under torchrun (or init(store=, rank=, world_size=))
+    comm.allreduce(x)                # numpy array or CPU torch tensor, in place
+    w = comm.allgather(x, async_op=True); y = w.wait()
+
+Every collective checks its arguments against the other ranks' and fails with
+`cadence.CommError` naming the operation and the culprit rank instead of
+hanging (deadline: `CADENCE_TIMEOUT`, default 300 s).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import numpy as np
+
+from cadence import _buffers
+from cadence._core import Bootstrap, CommError, Work, algorithms
+
+__all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_identity"]
+__version__ = "0.1.0"
+
+_init_counter = 0
+
+
+def host_identity() -> str:
+    """The host this process runs on: `CADENCE_HOST`, else hostname + boot id
+    (two containers with one hostname on different machines stay distinct)."""
+    override = os.environ.get("CADENCE_HOST")
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()[:8]
+    except OSError:
+        boot = "noboot"
+    return f"{socket.gethostname()}-{boot}"
+
+
+def _interface_ip(ifname: str) -> str:
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(
+                s.fileno(), siocgifaddr, struct.pack("256s", ifname.encode()[:15])
+            )
+        except OSError as e:
+            raise ValueError(f"CADENCE_SOCKET_IFNAME={ifname!r}: no IPv4 address ({e})") from e
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _local_ip(toward: str | None) -> str:
+    """The address peers should reach us at: CADENCE_SOCKET_IFNAME's, else the
+    source address of the route toward the store (no packet is sent)."""
+    ifname = os.environ.get("CADENCE_SOCKET_IFNAME")
+    if ifname:
+        return _interface_ip(ifname)
+    if not toward:
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(toward), 9))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _store_from_env(rank: int, world_size: int, timeout: float):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    addr = os.environ.get("MASTER_ADDR")
+    port = os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise ValueError(
+            "cadence.init(): no store given and MASTER_ADDR/MASTER_PORT are not set "
+            "(launch with torchrun, or pass store=, rank=, world_size=)"
+        )
+    # Under torchrun's static rendezvous the agent already serves the store.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dist.TCPStore(
+        addr,
+        int(port),
+        world_size,
+        is_master=(rank == 0 and not agent_store),
+        timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
+
+
+def _env_int(name: str) -> int:
+    v = os.environ.get(name)
+    if v is None:
+        raise ValueError(f"cadence.init(): {name} is not set (launch with torchrun, or pass it)")
+    return int(v)
+
+
+def init(
+    store=None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    timeout: float | None = None,
+    name: str | None = None,
+) -> Communicator:
+    """Creates the world communicator.
+
+    With no arguments it reads torchrun's environment (MASTER_ADDR,
+    MASTER_PORT, RANK, WORLD_SIZE) and rendezvouses through a TCPStore. Any
+    torch.distributed Store works with `store=`, `rank=`, `world_size=`.
+    `timeout` (seconds) bounds every operation; default `CADENCE_TIMEOUT` or 300.
+    """
+    global _init_counter
+    rank = _env_int("RANK") if rank is None else rank
+    world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
+    if timeout is None:
+        raw = os.environ.get("CADENCE_TIMEOUT", "300")
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise ValueError(f"CADENCE_TIMEOUT={raw!r} is not a number of seconds") from None
+    toward = os.environ.get("MASTER_ADDR")
+    if store is None:
+        store = _store_from_env(rank, world_size, timeout)
+    else:
+        toward = toward or getattr(store, "host", None)
+    if name is None:
+        _init_counter += 1
+        name = f"init{_init_counter}"
+    return _connect(store, f"cadence/{name}", rank, world_size, timeout, toward)
+
+
+def _connect(store, prefix, rank, size, timeout, toward) -> Communicator:
+    if rank == 0:
+        store.set(f"{prefix}/id", uuid.uuid4().hex[:16])
+    comm_id = store.get(f"{prefix}/id").decode()
+    boot = Bootstrap(comm_id, rank, size, host_identity(), _local_ip(toward), timeout)
+    store.set(f"{prefix}/info/{rank}", boot.info())
+    infos = [store.get(f"{prefix}/info/{r}").decode() for r in range(size)]
+    core = boot.connect(infos)
+    return Communicator(core, store, prefix, timeout, toward)
+
+
+def _algo(algo):
+    return None if algo in (None, "auto") else algo
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    Buffers are contiguous numpy arrays or CPU torch tensors of float16,
+    bfloat16 (torch), float32, float64, int8, uint8, int32 or int64. Reductions
+    (`op`): sum, prod, min, max, avg, premul_sum (with `factor`). Every call
+    takes `async_op=True` and then returns a `Work` whose `wait()` returns the
+    result; operations complete in the order they were issued.
+    """
+
+    def __init__(self, core, store, prefix, timeout, toward):
+        self._c = core
+        self._store = store
+        self._prefix = prefix
+        self._timeout = timeout
+        self._toward = toward
+        self._nsplit = 0
+        self.rank: int = core.rank
+        self.size: int = core.size
+        self.id: str = core.id
+        # The native method directly: no Python frame on the latency path.
+        self.allreduce = core.allreduce
+
+    def __repr__(self) -> str:
+        return f"<cadence.Communicator {self.id} rank {self.rank}/{self.size}>"
+
+    @property
+    def hosts(self) -> list[str]:
+        """Host identity of every rank."""
+        return self._c.hosts
+
+    def _run(self, kind, inp, out, *, op="sum", factor=None, root=0, counts=(), dtype=None,
+             algo=None, async_op=False, result=None):
+        return self._c._run(kind, inp, out, op, factor, root, list(counts), dtype, _algo(algo),
+                            async_op, result)
+
+    # allreduce(x, out=None, op="sum", factor=None, algo=None, async_op=False) is
+    # bound natively in __init__.
+
+    def reduce(self, x, root=0, out=None, op="sum", factor=None, algo=None, async_op=False):
+        """Reduces to `root`: its result lands in `out` (default: `x`, in place).
+        Returns the result at the root, None elsewhere."""
+        n = _buffers.numel(x)
+        at_root = self.rank == root
+        dst = (x if out is None else out) if at_root else None
+        return self._run("reduce", x, dst, op=op, factor=factor, root=root, counts=[n],
+                         algo=algo, async_op=async_op, result=dst)
+
+    def broadcast(self, x, root=0, algo=None, async_op=False):
+        """Copies root's `x` into every rank's `x` (in place). Returns `x`."""
+        return self._run("broadcast", None, x, root=root, counts=[_buffers.numel(x)],
+                         algo=algo, async_op=async_op, result=x)
+
+    def allgather(self, x, out=None, algo=None, async_op=False):
+        """Gathers every rank's `x` into `out` of shape (size, *x.shape)."""
+        if out is None:
+            out = _buffers.empty(x, (self.size, *_buffers.shape(x)))
+        return self._run("allgather", x, out, counts=[_buffers.numel(x)] * self.size,
+                         algo=algo, async_op=async_op, result=out)
+
+    def allgatherv(self, x, counts, out=None, algo=None, async_op=False):
+        """Like allgather with `counts[r]` elements from rank r; `out` is flat."""
+        counts = [int(c) for c in counts]
+        if out is None:
+            out = _buffers.empty(x, (sum(counts),))
+        return self._run("allgather", x, out, counts=counts, algo=algo, async_op=async_op,
+                         result=out)
+
+    def reduce_scatter(self, x, out=None, op="sum", factor=None, algo=None, async_op=False):
+        """Reduces `x` over ranks and leaves block `rank` (of `size` equal blocks)
+        in `out`."""
+        n = _buffers.numel(x)
+        if n % self.size:
+            raise ValueError(f"reduce_scatter: {n} elements do not split into {self.size} blocks")
+        if out is None:
+            shp = _buffers.shape(x)
+            if shp and shp[0] % self.size == 0:
+                out = _buffers.empty(x, (shp[0] // self.size, *shp[1:]))
+            else:
+                out = _buffers.empty(x, (n // self.size,))
+        return self._run("reduce_scatter", x, out, op=op, factor=factor,
+                         counts=[n // self.size] * self.size, algo=algo, async_op=async_op,
+                         result=out)
+
+    def reduce_scatterv(self, x, counts, out=None, op="sum", factor=None, algo=None,
+                        async_op=False):
+        """Reduce-scatter with `counts[r]` elements going to rank r."""
+        counts = [int(c) for c in counts]
+        if out is None:
+            out = _buffers.empty(x, (counts[self.rank],))
+        return self._run("reduce_scatter", x, out, op=op, factor=factor, counts=counts,
+                         algo=algo, async_op=async_op, result=out)
+
+    def alltoall(self, x, out=None, algo=None, async_op=False):
+        """Block d of `x` goes to rank d; block s of `out` comes from rank s."""
+        n = _buffers.numel(x)
+        if n % self.size:
+            raise ValueError(f"alltoall: {n} elements do not split into {self.size} blocks")
+        if out is None:
+            out = _buffers.empty(x, _buffers.shape(x))
+        b = n // self.size
+        return self._run("alltoall", x, out, counts=[b] * (self.size * self.size), algo=algo,
+                         async_op=async_op, result=out)
+
+    def alltoallv(self, x, send_counts, recv_counts, out=None, algo=None, async_op=False):
+        """All-to-all with `send_counts[d]` elements to rank d and
+        `recv_counts[s]` from rank s. The ranks first exchange their send
+        counts, so a disagreement is reported instead of corrupting data."""
+        send_counts = [int(c) for c in send_counts]
+        recv_counts = [int(c) for c in recv_counts]
+        if len(send_counts) != self.size or len(recv_counts) != self.size:
+            raise ValueError(f"alltoallv: counts need {self.size} entries")
+        mine = np.asarray(send_counts, dtype=np.int64)
+        matrix = np.empty((self.size, self.size), dtype=np.int64)
+        self.allgather(mine, out=matrix)
+        column = [int(v) for v in matrix[:, self.rank]]
+        if column != recv_counts:
+            bad = [s for s in range(self.size) if column[s] != recv_counts[s]]
+            s = bad[0]
+            raise ValueError(
+                f"alltoallv: rank {s} sends {column[s]} elements to rank {self.rank}, "
+                f"which expects {recv_counts[s]}"
+            )
+        if out is None:
+            out = _buffers.empty(x, (sum(recv_counts),))
+        return self._run("alltoall", x, out, counts=[int(v) for v in matrix.reshape(-1)],
+                         algo=algo, async_op=async_op, result=out)
+
+    def gather(self, x, root=0, out=None, counts=None, algo=None, async_op=False):
+        """Gathers every rank's `x` at `root` (shape (size, *x.shape), or flat
+        with per-rank `counts`). Returns the result at the root, None elsewhere."""
+        if counts is None:
+            counts = [_buffers.numel(x)] * self.size
+            shape = (self.size, *_buffers.shape(x))
+        else:
+            counts = [int(c) for c in counts]
+            shape = (sum(counts),)
+        if self.rank == root and out is None:
+            out = _buffers.empty(x, shape)
+        dst = out if self.rank == root else None
+        return self._run("gather", x, dst, root=root, counts=counts, algo=algo,
+                         async_op=async_op, result=dst)
+
+    def scatter(self, x, out, root=0, counts=None, algo=None, async_op=False):
+        """Block r of root's `x` lands in rank r's `out` (`x` may be None off
+        the root)."""
+        if counts is None:
+            counts = [_buffers.numel(out)] * self.size
+        counts = [int(c) for c in counts]
+        src = x if self.rank == root else None
+        return self._run("scatter", src, out, root=root, counts=counts, algo=algo,
+                         async_op=async_op, result=out)
+
+    def barrier(self, async_op=False):
+        """Returns when every rank has entered the barrier."""
+        return self._run("barrier", None, None, counts=[], async_op=async_op)
+
+    def send(self, x, dst, async_op=False):
+        """Sends `x` to rank `dst` (matched by a `recv` there, in order)."""
+        return self._run("send", x, None, root=dst, counts=[_buffers.numel(x)],
+                         async_op=async_op)
+
+    def recv(self, out, src, async_op=False):
+        """Receives into `out` from rank `src`. Returns `out`."""
+        return self._run("recv", None, out, root=src, counts=[_buffers.numel(out)],
+                         async_op=async_op, result=out)
+
+    def split(self, color: int, key: int | None = None) -> Communicator | None:
+        """Collective over this communicator: ranks with the same `color` form
+        a new communicator, ordered by (`key`, rank). A negative color opts out
+        (returns None)."""
+        key = self.rank if key is None else int(key)
+        mine = np.array([int(color), key], dtype=np.int64)
+        table = self.allgather(mine)
+        self._nsplit += 1
+        if color < 0:
+            return None
+        members = sorted(
+            (r for r in range(self.size) if table[r, 0] == color),
+            key=lambda r: (int(table[r, 1]), r),
+        )
+        prefix = f"{self._prefix}/split{self._nsplit}/c{int(color)}"
+        return _connect(self._store, prefix, members.index(self.rank), len(members),
+                        self._timeout, self._toward)
+
+    def dump_records(self) -> dict:
+        """The flight recorder: the last operations (with timings and status)
+        and per-link byte/time counters."""
+        import json
+
+        return json.loads(self._c.dump_records())
+
+    def close(self) -> None:
+        """Waits for queued operations and stops the progress thread."""
+        self._c.close()
+
+    def _inject_garbage(self, peer: int) -> None:
+        """Test hook: write bytes that are not a frame on the TCP link to `peer`."""
+        self._c._inject_garbage(peer)

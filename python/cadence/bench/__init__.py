@@ -1,0 +1,1 @@
+"""Benchmark workers of `cadence bench` (one process per rank)."""

@@ -1,0 +1,140 @@
+"""Definitions shared by the `cadence bench` launcher and its workers.
+
+Sizes follow nccl-tests: a size is the bytes of the *full* buffer of the
+collective (allgather: the gathered output; reduce-scatter and all-to-all: the
+full input), and
+
+    algbw = bytes / time,    busbw = algbw * factor(op, nranks)
+
+This module must stay cheap to import: the workers import it before torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce")
+REDUCING_OPS = frozenset({"allreduce", "reduce_scatter", "reduce"})
+# Collectives that work on one buffer in place; the others read `inp`, write `out`.
+IN_PLACE_OPS = frozenset({"allreduce", "broadcast"})
+ROOT = 0
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    itemsize: int
+    # Every integer in [0, max_exact] is represented exactly, so sums of the
+    # check pattern stay exact (no rounding, no overflow).
+    max_exact: int
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("float32", 4, 2**24),
+        DType("float16", 2, 2**11),
+        DType("bfloat16", 2, 2**8),
+        DType("float64", 8, 2**53),
+        DType("int8", 1, 2**7 - 1),
+        DType("uint8", 1, 2**8 - 1),
+        DType("int32", 4, 2**31 - 1),
+        DType("int64", 8, 2**63 - 1),
+    )
+}
+
+_UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte count: ``8``, ``64K``, ``64M``, ``1G`` (powers of 1024; a
+    trailing ``B`` or ``iB`` is accepted)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE_RE.match(text)
+        if not m:
+            raise ValueError(f"not a size: {text!r} (examples: 8, 64K, 64M, 1G)")
+        value = int(m.group(1)) * 1024 ** _UNITS[m.group(2).upper()]
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+def format_size(nbytes: int) -> str:
+    """The shortest exact spelling of a byte count in parse_size's syntax."""
+    for suffix in ("T", "G", "M", "K"):
+        unit = 1024 ** _UNITS[suffix]
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit}{suffix}"
+    return str(nbytes)
+
+
+def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    """minbytes, minbytes*factor, ... while <= maxbytes (as nccl-tests' -b/-e/-f)."""
+    if factor < 2:
+        raise ValueError("the step factor must be at least 2")
+    if minbytes > maxbytes:
+        raise ValueError(f"min size {minbytes} is larger than max size {maxbytes}")
+    sizes = []
+    size = minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def busbw_factor(op: str, nranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor: what each rank must move, relative to
+    the buffer, for an optimal algorithm."""
+    n = nranks
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op in ("reduce_scatter", "allgather", "alltoall"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"unknown op {op!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Element counts of one collective at one size."""
+
+    in_count: int  # elements of the input (of the one buffer, for in-place ops)
+    out_count: int  # elements of the output (0 for in-place ops)
+    nbytes: int  # the full buffer, as reported (may be below the requested size)
+
+    @property
+    def count(self) -> int:
+        """Elements of the full buffer (the table's `count` column)."""
+        return max(self.in_count, self.out_count)
+
+
+def layout(op: str, nbytes: int, itemsize: int, nranks: int) -> Layout | None:
+    """Buffers for `op` on a full buffer of at most `nbytes` bytes, or None when
+    the size holds no element (per rank, for the ops that split the buffer)."""
+    count = nbytes // itemsize
+    if op in IN_PLACE_OPS:
+        return Layout(count, 0, count * itemsize) if count else None
+    if op == "reduce":
+        return Layout(count, count, count * itemsize) if count else None
+    part = count // nranks
+    if not part:
+        return None
+    full = part * nranks
+    if op == "allgather":
+        return Layout(part, full, full * itemsize)
+    if op == "reduce_scatter":
+        return Layout(full, part, full * itemsize)
+    if op == "alltoall":
+        return Layout(full, full, full * itemsize)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def pattern_modulus(dtype: DType, nranks: int) -> int:
+    """Check values lie in [0, modulus): small integers whose sum over all ranks
+    is exact in `dtype`."""
+    return max(1, min(97, dtype.max_exact // nranks))

@@ -1,0 +1,338 @@
+"""One rank of `cadence bench`: times a collective over a sweep of sizes.
+
+Launched by the `cadence bench` command, N times per backend:
+
+    python -m cadence.bench.worker --backend {cadence,gloo} ...   (torchrun's env)
+    mpirun -np N python -m cadence.bench.worker --backend mpi ...
+
+For each size: `--warmup` untimed iterations, one barrier, then `--iters`
+iterations each timed on its own with time.perf_counter (no barrier between
+them); the rank keeps the median. Then a correctness check on fresh data: every
+rank fills its input with small integers that depend on (rank, index), runs the
+collective once and counts the elements that differ from the result computed
+locally. Each rank appends one JSON line per size to `<out>/rank<R>.jsonl`; the
+launcher takes the max of the ranks' medians and the sum of their wrong counts.
+
+allreduce and broadcast run in place, the other collectives out of place (gloo's
+reduce, which is in place only, copies the input into the output first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from cadence.bench.common import (
+    DTYPES,
+    IN_PLACE_OPS,
+    OPS,
+    ROOT,
+    DType,
+    Layout,
+    layout,
+    pattern_modulus,
+)
+
+# A buffer is a numpy array, or a CPU torch tensor for bfloat16 (numpy has none).
+Buffer = object
+
+
+class Backend:
+    """A communication library as the benchmark loop sees it."""
+
+    name = ""
+    rank = 0
+    size = 1
+
+    def unsupported(self, dtype: DType) -> str | None:
+        """Why this backend cannot run `dtype`, or None if it can."""
+        return None
+
+    def bind(self, op: str, inp: Buffer, out: Buffer | None) -> Callable[[], object]:
+        """A call that runs `op` once on these buffers (conversions done here,
+        outside the timed loop)."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class CadenceBackend(Backend):
+    name = "cadence"
+
+    def __init__(self, args: argparse.Namespace):
+        import cadence
+
+        self.comm = cadence.init()
+        self.rank, self.size = self.comm.rank, self.comm.size
+
+    def bind(self, op, inp, out):
+        c = self.comm
+        return {
+            "allreduce": partial(c.allreduce, inp, op="sum"),
+            "broadcast": partial(c.broadcast, inp, root=ROOT),
+            "reduce": partial(c.reduce, inp, root=ROOT, out=out, op="sum"),
+            "allgather": partial(c.allgather, inp, out=out),
+            "reduce_scatter": partial(c.reduce_scatter, inp, out=out, op="sum"),
+            "alltoall": partial(c.alltoall, inp, out=out),
+        }[op]
+
+    def barrier(self):
+        self.comm.barrier()
+
+    def close(self):
+        self.comm.close()
+
+
+class GlooBackend(Backend):
+    name = "gloo"
+
+    def __init__(self, args: argparse.Namespace):
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        self.torch, self.dist = torch, dist
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def _tensor(self, buf):
+        # A view of the numpy array: no copy, inside or outside the timed loop.
+        return self.torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
+
+    def bind(self, op, inp, out):
+        dist = self.dist
+        t_in = self._tensor(inp)
+        t_out = None if out is None else self._tensor(out)
+        if op == "reduce":
+
+            def reduce_out_of_place():
+                t_out.copy_(t_in)
+                dist.reduce(t_out, dst=ROOT)
+
+            return reduce_out_of_place
+        return {
+            "allreduce": partial(dist.all_reduce, t_in),
+            "broadcast": partial(dist.broadcast, t_in, src=ROOT),
+            "allgather": partial(dist.all_gather_into_tensor, t_out, t_in),
+            "reduce_scatter": partial(dist.reduce_scatter_tensor, t_out, t_in),
+            "alltoall": partial(dist.all_to_all_single, t_out, t_in),
+        }[op]
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class MpiBackend(Backend):
+    name = "mpi"
+
+    def __init__(self, args: argparse.Namespace):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def unsupported(self, dtype):
+        if dtype.name in ("float16", "bfloat16"):
+            return f"MPI has no {dtype.name} datatype"
+        return None
+
+    def bind(self, op, inp, out):
+        c, MPI = self.comm, self.MPI
+        return {
+            "allreduce": partial(c.Allreduce, MPI.IN_PLACE, inp, op=MPI.SUM),
+            "broadcast": partial(c.Bcast, inp, root=ROOT),
+            "reduce": partial(c.Reduce, inp, out, op=MPI.SUM, root=ROOT),
+            "allgather": partial(c.Allgather, inp, out),
+            "reduce_scatter": partial(c.Reduce_scatter_block, inp, out, op=MPI.SUM),
+            "alltoall": partial(c.Alltoall, inp, out),
+        }[op]
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def close(self):
+        pass  # mpi4py finalizes MPI at exit
+
+
+BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (CadenceBackend, GlooBackend, MpiBackend)}
+
+
+# ---------------------------------------------------------------- buffers
+
+
+def alloc(count: int, dtype: DType) -> Buffer:
+    """A zero-filled buffer whose pages are all touched (np.zeros would map
+    the shared zero page lazily, and reading that is unrealistically fast)."""
+    if dtype.name == "bfloat16":
+        import torch
+
+        return torch.zeros(count, dtype=torch.bfloat16)
+    buf = np.empty(count, dtype=dtype.name)
+    buf.fill(0)
+    return buf
+
+
+def fill(buf: Buffer, values: np.ndarray) -> None:
+    if isinstance(buf, np.ndarray):
+        buf[...] = values
+    else:
+        import torch
+
+        buf.copy_(torch.from_numpy(values))
+
+
+def count_wrong(buf: Buffer, expected: np.ndarray) -> int:
+    if isinstance(buf, np.ndarray):
+        return int(np.count_nonzero(buf != expected.astype(buf.dtype)))
+    import torch
+
+    return int((buf != torch.from_numpy(expected).to(buf.dtype)).sum().item())
+
+
+# ---------------------------------------------------------------- the check
+
+
+def pattern(rank, index: np.ndarray, modulus: int) -> np.ndarray:
+    """The check value of element `index` of `rank`'s input (int64, in [0, modulus))."""
+    return (index * 31 + np.asarray(rank, dtype=np.int64) * 17 + 1) % modulus
+
+
+def expected_result(
+    op: str, lay: Layout, rank: int, nranks: int, modulus: int
+) -> np.ndarray | None:
+    """What `rank` must hold after `op` on pattern inputs; None if nothing (reduce off-root)."""
+    n = nranks
+    part = lay.in_count // n if op in ("reduce_scatter", "alltoall") else lay.in_count
+    if op in ("allreduce", "reduce"):
+        if op == "reduce" and rank != ROOT:
+            return None
+        idx = np.arange(lay.in_count, dtype=np.int64)
+        return sum(pattern(s, idx, modulus) for s in range(n))
+    if op == "broadcast":
+        return pattern(ROOT, np.arange(lay.in_count, dtype=np.int64), modulus)
+    if op == "allgather":
+        idx = np.arange(lay.out_count, dtype=np.int64)
+        return pattern(idx // part, idx % part, modulus)
+    if op == "reduce_scatter":
+        idx = rank * part + np.arange(part, dtype=np.int64)
+        return sum(pattern(s, idx, modulus) for s in range(n))
+    if op == "alltoall":
+        idx = np.arange(lay.out_count, dtype=np.int64)
+        return pattern(idx // part, rank * part + idx % part, modulus)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def check(
+    backend: Backend, op: str, dtype: DType, lay: Layout, inp: Buffer, out: Buffer | None
+) -> int:
+    """Run `op` once on fresh pattern data; the number of wrong elements on this rank."""
+    modulus = pattern_modulus(dtype, backend.size)
+    fill(inp, pattern(backend.rank, np.arange(lay.in_count, dtype=np.int64), modulus))
+    if out is not None:
+        # A value no correct result takes (results are <= nranks * (modulus - 1)).
+        fill(out, np.full(lay.out_count, dtype.max_exact, dtype=np.int64))
+    backend.bind(op, inp, out)()
+    expected = expected_result(op, lay, backend.rank, backend.size, modulus)
+    if expected is None:
+        return 0
+    return count_wrong(inp if op in IN_PLACE_OPS else out, expected)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def time_op(
+    fn: Callable[[], object], iters: int, warmup: int, barrier: Callable[[], None]
+) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    barrier()
+    times = []
+    gc.disable()  # a collection inside the loop would be timed as communication
+    try:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    return times
+
+
+def run_size(backend: Backend, op: str, dtype: DType, size: int, iters: int, warmup: int) -> dict:
+    lay = layout(op, size, dtype.itemsize, backend.size)
+    if lay is None:
+        return {"size": size, "skipped": "no element per rank at this size"}
+    inp = alloc(lay.in_count, dtype)
+    out = None if op in IN_PLACE_OPS else alloc(lay.out_count, dtype)
+    times = time_op(backend.bind(op, inp, out), iters, warmup, backend.barrier)
+    wrong = check(backend, op, dtype, lay, inp, out)
+    return {
+        "size": size,
+        "bytes": lay.nbytes,
+        "count": lay.count,
+        "time_us": statistics.median(times) * 1e6,
+        "min_us": min(times) * 1e6,
+        "wrong": wrong,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m cadence.bench.worker", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--backend", choices=sorted(BACKENDS), required=True)
+    p.add_argument("--op", choices=OPS, required=True)
+    p.add_argument("--dtype", choices=sorted(DTYPES), required=True)
+    p.add_argument("--sizes", required=True, help="comma-separated byte counts")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out", required=True, help="directory for rank<R>.jsonl")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds, for gloo's init")
+    args = p.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    backend = BACKENDS[args.backend](args)
+    dtype = DTYPES[args.dtype]
+    path = Path(args.out) / f"rank{backend.rank}.jsonl"
+    with path.open("w") as log:
+
+        def emit(record: dict) -> None:
+            log.write(json.dumps({"rank": backend.rank, "nranks": backend.size, **record}) + "\n")
+            log.flush()
+
+        reason = backend.unsupported(dtype)
+        if reason:
+            emit({"na": reason})
+        else:
+            for size in args.sizes:
+                emit(run_size(backend, args.op, dtype, size, args.iters, args.warmup))
+    backend.barrier()  # nobody tears down while a peer still reads from it
+    backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `cadence` command line (see cadence.cli.main)."""

@@ -1,0 +1,208 @@
+"""Time one collective over a sweep of sizes on cadence and its peers.
+
+An nccl-tests-style sweep: for each backend the command starts --nranks local
+ranks itself (cadence and gloo with torchrun's environment, mpi with mpirun),
+times the collective at sizes -b, -b*f, ... <= -e bytes, checks the results, and
+prints one table with time, algbw, busbw and #wrong per backend and the speed
+ratio of cadence to each peer (peer time / cadence time: above 1 means cadence
+is faster). A size is the full buffer: the gathered output of allgather, the
+full input of reduce-scatter and all-to-all.
+
+Exit status: 0 if every backend ran and every result was right; 1 if a backend
+failed or hung (it is killed at --timeout and the others still run) or any
+element was wrong. A backend not installed here, or a dtype a backend lacks
+(mpi: float16, bfloat16), shows n/a and does not fail the run.
+
+example:
+  cadence bench --nranks 4 --op allreduce -b 8 -e 64M -f 4 --backends cadence,gloo,mpi
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cadence.bench.common import DTYPES, OPS, format_size, parse_size, size_sweep
+from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, run_backend
+from cadence.cli.report import build_table, json_records, print_rich, render_plain
+
+NAME = "bench"
+HELP = "time a collective over a sweep of sizes on cadence, gloo and Open MPI"
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _backends(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in BACKEND_NAMES]
+    if bad or not names:
+        known = ", ".join(BACKEND_NAMES)
+        raise argparse.ArgumentTypeError(
+            f"unknown backend(s) {', '.join(bad) or '(none)'}; choose from {known}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nranks", type=_positive, default=2, help="local ranks per backend (2)")
+    p.add_argument("--op", choices=OPS, default="allreduce", help="collective (allreduce)")
+    p.add_argument(
+        "--dtype", choices=list(DTYPES), default="float32", help="element type (float32)"
+    )
+    p.add_argument("-b", "--minbytes", type=_size, default="8", help="smallest size (8)")
+    p.add_argument("-e", "--maxbytes", type=_size, default="64M", help="largest size (64M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier per step (2)")
+    p.add_argument(
+        "-n", "--iters", type=_positive, default=20, help="timed iterations per size (20)"
+    )
+    p.add_argument(
+        "-w", "--warmup-iters", type=int, default=5, help="warm-up iterations per size (5)"
+    )
+    p.add_argument(
+        "--backends", type=_backends, default="cadence,gloo,mpi",
+        help=f"comma-separated, from {','.join(BACKEND_NAMES)} (all)",
+    )  # fmt: skip
+    p.add_argument("--algo", help="cadence's algorithm (sets CADENCE_ALGO=<op>:<algo> for it)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON records")
+    p.add_argument(
+        "--timeout", type=float, default=600.0,
+        help="seconds one backend may take for the whole sweep before it is killed (600)",
+    )  # fmt: skip
+    p.add_argument("--mpirun-args", default="", help="extra arguments for mpirun, one string")
+
+
+class Reporter:
+    """Progress on stderr: a rich progress bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int):
+        self.progress = None
+        self.task = None
+        self.base = 0
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+        except ImportError:
+            return
+        console = Console(stderr=True)
+        if console.is_terminal:
+            self.progress = Progress(
+                "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=console, transient=True,
+            )  # fmt: skip
+            self.task = self.progress.add_task("bench", total=total)
+
+    def __enter__(self) -> Reporter:
+        if self.progress:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress:
+            self.progress.stop()
+
+    def start(self, backend: str) -> None:
+        if self.progress:
+            self.progress.update(self.task, description=backend)
+        else:
+            print(f"bench: {backend} ...", file=sys.stderr, flush=True)
+
+    def update(self, done: int) -> None:
+        if self.progress:
+            self.progress.update(self.task, completed=self.base + done)
+
+    def finish(self, outcome: Outcome, nsizes: int) -> None:
+        self.base += nsizes
+        if self.progress:
+            self.progress.update(self.task, completed=self.base)
+        state = (
+            f"FAILED: {outcome.error}" if outcome.error
+            else f"n/a: {outcome.na}" if outcome.na
+            else f"done in {outcome.seconds:.1f} s"
+        )  # fmt: skip
+        line = f"bench: {outcome.backend} {state}"
+        if self.progress:
+            self.progress.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def copy_rate_gbps(nbytes: int, repeats: int = 5) -> float | None:
+    """How fast one core copies `nbytes` (numpy, median of `repeats`): the
+    reference for busbw on one host, where memory bandwidth is the limit."""
+    import numpy as np
+
+    if nbytes < 1 << 20:
+        return None  # a cache-sized copy says nothing about memory
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    except ValueError as e:
+        print(f"cadence bench: {e}", file=sys.stderr)
+        return 2
+    job = Job(
+        op=args.op,
+        dtype=args.dtype,
+        sizes=sizes,
+        nranks=args.nranks,
+        iters=args.iters,
+        warmup=max(0, args.warmup_iters),
+        timeout=args.timeout,
+        algo=args.algo,
+        mpirun_args=shlex.split(args.mpirun_args),
+    )
+    outcomes = []
+    with (
+        tempfile.TemporaryDirectory(prefix="cadence-bench-") as workdir,
+        Reporter(len(args.backends) * len(sizes)) as reporter,
+    ):
+        for backend in args.backends:
+            reporter.start(backend)
+            outcome = run_backend(job, backend, Path(workdir), reporter.update)
+            reporter.finish(outcome, len(sizes))
+            if outcome.error and outcome.log_tail:
+                print(f"--- {backend} output (tail) ---\n{outcome.log_tail}", file=sys.stderr)
+            outcomes.append(outcome)
+
+    title = (
+        f"cadence bench: {job.op} {job.dtype}, {job.nranks} ranks, {job.iters} iters "
+        f"({job.warmup} warm-up), {format_size(sizes[0])}..{format_size(sizes[-1])} "
+        f"x{args.stepfactor}" + (f", cadence algo {job.algo}" if job.algo else "")
+    )
+    table = build_table(job, outcomes, copy_rate_gbps(min(sizes[-1], 64 << 20)))
+    if sys.stdout.isatty():
+        print_rich(table, title)
+    else:
+        print(f"# {title}\n{render_plain(table)}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(json_records(job, outcomes), indent=1) + "\n")
+    failed = any(o.error for o in outcomes)
+    wrong = any(m.wrong for o in outcomes for m in o.measures.values())
+    return 1 if failed or wrong else 0

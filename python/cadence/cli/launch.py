@@ -1,0 +1,290 @@
+"""Launching the ranks of one backend for `cadence bench`, with a deadline.
+
+cadence and gloo ranks get torchrun's environment (MASTER_ADDR, MASTER_PORT,
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); mpi ranks are started by
+mpirun. Every rank runs `python -m cadence.bench.worker` and appends its results
+to <workdir>/rank<R>.jsonl; `collect` merges them. A rank that fails or a launch
+that outlives its deadline is killed (its whole process group) and reported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Where the `cadence` package lives, so the workers run this very code.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+BACKEND_NAMES = ("cadence", "gloo", "mpi")
+
+
+@dataclass
+class Measure:
+    """One size on one backend, merged over the ranks."""
+
+    size: int  # requested bytes
+    nbytes: int  # bytes of the full buffer actually used
+    count: int
+    time_us: float  # max over ranks of each rank's median
+    wrong: int  # summed over ranks
+
+
+@dataclass
+class Outcome:
+    backend: str
+    measures: dict[int, Measure] = field(default_factory=dict)
+    error: str | None = None  # the backend failed: shown in its row, exit status 1
+    na: str | None = None  # not applicable or not installed: shown, not a failure
+    log_tail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Job:
+    """What every rank of every backend is asked to run."""
+
+    op: str
+    dtype: str
+    sizes: list[int]
+    nranks: int
+    iters: int
+    warmup: int
+    timeout: float
+    algo: str | None = None
+    mpirun_args: list[str] = field(default_factory=list)
+
+
+def unavailable(backend: str) -> str | None:
+    """Why `backend` cannot run on this machine, or None."""
+    if backend == "gloo" and not _has_module("torch"):
+        return "torch is not installed"
+    if backend == "mpi":
+        if shutil.which("mpirun") is None:
+            return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+        if not _has_module("mpi4py"):
+            return "mpi4py is not installed"
+    return None
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(job: Job, backend: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = f"{PACKAGE_ROOT}{os.pathsep}{path}" if path else str(PACKAGE_ROOT)
+    env.pop("CADENCE_ALGO", None)
+    if backend == "cadence" and job.algo:
+        env["CADENCE_ALGO"] = f"{job.op}:{job.algo}"
+    return env
+
+
+def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "cadence.bench.worker",
+        "--backend", backend,
+        "--op", job.op,
+        "--dtype", job.dtype,
+        "--sizes", ",".join(map(str, job.sizes)),
+        "--iters", str(job.iters),
+        "--warmup", str(job.warmup),
+        "--out", str(outdir),
+        "--timeout", str(job.timeout),
+    ]  # fmt: skip
+
+
+def spawn(job: Job, backend: str, outdir: Path) -> list[subprocess.Popen]:
+    """Start the ranks; each in its own session so that a kill reaches its children."""
+    cmd = worker_command(job, backend, outdir)
+    env = worker_env(job, backend)
+    if backend == "mpi":
+        mpirun = [
+            "mpirun", "--allow-run-as-root", "--oversubscribe",
+            # unbound, as the torch-launched ranks are: same scheduling for every backend
+            "--bind-to", "none",
+            "-np", str(job.nranks),
+            "-x", "OMP_NUM_THREADS", "-x", "PYTHONPATH",
+            *job.mpirun_args,
+        ]  # fmt: skip
+        return [_popen(mpirun + cmd, env, outdir / "mpirun.log")]
+    port = free_port()
+    procs = []
+    for rank in range(job.nranks):
+        rank_env = dict(
+            env,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(job.nranks),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(job.nranks),
+            GROUP_RANK="0",
+        )
+        procs.append(_popen(cmd, rank_env, outdir / f"rank{rank}.log"))
+    return procs
+
+
+def _popen(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with log.open("wb") as f:
+        return subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def kill(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
+    """SIGTERM each rank's process group, then SIGKILL what is left after `grace`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut short by a kill
+    return records
+
+
+def sizes_done(outdir: Path) -> int:
+    return sum(1 for r in read_records(outdir / "rank0.jsonl") if "size" in r)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+_EXC_RE = re.compile(r"^\s*([\w.]+(Error|Exception|Interrupt|Exit)\b.*)$")
+
+
+def error_line(log: str) -> str:
+    """The most telling line of a failed rank's output: its exception, if any."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if _EXC_RE.match(line):
+            return line
+    meaningful = [ln for ln in lines if not set(ln) <= set("-=*")]
+    return meaningful[-1] if meaningful else ""
+
+
+def supervise(
+    procs: list[subprocess.Popen],
+    timeout: float,
+    poll: Callable[[], None],
+) -> tuple[str | None, int | None]:
+    """Wait for the ranks: (None, None) if all succeeded, else (why, which proc
+    failed or None). Kills everything on the first failure or at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        poll()
+        codes = [p.poll() for p in procs]
+        for i, code in enumerate(codes):
+            if code not in (None, 0):
+                kill(procs)
+                return describe_exit(code), i
+        if all(code == 0 for code in codes):
+            return None, None
+        if time.monotonic() > deadline:
+            kill(procs)
+            return f"timed out after {timeout:g} s", None
+        time.sleep(0.1)
+
+
+def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
+    """Merge the ranks' records into `outcome` (sizes every rank finished)."""
+    per_rank = [read_records(outdir / f"rank{r}.jsonl") for r in range(job.nranks)]
+    for records in per_rank:
+        for rec in records:
+            if "na" in rec:
+                outcome.na = rec["na"]
+            if rec.get("nranks", job.nranks) != job.nranks and outcome.error is None:
+                outcome.error = f"worker saw {rec['nranks']} ranks, not {job.nranks}"
+    for size in job.sizes:
+        recs = [rec for records in per_rank for rec in records
+                if rec.get("size") == size and "time_us" in rec]  # fmt: skip
+        if len(recs) == job.nranks:
+            outcome.measures[size] = Measure(
+                size=size,
+                nbytes=recs[0]["bytes"],
+                count=recs[0]["count"],
+                time_us=max(r["time_us"] for r in recs),
+                wrong=sum(r["wrong"] for r in recs),
+            )
+
+
+def run_backend(
+    job: Job, backend: str, workdir: Path, on_progress: Callable[[int], None]
+) -> Outcome:
+    """Run `job` on every rank of `backend`; never raises for a failing backend."""
+    outcome = Outcome(backend)
+    reason = unavailable(backend)
+    if reason:
+        outcome.na = reason
+        return outcome
+    outdir = workdir / backend
+    outdir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    procs = spawn(job, backend, outdir)
+    try:
+        why, which = supervise(procs, job.timeout, lambda: on_progress(sizes_done(outdir)))
+    finally:
+        kill(procs)  # no-op unless interrupted
+    outcome.seconds = time.monotonic() - start
+    collect(job, outdir, outcome)
+    on_progress(sizes_done(outdir))
+    if why is None:
+        return outcome
+    logs = sorted(outdir.glob("*.log"))
+    if which is not None and backend != "mpi":
+        logs = [outdir / f"rank{which}.log"]
+    texts = [p.read_text(errors="replace") for p in logs]
+    detail = next((line for line in map(error_line, texts) if line), "")
+    who = "mpirun" if backend == "mpi" else (f"rank {which}" if which is not None else "")
+    stuck = [s for s in job.sizes if s not in outcome.measures]
+    where = f" at {stuck[0]} bytes" if stuck and which is None else ""
+    outcome.error = " ".join(x for x in (who, why + where) if x) + (f": {detail}" if detail else "")
+    outcome.log_tail = "\n".join(t.rstrip()[-2000:] for t in texts if t.strip())
+    return outcome

@@ -1,0 +1,204 @@
+"""The results table and JSON records of `cadence bench`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cadence.bench.common import DTYPES, REDUCING_OPS, busbw_factor, format_size, layout
+from cadence.cli.launch import Job, Measure, Outcome
+
+BACKEND_COLUMNS = ("time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong")
+
+
+@dataclass(frozen=True)
+class Column:
+    group: str  # a backend, or "" for the leading and trailing columns
+    title: str
+
+
+@dataclass
+class Table:
+    columns: list[Column]
+    rows: list[list[str]]
+    notes: list[str]
+
+
+def algbw(nbytes: int, time_us: float) -> float:
+    """GB/s (1e9 bytes per second), as nccl-tests."""
+    return nbytes / (time_us * 1e-6) / 1e9 if time_us > 0 else math.inf
+
+
+def fmt_time(us: float) -> str:
+    if us < 100:
+        return f"{us:.2f}"
+    if us < 10_000:
+        return f"{us:.1f}"
+    return f"{us:.0f}"
+
+
+def fmt_bw(gbps: float) -> str:
+    return f"{gbps:.2f}"
+
+
+def peers(outcomes: list[Outcome]) -> list[str]:
+    """The backends compared with cadence (none if cadence is not in the run)."""
+    names = [o.backend for o in outcomes]
+    return [n for n in names if n != "cadence"] if "cadence" in names else []
+
+
+def backend_cells(job: Job, outcome: Outcome, size: int) -> list[str]:
+    m = outcome.measures.get(size)
+    if m is not None:
+        bw = algbw(m.nbytes, m.time_us)
+        busbw = bw * busbw_factor(job.op, job.nranks)
+        return [fmt_time(m.time_us), fmt_bw(bw), fmt_bw(busbw), str(m.wrong)]
+    if outcome.na:
+        return ["n/a"] * 4
+    if outcome.error:
+        return ["error", "-", "-", "-"]
+    return ["-"] * 4
+
+
+def build_table(job: Job, outcomes: list[Outcome], copy_gbps: float | None = None) -> Table:
+    by_name = {o.backend: o for o in outcomes}
+    columns = [Column("", t) for t in ("size", "count", "type", "redop")]
+    for o in outcomes:
+        columns += [Column(o.backend, t) for t in BACKEND_COLUMNS]
+    columns += [Column("", f"cadence/{p}") for p in peers(outcomes)]
+
+    rows = []
+    redop = "sum" if job.op in REDUCING_OPS else "none"
+    itemsize = DTYPES[job.dtype].itemsize
+    for size in job.sizes:
+        lay = layout(job.op, size, itemsize, job.nranks)
+        if lay is None:
+            continue
+        row = [format_size(lay.nbytes), str(lay.count), job.dtype, redop]
+        for o in outcomes:
+            row += backend_cells(job, o, size)
+        cadence = by_name.get("cadence")
+        for p in peers(outcomes):
+            row.append(fmt_ratio(ratio(cadence, by_name[p], size)))
+        rows.append(row)
+    return Table(columns, rows, build_notes(job, outcomes, copy_gbps))
+
+
+def ratio(cadence: Outcome | None, peer: Outcome, size: int) -> float | None:
+    """peer time / cadence time: above 1 means cadence is faster."""
+    mine = cadence.measures.get(size) if cadence else None
+    theirs = peer.measures.get(size)
+    if mine is None or theirs is None or mine.time_us <= 0:
+        return None
+    return theirs.time_us / mine.time_us
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.3g}x"
+
+
+def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = None) -> list[str]:
+    notes = []
+    for o in outcomes:
+        if o.error:
+            notes.append(f"{o.backend}: FAILED: {o.error}")
+        elif o.na:
+            notes.append(f"{o.backend}: n/a: {o.na}")
+    factor = busbw_factor(job.op, job.nranks)
+    avgs = []
+    for o in outcomes:
+        ms = list(o.measures.values())
+        if ms:
+            avg = sum(algbw(m.nbytes, m.time_us) * factor for m in ms) / len(ms)
+            avgs.append(f"{o.backend} {avg:.2f}")
+    if avgs:
+        notes.append("avg busbw (GB/s): " + ", ".join(avgs))
+    if copy_gbps:
+        # On one host the limit is memory bandwidth: say how far each backend is from it.
+        peaks = [
+            f"{o.backend} {peak:.2f} ({peak / copy_gbps:.0%})"
+            for o in outcomes
+            if o.measures
+            for peak in [max(algbw(m.nbytes, m.time_us) * factor for m in o.measures.values())]
+        ]
+        notes.append(
+            f"one core copies memory at {copy_gbps:.2f} GB/s; peak busbw (GB/s, share of that): "
+            + (", ".join(peaks) or "-")
+        )
+    by_name = {o.backend: o for o in outcomes}
+    for p in peers(outcomes):
+        rs = [r for s in job.sizes if (r := ratio(by_name["cadence"], by_name[p], s)) is not None]
+        if rs:
+            geomean = math.exp(sum(map(math.log, rs)) / len(rs))
+            notes.append(
+                f"cadence/{p}: geomean {geomean:.3g}x over {len(rs)} sizes "
+                f"(min {min(rs):.3g}x, max {max(rs):.3g}x; above 1 means cadence is faster)"
+            )
+    wrong = sum(m.wrong for o in outcomes for m in o.measures.values())
+    notes.append(f"#wrong total: {wrong}")
+    return notes
+
+
+def render_plain(table: Table) -> str:
+    """nccl-tests-like fixed-width text: backend names over their columns."""
+    cols = table.columns
+    widths = [max(len(c.title), *(len(r[i]) for r in table.rows)) if table.rows else len(c.title)
+              for i, c in enumerate(cols)]  # fmt: skip
+    # The group line: each backend name centred over its columns.
+    group_line, i = [], 0
+    while i < len(cols):
+        j = i
+        while j < len(cols) and cols[j].group == cols[i].group:
+            j += 1
+        span = sum(widths[i:j]) + 2 * (j - i - 1)
+        group_line.append(f"{cols[i].group:^{span}}" if cols[i].group else " " * span)
+        i = j
+    lines = ["  ".join(group_line).rstrip()]
+    lines.append("  ".join(f"{c.title:>{w}}" for c, w in zip(cols, widths, strict=True)))
+    for row in table.rows:
+        lines.append("  ".join(f"{cell:>{w}}" for cell, w in zip(row, widths, strict=True)))
+    lines += [f"# {note}" for note in table.notes]
+    return "\n".join(lines)
+
+
+def print_rich(table: Table, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    t = RichTable(title=title, header_style="bold")
+    previous = None
+    for c in table.columns:
+        header = f"{c.group}\n{c.title}" if c.group and c.group != previous else f"\n{c.title}"
+        t.add_column(header, justify="right", no_wrap=True)
+        previous = c.group
+    for row in table.rows:
+        styled = [f"[red]{cell}[/]" if cell == "error" else cell for cell in row]
+        t.add_row(*styled)
+    console = Console()
+    console.print(t)
+    for note in table.notes:
+        console.print(f"# {note}", markup=False, highlight=False)
+
+
+def json_records(job: Job, outcomes: list[Outcome]) -> list[dict]:
+    factor = busbw_factor(job.op, job.nranks)
+    records = []
+    for o in outcomes:
+        for size in job.sizes:
+            m: Measure | None = o.measures.get(size)
+            if m is None:
+                continue
+            bw = algbw(m.nbytes, m.time_us)
+            records.append({
+                "backend": o.backend,
+                "op": job.op,
+                "dtype": job.dtype,
+                "bytes": m.nbytes,
+                "nranks": job.nranks,
+                "algo": job.algo if o.backend == "cadence" else None,
+                "time_us": m.time_us,
+                "algbw": bw,
+                "busbw": bw * factor,
+                "wrong": m.wrong,
+            })  # fmt: skip
+    return records

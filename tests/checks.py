@@ -1,0 +1,267 @@
+"""Rank-side correctness checks: every collective against a numpy reference.
+
+Each rank regenerates every rank's input deterministically, computes the
+expected result with numpy, runs cadence and compares. Data are random small
+integers (and, for prod, random powers of two) stored in the tested dtype, so
+sums, products, min and max are exact in every dtype and a comparison can be
+exact; `avg` and continuous random floats are compared within the dtype's
+tolerance. Returns a list of failure descriptions (empty when all is well).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # bfloat16 only exists as a torch dtype
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+FLOATS = ["float16", "bfloat16", "float32", "float64"]
+INTS = ["int8", "uint8", "int32", "int64"]
+DTYPES = FLOATS + INTS
+OPS = ["sum", "prod", "min", "max", "avg", "premul_sum"]
+FACTOR = 0.5
+
+
+def ops_for(dtype):
+    return OPS if dtype in FLOATS else OPS[:5]
+
+
+def _np_dtype(dtype):
+    return np.dtype(np.float32) if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def gen(rank, count, dtype, op, salt):
+    """Rank `rank`'s input: exact-arithmetic-friendly random values (as numpy;
+    bfloat16 as float32 values that bfloat16 represents exactly)."""
+    rng = np.random.default_rng([rank, count, salt, DTYPES.index(dtype), OPS.index(op)])
+    if op == "prod":
+        if dtype in FLOATS:
+            v = np.ldexp(1.0, rng.integers(-1, 2, count)) * rng.choice([-1.0, 1.0], count)
+        else:
+            v = rng.integers(1, 4, count) * rng.choice([-1, 1], count)
+            if dtype == "uint8":
+                v = np.abs(v)
+    else:
+        lo = 0 if dtype == "uint8" else -20
+        v = rng.integers(lo, 21, count)
+    return v.astype(_np_dtype(dtype))
+
+
+def to_user(a, dtype):
+    """The buffer handed to cadence: numpy, or a torch tensor for bfloat16."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
+    return np.array(a, copy=True, order="C")
+
+
+def from_user(x, dtype):
+    if dtype == "bfloat16":
+        return x.to(torch.float32).numpy()
+    return np.asarray(x)
+
+
+def empty_user(count, dtype):
+    return to_user(np.zeros(count, dtype=_np_dtype(dtype)), dtype)
+
+
+def reference(inputs, dtype, op):
+    """Element-wise reduction of the ranks' inputs, in the dtype's arithmetic
+    (integers wrap like fixed-width hardware)."""
+    n = len(inputs)
+    if op == "premul_sum":
+        inputs = [a * _np_dtype(dtype).type(FACTOR) for a in inputs]
+    acc = inputs[0].copy()
+    with np.errstate(over="ignore"):
+        for a in inputs[1:]:
+            if op in ("sum", "avg", "premul_sum"):
+                acc = acc + a
+            elif op == "prod":
+                acc = acc * a
+            elif op == "min":
+                acc = np.minimum(acc, a)
+            elif op == "max":
+                acc = np.maximum(acc, a)
+    acc = acc.astype(_np_dtype(dtype))
+    if op == "avg":
+        if dtype in FLOATS:
+            acc = (acc.astype(np.float64) / n).astype(_np_dtype(dtype))
+        else:  # truncating division, exact in integers
+            q = acc // n
+            q[(acc % n != 0) & (acc < 0)] += 1
+            acc = q.astype(acc.dtype)
+    return acc
+
+
+def compare(got, want, dtype, op, what, failures):
+    got = np.asarray(got).reshape(-1)
+    want = np.asarray(want).reshape(-1)
+    if got.shape != want.shape:
+        failures.append(f"{what}: shape {got.shape} != {want.shape}")
+        return
+    if op == "avg" and dtype in FLOATS:
+        tol = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "float64": 1e-12}[dtype]
+        ok = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+    else:
+        ok = got == want
+    if not ok.all():
+        idx = np.flatnonzero(~ok)
+        i = idx[0]
+        failures.append(
+            f"{what}: {idx.size} of {got.size} wrong, first at {i}: got {got[i]!r} want {want[i]!r}"
+        )
+
+
+def _counts(n, total, rank_salt):
+    """Irregular per-rank counts (some zero) summing to `total`."""
+    rng = np.random.default_rng([n, total, rank_salt])
+    cuts = np.sort(rng.integers(0, total + 1, n - 1)) if n > 1 else np.array([], dtype=int)
+    edges = np.concatenate([[0], cuts, [total]])
+    return [int(v) for v in np.diff(edges)]
+
+
+def check_reducing(comm, count, dtype, op, failures, algo=None):
+    n, r = comm.size, comm.rank
+    ins = [gen(q, count, dtype, op, 1) for q in range(n)]
+    want = reference(ins, dtype, op)
+    kw = {"op": op, "factor": FACTOR if op == "premul_sum" else None, "algo": algo}
+    tag = f"{dtype}/{op}/count={count}/n={n}/algo={algo}"
+
+    # allreduce, out of place and in place
+    x = to_user(ins[r], dtype)
+    out = empty_user(count, dtype)
+    comm.allreduce(x, out=out, **kw)
+    compare(from_user(out, dtype), want, dtype, op, f"allreduce out-of-place {tag}", failures)
+    compare(from_user(x, dtype), ins[r], dtype, "sum", f"allreduce input untouched {tag}", failures)
+    y = to_user(ins[r], dtype)
+    comm.allreduce(y, **kw)
+    compare(from_user(y, dtype), want, dtype, op, f"allreduce in-place {tag}", failures)
+
+    if algo is not None:
+        return
+    # reduce at a rotating root
+    root = count % n
+    x = to_user(ins[r], dtype)
+    out = empty_user(count, dtype)
+    res = comm.reduce(x, root=root, out=out, **kw)
+    if r == root:
+        compare(from_user(res, dtype), want, dtype, op, f"reduce root={root} {tag}", failures)
+
+    # reduce_scatter on count per block, and reduce_scatterv on irregular counts
+    rs_in = [gen(q, count * n, dtype, op, 2) for q in range(n)]
+    rs_want = reference(rs_in, dtype, op)
+    out = comm.reduce_scatter(to_user(rs_in[r], dtype), **kw)
+    compare(from_user(out, dtype), rs_want[r * count:(r + 1) * count], dtype, op,
+            f"reduce_scatter {tag}", failures)
+    counts = _counts(n, count, 7)
+    v_in = [gen(q, count, dtype, op, 3) for q in range(n)]
+    v_want = reference(v_in, dtype, op)
+    off = sum(counts[:r])
+    out = comm.reduce_scatterv(to_user(v_in[r], dtype), counts, **kw)
+    compare(from_user(out, dtype), v_want[off:off + counts[r]], dtype, op,
+            f"reduce_scatterv counts={counts} {tag}", failures)
+
+
+def check_moving(comm, count, dtype, failures, algo=None):
+    n, r = comm.size, comm.rank
+    op = "sum"
+    ins = [gen(q, count, dtype, op, 4) for q in range(n)]
+    tag = f"{dtype}/count={count}/n={n}"
+    root = (count + 1) % n
+
+    b = to_user(ins[r], dtype)
+    comm.broadcast(b, root=root)
+    compare(from_user(b, dtype), ins[root], dtype, op, f"broadcast root={root} {tag}", failures)
+
+    g = comm.allgather(to_user(ins[r], dtype))
+    compare(from_user(g, dtype), np.concatenate(ins), dtype, op, f"allgather {tag}", failures)
+
+    counts = _counts(n, count, 11)
+    vin = [gen(q, counts[q], dtype, op, 5) for q in range(n)]
+    g = comm.allgatherv(to_user(vin[r], dtype), counts)
+    compare(from_user(g, dtype), np.concatenate(vin), dtype, op,
+            f"allgatherv counts={counts} {tag}", failures)
+
+    a_in = [gen(q, count * n, dtype, op, 6) for q in range(n)]
+    got = comm.alltoall(to_user(a_in[r], dtype))
+    want = np.concatenate([a_in[s][r * count:(r + 1) * count] for s in range(n)])
+    compare(from_user(got, dtype), want, dtype, op, f"alltoall {tag}", failures)
+
+    # alltoallv: rank s sends m[s][d] elements to d
+    m = [_counts(n, count, 100 + s) for s in range(n)]
+    av_in = [gen(q, sum(m[q]), dtype, op, 8) for q in range(n)]
+    recv_counts = [m[s][r] for s in range(n)]
+    got = comm.alltoallv(to_user(av_in[r], dtype), m[r], recv_counts)
+    want = np.concatenate(
+        [av_in[s][sum(m[s][:r]):sum(m[s][:r]) + m[s][r]] for s in range(n)]
+    )
+    compare(from_user(got, dtype), want, dtype, op, f"alltoallv {tag}", failures)
+
+    res = comm.gather(to_user(ins[r], dtype), root=root)
+    if r == root:
+        compare(from_user(res, dtype), np.concatenate(ins), dtype, op, f"gather {tag}", failures)
+
+    src = np.concatenate([gen(root, count, dtype, op, 9 + q) for q in range(n)])
+    out = empty_user(count, dtype)
+    comm.scatter(to_user(src, dtype) if r == root else None, out, root=root)
+    compare(from_user(out, dtype), src[r * count:(r + 1) * count], dtype, op,
+            f"scatter {tag}", failures)
+
+    if n > 1:  # ring of sends: r -> r+1, async so nobody blocks
+        nxt, prv = (r + 1) % n, (r - 1) % n
+        out = empty_user(count, dtype)
+        w = comm.recv(out, prv, async_op=True)
+        comm.send(to_user(ins[r], dtype), nxt)
+        w.wait()
+        compare(from_user(out, dtype), ins[prv], dtype, op, f"send/recv {tag}", failures)
+    comm.barrier()
+
+
+def check_matrix(comm, counts, dtypes=None, big=()):
+    """All collectives × `dtypes` × ops at `counts`; at `big` counts only
+    float32 sum / int32 max (memory and time)."""
+    failures = []
+    for count in counts:
+        for dtype in dtypes or DTYPES:
+            for op in ops_for(dtype):
+                check_reducing(comm, count, dtype, op, failures)
+            check_moving(comm, count, dtype, failures)
+    for count in big:
+        check_reducing(comm, count, "float32", "sum", failures)
+        check_reducing(comm, count, "int32", "max", failures)
+        check_moving(comm, count, "float32", failures)
+    return failures[:30]
+
+
+def check_algorithms(comm, counts):
+    """allreduce with every algorithm, every dtype, sum and max."""
+    import cadence
+
+    failures = []
+    for algo in cadence.algorithms("allreduce"):
+        for count in counts:
+            for dtype in DTYPES:
+                for op in ("sum", "max"):
+                    check_reducing(comm, count, dtype, op, failures, algo=algo)
+    return failures[:30]
+
+
+def check_random_floats(comm, count):
+    """Continuous random float32/float64 data: sums within tolerance, and
+    bitwise identical on every rank (DDP needs identical replicas)."""
+    n, r = comm.size, comm.rank
+    failures = []
+    for dtype in ("float32", "float64"):
+        ins = [np.random.default_rng([q, count]).standard_normal(count).astype(dtype)
+               for q in range(n)]
+        want = np.sum(np.stack(ins).astype(np.float64), axis=0)
+        x = ins[r].copy()
+        comm.allreduce(x)
+        tol = 1e-5 if dtype == "float32" else 1e-12
+        if not np.allclose(x, want, rtol=tol, atol=tol * n):
+            failures.append(f"random {dtype} allreduce off by {np.max(np.abs(x - want))}")
+        everyone = comm.allgather(x)
+        if not all(np.array_equal(everyone[q], x) for q in range(n)):
+            failures.append(f"random {dtype} allreduce differs across ranks")
+    return failures

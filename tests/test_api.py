@@ -1,0 +1,208 @@
+"""The Python face: asynchronous handles, ordering, split, argument errors,
+torch tensors, records, and bootstrap from torchrun's environment."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from harness import assert_all_ok, run_ranks
+
+
+def _async_in_order(comm):
+    n = comm.size
+    xs = [np.full(1000 + i, comm.rank + i, dtype=np.float64) for i in range(8)]
+    works = [comm.allreduce(x, async_op=True) for x in xs]
+    works.append(comm.allgather(np.array([comm.rank], dtype=np.int32), async_op=True))
+    bad = []
+    for i, w in enumerate(works[:-1]):
+        res = w.wait(timeout=30)
+        want = sum(r + i for r in range(n))
+        if not (res is xs[i] and np.all(res == want)):
+            bad.append(i)
+    g = works[-1].wait()
+    assert all(w.is_completed() for w in works)
+    # A synchronous call after async ones still sees them done, in order.
+    y = comm.allreduce(np.ones(3, dtype=np.float32))
+    return {"bad": bad, "gather": g.reshape(-1).tolist(), "y": y.tolist()}
+
+
+def test_async_operations_complete_in_issue_order():
+    res = assert_all_ok(run_ranks(_async_in_order, 3))
+    for r, v in res.items():
+        assert v["bad"] == [], v
+        assert v["gather"] == [0, 1, 2]
+        assert v["y"] == [3.0, 3.0, 3.0]
+
+
+def _wait_timeout(comm):
+    if comm.rank == 0:
+        w = comm.allreduce(np.ones(4, dtype=np.float32), async_op=True)
+        try:
+            w.wait(timeout=0.2)
+            early = "completed"
+        except TimeoutError:
+            early = "timeout"
+        done_before = w.is_completed()
+        comm.barrier(async_op=True).wait()  # rank 1 joins late
+        w.wait()
+        return [early, done_before]
+    import time
+
+    time.sleep(1.0)
+    comm.allreduce(np.ones(4, dtype=np.float32))
+    comm.barrier()
+    return None
+
+
+def test_wait_with_timeout_and_is_completed():
+    res = assert_all_ok(run_ranks(_wait_timeout, 2))
+    assert res[0] == ["timeout", False]
+
+
+def _split(comm):
+    sub = comm.split(color=comm.rank % 2, key=-comm.rank)
+    x = np.array([comm.rank], dtype=np.int64)
+    sub.allreduce(x)
+    none = comm.split(color=-1 if comm.rank == 0 else 0)
+    return {"sub_rank": sub.rank, "sub_size": sub.size, "sum": int(x[0]),
+            "none": none is None}
+
+
+def test_split():
+    res = assert_all_ok(run_ranks(_split, 5, transport="mixed"))
+    evens, odds = [0, 2, 4], [1, 3]
+    for r, v in res.items():
+        group = evens if r % 2 == 0 else odds
+        assert v["sub_size"] == len(group)
+        assert v["sub_rank"] == sorted(group, key=lambda q: -q).index(r)  # key orders
+        assert v["sum"] == sum(group)
+        assert v["none"] == (r == 0)
+
+
+def _bad_args(comm):
+    errs = []
+
+    def expect(exc, fn):
+        try:
+            fn()
+            errs.append(f"no error from {fn}")
+        except exc as e:
+            errs.append(type(e).__name__ + ": " + str(e))
+
+    x = np.ones(10, dtype=np.float32)
+    expect(ValueError, lambda: comm.allreduce(x, out=np.ones(9, dtype=np.float32)))
+    expect(ValueError, lambda: comm.allreduce(x, out=np.ones(10, dtype=np.float64)))
+    expect(ValueError, lambda: comm.allreduce(np.ones(10, dtype=np.int32), op="premul_sum",
+                                              factor=2.0))
+    expect(ValueError, lambda: comm.allreduce(x, op="median"))
+    expect(ValueError, lambda: comm.allreduce(np.ones((4, 4), np.float32)[:, 1]))
+    expect(ValueError, lambda: comm.allreduce(np.ones(4, dtype=np.uint64)))
+    expect(TypeError, lambda: comm.allreduce([1.0, 2.0]))
+    expect(ValueError, lambda: comm.broadcast(x, root=comm.size))
+    expect(ValueError, lambda: comm.allreduce(x, algo="quantum"))
+    ro = np.ones(10, dtype=np.float32)
+    ro.flags.writeable = False
+    expect(ValueError, lambda: comm.allreduce(ro))
+    # The communicator still works after local argument errors.
+    comm.allreduce(x)
+    return {"errs": errs, "x": x.tolist()}
+
+
+def test_argument_errors_are_clear_and_local():
+    res = assert_all_ok(run_ranks(_bad_args, 2))
+    errs = res[0]["errs"]
+    assert all(not e.startswith("no error") for e in errs), errs
+    assert "output has 9 elements, expected 10" in errs[0]
+    assert "float32" in errs[1] and "float64" in errs[1]
+    assert "premul_sum" in errs[2]
+    assert "median" in errs[3]
+    assert "contiguous" in errs[4]
+    assert "uint64" in errs[5] or "format" in errs[5]
+    assert res[0]["x"] == [2.0] * 10
+
+
+def _torch_tensors(comm):
+    import torch
+
+    out = {}
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8):
+        t = torch.full((3, 5), comm.rank + 1, dtype=dt)
+        comm.allreduce(t)
+        out[str(dt)] = t.float().tolist()
+    g = comm.allgather(torch.arange(3, dtype=torch.bfloat16) + comm.rank)
+    out["gather_type"] = str(type(g).__name__) + "/" + str(g.dtype)
+    out["gather"] = g.float().tolist()
+    p = torch.ones(4, requires_grad=True)
+    with torch.no_grad():
+        comm.allreduce(p.data)
+    out["param"] = p.detach().tolist()
+    return out
+
+
+def test_torch_tensors_every_dtype():
+    res = assert_all_ok(run_ranks(_torch_tensors, 2))
+    for r, v in res.items():
+        for dt in ("torch.float32", "torch.bfloat16", "torch.float16", "torch.int64",
+                   "torch.uint8"):
+            assert v[dt] == [[3.0] * 5] * 3, (dt, v[dt])
+        assert v["gather_type"] == "Tensor/torch.bfloat16"
+        assert v["gather"] == [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]
+        assert v["param"] == [2.0] * 4
+
+
+def _records(comm):
+    comm.allreduce(np.ones(256, dtype=np.float32), algo="ring")
+    comm.allgather(np.ones(3, dtype=np.int8))
+    return comm.dump_records()
+
+
+def test_records_have_every_field():
+    res = assert_all_ok(run_ranks(_records, 2, transport="tcp"))
+    rec = res[1]
+    ops = rec["ops"]
+    ar = [o for o in ops if o["collective"] == "allreduce"][-1]
+    for k in ("comm_id", "seq", "algo", "dtype", "count", "bytes", "enqueue_ns", "start_ns",
+              "end_ns", "status"):
+        assert k in ar
+    assert ar["algo"] == "ring" and ar["count"] == 256 and ar["bytes"] == 1024
+    assert ar["status"] == "ok" and ar["end_ns"] >= ar["start_ns"] >= ar["enqueue_ns"]
+    assert ops[-1]["collective"] == "allgather" and ops[-1]["seq"] == ar["seq"] + 1
+    link = rec["links"][0]
+    assert link["transport"] == "tcp" and link["bytes_sent"] > 0 and link["bytes_recv"] > 0
+
+
+def test_init_from_torchrun_environment(tmp_path):
+    """`cadence.init()` with nothing but torchrun's variables."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np, cadence
+        comm = cadence.init()
+        x = np.array([comm.rank + 1.0])
+        comm.allreduce(x)
+        print(f"rank {comm.rank} of {comm.size}: {x[0]}", flush=True)
+    """))
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(3):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                   WORLD_SIZE="3", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="3", CADENCE_TIMEOUT="30")
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for r, o in enumerate(outs):
+        assert f"rank {r} of 3: 6.0" in o, o
+
+
+@pytest.mark.parametrize("bad", ["CADENCE_ALGO=allreduce:bogus", "CADENCE_TIMEOUT=soon"])
+def test_bad_configuration_is_an_error(bad):
+    name, value = bad.split("=")
+    res = run_ranks(_records, 2, env={name: value}, timeout=60)
+    for r in range(2):
+        assert res[r][0] == "err" and name in res[r][1], res[r]

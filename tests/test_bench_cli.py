@@ -1,0 +1,372 @@
+"""Tests of `cadence bench`: sizes, bandwidth factors, the check's expected
+results, the table and JSON, failure handling, and real runs against gloo and
+Open MPI (and cadence, once its extension is built)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cadence.bench.common import (
+    DTYPES,
+    OPS,
+    busbw_factor,
+    format_size,
+    layout,
+    parse_size,
+    pattern_modulus,
+    size_sweep,
+)
+from cadence.bench.worker import ROOT, expected_result, pattern
+from cadence.cli import main as cli_main
+from cadence.cli.launch import Job, Measure, Outcome, error_line
+from cadence.cli.report import build_table, json_records, render_plain
+
+RECORD_KEYS = {
+    "backend", "op", "dtype", "bytes", "nranks", "algo", "time_us", "algbw", "busbw", "wrong",
+}  # fmt: skip
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+HAVE_MPI = shutil.which("mpirun") is not None and _has("mpi4py")
+
+
+def _cadence_built() -> bool:
+    try:
+        import cadence._core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ sizes
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [("8", 8), ("64K", 64 << 10), ("64M", 64 << 20), ("1G", 1 << 30), ("2k", 2048),
+     ("64KB", 64 << 10), ("64MiB", 64 << 20), (" 16 ", 16), (4096, 4096)],
+)  # fmt: skip
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5M", "-8", "0", "8X", "64 M B"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("value", [1, 8, 1000, 1024, 3 << 20, 64 << 20, 1 << 30, (1 << 20) + 1])
+def test_format_size_round_trips(value):
+    assert parse_size(format_size(value)) == value
+
+
+def test_format_size_is_short():
+    assert [format_size(v) for v in (8, 2048, 64 << 20, 1 << 30, 1025)] == [
+        "8", "2K", "64M", "1G", "1025",
+    ]  # fmt: skip
+
+
+def test_size_sweep_is_nccl_tests_like():
+    sizes = size_sweep(8, 64 << 20, 4)
+    assert sizes[0] == 8 and sizes[-1] == 32 << 20 and len(sizes) == 12
+    assert all(b == 4 * a for a, b in zip(sizes, sizes[1:], strict=False))
+    assert size_sweep(1024, 1024, 2) == [1024]
+    with pytest.raises(ValueError):
+        size_sweep(8, 64, 1)
+    with pytest.raises(ValueError):
+        size_sweep(64, 8, 2)
+
+
+# ------------------------------------------------------------------ bandwidth
+
+
+@pytest.mark.parametrize(
+    "op,n,factor",
+    [("allreduce", 4, 1.5), ("allreduce", 2, 1.0), ("allreduce", 1, 0.0),
+     ("reduce_scatter", 4, 0.75), ("allgather", 4, 0.75), ("alltoall", 8, 0.875),
+     ("broadcast", 4, 1.0), ("reduce", 4, 1.0)],
+)  # fmt: skip
+def test_busbw_factor(op, n, factor):
+    assert busbw_factor(op, n) == pytest.approx(factor)
+
+
+def test_busbw_factor_rejects_unknown_op():
+    with pytest.raises(ValueError):
+        busbw_factor("gather", 4)
+
+
+def test_layout_follows_nccl_tests():
+    # size = the full buffer: allgather's output, reduce-scatter's input.
+    lay = layout("allgather", 64, 4, 4)
+    assert (lay.in_count, lay.out_count, lay.nbytes, lay.count) == (4, 16, 64, 16)
+    lay = layout("reduce_scatter", 64, 4, 4)
+    assert (lay.in_count, lay.out_count, lay.nbytes) == (16, 4, 64)
+    lay = layout("alltoall", 100, 4, 3)  # 25 elements, rounded down to 3 * 8
+    assert (lay.in_count, lay.out_count, lay.nbytes) == (24, 24, 96)
+    lay = layout("allreduce", 8, 4, 4)
+    assert (lay.in_count, lay.out_count, lay.nbytes) == (2, 0, 8)
+    assert layout("allgather", 8, 4, 4) is None  # 2 elements for 4 ranks
+    assert layout("broadcast", 4, 8, 2) is None  # less than one float64
+
+
+# ------------------------------------------------------------------ the check
+
+
+def _simulate(op: str, inputs: list[np.ndarray], part: int) -> list[np.ndarray | None]:
+    """Each rank's result of `op` by its definition (int64, no library involved)."""
+    n = len(inputs)
+    total = sum(inputs)
+    if op == "allreduce":
+        return [total] * n
+    if op == "reduce":
+        return [total if r == ROOT else None for r in range(n)]
+    if op == "broadcast":
+        return [inputs[ROOT]] * n
+    if op == "allgather":
+        return [np.concatenate(inputs)] * n
+    if op == "reduce_scatter":
+        return [total[r * part : (r + 1) * part] for r in range(n)]
+    if op == "alltoall":
+        return [np.concatenate([inputs[s][r * part : (r + 1) * part] for s in range(n)])
+                for r in range(n)]  # fmt: skip
+    raise AssertionError(op)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_expected_result_matches_the_definition(op, nranks):
+    dtype = DTYPES["int8"]
+    modulus = pattern_modulus(dtype, nranks)
+    lay = layout(op, 48 * nranks, dtype.itemsize, nranks)
+    inputs = [pattern(r, np.arange(lay.in_count), modulus) for r in range(nranks)]
+    part = lay.in_count // nranks
+    for rank, want in enumerate(_simulate(op, inputs, part)):
+        got = expected_result(op, lay, rank, nranks, modulus)
+        if want is None:
+            assert got is None
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("nranks", [1, 2, 8, 64])
+def test_check_values_are_exact(dtype, nranks):
+    d = DTYPES[dtype]
+    modulus = pattern_modulus(d, nranks)
+    values = pattern(np.arange(nranks)[:, None], np.arange(1000)[None, :], modulus)
+    assert values.min() >= 0 and values.max() < modulus
+    assert nranks * (modulus - 1) < d.max_exact  # sums exact, and the sentinel never correct
+    if d.name != "bfloat16":
+        sums = values.sum(axis=0)
+        assert np.array_equal(sums.astype(d.name).astype(np.int64), sums)
+
+
+# ------------------------------------------------------------------ table and JSON
+
+
+def _job(**kw) -> Job:
+    args = dict(op="allreduce", dtype="float32", sizes=[8, 1 << 20], nranks=4, iters=5,
+                warmup=1, timeout=60.0)  # fmt: skip
+    args.update(kw)
+    return Job(**args)
+
+
+def _outcome(backend: str, times_us: dict[int, float], wrong: int = 0) -> Outcome:
+    o = Outcome(backend)
+    for size, t in times_us.items():
+        o.measures[size] = Measure(size, size, size // 4, t, wrong)
+    return o
+
+
+def test_table_columns_ratios_and_notes():
+    job = _job()
+    outcomes = [
+        _outcome("cadence", {8: 10.0, 1 << 20: 500.0}),
+        _outcome("gloo", {8: 20.0, 1 << 20: 1000.0}),
+        Outcome("mpi", error="rank 1 exited with status 1: RuntimeError: boom"),
+    ]
+    table = build_table(job, outcomes, copy_gbps=10.0)
+    titles = [c.title for c in table.columns]
+    assert titles[:4] == ["size", "count", "type", "redop"]
+    assert titles[4:8] == ["time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+    assert titles[-2:] == ["cadence/gloo", "cadence/mpi"]
+    assert [c.group for c in table.columns[4:16:4]] == ["cadence", "gloo", "mpi"]
+    first, second = table.rows
+    assert first[:4] == ["8", "2", "float32", "sum"]
+    # 1 MiB in 500 us: algbw 2.10 GB/s, busbw x 2*3/4 = 3.15 GB/s
+    assert second[4:8] == ["500.0", "2.10", "3.15", "0"]
+    assert second[-2:] == ["2x", "-"]
+    assert first[12:16] == ["error", "-", "-", "-"]
+    text = render_plain(table)
+    lines = text.splitlines()
+    assert "cadence" in lines[0] and "gloo" in lines[0] and "mpi" in lines[0]
+    assert lines[1].split()[:5] == ["size", "count", "type", "redop", "time(us)"]
+    assert len({len(line) for line in lines[1:4]}) == 1  # aligned columns
+    assert "# mpi: FAILED: rank 1 exited with status 1: RuntimeError: boom" in text
+    assert "# cadence/gloo: geomean 2x over 2 sizes" in text
+    assert "# #wrong total: 0" in text
+    assert "one core copies memory at 10.00 GB/s" in text
+
+
+def test_table_without_cadence_has_no_ratio_and_marks_na():
+    job = _job(op="allgather", dtype="float16", sizes=[4, 64])
+    outcomes = [_outcome("gloo", {64: 3.0}, wrong=2), Outcome("mpi", na="no float16")]
+    table = build_table(job, outcomes)
+    assert not any(c.title.startswith("cadence/") for c in table.columns)
+    assert len(table.rows) == 1  # 4 bytes of float16 cannot be split over 4 ranks
+    assert table.rows[0][:4] == ["64", "32", "float16", "none"]
+    assert table.rows[0][4:] == ["3.00", "0.02", "0.02", "2", "n/a", "n/a", "n/a", "n/a"]
+    assert "# mpi: n/a: no float16" in render_plain(table)
+    assert "# #wrong total: 2" in render_plain(table)
+
+
+def test_json_records_schema():
+    job = _job(algo="ring")
+    records = json_records(job, [_outcome("cadence", {8: 2.0}), _outcome("gloo", {8: 4.0})])
+    assert [set(r) for r in records] == [RECORD_KEYS, RECORD_KEYS]
+    cad, gloo = records
+    assert cad["algo"] == "ring" and gloo["algo"] is None
+    assert cad["bytes"] == 8 and cad["nranks"] == 4 and cad["wrong"] == 0
+    assert cad["algbw"] == pytest.approx(8 / 2e-6 / 1e9)
+    assert cad["busbw"] == pytest.approx(cad["algbw"] * 1.5)
+
+
+def test_error_line_picks_the_exception():
+    log = "Traceback (most recent call last):\n  File x\nRuntimeError: peer died\n-----\n"
+    assert error_line(log) == "RuntimeError: peer died"
+    assert error_line("some output\nmpirun noticed a failure\n------\n") == (
+        "mpirun noticed a failure"
+    )
+    assert error_line("") == ""
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_cli_parses_the_documented_command():
+    args = cli_main.build_parser().parse_args(
+        "bench --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 20 -w 5 "
+        "--backends cadence,gloo,mpi --algo ring --json out.json".split()
+    )
+    assert (args.nranks, args.op, args.dtype) == (4, "allreduce", "float32")
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (8, 64 << 20, 4)
+    assert (args.iters, args.warmup_iters, args.algo, args.json) == (20, 5, "ring", "out.json")
+    assert args.backends == ["cadence", "gloo", "mpi"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    ["bench --backends nccl", "bench -b 1.5M", "bench --op gather", "bench --nranks 0",
+     "bench --dtype complex64", "frobnicate"],
+)  # fmt: skip
+def test_cli_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main.main(argv.split())
+    assert e.value.code == 2
+
+
+# ------------------------------------------------------------------ real runs
+
+
+def _bench(tmp_path: Path, *argv: str, timeout: float = 240) -> tuple[int, str, list[dict]]:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadence.cli.main", "bench", "--json", str(out), *argv],
+        capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, PYTHONPATH=str(Path(cli_main.__file__).resolve().parents[2])),
+    )  # fmt: skip
+    records = json.loads(out.read_text()) if out.exists() else []
+    return proc.returncode, proc.stdout + proc.stderr, records
+
+
+def _assert_clean(rc, output, records, backends, op, sizes):
+    assert rc == 0, output
+    assert {r["backend"] for r in records} == set(backends), output
+    for r in records:
+        assert set(r) == RECORD_KEYS
+        assert r["op"] == op and r["nranks"] == 2
+        assert r["wrong"] == 0, output
+        assert r["time_us"] > 0 and r["algbw"] > 0
+    assert len(records) == len(backends) * sizes
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gloo_and_mpi_end_to_end(tmp_path, op):
+    backends = ["gloo", "mpi"] if HAVE_MPI else ["gloo"]
+    rc, output, records = _bench(
+        tmp_path, "--nranks", "2", "--op", op, "-b", "64", "-e", "64K", "-f", "32",
+        "-n", "3", "-w", "1", "--backends", ",".join(backends),
+    )  # fmt: skip
+    _assert_clean(rc, output, records, backends, op, sizes=3)
+    assert "#wrong total: 0" in output
+
+
+def test_dtype_mpi_lacks_is_na_not_failure(tmp_path):
+    backends = ["gloo", "mpi"] if HAVE_MPI else ["gloo"]
+    rc, output, records = _bench(
+        tmp_path, "--nranks", "2", "--dtype", "float16", "-b", "64", "-e", "4K", "-f", "64",
+        "-n", "2", "-w", "1", "--backends", ",".join(backends),
+    )  # fmt: skip
+    assert rc == 0, output
+    assert {r["backend"] for r in records} == {"gloo"}
+    assert all(r["wrong"] == 0 and r["dtype"] == "float16" for r in records)
+    if HAVE_MPI:
+        assert "mpi: n/a" in output
+
+
+def test_failing_backend_is_reported_and_the_others_still_run(tmp_path):
+    if not HAVE_MPI:
+        pytest.skip("needs mpirun and mpi4py")
+    rc, output, records = _bench(
+        tmp_path, "--nranks", "2", "-b", "64", "-e", "64", "-n", "2", "-w", "0",
+        "--backends", "mpi,gloo", "--mpirun-args=--no-such-mpirun-flag",
+    )  # fmt: skip
+    assert rc == 1, output
+    assert "# mpi: FAILED: mpirun exited with status" in output
+    assert [r["backend"] for r in records] == ["gloo"]
+
+
+def test_hanging_backend_is_killed_at_the_deadline(tmp_path):
+    # Importing torch alone takes longer than this deadline.
+    rc, output, records = _bench(
+        tmp_path, "--nranks", "2", "-b", "64", "-e", "64", "-n", "2", "-w", "0",
+        "--backends", "gloo", "--timeout", "0.3",
+    )  # fmt: skip
+    assert rc == 1, output
+    assert "# gloo: FAILED: timed out after 0.3 s" in output
+    assert records == []
+    leftovers = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"cadence.bench.worker" in args and b"0.3" in args:
+            leftovers.append(cmdline.parent.name)
+    assert not leftovers, f"worker processes left running: {leftovers}"
+
+
+@pytest.mark.skipif(not _cadence_built(), reason="cadence._core is not built (make build)")
+def test_cadence_end_to_end(tmp_path):
+    backends = ["cadence", "gloo"]
+    rc, output, records = _bench(
+        tmp_path, "--nranks", "2", "--op", "allreduce", "-b", "8", "-e", "1M", "-f", "32",
+        "-n", "3", "-w", "1", "--backends", ",".join(backends),
+    )  # fmt: skip
+    _assert_clean(rc, output, records, backends, "allreduce", sizes=4)
+    assert "cadence/gloo" in output

@@ -1,0 +1,189 @@
+"""Never hang, never crash: a dead peer, mismatched arguments, garbage on a
+socket and a peer that never shows up all give every surviving rank a
+CommError naming the culprit, within the timeout + 5 s."""
+
+import glob
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+from harness import run_ranks
+
+OP_TIMEOUT = 4.0
+SLACK = 5.0
+
+
+def _die_mid_training(comm, victim):
+    import cadence
+
+    x = np.ones(1 << 16, dtype=np.float32)
+    comm.allreduce(x)  # everyone is up
+    if comm.rank == victim:
+        os._exit(17)  # a crash: no goodbye, no clean socket shutdown
+    t0 = time.monotonic()
+    try:
+        for _ in range(50):
+            comm.allreduce(x)
+            time.sleep(0.01)
+    except cadence.CommError as e:
+        return {"elapsed": time.monotonic() - t0, "msg": str(e), "culprit": e.culprit}
+    return {"elapsed": time.monotonic() - t0, "msg": "no error", "culprit": None}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "mixed"])
+def test_killed_rank_is_named_by_every_survivor(transport):
+    n, victim = 4, 2
+    res = run_ranks(_die_mid_training, n, transport=transport, args=(victim,),
+                    op_timeout=OP_TIMEOUT, timeout=90)
+    assert res[victim][0] != "ok"
+    for r in range(n):
+        if r == victim:
+            continue
+        status, v = res[r]
+        assert status == "ok", f"rank {r}: {status} {v}"
+        assert v["culprit"] == victim, f"rank {r} blamed {v['culprit']}: {v['msg']}"
+        assert f"rank {victim}" in v["msg"], v["msg"]
+        assert "allreduce #" in v["msg"], v["msg"]
+        assert v["elapsed"] < OP_TIMEOUT + SLACK, v
+
+
+def _mismatch(comm, what):
+    import cadence
+
+    count, dtype, op = 1000, np.float32, "sum"
+    if comm.rank == 1:
+        if what == "count":
+            count = 999
+        elif what == "dtype":
+            dtype = np.float64
+        elif what == "op":
+            op = "max"
+    x = np.ones(count, dtype=dtype)
+    t0 = time.monotonic()
+    try:
+        if what == "collective" and comm.rank == 1:
+            comm.allgather(np.ones(count // comm.size, dtype=dtype))
+        else:
+            comm.allreduce(x, op=op)
+    except cadence.CommError as e:
+        return {"elapsed": time.monotonic() - t0, "msg": str(e), "culprit": e.culprit}
+    return {"elapsed": time.monotonic() - t0, "msg": "no error", "culprit": None}
+
+
+@pytest.mark.parametrize("what", ["count", "dtype", "op", "collective"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_mismatched_arguments(what, transport):
+    res = run_ranks(_mismatch, 3, transport=transport, args=(what,), op_timeout=OP_TIMEOUT,
+                    timeout=60)
+    for r in range(3):
+        status, v = res[r]
+        assert status == "ok", f"rank {r}: {v}"
+        assert v["culprit"] is not None, f"rank {r}: {v['msg']}"
+        assert v["elapsed"] < OP_TIMEOUT + SLACK, v
+    # The ranks that called it right blame rank 1 and say what it called.
+    for r in (0, 2):
+        msg = res[r][1]["msg"]
+        assert res[r][1]["culprit"] == 1, msg
+    joined = " ".join(res[r][1]["msg"] for r in range(3))
+    assert "mismatch" in joined, joined
+    expect = {"count": "count=999", "dtype": "float64", "op": "max", "collective": "allgather"}
+    assert expect[what] in joined, joined
+
+
+def _garbage(comm):
+    import cadence
+
+    if comm.rank == 0:
+        comm._inject_garbage(1)
+    try:
+        # Rank 0 may finish the first one (its peer's data arrived before the
+        # garbage was read); the peer's abort reaches it in the second.
+        comm.allreduce(np.ones(100, dtype=np.float32))
+        comm.allreduce(np.ones(100, dtype=np.float32))
+    except cadence.CommError as e:
+        return {"msg": str(e), "culprit": e.culprit}
+    return {"msg": "no error", "culprit": None}
+
+
+def test_garbage_on_socket_is_named():
+    res = run_ranks(_garbage, 2, transport="tcp", op_timeout=OP_TIMEOUT, timeout=60)
+    for r in range(2):
+        assert res[r][0] == "ok", res[r]
+    assert "garbage from rank 0" in res[1][1]["msg"], res[1][1]["msg"]
+    assert res[1][1]["culprit"] == 0
+    assert res[0][1]["culprit"] == 0, res[0][1]["msg"]
+
+
+def _absent(comm):
+    import cadence
+
+    if comm.rank == comm.size - 1:
+        time.sleep(OP_TIMEOUT + 2)  # never joins the collective in time
+        return {"msg": "slept", "culprit": None, "elapsed": 0}
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(np.ones(10, dtype=np.float32))
+    except cadence.CommError as e:
+        return {"msg": str(e), "culprit": e.culprit, "elapsed": time.monotonic() - t0}
+    return {"msg": "no error", "culprit": None, "elapsed": 0}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_deadline_names_the_absent_rank(transport):
+    n = 3
+    res = run_ranks(_absent, n, transport=transport, op_timeout=OP_TIMEOUT, timeout=60)
+    for r in range(n - 1):
+        status, v = res[r]
+        assert status == "ok", v
+        assert "timed out" in v["msg"] or "aborted" in v["msg"], v["msg"]
+        assert v["culprit"] == n - 1, v["msg"]
+        assert OP_TIMEOUT - 0.5 < v["elapsed"] < OP_TIMEOUT + SLACK, v
+
+
+def _fail_then_reuse(comm, dump_dir):
+    import cadence
+
+    out = {}
+    if comm.rank == 1:
+        os._exit(3)
+    try:
+        comm.allreduce(np.ones(10, dtype=np.float32))
+    except cadence.CommError as e:
+        out["first"] = str(e)
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(np.ones(10, dtype=np.float32))
+    except cadence.CommError as e:
+        out["second"] = str(e)
+    out["second_elapsed"] = time.monotonic() - t0
+    out["records"] = comm.dump_records()
+    return out
+
+
+def test_failed_communicator_fails_fast_and_dumps(tmp_path):
+    res = run_ranks(_fail_then_reuse, 2, transport="shm", args=(str(tmp_path),),
+                    env={"CADENCE_DUMP_DIR": str(tmp_path)}, op_timeout=OP_TIMEOUT, timeout=60)
+    v = res[0][1]
+    assert res[0][0] == "ok", res[0]
+    assert "rank 1" in v["first"]
+    assert "unusable" in v["second"] and v["second_elapsed"] < 0.5
+    ops = v["records"]["ops"]
+    assert ops[-1]["collective"] == "allreduce" and "rank 1" in ops[-1]["status"]
+    files = glob.glob(os.path.join(tmp_path, "cadence-*-rank0.json"))
+    assert files, "no dump written on error"
+    dump = json.loads(open(files[0]).read())
+    assert dump["rank"] == 0 and dump["ops"]
+
+
+def _noop(comm):
+    comm.barrier()
+    return True
+
+
+def test_no_shared_memory_left_behind():
+    before = set(glob.glob("/dev/shm/cadence-*"))
+    run_ranks(_noop, 3, transport="shm", timeout=60)
+    run_ranks(_die_mid_training, 3, transport="shm", args=(1,), op_timeout=2.0, timeout=60)
+    assert set(glob.glob("/dev/shm/cadence-*")) - before == set()
