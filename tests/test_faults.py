@@ -131,9 +131,13 @@ def _absent(comm):
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_deadline_names_the_absent_rank(transport):
-    n = 3
-    res = run_ranks(_absent, n, transport=transport, op_timeout=OP_TIMEOUT, timeout=60)
+@pytest.mark.parametrize("n,algo", [(3, "recursive_doubling"), (5, "ring")])
+def test_deadline_names_the_absent_rank(transport, n, algo):
+    """Ranks that wait on a rank that itself waits learn so from its stall
+    notice and blame the end of the chain (in a ring of 5 with rank 4 absent,
+    rank 3 waits on 2, which waits on 1, on 0, on 4)."""
+    res = run_ranks(_absent, n, transport=transport, op_timeout=OP_TIMEOUT, timeout=60,
+                    env={"CADENCE_ALGO": f"allreduce:{algo}"})
     for r in range(n - 1):
         status, v = res[r]
         assert status == "ok", v

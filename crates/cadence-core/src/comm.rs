@@ -186,7 +186,9 @@ impl Bootstrap {
         }
 
         let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
-        let engine = Engine::new(rank, n, links, inbox);
+        let mut engine = Engine::new(rank, n, links, inbox);
+        engine.diagnosis_grace =
+            (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
         let comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);
         // Everyone has mapped everyone's inbox once a barrier completes; then
         // the names can go, so a crash later leaves nothing in /dev/shm.
@@ -852,16 +854,18 @@ impl Shared {
                 .filter(|a| !a.finished)
                 .map(|a| a.deadline)
                 .min();
-            let sig = sends
+            let meta = sends
                 .first()
-                .map(|s| s.1.meta.sig)
-                .or(recvs.first().map(|r| r.1.meta.sig));
+                .map(|s| s.1.meta)
+                .or(recvs.first().map(|r| r.1.meta));
+            let (sig, seq) = meta.map_or((0, 0), |m| (m.sig, m.seq));
             if let Err(k) = inner.engine.backoff(
                 &mut wait,
                 &sends,
                 &recvs,
                 deadline.unwrap_or_else(Instant::now),
-                sig.unwrap_or(0),
+                sig,
+                seq,
             ) {
                 break Err(self.err(k, None));
             }

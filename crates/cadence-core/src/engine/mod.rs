@@ -14,7 +14,10 @@ use crate::reduce;
 use crate::schedule::{Buf, Schedule, Span, Step};
 use crate::transport::shm::Inbox;
 use crate::transport::tcp::poll_fds;
-use crate::transport::{AbortNotice, Link, OpMeta, RecvJob, SendJob, Sink, SinkMode, Source};
+use crate::transport::{
+    AbortNotice, Link, OpMeta, RecvJob, SendJob, Sink, SinkMode, Source, StallNotice,
+    STALL_CHAIN_MAX,
+};
 use crate::types::{DType, ElemOp};
 use std::time::{Duration, Instant};
 
@@ -28,6 +31,10 @@ pub struct Wait {
     t0: Instant,
     idle_since: Option<Instant>,
     last_liveness: Instant,
+    /// When the deadline passed; the grace period for diagnosis runs from here.
+    stalled_at: Option<Instant>,
+    /// The wait-for chain this rank last published.
+    published: Vec<u32>,
 }
 
 impl Wait {
@@ -37,6 +44,8 @@ impl Wait {
             t0: now,
             idle_since: None,
             last_liveness: now,
+            stalled_at: None,
+            published: Vec::new(),
         }
     }
     /// Something moved: the next idle stretch starts spinning again.
@@ -77,6 +86,9 @@ pub struct Engine {
     busy_tx: Vec<bool>,
     busy_rx: Vec<bool>,
     pollfds: Vec<libc::pollfd>,
+    /// How long a rank past its deadline keeps waiting to learn whom its
+    /// peers wait on, before it fails (a quarter of the timeout, 0.5–3 s).
+    pub diagnosis_grace: Duration,
 }
 
 impl Engine {
@@ -95,6 +107,7 @@ impl Engine {
             busy_tx: vec![false; nranks],
             busy_rx: vec![false; nranks],
             pollfds: Vec::new(),
+            diagnosis_grace: Duration::from_secs(3),
         }
     }
 
@@ -164,7 +177,7 @@ impl Engine {
                 }
             }
             if !sends.is_empty() || !recvs.is_empty() {
-                self.transfer(&mut sends, &mut recvs, deadline, pi, meta.sig)?;
+                self.transfer(&mut sends, &mut recvs, deadline, pi, meta.sig, meta.seq)?;
             }
         }
         Ok(())
@@ -178,6 +191,7 @@ impl Engine {
         deadline: Instant,
         phase: usize,
         my_sig: u64,
+        my_seq: u64,
     ) -> Result<(), ErrorKind> {
         let mut wait = Wait::new();
         loop {
@@ -189,7 +203,7 @@ impl Engine {
                 wait.reset();
                 continue;
             }
-            self.backoff(&mut wait, sends, recvs, deadline, my_sig)
+            self.backoff(&mut wait, sends, recvs, deadline, my_sig, my_seq)
                 .map_err(|e| match e {
                     ErrorKind::Timeout { peer, secs, what } => ErrorKind::Timeout {
                         peer,
@@ -259,6 +273,7 @@ impl Engine {
         recvs: &[(usize, RecvJob)],
         deadline: Instant,
         my_sig: u64,
+        my_seq: u64,
     ) -> Result<(), ErrorKind> {
         let now = Instant::now();
         let since = *wait.idle_since.get_or_insert(now);
@@ -270,7 +285,23 @@ impl Engine {
             }
         }
         if now > deadline {
-            return Err(self.timeout_error(sends, recvs, wait.t0));
+            // Past the deadline: say whom we wait on, learn whom they wait on,
+            // and after a short grace blame the end of the chain.
+            let stalled_at = *wait.stalled_at.get_or_insert(now);
+            let chain = self.wait_chain(sends, recvs, my_seq);
+            if chain != wait.published {
+                let notice = StallNotice {
+                    seq: my_seq,
+                    chain: chain.clone(),
+                };
+                for l in self.links.iter_mut().flatten() {
+                    l.post_stall(&notice);
+                }
+                wait.published = chain.clone();
+            }
+            if now.duration_since(stalled_at) > self.diagnosis_grace {
+                return Err(self.timeout_error(sends, recvs, wait.t0, &chain));
+            }
         }
         if now.duration_since(wait.last_liveness) > LIVENESS_EVERY {
             wait.last_liveness = now;
@@ -333,13 +364,73 @@ impl Engine {
         }
     }
 
+    /// `[self, the peer we wait on, whom that peer waits on, ...]`, from the
+    /// stall notices received so far (cycles cut, bounded length).
+    fn wait_chain(
+        &self,
+        sends: &[(usize, SendJob)],
+        recvs: &[(usize, RecvJob)],
+        my_seq: u64,
+    ) -> Vec<u32> {
+        let first = recvs
+            .iter()
+            .find(|(_, j)| !j.done)
+            .map(|(p, _)| *p)
+            .or_else(|| sends.iter().find(|(_, j)| !j.done).map(|(p, _)| *p));
+        let mut chain = vec![self.rank as u32];
+        let mut cur = first.map(|p| p as u32);
+        // Follow each hop's own notice; a notice carries its sender's whole
+        // known chain, so ranks we do not read from are covered too.
+        while let Some(r) = cur.take() {
+            if chain.contains(&r) || chain.len() >= STALL_CHAIN_MAX {
+                break;
+            }
+            chain.push(r);
+            let notice = self
+                .links
+                .get(r as usize)
+                .and_then(|l| l.as_ref())
+                .and_then(|l| l.read_stall())
+                .filter(|n| n.seq == my_seq && n.chain.first() == Some(&r));
+            if let Some(n) = notice {
+                for &next in &n.chain[1..] {
+                    if chain.contains(&next) || chain.len() >= STALL_CHAIN_MAX {
+                        break;
+                    }
+                    chain.push(next);
+                }
+                // Continue from the end of what it knew.
+                if let Some(&last) = chain.last() {
+                    if last != r {
+                        chain.pop();
+                        cur = Some(last);
+                    }
+                }
+            }
+        }
+        chain
+    }
+
     fn timeout_error(
         &self,
         sends: &[(usize, SendJob)],
         recvs: &[(usize, RecvJob)],
         t0: Instant,
+        chain: &[u32],
     ) -> ErrorKind {
         let secs = t0.elapsed().as_secs_f64();
+        if chain.len() > 2 {
+            // We wait on a peer that itself waits: blame the end of the chain.
+            let hops: Vec<String> = chain
+                .windows(2)
+                .map(|w| format!("rank {} waits on rank {}", w[0], w[1]))
+                .collect();
+            return ErrorKind::Timeout {
+                peer: *chain.last().expect("non-empty") as usize,
+                secs,
+                what: hops.join(", "),
+            };
+        }
         // Blame whom we wait on for data first: a missing sender is the usual
         // culprit; a send that cannot drain means the receiver is not reading.
         if let Some((peer, j)) = recvs.iter().find(|(_, j)| !j.done) {

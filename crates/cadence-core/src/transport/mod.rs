@@ -23,6 +23,23 @@ use bytemuck::{Pod, Zeroable};
 pub const MAGIC: u32 = 0x434e_4443;
 pub const FRAME_DATA: u8 = 1;
 pub const FRAME_ABORT: u8 = 2;
+/// "I have been stuck past my deadline; here is who I wait on" (see
+/// [`StallNotice`]).
+pub const FRAME_STALL: u8 = 3;
+
+/// Longest wait-for chain a stall notice carries.
+pub const STALL_CHAIN_MAX: usize = 6;
+
+/// A rank stuck past its deadline tells its peers whom it waits on, as a
+/// chain `[self, waits_on, that rank's target, ...]` as far as it knows it.
+/// A rank that times out waiting on a peer which itself waits on a third
+/// blames the end of the chain, not the innocent peer in the middle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StallNotice {
+    /// Sequence number of the operation the sender is stuck in.
+    pub seq: u64,
+    pub chain: Vec<u32>,
+}
 
 /// Leads every frame on every transport.
 #[repr(C)]
@@ -425,6 +442,20 @@ impl Link {
         match self {
             Link::Shm(l) => l.check_alive(),
             Link::Tcp(_) => Ok(()),
+        }
+    }
+    /// Tells the peer whom this rank waits on (best effort, never blocks long).
+    pub fn post_stall(&mut self, notice: &StallNotice) {
+        match self {
+            Link::Shm(l) => l.post_stall(notice),
+            Link::Tcp(l) => l.post_stall(notice),
+        }
+    }
+    /// The last stall notice this peer sent, if any.
+    pub fn read_stall(&self) -> Option<StallNotice> {
+        match self {
+            Link::Shm(l) => l.read_stall(),
+            Link::Tcp(l) => l.stall.clone(),
         }
     }
     /// Tells the peer this rank failed (best effort, never blocks long).

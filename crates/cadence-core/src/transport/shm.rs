@@ -17,7 +17,10 @@
 //! of `head`; the receiver acquires `head`, reads the slot, and releases it
 //! with a release store of `tail`.
 
-use super::{AbortNotice, LinkStats, RecvJob, SendJob, WireHeader, HEADER_BYTES};
+use super::{
+    AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, WireHeader, HEADER_BYTES,
+    STALL_CHAIN_MAX,
+};
 use crate::error::ErrorKind;
 use memmap2::MmapRaw;
 use std::fs::{File, OpenOptions};
@@ -41,7 +44,13 @@ const OFF_ABORT_BLAMED_SIG: usize = 80;
 const OFF_ABORT_DETECTOR_SIG: usize = 88;
 const OFF_ABORT_DETECTOR: usize = 96;
 const OFF_ABORT_MSG: usize = 128;
+/// Stall table: one slot per same-host sender (by local index), each
+/// `[len u32 (0 = empty; written last), pad u32, seq u64, chain u32 × 6]`.
+const OFF_STALL: usize = 2304;
+const STALL_SLOT: usize = 48;
+const STALL_SLOTS: usize = (HDR_SIZE - OFF_STALL) / STALL_SLOT;
 const ABORT_MSG_MAX: usize = 2048;
+const _: () = assert!(OFF_ABORT_MSG + ABORT_MSG_MAX <= OFF_STALL);
 const RING_CTL: usize = 128;
 const SLOT_HDR: usize = 64;
 
@@ -279,6 +288,9 @@ impl RingEnd {
 /// Both directions between this rank and one same-host peer.
 pub struct ShmLink {
     pub peer: usize,
+    my_local: usize,
+    peer_local: usize,
+    my_inbox: Arc<Region>,
     peer_pid: u32,
     tx: RingEnd,
     rx: RingEnd,
@@ -319,6 +331,9 @@ impl ShmLink {
         };
         ShmLink {
             peer,
+            my_local,
+            peer_local,
+            my_inbox: my_inbox.region.clone(),
             peer_pid,
             tx,
             rx,
@@ -406,6 +421,41 @@ impl ShmLink {
                 pid: self.peer_pid,
             })
         }
+    }
+
+    /// Writes this rank's stall notice into the peer's stall table.
+    pub fn post_stall(&mut self, n: &StallNotice) {
+        if self.my_local >= STALL_SLOTS {
+            return;
+        }
+        let base = OFF_STALL + self.my_local * STALL_SLOT;
+        let r = &self.peer_inbox;
+        let len = n.chain.len().min(STALL_CHAIN_MAX);
+        // Seqlock-style: readers ignore the slot while `len` is 0.
+        r.atomic_u32(base).store(0, Ordering::Release);
+        r.atomic_u64(base + 8).store(n.seq, Ordering::Relaxed);
+        for (i, v) in n.chain.iter().take(len).enumerate() {
+            r.atomic_u32(base + 16 + 4 * i).store(*v, Ordering::Relaxed);
+        }
+        r.atomic_u32(base).store(len as u32, Ordering::Release);
+    }
+
+    /// The peer's stall notice, from this rank's own stall table.
+    pub fn read_stall(&self) -> Option<StallNotice> {
+        if self.peer_local >= STALL_SLOTS {
+            return None;
+        }
+        let base = OFF_STALL + self.peer_local * STALL_SLOT;
+        let r = &self.my_inbox;
+        let len = (r.atomic_u32(base).load(Ordering::Acquire) as usize).min(STALL_CHAIN_MAX);
+        if len == 0 {
+            return None;
+        }
+        let seq = r.atomic_u64(base + 8).load(Ordering::Relaxed);
+        let chain = (0..len)
+            .map(|i| r.atomic_u32(base + 16 + 4 * i).load(Ordering::Relaxed))
+            .collect();
+        Some(StallNotice { seq, chain })
     }
 
     /// Leaves an abort notice in the peer's inbox (first notice wins).

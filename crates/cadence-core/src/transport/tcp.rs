@@ -14,8 +14,8 @@
 //! moves, waits in `poll(2)` on the streams it needs.
 
 use super::{
-    AbortNotice, LinkStats, RecvJob, SendJob, StripeCursor, WireHeader, FRAME_ABORT, HEADER_BYTES,
-    MAGIC,
+    AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, StripeCursor, WireHeader, FRAME_ABORT,
+    FRAME_STALL, HEADER_BYTES, MAGIC, STALL_CHAIN_MAX,
 };
 use crate::error::ErrorKind;
 use bytemuck::{Pod, Zeroable};
@@ -172,6 +172,8 @@ pub struct TcpLink {
     /// Whether a frame is partly written on a stream (an abort frame must not
     /// be spliced into it).
     tx_mid_frame: Vec<bool>,
+    /// The last stall notice the peer sent.
+    pub stall: Option<StallNotice>,
     pub stats: LinkStats,
 }
 
@@ -215,6 +217,7 @@ impl TcpLink {
             rx_hdr: vec![[0u8; HEADER_BYTES]; n],
             staging: vec![Vec::new(); n],
             tx_mid_frame: vec![false; n],
+            stall: None,
             stats: LinkStats {
                 peer,
                 transport: "tcp",
@@ -322,6 +325,20 @@ impl TcpLink {
                                 if h.magic == MAGIC && h.frame == FRAME_ABORT {
                                     return Err(self.read_abort(s, &h).into_error(job.meta.sig));
                                 }
+                                if h.magic == MAGIC && h.frame == FRAME_STALL {
+                                    // Out-of-band: remember it, then read the
+                                    // next header.
+                                    let chain = self.read_small(s, h.len.min(64) as usize);
+                                    self.stall = Some(StallNotice {
+                                        seq: h.seq,
+                                        chain: chain
+                                            .chunks_exact(4)
+                                            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                                            .collect(),
+                                    });
+                                    st.hdr_done = 0;
+                                    continue;
+                                }
                                 job.meta.check(&h, self.peer, st.len)?;
                             }
                         }
@@ -387,7 +404,16 @@ impl TcpLink {
     /// blamed signature in `seq`, the detector's in `sig` and the detector's
     /// rank in `count`.
     fn read_abort(&mut self, s: usize, h: &WireHeader) -> AbortNotice {
-        let len = h.len.min(ABORT_MSG_MAX) as usize;
+        let msg = self.read_small(s, h.len.min(ABORT_MSG_MAX) as usize);
+        AbortNotice {
+            origin: h.root as usize,
+            detail: String::from_utf8_lossy(&msg).into_owned(),
+            mismatch: (h.redop == 1).then_some((h.seq, h.count as usize, h.sig)),
+        }
+    }
+
+    /// Reads a short control payload that follows a header (bounded wait).
+    fn read_small(&mut self, s: usize, len: usize) -> Vec<u8> {
         let mut msg = vec![0u8; len];
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut got = 0;
@@ -402,11 +428,33 @@ impl TcpLink {
             }
         }
         msg.truncate(got);
-        AbortNotice {
-            origin: h.root as usize,
-            detail: String::from_utf8_lossy(&msg).into_owned(),
-            mismatch: (h.redop == 1).then_some((h.seq, h.count as usize, h.sig)),
+        msg
+    }
+
+    /// Sends a stall notice on stream 0 unless a frame is half-written there.
+    pub fn post_stall(&mut self, n: &StallNotice) {
+        if self.tx_mid_frame[0] {
+            return;
         }
+        let payload: Vec<u8> = n
+            .chain
+            .iter()
+            .take(STALL_CHAIN_MAX)
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let hdr = WireHeader {
+            magic: MAGIC,
+            frame: FRAME_STALL,
+            seq: n.seq,
+            len: payload.len() as u64,
+            ..Default::default()
+        };
+        let sock = &mut self.streams[0];
+        let _ = sock.set_nonblocking(false);
+        let _ = sock.set_write_timeout(Some(Duration::from_millis(200)));
+        let _ = sock.write_all(bytemuck::bytes_of(&hdr));
+        let _ = sock.write_all(&payload);
+        let _ = sock.set_nonblocking(true);
     }
 
     /// Sends an abort frame on every stream that is between frames; shuts the
