@@ -392,10 +392,7 @@ impl Comm {
                 .name(format!("cadence-progress-{}", self.shared.rank))
                 .spawn(move || {
                     let mut next: Option<Task> = None;
-                    loop {
-                        let Some(task) = next.take().or_else(|| rx.recv().ok()) else {
-                            break;
-                        };
+                    while let Some(task) = next.take().or_else(|| rx.recv().ok()) {
                         if is_p2p(&task.req) {
                             next = shared.execute_p2p_batch(task, &rx);
                         } else {
@@ -679,12 +676,12 @@ impl Shared {
             bufs.output_bytes = no * es;
         }
         let mut tmp_in: Vec<u8> = Vec::new();
-        let exact_inplace = bufs.input == bufs.output as *const u8
+        let exact_inplace = std::ptr::eq(bufs.input, bufs.output)
             && bufs.input_bytes == bufs.output_bytes
             && matches!(req.kind, CollKind::AllReduce | CollKind::Reduce);
         let allgather_inplace = req.kind == CollKind::AllGather && {
             let displ: usize = args.counts[..self.rank].iter().sum();
-            bufs.input == bufs.output.wrapping_add(displ * es) as *const u8
+            std::ptr::eq(bufs.input, bufs.output.wrapping_add(displ * es))
         };
         let overlap = {
             let (a, b) = (bufs.input as usize, bufs.output as usize);

@@ -114,7 +114,7 @@ impl Config {
         }
         if let Some(v) = get("CADENCE_SHM_SLOT_BYTES") {
             let b: usize = num("CADENCE_SHM_SLOT_BYTES", &v)?;
-            if b < 4096 || b % 64 != 0 {
+            if b < 4096 || !b.is_multiple_of(64) {
                 return Err(
                     "CADENCE_SHM_SLOT_BYTES must be a multiple of 64, at least 4096".into(),
                 );

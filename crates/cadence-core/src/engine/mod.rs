@@ -159,7 +159,7 @@ impl Engine {
                                 if an != n {
                                     return Err(internal("reduce_with length differs from dst"));
                                 }
-                                if ap as *mut u8 == d {
+                                if std::ptr::eq(ap, d) {
                                     SinkMode::ReduceInPlace
                                 } else if ranges_overlap(ap, d, n) {
                                     return Err(internal("reduce_with overlaps dst"));

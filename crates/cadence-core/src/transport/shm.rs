@@ -91,7 +91,7 @@ impl Region {
     }
 
     fn atomic_u64(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= self.map.len());
+        assert!(off.is_multiple_of(8) && off + 8 <= self.map.len());
         // SAFETY: the mapping is page-aligned and lives as long as `self`; the
         // offset is 8-aligned and in bounds (checked). Every process touches
         // this word only through atomics.
@@ -99,7 +99,7 @@ impl Region {
     }
 
     fn atomic_u32(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= self.map.len());
+        assert!(off.is_multiple_of(4) && off + 4 <= self.map.len());
         // SAFETY: as in `atomic_u64`, for a 4-aligned word.
         unsafe { &*(self.ptr(off) as *const AtomicU32) }
     }

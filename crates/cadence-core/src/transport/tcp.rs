@@ -93,6 +93,9 @@ pub fn connect(
     Ok(sock)
 }
 
+/// (peer rank, stream index) of an accepted connection.
+pub type StreamKey = (usize, usize);
+
 /// Accepts connections until every `(peer, stream)` in `expected` has one.
 /// Connections that do not introduce themselves properly (wrong magic, wrong
 /// communicator, unexpected rank) are dropped with a warning, not fatal: a port
@@ -103,8 +106,8 @@ pub fn accept_all(
     expected: &[(usize, usize)],
     deadline: Instant,
     warn: &mut dyn FnMut(String),
-) -> Result<Vec<((usize, usize), TcpStream)>, String> {
-    let mut got: Vec<((usize, usize), TcpStream)> = Vec::new();
+) -> Result<Vec<(StreamKey, TcpStream)>, String> {
+    let mut got: Vec<(StreamKey, TcpStream)> = Vec::new();
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("listener: {e}"))?;
@@ -354,10 +357,7 @@ impl TcpLink {
                 let remaining = st.len - st.done;
                 let res = if let Some(dst) = job.sink.direct(st.off + st.done, remaining) {
                     // Copying receive: straight from the socket into the destination.
-                    self.streams[s].read(dst).map(|n| {
-                        st.done += n;
-                        n
-                    })
+                    self.streams[s].read(dst).inspect(|&n| st.done += n)
                 } else {
                     // Reducing receive: stage, then reduce whole elements.
                     let stage = &mut self.staging[s];
@@ -367,14 +367,13 @@ impl TcpLink {
                     let want = (STAGING - st.carry).min(remaining - st.carry);
                     self.streams[s]
                         .read(&mut stage[st.carry..st.carry + want])
-                        .map(|n| {
+                        .inspect(|&n| {
                             let avail = st.carry + n;
                             let whole = avail - avail % elem;
                             job.sink.deliver(st.off + st.done, &stage[..whole]);
                             st.done += whole;
                             stage.copy_within(whole..avail, 0);
                             st.carry = avail - whole;
-                            n
                         })
                 };
                 match res {

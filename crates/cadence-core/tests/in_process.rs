@@ -1,0 +1,154 @@
+//! Communicators of several ranks inside one process (one thread per rank):
+//! the real transports and engine, with no Python and no launcher, so a
+//! failure here points at the core.
+
+use cadence_core::comm::{Bootstrap, Comm, OpRequest, PeerInfo};
+use cadence_core::engine::Buffers;
+use cadence_core::{CollKind, Config, DType, ErrorKind, RedOp};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+/// Starts `n` ranks; `host(r)` decides who shares memory. Returns each
+/// rank's result of `body`.
+fn world<T: Send + 'static>(
+    n: usize,
+    host: fn(usize) -> String,
+    timeout: Duration,
+    body: impl Fn(&Comm) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let id = format!("t{}x{}", std::process::id(), rand_tag());
+    let infos: Arc<Mutex<Vec<Option<PeerInfo>>>> = Arc::new(Mutex::new(vec![None; n]));
+    let barrier = Arc::new(Barrier::new(n));
+    let body = Arc::new(body);
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let (id, infos, barrier, body) =
+                (id.clone(), infos.clone(), barrier.clone(), body.clone());
+            std::thread::spawn(move || {
+                let cfg = Config {
+                    timeout,
+                    ..Config::default()
+                };
+                let b =
+                    Bootstrap::new(&id, r, n, &host(r), "127.0.0.1".parse().unwrap(), cfg).unwrap();
+                infos.lock().unwrap()[r] = Some(b.info.clone());
+                barrier.wait();
+                let all: Vec<PeerInfo> = infos
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.clone().unwrap())
+                    .collect();
+                let comm = b.connect(all).unwrap();
+                body(&comm)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn rand_tag() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+}
+
+fn allreduce_f32(comm: &Comm, data: &mut [f32]) -> Result<(), cadence_core::CommError> {
+    let bytes = std::mem::size_of_val(data);
+    let p = data.as_mut_ptr() as *mut u8;
+    comm.run(OpRequest {
+        kind: CollKind::AllReduce,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        root: 0,
+        counts: vec![data.len()],
+        bufs: Buffers {
+            input: p,
+            input_bytes: bytes,
+            output: p,
+            output_bytes: bytes,
+        },
+        has_input: true,
+        has_output: true,
+        algo: None,
+    })
+}
+
+fn check_sum(n: usize, host: fn(usize) -> String) {
+    for count in [0usize, 1, 7, 4097, 300_001] {
+        let sums = world(n, host, Duration::from_secs(30), move |c| {
+            let mut v: Vec<f32> = (0..count)
+                .map(|i| (i % 13) as f32 + c.rank() as f32)
+                .collect();
+            allreduce_f32(c, &mut v).unwrap();
+            v
+        });
+        let rank_sum: f32 = (0..n).map(|r| r as f32).sum();
+        for v in sums {
+            for (i, x) in v.iter().enumerate() {
+                assert_eq!(
+                    *x,
+                    n as f32 * (i % 13) as f32 + rank_sum,
+                    "count {count} index {i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn allreduce_over_shared_memory() {
+    check_sum(3, |_| "one-host".into());
+}
+
+#[test]
+fn allreduce_over_tcp() {
+    check_sum(3, |r| format!("host{r}"));
+}
+
+#[test]
+fn allreduce_over_both() {
+    check_sum(4, |r| format!("host{}", r / 2));
+}
+
+#[test]
+fn mismatched_counts_name_the_peer() {
+    let errs = world(
+        2,
+        |r| format!("h{r}"),
+        Duration::from_secs(5),
+        |c| {
+            let mut v = vec![1.0f32; 100 + c.rank()];
+            allreduce_f32(c, &mut v).unwrap_err()
+        },
+    );
+    for (r, e) in errs.iter().enumerate() {
+        assert_eq!(e.culprit(), Some(1 - r), "{e}");
+        assert!(e.to_string().contains("allreduce #"), "{e}");
+    }
+    assert!(matches!(
+        errs[0].kind,
+        ErrorKind::Mismatch { .. } | ErrorKind::Aborted { .. }
+    ));
+}
+
+#[test]
+fn an_absent_peer_times_out_with_its_name() {
+    let errs = world(
+        2,
+        |_| "same".into(),
+        Duration::from_millis(600),
+        |c| {
+            if c.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(2500));
+                return None;
+            }
+            let mut v = vec![1.0f32; 10];
+            Some(allreduce_f32(c, &mut v).unwrap_err())
+        },
+    );
+    let e = errs[0].as_ref().unwrap();
+    assert!(matches!(e.kind, ErrorKind::Timeout { peer: 1, .. }), "{e}");
+}
