@@ -187,6 +187,7 @@ impl Bootstrap {
 
         let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
         let mut engine = Engine::new(rank, n, links, inbox);
+        engine.set_local_ranks(local.len());
         engine.diagnosis_grace =
             (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
         let comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);

@@ -21,9 +21,14 @@ use crate::transport::{
 use crate::types::{DType, ElemOp};
 use std::time::{Duration, Instant};
 
-/// How long to spin before yielding, and how long to yield before sleeping.
+/// How long to spin before yielding, and how long to yield before sleeping,
+/// when every rank of this host has a core of its own ...
 const SPIN: Duration = Duration::from_micros(50);
 const YIELD: Duration = Duration::from_millis(2);
+/// ... and when ranks outnumber cores: spinning then only delays the rank we
+/// wait for, so hand the core over almost at once.
+const SPIN_OVERSUBSCRIBED: Duration = Duration::from_micros(2);
+const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 
 /// How long a wait has lasted, for the backoff policy and the timeout text.
@@ -89,6 +94,9 @@ pub struct Engine {
     /// How long a rank past its deadline keeps waiting to learn whom its
     /// peers wait on, before it fails (a quarter of the timeout, 0.5–3 s).
     pub diagnosis_grace: Duration,
+    /// Spin and yield budgets (see `SPIN`).
+    spin: Duration,
+    yield_for: Duration,
 }
 
 impl Engine {
@@ -108,6 +116,21 @@ impl Engine {
             busy_rx: vec![false; nranks],
             pollfds: Vec::new(),
             diagnosis_grace: Duration::from_secs(3),
+            spin: SPIN,
+            yield_for: YIELD,
+        }
+    }
+
+    /// Tells the engine how many ranks share this host, to pick its waiting
+    /// policy: spin when each has a core, hand the core over when they do not.
+    pub fn set_local_ranks(&mut self, local: usize) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if local > cores {
+            self.spin = SPIN_OVERSUBSCRIBED;
+            self.yield_for = YIELD_OVERSUBSCRIBED;
+        } else {
+            self.spin = SPIN;
+            self.yield_for = YIELD;
         }
     }
 
@@ -317,9 +340,9 @@ impl Engine {
             }
         }
         let waited = now.duration_since(since);
-        if waited < SPIN {
+        if waited < self.spin {
             std::hint::spin_loop();
-        } else if waited < YIELD {
+        } else if waited < self.yield_for {
             std::thread::yield_now();
         } else {
             self.idle_wait(sends, recvs);
@@ -328,7 +351,8 @@ impl Engine {
     }
 
     /// Blocks briefly: in poll(2) when only TCP transfers are pending (the
-    /// kernel wakes us when data arrives), otherwise a short sleep.
+    /// kernel wakes us when data arrives), on the shared-memory doorbell when
+    /// only shared-memory ones are, and in short turns of each otherwise.
     fn idle_wait(&mut self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]) {
         self.pollfds.clear();
         let mut shm_pending = false;
@@ -357,11 +381,39 @@ impl Engine {
                 add(&self.links, *peer, libc::POLLIN, &mut self.pollfds);
             }
         }
-        if shm_pending {
-            std::thread::sleep(Duration::from_micros(20));
-        } else {
+        let tcp_pending = !self.pollfds.is_empty();
+        if !shm_pending {
             poll_fds(&mut self.pollfds, Duration::from_millis(5));
+            return;
         }
+        if tcp_pending {
+            poll_fds(&mut self.pollfds, Duration::ZERO);
+        }
+        let Some(inbox) = &self.inbox else {
+            std::thread::sleep(Duration::from_micros(20));
+            return;
+        };
+        let seen = inbox.prepare_sleep();
+        // Re-check after raising the flag: a peer that published before it
+        // saw the flag down and did not ring.
+        let ready = sends
+            .iter()
+            .filter(|(_, j)| !j.done)
+            .any(|(p, _)| self.links[*p].as_ref().is_some_and(|l| l.shm_ready(true)))
+            || recvs
+                .iter()
+                .filter(|(_, j)| !j.done)
+                .any(|(p, _)| self.links[*p].as_ref().is_some_and(|l| l.shm_ready(false)));
+        if ready || inbox.aborted() {
+            inbox.cancel_sleep();
+            return;
+        }
+        let nap = if tcp_pending {
+            Duration::from_micros(200)
+        } else {
+            Duration::from_millis(5)
+        };
+        inbox.sleep(seen, nap);
     }
 
     /// `[self, the peer we wait on, whom that peer waits on, ...]`, from the

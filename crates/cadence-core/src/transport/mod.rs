@@ -437,6 +437,15 @@ impl Link {
     pub fn is_tcp(&self) -> bool {
         matches!(self, Link::Tcp(_))
     }
+    /// For shared memory: whether a send (`send = true`) or receive could
+    /// move now. TCP links answer `false` (poll(2) tells for them).
+    pub fn shm_ready(&self, send: bool) -> bool {
+        match self {
+            Link::Shm(l) if send => l.tx_ready(),
+            Link::Shm(l) => l.rx_ready(),
+            Link::Tcp(_) => false,
+        }
+    }
     /// Checks, cheaply, whether the peer is known to be gone.
     pub fn check_alive(&mut self) -> Result<(), ErrorKind> {
         match self {

@@ -13,6 +13,11 @@
 //!   of payload. Small messages are one slot: the receiver sees them by
 //!   polling one counter, with no system call (flags instead of syscalls).
 //!
+//! Sleeping: a rank that has waited long (ranks outnumber cores) sleeps on the
+//! futex **doorbell** in its own inbox after raising its `sleeping` flag and
+//! re-checking its rings; whoever publishes into one of its rings, or frees a
+//! slot it waits for, rings the doorbell when the flag is up.
+//!
 //! Ordering: the sender writes a slot, then publishes it with a release store
 //! of `head`; the receiver acquires `head`, reads the slot, and releases it
 //! with a release store of `tail`.
@@ -44,6 +49,12 @@ const OFF_ABORT_BLAMED_SIG: usize = 80;
 const OFF_ABORT_DETECTOR_SIG: usize = 88;
 const OFF_ABORT_DETECTOR: usize = 96;
 const OFF_ABORT_MSG: usize = 128;
+/// Doorbell: a futex word peers bump (and wake) after publishing something
+/// this rank may be sleeping on, and the flag saying it sleeps. On its own
+/// cache line: peers read the flag after every publish, and it only changes
+/// when this rank goes to sleep, so the read is a cache hit.
+const OFF_DOORBELL: usize = 192;
+const OFF_SLEEPING: usize = 196;
 /// Stall table: one slot per same-host sender (by local index), each
 /// `[len u32 (0 = empty; written last), pad u32, seq u64, chain u32 × 6]`.
 const OFF_STALL: usize = 2304;
@@ -203,6 +214,31 @@ impl Inbox {
             detail,
             mismatch,
         })
+    }
+
+    /// Prepares to sleep: returns the doorbell value to wait on. The caller
+    /// must re-check its rings after this and before [`Inbox::sleep`].
+    pub fn prepare_sleep(&self) -> u32 {
+        let bell = self.region.atomic_u32(OFF_DOORBELL).load(Ordering::Acquire);
+        self.region
+            .atomic_u32(OFF_SLEEPING)
+            .store(1, Ordering::SeqCst);
+        bell
+    }
+
+    /// Sleeps until the doorbell moves past `seen` or `timeout` passes.
+    pub fn sleep(&self, seen: u32, timeout: Duration) {
+        futex_wait(self.region.atomic_u32(OFF_DOORBELL), seen, timeout);
+        self.region
+            .atomic_u32(OFF_SLEEPING)
+            .store(0, Ordering::Relaxed);
+    }
+
+    /// Cancels a [`Inbox::prepare_sleep`] (something was ready after all).
+    pub fn cancel_sleep(&self) {
+        self.region
+            .atomic_u32(OFF_SLEEPING)
+            .store(0, Ordering::Relaxed);
     }
 
     /// Cheap check used in every wait loop.
@@ -367,6 +403,7 @@ impl ShmLink {
                 .write(slot + SLOT_HDR, job.src.bytes(job.sent, n));
             self.tx.mine += 1;
             self.tx.head().store(self.tx.mine, Ordering::Release);
+            ring_doorbell(&self.peer_inbox);
             job.sent += n;
             job.started = true;
             job.done = job.sent == total;
@@ -399,6 +436,8 @@ impl ShmLink {
                 .deliver(job.got, self.rx.region.read(slot + SLOT_HDR, want));
             self.rx.mine += 1;
             self.rx.tail().store(self.rx.mine, Ordering::Release);
+            // The sender may sleep waiting for a free slot.
+            ring_doorbell(&self.peer_inbox);
             job.got += want;
             job.started = true;
             job.done = job.got == total;
@@ -409,6 +448,16 @@ impl ShmLink {
             self.stats.msgs_recv += 1;
         }
         Ok(progressed)
+    }
+
+    /// Whether a receive from this peer could move now (a frame is published).
+    pub fn rx_ready(&self) -> bool {
+        self.rx.head().load(Ordering::Acquire) != self.rx.mine
+    }
+
+    /// Whether a send to this peer could move now (a slot is free).
+    pub fn tx_ready(&self) -> bool {
+        self.tx.mine - self.tx.tail().load(Ordering::Acquire) < self.tx.cfg.nslots as u64
     }
 
     /// Whether the peer process still exists (a zombie counts as dead).
@@ -498,6 +547,46 @@ pub fn post_abort(inbox: &Region, n: &AbortNotice) {
                 .store(1, Ordering::Relaxed);
         }
         flag.store(2, Ordering::Release);
+    }
+}
+
+/// Wakes the owner of `inbox` if it sleeps. The fence orders our preceding
+/// publish before the flag read, pairing with the sleeper's flag store before
+/// its re-check: one of the two always sees the other.
+fn ring_doorbell(inbox: &Region) {
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if inbox.atomic_u32(OFF_SLEEPING).load(Ordering::Relaxed) != 0 {
+        inbox
+            .atomic_u32(OFF_DOORBELL)
+            .fetch_add(1, Ordering::Release);
+        futex_wake(inbox.atomic_u32(OFF_DOORBELL));
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned u32 in a shared mapping that outlives
+    // the call; FUTEX_WAIT (shared, not PRIVATE, since other processes wake
+    // it) only reads it and sleeps while it equals `expected`, up to `ts`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`; FUTEX_WAKE wakes at most one sleeper on the
+    // word (only its owner ever sleeps there) and touches no memory.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1);
     }
 }
 
