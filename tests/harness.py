@@ -34,9 +34,8 @@ def _child(fn, rank, size, port, env, args, op_timeout, q):
     try:
         from datetime import timedelta
 
-        import torch.distributed as dist
-
         import cadence
+        import torch.distributed as dist
 
         store = dist.TCPStore(
             "127.0.0.1", port, size, is_master=False, timeout=timedelta(seconds=60)

@@ -31,7 +31,7 @@ def _async_in_order(comm):
 
 def test_async_operations_complete_in_issue_order():
     res = assert_all_ok(run_ranks(_async_in_order, 3))
-    for r, v in res.items():
+    for v in res.values():
         assert v["bad"] == [], v
         assert v["gather"] == [0, 1, 2]
         assert v["y"] == [3.0, 3.0, 3.0]
@@ -68,7 +68,7 @@ def _split(comm):
     sub.allreduce(x)
     none = comm.split(color=-1 if comm.rank == 0 else 0)
     return {"sub_rank": sub.rank, "sub_size": sub.size, "sum": int(x[0]),
-            "none": none is None}
+            "none": none is None, "local": (comm.local_rank, comm.local_size)}
 
 
 def test_split():
@@ -80,6 +80,7 @@ def test_split():
         assert v["sub_rank"] == sorted(group, key=lambda q: -q).index(r)  # key orders
         assert v["sum"] == sum(group)
         assert v["none"] == (r == 0)
+        assert v["local"] == ((r % 2, 2) if r < 4 else (0, 1))  # two ranks per host
 
 
 def _bad_args(comm):
@@ -144,7 +145,7 @@ def _torch_tensors(comm):
 
 def test_torch_tensors_every_dtype():
     res = assert_all_ok(run_ranks(_torch_tensors, 2))
-    for r, v in res.items():
+    for v in res.values():
         for dt in ("torch.float32", "torch.bfloat16", "torch.float16", "torch.int64",
                    "torch.uint8"):
             assert v[dt] == [[3.0] * 5] * 3, (dt, v[dt])

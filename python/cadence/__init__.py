@@ -183,6 +183,18 @@ class Communicator:
         """Host identity of every rank."""
         return self._c.hosts
 
+    @property
+    def local_rank(self) -> int:
+        """This rank's index among the ranks of its host."""
+        hosts = self.hosts
+        return [r for r in range(self.size) if hosts[r] == hosts[self.rank]].index(self.rank)
+
+    @property
+    def local_size(self) -> int:
+        """Number of ranks on this rank's host (they share memory)."""
+        hosts = self.hosts
+        return hosts.count(hosts[self.rank])
+
     def _run(self, kind, inp, out, *, op="sum", factor=None, root=0, counts=(), dtype=None,
              algo=None, async_op=False, result=None):
         return self._c._run(kind, inp, out, op, factor, root, list(counts), dtype, _algo(algo),

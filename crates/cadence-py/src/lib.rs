@@ -32,6 +32,7 @@ fn to_py_err(py: Python<'_>, e: CoreError) -> PyErr {
 }
 
 /// A borrowed view of a contiguous buffer: pointer, bytes and element type.
+#[derive(Clone, Copy)]
 struct View {
     ptr: *mut u8,
     bytes: usize,
@@ -70,7 +71,18 @@ fn dtype_of_format(fmt: &str, itemsize: usize) -> Option<DType> {
 /// Reads the buffer of `obj` through the buffer protocol; objects that have
 /// none (torch tensors, bfloat16) go through `cadence._buffers.as_buffer`,
 /// which returns `(array, dtype_name_or_None)`.
-fn view(py: Python<'_>, obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<View> {
+/// `coll` and `role` ("allreduce", "input") name the buffer in errors; they
+/// are only formatted on failure (this runs on every call).
+fn view(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    writable: bool,
+    coll: &str,
+    role: &str,
+) -> PyResult<View> {
+    if let Some(v) = ndarray_view(obj, writable) {
+        return Ok(v);
+    }
     if let Some(v) = raw_view(obj, writable)? {
         let dtype = v.dtype.map_err(|f| unsupported(&f))?;
         return Ok(View {
@@ -84,6 +96,7 @@ fn view(py: Python<'_>, obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> P
     let tup = res.downcast::<PyTuple>()?;
     let arr = tup.get_item(0)?;
     let dname: Option<String> = tup.get_item(1)?.extract()?;
+    let what = format!("{coll} {role}");
     let v = raw_view(&arr, writable)?.ok_or_else(|| {
         PyValueError::new_err(format!(
             "{what}: cannot access the buffer of {}",
@@ -106,6 +119,105 @@ fn view(py: Python<'_>, obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> P
         bytes: v.bytes,
         dtype,
     })
+}
+
+/// The leading fields of numpy's array object (`PyArrayObject_fields`), the
+/// same in numpy 1.7+ and 2.x.
+#[repr(C)]
+struct NpArrayHead {
+    ob_refcnt: isize,
+    ob_type: *mut std::ffi::c_void,
+    data: *mut u8,
+    nd: std::ffi::c_int,
+    dimensions: *const isize,
+    strides: *const isize,
+    base: *mut std::ffi::c_void,
+    descr: *const NpDescrHead,
+    flags: std::ffi::c_int,
+}
+
+/// The leading fields of numpy's dtype object (`PyArray_Descr`): identical
+/// up to `type_num` in numpy 1.x and 2.x.
+#[repr(C)]
+struct NpDescrHead {
+    ob_refcnt: isize,
+    ob_type: *mut std::ffi::c_void,
+    typeobj: *mut std::ffi::c_void,
+    kind: std::ffi::c_char,
+    type_char: std::ffi::c_char,
+    byteorder: std::ffi::c_char,
+    former_flags: std::ffi::c_char,
+    type_num: std::ffi::c_int,
+}
+
+const NPY_ARRAY_C_CONTIGUOUS: std::ffi::c_int = 0x0001;
+const NPY_ARRAY_WRITEABLE: std::ffi::c_int = 0x0400;
+
+static NDARRAY_TYPE: pyo3::sync::GILOnceCell<Py<pyo3::types::PyType>> =
+    pyo3::sync::GILOnceCell::new();
+
+/// Fast path for exact numpy arrays that are C-contiguous, native-endian and
+/// of a supported dtype: reads numpy's struct directly. numpy's buffer
+/// protocol builds a format description on every export, which costs more
+/// than a small collective's data movement. Anything unusual returns `None`
+/// and takes the buffer protocol, which also produces the error messages.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn ndarray_view(obj: &Bound<'_, PyAny>, writable: bool) -> Option<View> {
+    let py = obj.py();
+    let ty = NDARRAY_TYPE
+        .get_or_try_init(py, || -> PyResult<_> {
+            Ok(py
+                .import("numpy")?
+                .getattr("ndarray")?
+                .downcast_into::<pyo3::types::PyType>()?
+                .unbind())
+        })
+        .ok()?;
+    if !obj.get_type().is(ty.bind(py)) {
+        return None;
+    }
+    // SAFETY: `obj`'s type is exactly numpy.ndarray (checked above), so it is
+    // laid out as `PyArrayObject_fields`, whose prefix `NpArrayHead` mirrors;
+    // its `descr` is a live `PyArray_Descr` whose prefix `NpDescrHead` mirrors,
+    // and `dimensions` has `nd` entries. We hold the GIL, so nothing changes
+    // underneath; we only read.
+    unsafe {
+        let a = &*(obj.as_ptr() as *const NpArrayHead);
+        let want = NPY_ARRAY_C_CONTIGUOUS | if writable { NPY_ARRAY_WRITEABLE } else { 0 };
+        if a.flags & want != want || a.descr.is_null() || a.nd < 0 {
+            return None;
+        }
+        let d = &*a.descr;
+        if d.byteorder as u8 == b'>' {
+            return None;
+        }
+        let dtype = match d.type_char as u8 {
+            b'e' => DType::F16,
+            b'f' => DType::F32,
+            b'd' => DType::F64,
+            b'b' => DType::I8,
+            b'B' => DType::U8,
+            b'i' => DType::I32,
+            b'l' | b'q' => DType::I64,
+            _ => return None,
+        };
+        let dims = if a.nd == 0 {
+            &[][..]
+        } else {
+            std::slice::from_raw_parts(a.dimensions, a.nd as usize)
+        };
+        let count: isize = dims.iter().product();
+        Some(View {
+            ptr: a.data,
+            bytes: count as usize * dtype.size(),
+            dtype,
+        })
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn ndarray_view(_obj: &Bound<'_, PyAny>, _writable: bool) -> Option<View> {
+    None
 }
 
 fn raw_view(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Option<RawView>> {
@@ -133,18 +245,17 @@ fn raw_view(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Option<RawView>>
             return Ok(None);
         }
         let b = buf.assume_init_mut();
-        let fmt = if b.format.is_null() {
-            "B".to_string()
+        // Borrowed, not copied: this runs on every call.
+        let fmt: &str = if b.format.is_null() {
+            "B"
         } else {
-            std::ffi::CStr::from_ptr(b.format)
-                .to_string_lossy()
-                .into_owned()
+            std::ffi::CStr::from_ptr(b.format).to_str().unwrap_or("?")
         };
         let itemsize = b.itemsize as usize;
         let v = RawView {
             ptr: b.buf as *mut u8,
             bytes: b.len as usize,
-            dtype: dtype_of_format(&fmt, itemsize)
+            dtype: dtype_of_format(fmt, itemsize)
                 .ok_or_else(|| format!("{fmt:?}, itemsize {itemsize}")),
         };
         ffi::PyBuffer_Release(b);
@@ -220,8 +331,9 @@ struct PyComm {
 
 struct Call<'py> {
     kind: CollKind,
-    input: Option<Bound<'py, PyAny>>,
-    output: Option<Bound<'py, PyAny>>,
+    /// The buffers and their views (the objects are kept alive for async calls).
+    input: Option<(Bound<'py, PyAny>, View)>,
+    output: Option<(Bound<'py, PyAny>, View)>,
     op: RedOp,
     root: usize,
     counts: Vec<usize>,
@@ -234,17 +346,9 @@ struct Call<'py> {
 impl PyComm {
     fn call(&self, py: Python<'_>, c: Call<'_>) -> PyResult<PyObject> {
         let name = c.kind.name();
-        let inp = c
-            .input
-            .as_ref()
-            .map(|o| view(py, o, false, &format!("{name} input")))
-            .transpose()?;
-        let out = c
-            .output
-            .as_ref()
-            .map(|o| view(py, o, true, &format!("{name} output")))
-            .transpose()?;
-        let dtype = match (&inp, &out, c.dtype) {
+        let inp = c.input.as_ref().map(|(_, v)| v);
+        let out = c.output.as_ref().map(|(_, v)| v);
+        let dtype = match (inp, out, c.dtype) {
             (Some(i), Some(o), _) if i.dtype != o.dtype => {
                 return Err(PyValueError::new_err(format!(
                     "{name}: input is {} but output is {}",
@@ -281,7 +385,7 @@ impl PyComm {
                 .input
                 .into_iter()
                 .chain(c.output)
-                .map(|b| b.unbind())
+                .map(|(b, _)| b.unbind())
                 .collect();
             let w = Work {
                 done,
@@ -337,16 +441,23 @@ impl PyComm {
     ) -> PyResult<PyObject> {
         let op = parse_op(op, factor)?;
         let algo = parse_algo(algo)?;
-        let inp = view(py, &x, out.is_none(), "allreduce input")?;
+        let inp = view(py, &x, out.is_none(), "allreduce", "input")?;
         let count = inp.bytes / inp.dtype.size();
-        let out = out.unwrap_or_else(|| x.clone());
-        let result = out.clone().unbind();
+        let output = match out {
+            Some(o) => {
+                let v = view(py, &o, true, "allreduce", "output")?;
+                (o, v)
+            }
+            // In place: the same view serves as output.
+            None => (x.clone(), inp),
+        };
+        let result = output.0.clone().unbind();
         self.call(
             py,
             Call {
                 kind: CollKind::AllReduce,
-                input: Some(x),
-                output: Some(out),
+                input: Some((x, inp)),
+                output: Some(output),
                 op,
                 root: 0,
                 counts: vec![count],
@@ -380,6 +491,21 @@ impl PyComm {
     ) -> PyResult<PyObject> {
         let kind = CollKind::from_name(kind)
             .ok_or_else(|| PyValueError::new_err(format!("unknown collective {kind:?}")))?;
+        let name = kind.name();
+        let input = match input {
+            Some(o) => {
+                let v = view(py, &o, false, name, "input")?;
+                Some((o, v))
+            }
+            None => None,
+        };
+        let output = match output {
+            Some(o) => {
+                let v = view(py, &o, true, name, "output")?;
+                Some((o, v))
+            }
+            None => None,
+        };
         let dtype = dtype
             .map(|d| {
                 DType::from_name(d)
@@ -405,7 +531,7 @@ impl PyComm {
 
     /// Element type cadence sees for `x` ("float32", "bfloat16", ...).
     fn dtype_of(&self, py: Python<'_>, x: Bound<'_, PyAny>) -> PyResult<&'static str> {
-        Ok(view(py, &x, false, "buffer")?.dtype.name())
+        Ok(view(py, &x, false, "dtype_of", "buffer")?.dtype.name())
     }
 
     /// The flight recorder (last operations) and link counters, as JSON.

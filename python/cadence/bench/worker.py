@@ -312,7 +312,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when its launcher (or mpirun) dies, so a
+    killed `cadence bench` leaves no rank behind, even a hung one."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
     args = parse_args(argv)
     backend = BACKENDS[args.backend](args)
     dtype = DTYPES[args.dtype]

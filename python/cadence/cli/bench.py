@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -98,13 +99,19 @@ class Reporter:
         self.base = 0
         try:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
         except ImportError:
             return
         console = Console(stderr=True)
         if console.is_terminal:
             self.progress = Progress(
-                "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), console=console, transient=True,
             )  # fmt: skip
             self.task = self.progress.add_task("bench", total=total)
@@ -161,6 +168,31 @@ def copy_rate_gbps(nbytes: int, repeats: int = 5) -> float | None:
     return nbytes / statistics.median(times) / 1e9
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def sweep(job: Job, backends: list[str]) -> list[Outcome]:
+    """Run `job` on each backend in turn; a failing one does not stop the others."""
+    # A SIGTERM (a CI deadline, `kill`) unwinds like Ctrl-C, so that the ranks,
+    # which run in sessions of their own, are killed on the way out.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGHUP, _exit_on_signal)
+    outcomes = []
+    with (
+        tempfile.TemporaryDirectory(prefix="cadence-bench-") as workdir,
+        Reporter(len(backends) * len(job.sizes)) as reporter,
+    ):
+        for backend in backends:
+            reporter.start(backend)
+            outcome = run_backend(job, backend, Path(workdir), reporter.update)
+            reporter.finish(outcome, len(job.sizes))
+            if outcome.error and outcome.log_tail:
+                print(f"--- {backend} output (tail) ---\n{outcome.log_tail}", file=sys.stderr)
+            outcomes.append(outcome)
+    return outcomes
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
@@ -178,18 +210,7 @@ def run(args: argparse.Namespace) -> int:
         algo=args.algo,
         mpirun_args=shlex.split(args.mpirun_args),
     )
-    outcomes = []
-    with (
-        tempfile.TemporaryDirectory(prefix="cadence-bench-") as workdir,
-        Reporter(len(args.backends) * len(sizes)) as reporter,
-    ):
-        for backend in args.backends:
-            reporter.start(backend)
-            outcome = run_backend(job, backend, Path(workdir), reporter.update)
-            reporter.finish(outcome, len(sizes))
-            if outcome.error and outcome.log_tail:
-                print(f"--- {backend} output (tail) ---\n{outcome.log_tail}", file=sys.stderr)
-            outcomes.append(outcome)
+    outcomes = sweep(job, args.backends)
 
     title = (
         f"cadence bench: {job.op} {job.dtype}, {job.nranks} ranks, {job.iters} iters "

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cadence.bench.common import format_size
+
 # Where the `cadence` package lives, so the workers run this very code.
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 BACKEND_NAMES = ("cadence", "gloo", "mpi")
@@ -275,8 +277,15 @@ def run_backend(
     outcome.seconds = time.monotonic() - start
     collect(job, outdir, outcome)
     on_progress(sizes_done(outdir))
-    if why is None:
-        return outcome
+    if why is not None:
+        describe_failure(job, backend, outdir, outcome, why, which)
+    return outcome
+
+
+def describe_failure(
+    job: Job, backend: str, outdir: Path, outcome: Outcome, why: str, which: int | None
+) -> None:
+    """Fill outcome.error (one line: who, what, where, the exception) and log_tail."""
     logs = sorted(outdir.glob("*.log"))
     if which is not None and backend != "mpi":
         logs = [outdir / f"rank{which}.log"]
@@ -284,7 +293,6 @@ def run_backend(
     detail = next((line for line in map(error_line, texts) if line), "")
     who = "mpirun" if backend == "mpi" else (f"rank {which}" if which is not None else "")
     stuck = [s for s in job.sizes if s not in outcome.measures]
-    where = f" at {stuck[0]} bytes" if stuck and which is None else ""
+    where = f" at size {format_size(stuck[0])}" if stuck and which is None else ""
     outcome.error = " ".join(x for x in (who, why + where) if x) + (f": {detail}" if detail else "")
     outcome.log_tail = "\n".join(t.rstrip()[-2000:] for t in texts if t.strip())
-    return outcome

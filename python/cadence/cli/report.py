@@ -94,7 +94,9 @@ def ratio(cadence: Outcome | None, peer: Outcome, size: int) -> float | None:
 
 
 def fmt_ratio(r: float | None) -> str:
-    return "-" if r is None else f"{r:.3g}x"
+    if r is None:
+        return "-"
+    return f"{r:.0f}x" if r >= 100 else f"{r:.3g}x"
 
 
 def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = None) -> list[str]:
@@ -131,8 +133,9 @@ def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = Non
         if rs:
             geomean = math.exp(sum(map(math.log, rs)) / len(rs))
             notes.append(
-                f"cadence/{p}: geomean {geomean:.3g}x over {len(rs)} sizes "
-                f"(min {min(rs):.3g}x, max {max(rs):.3g}x; above 1 means cadence is faster)"
+                f"cadence/{p}: geomean {fmt_ratio(geomean)} over {len(rs)} sizes "
+                f"(min {fmt_ratio(min(rs))}, max {fmt_ratio(max(rs))}; "
+                "above 1 means cadence is faster)"
             )
     wrong = sum(m.wrong for o in outcomes for m in o.measures.values())
     notes.append(f"#wrong total: {wrong}")
@@ -161,19 +164,34 @@ def render_plain(table: Table) -> str:
     return "\n".join(lines)
 
 
+def _style(cell: str, title: str) -> str:
+    if cell == "error":
+        return f"[bold red]{cell}[/]"
+    if cell == "n/a":
+        return f"[dim]{cell}[/]"
+    if title == "#wrong" and cell not in ("0", "-"):
+        return f"[bold red]{cell}[/]"
+    if title.startswith("cadence/") and cell.endswith("x"):
+        return f"[green]{cell}[/]" if float(cell[:-1]) >= 1 else f"[yellow]{cell}[/]"
+    return cell
+
+
 def print_rich(table: Table, title: str) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    t = RichTable(title=title, header_style="bold")
+    t = RichTable(
+        title=title, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False,
+        collapse_padding=True,
+    )  # fmt: skip
     previous = None
     for c in table.columns:
         header = f"{c.group}\n{c.title}" if c.group and c.group != previous else f"\n{c.title}"
         t.add_column(header, justify="right", no_wrap=True)
         previous = c.group
     for row in table.rows:
-        styled = [f"[red]{cell}[/]" if cell == "error" else cell for cell in row]
-        t.add_row(*styled)
+        t.add_row(*(_style(cell, c.title) for cell, c in zip(row, table.columns, strict=True)))
     console = Console()
     console.print(t)
     for note in table.notes:

@@ -91,6 +91,8 @@ pub struct Engine {
     busy_tx: Vec<bool>,
     busy_rx: Vec<bool>,
     pollfds: Vec<libc::pollfd>,
+    send_jobs: Vec<(usize, SendJob)>,
+    recv_jobs: Vec<(usize, RecvJob)>,
     /// How long a rank past its deadline keeps waiting to learn whom its
     /// peers wait on, before it fails (a quarter of the timeout, 0.5–3 s).
     pub diagnosis_grace: Duration,
@@ -115,6 +117,8 @@ impl Engine {
             busy_tx: vec![false; nranks],
             busy_rx: vec![false; nranks],
             pollfds: Vec::new(),
+            send_jobs: Vec::new(),
+            recv_jobs: Vec::new(),
             diagnosis_grace: Duration::from_secs(3),
             spin: SPIN,
             yield_for: YIELD,
@@ -156,8 +160,12 @@ impl Engine {
             esize,
         };
         for (pi, phase) in sched.phases.iter().enumerate() {
-            let mut sends: Vec<(usize, SendJob)> = Vec::new();
-            let mut recvs: Vec<(usize, RecvJob)> = Vec::new();
+            // Reuse the job lists' memory across phases and operations: no
+            // allocation on the small-message path.
+            let mut sends = std::mem::take(&mut self.send_jobs);
+            let mut recvs = std::mem::take(&mut self.recv_jobs);
+            sends.clear();
+            recvs.clear();
             for step in &phase.steps {
                 match *step {
                     Step::Copy { src, dst } => mem.copy(src, dst)?,
@@ -202,6 +210,10 @@ impl Engine {
             if !sends.is_empty() || !recvs.is_empty() {
                 self.transfer(&mut sends, &mut recvs, deadline, pi, meta.sig, meta.seq)?;
             }
+            sends.clear();
+            recvs.clear();
+            self.send_jobs = sends;
+            self.recv_jobs = recvs;
         }
         Ok(())
     }

@@ -6,12 +6,12 @@
 //! one uncontended mutex and a few stores per operation.
 
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct OpRecord {
-    pub comm_id: String,
     pub seq: u64,
     pub collective: &'static str,
     pub algo: &'static str,
@@ -24,8 +24,9 @@ pub struct OpRecord {
     pub enqueue_ns: u64,
     pub start_ns: u64,
     pub end_ns: u64,
-    /// "queued", "running", "ok" or the error text.
-    pub status: String,
+    /// "running", "ok" or the error text (static strings on the hot path:
+    /// no allocation per operation).
+    pub status: Cow<'static, str>,
 }
 
 pub struct Recorder {

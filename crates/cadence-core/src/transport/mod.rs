@@ -303,6 +303,12 @@ impl Sink {
     }
 }
 
+// SAFETY: a Sink is plain pointers into buffers whose owner guarantees (see
+// `Sink::new`) that they stay valid and exclusive while the sink is used; the
+// engine may run on the communicator's progress thread, and only one thread
+// ever uses a given sink.
+unsafe impl Send for Sink {}
+
 /// Bytes a send reads from.
 pub struct Source {
     ptr: *const u8,
@@ -331,6 +337,10 @@ impl Source {
         unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
     }
 }
+
+// SAFETY: as for `Sink`: valid, unmodified memory for the send's lifetime,
+// used by one thread at a time.
+unsafe impl Send for Source {}
 
 /// A send in progress.
 pub struct SendJob {

@@ -6,9 +6,12 @@
 //!   creates only its own inbox, so creation never races; peers open it, and it
 //!   is unlinked once everyone has mapped it, so a crash leaves nothing behind.
 //! - **ring**: a single-producer single-consumer queue of `nslots` slots. The
-//!   sender owns `head`, the receiver owns `tail`, each on its own cache line;
-//!   each side caches the other's counter and rereads it only when it must
-//!   (reading a line the other core writes costs a cache miss).
+//!   receiver owns `tail` (on its own cache line), which the sender caches and
+//!   rereads only when the ring looks full (reading a line the other core
+//!   writes costs a cache miss).
+//! - **stamp**: the k-th frame's slot carries stamp k+1, written last; the
+//!   receiver polls the stamp of the slot it expects next, so it touches no
+//!   separate counter (as NCCL's low-latency protocol puts flags with data).
 //! - **slot**: a frame header ([`WireHeader`]) followed by up to `slot_bytes`
 //!   of payload. Small messages are one slot: the receiver sees them by
 //!   polling one counter, with no system call (flags instead of syscalls).
@@ -19,8 +22,8 @@
 //! slot it waits for, rings the doorbell when the flag is up.
 //!
 //! Ordering: the sender writes a slot, then publishes it with a release store
-//! of `head`; the receiver acquires `head`, reads the slot, and releases it
-//! with a release store of `tail`.
+//! of its stamp; the receiver acquires the stamp, reads the slot, and releases
+//! it with a release store of `tail`.
 
 use super::{
     AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, WireHeader, HEADER_BYTES,
@@ -62,8 +65,16 @@ const STALL_SLOT: usize = 48;
 const STALL_SLOTS: usize = (HDR_SIZE - OFF_STALL) / STALL_SLOT;
 const ABORT_MSG_MAX: usize = 2048;
 const _: () = assert!(OFF_ABORT_MSG + ABORT_MSG_MAX <= OFF_STALL);
-const RING_CTL: usize = 128;
+/// Ring control: the receiver's `tail`, alone on its cache line.
+const RING_CTL: usize = 64;
+/// A slot's first cache line: the frame header (48 bytes), the slot's stamp
+/// (8 bytes) and up to 8 bytes of inline payload. Payloads of at most
+/// `INLINE_MAX` bytes live in that line, so a small message costs the
+/// receiver one cache-line transfer; larger ones start at the next line.
 const SLOT_HDR: usize = 64;
+const OFF_STAMP: usize = 48;
+const OFF_INLINE: usize = 56;
+const INLINE_MAX: usize = 8;
 
 /// Ring geometry. Larger slots mean fewer hand-offs per byte; more slots mean
 /// more data in flight. 8 × 64 KiB keeps a ring's working set near L2 size.
@@ -308,11 +319,12 @@ struct RingEnd {
 }
 
 impl RingEnd {
-    fn head(&self) -> &AtomicU64 {
-        self.region.atomic_u64(self.base)
+    /// The stamp of the slot that holds frame `n`.
+    fn stamp(&self, n: u64) -> &AtomicU64 {
+        self.region.atomic_u64(self.slot(n) + OFF_STAMP)
     }
     fn tail(&self) -> &AtomicU64 {
-        self.region.atomic_u64(self.base + 64)
+        self.region.atomic_u64(self.base)
     }
     fn slot(&self, n: u64) -> usize {
         self.base
@@ -398,11 +410,12 @@ impl ShmLink {
             let slot = self.tx.slot(self.tx.mine);
             let hdr = job.meta.header(n);
             self.tx.region.write(slot, bytemuck::bytes_of(&hdr));
+            let data = if n <= INLINE_MAX { OFF_INLINE } else { SLOT_HDR };
             self.tx
                 .region
-                .write(slot + SLOT_HDR, job.src.bytes(job.sent, n));
+                .write(slot + data, job.src.bytes(job.sent, n));
+            self.tx.stamp(self.tx.mine).store(self.tx.mine + 1, Ordering::Release);
             self.tx.mine += 1;
-            self.tx.head().store(self.tx.mine, Ordering::Release);
             ring_doorbell(&self.peer_inbox);
             job.sent += n;
             job.started = true;
@@ -421,19 +434,17 @@ impl ShmLink {
         let slot_bytes = self.rx.cfg.slot_bytes;
         let mut progressed = false;
         while !job.done {
-            if self.rx.mine == self.rx.theirs {
-                self.rx.theirs = self.rx.head().load(Ordering::Acquire);
-                if self.rx.mine == self.rx.theirs {
-                    break;
-                }
+            if self.rx.stamp(self.rx.mine).load(Ordering::Acquire) != self.rx.mine + 1 {
+                break;
             }
             let want = slot_bytes.min(total - job.got);
             let slot = self.rx.slot(self.rx.mine);
             let hdr: WireHeader =
                 bytemuck::pod_read_unaligned(self.rx.region.read(slot, HEADER_BYTES));
             job.meta.check(&hdr, self.peer, want)?;
+            let data = if want <= INLINE_MAX { OFF_INLINE } else { SLOT_HDR };
             job.sink
-                .deliver(job.got, self.rx.region.read(slot + SLOT_HDR, want));
+                .deliver(job.got, self.rx.region.read(slot + data, want));
             self.rx.mine += 1;
             self.rx.tail().store(self.rx.mine, Ordering::Release);
             // The sender may sleep waiting for a free slot.
@@ -452,7 +463,7 @@ impl ShmLink {
 
     /// Whether a receive from this peer could move now (a frame is published).
     pub fn rx_ready(&self) -> bool {
-        self.rx.head().load(Ordering::Acquire) != self.rx.mine
+        self.rx.stamp(self.rx.mine).load(Ordering::Acquire) == self.rx.mine + 1
     }
 
     /// Whether a send to this peer could move now (a slot is free).
