@@ -28,7 +28,7 @@ const YIELD: Duration = Duration::from_millis(2);
 /// ... and when ranks outnumber cores: spinning then only delays the rank we
 /// wait for, so hand the core over almost at once.
 const SPIN_OVERSUBSCRIBED: Duration = Duration::from_micros(2);
-const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
+const YIELD_OVERSUBSCRIBED: Duration = Duration::from_millis(1);
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 
 /// How long a wait has lasted, for the backoff policy and the timeout text.
