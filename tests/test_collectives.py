@@ -37,3 +37,40 @@ def test_every_allreduce_algorithm(n, transport):
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_random_floats_identical_on_all_ranks(transport):
     _run(check_random_floats, 5, transport, 300007)
+
+
+# Each launch forces one algorithm per collective, so that together they run
+# every algorithm of every collective (allreduce has its own test above).
+FORCED = [
+    "allgather:ring;reduce_scatter:ring;broadcast:scatter_allgather;"
+    "reduce:reduce_scatter_gather;alltoall:direct",
+    "allgather:direct;reduce_scatter:direct;broadcast:binomial_tree;"
+    "reduce:binomial_tree;alltoall:pairwise",
+    "allgather:recursive_doubling",
+]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("n", [3, 5])
+@pytest.mark.parametrize("forced", FORCED)
+def test_every_algorithm_of_every_collective(n, transport, forced):
+    res = assert_all_ok(run_ranks(
+        check_matrix, n, transport=transport, env={"CADENCE_ALGO": forced},
+        args=([0, 1, 7, 4097, 100003], ["float32", "int8", "bfloat16", "float64"], ()),
+        timeout=600))
+    failures = {r: f for r, f in res.items() if f}
+    assert not failures, "\n".join(f"rank {r}: {x}" for r, fs in failures.items() for x in fs)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "mixed"])
+def test_tiny_slots_and_many_streams(transport):
+    """Messages much larger than a shared-memory slot (4 KiB, 2 per ring) and
+    striped over 3 TCP streams: chunking, ring wrap-around and stripe
+    reassembly at every odd boundary."""
+    res = assert_all_ok(run_ranks(
+        check_matrix, 4, transport=transport,
+        env={"CADENCE_SHM_SLOT_BYTES": "4096", "CADENCE_SHM_SLOTS": "2",
+             "CADENCE_NSTREAMS": "3"},
+        args=([7, 4097, 300007], ["float32", "float16", "int64"], ()), timeout=600))
+    failures = {r: f for r, f in res.items() if f}
+    assert not failures, "\n".join(f"rank {r}: {x}" for r, fs in failures.items() for x in fs)
