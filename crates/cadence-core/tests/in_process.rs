@@ -152,3 +152,33 @@ fn an_absent_peer_times_out_with_its_name() {
     let e = errs[0].as_ref().unwrap();
     assert!(matches!(e.kind, ErrorKind::Timeout { peer: 1, .. }), "{e}");
 }
+
+#[test]
+fn a_stranger_sending_garbage_at_setup_is_ignored() {
+    // Rank 0 listens; before the real peer connects, a stranger connects and
+    // sends bytes that are not a handshake. Setup must drop it and go on.
+    use std::io::Write;
+    let id = format!("g{}x{}", std::process::id(), rand_tag());
+    let cfg = || Config {
+        timeout: Duration::from_secs(10),
+        ..Config::default()
+    };
+    let ip = "127.0.0.1".parse().unwrap();
+    let b0 = Bootstrap::new(&id, 0, 2, "h0", ip, cfg()).unwrap();
+    let b1 = Bootstrap::new(&id, 1, 2, "h1", ip, cfg()).unwrap();
+    let infos = vec![b0.info.clone(), b1.info.clone()];
+    let mut stranger = std::net::TcpStream::connect(b0.info.addr.as_str()).unwrap();
+    stranger.write_all(&[0x47u8; 200]).unwrap();
+    let i1 = infos.clone();
+    let t1 = std::thread::spawn(move || {
+        let c = b1.connect(i1).unwrap();
+        let mut v = vec![2.0f32; 1000];
+        allreduce_f32(&c, &mut v).unwrap();
+        v[0]
+    });
+    let c0 = b0.connect(infos).unwrap();
+    let mut v = vec![1.0f32; 1000];
+    allreduce_f32(&c0, &mut v).unwrap();
+    assert_eq!(v[0], 3.0);
+    assert_eq!(t1.join().unwrap(), 3.0);
+}

@@ -410,11 +410,17 @@ impl ShmLink {
             let slot = self.tx.slot(self.tx.mine);
             let hdr = job.meta.header(n);
             self.tx.region.write(slot, bytemuck::bytes_of(&hdr));
-            let data = if n <= INLINE_MAX { OFF_INLINE } else { SLOT_HDR };
+            let data = if n <= INLINE_MAX {
+                OFF_INLINE
+            } else {
+                SLOT_HDR
+            };
             self.tx
                 .region
                 .write(slot + data, job.src.bytes(job.sent, n));
-            self.tx.stamp(self.tx.mine).store(self.tx.mine + 1, Ordering::Release);
+            self.tx
+                .stamp(self.tx.mine)
+                .store(self.tx.mine + 1, Ordering::Release);
             self.tx.mine += 1;
             ring_doorbell(&self.peer_inbox);
             job.sent += n;
@@ -442,7 +448,11 @@ impl ShmLink {
             let hdr: WireHeader =
                 bytemuck::pod_read_unaligned(self.rx.region.read(slot, HEADER_BYTES));
             job.meta.check(&hdr, self.peer, want)?;
-            let data = if want <= INLINE_MAX { OFF_INLINE } else { SLOT_HDR };
+            let data = if want <= INLINE_MAX {
+                OFF_INLINE
+            } else {
+                SLOT_HDR
+            };
             job.sink
                 .deliver(job.got, self.rx.region.read(slot + data, want));
             self.rx.mine += 1;
