@@ -528,40 +528,12 @@ impl Shared {
     fn validate(&self, req: &OpRequest) -> std::result::Result<CollArgs, String> {
         let n = self.nranks;
         let k = req.kind;
-        let want_counts = match k {
-            CollKind::AllReduce
-            | CollKind::Reduce
-            | CollKind::Broadcast
-            | CollKind::Send
-            | CollKind::Recv => 1,
-            CollKind::AllGather
-            | CollKind::ReduceScatter
-            | CollKind::Gather
-            | CollKind::Scatter => n,
-            CollKind::AllToAll => n * n,
-            CollKind::Barrier => 0,
+        let args = CollArgs {
+            kind: k,
+            root: req.root,
+            counts: req.counts.clone(),
         };
-        if req.counts.len() != want_counts {
-            return Err(format!(
-                "{k} needs {want_counts} counts, got {}",
-                req.counts.len()
-            ));
-        }
-        let rooted = matches!(
-            k,
-            CollKind::Reduce
-                | CollKind::Broadcast
-                | CollKind::Gather
-                | CollKind::Scatter
-                | CollKind::Send
-                | CollKind::Recv
-        );
-        if rooted && req.root >= n {
-            return Err(format!(
-                "{k}: root/peer {} is not a rank (world of {n})",
-                req.root
-            ));
-        }
+        schedule::check_args(&args, n).map_err(|e| e.to_string())?;
         if matches!(k, CollKind::Send | CollKind::Recv) && req.root == self.rank {
             return Err(format!("{k}: rank {} cannot {k} to itself", self.rank));
         }
@@ -578,11 +550,6 @@ impl Shared {
                 }
             }
         }
-        let args = CollArgs {
-            kind: k,
-            root: req.root,
-            counts: req.counts.clone(),
-        };
         let (ni, no) = args.buffer_lens(self.rank, n);
         let es = req.dtype.size();
         if req.has_input && req.bufs.input_bytes != ni * es {

@@ -216,6 +216,19 @@ impl CollKind {
         CollKind::ALL.get(c as usize).copied()
     }
 
+    /// Whether the collective has a root (for Send/Recv: a peer).
+    pub const fn is_rooted(self) -> bool {
+        matches!(
+            self,
+            CollKind::Reduce
+                | CollKind::Broadcast
+                | CollKind::Gather
+                | CollKind::Scatter
+                | CollKind::Send
+                | CollKind::Recv
+        )
+    }
+
     /// Whether the collective reduces (and so takes a [`RedOp`]).
     pub const fn reduces(self) -> bool {
         matches!(

@@ -81,7 +81,7 @@ pub fn algos_for(kind: CollKind) -> &'static [Algo] {
 
 /// Checks the rank-independent part of a call: the counts' shape (see the
 /// table on [`CollArgs`]) and the root.
-pub(crate) fn check_args(args: &CollArgs, nranks: usize) -> Result<(), ScheduleError> {
+pub fn check_args(args: &CollArgs, nranks: usize) -> Result<(), ScheduleError> {
     if nranks == 0 {
         return Err(ScheduleError::NoRanks);
     }
@@ -106,16 +106,7 @@ pub(crate) fn check_args(args: &CollArgs, nranks: usize) -> Result<(), ScheduleE
             got: args.counts.len(),
         });
     }
-    let rooted = matches!(
-        kind,
-        CollKind::Reduce
-            | CollKind::Broadcast
-            | CollKind::Gather
-            | CollKind::Scatter
-            | CollKind::Send
-            | CollKind::Recv
-    );
-    if rooted && args.root >= nranks {
+    if kind.is_rooted() && args.root >= nranks {
         return Err(ScheduleError::RootOutOfRange {
             kind,
             root: args.root,

@@ -153,17 +153,7 @@ fn describe(coll: u8, seq: u64, count: u64, dtype: u8, redop: u8, root: u32) -> 
         s.push_str(", ");
         s.push_str(RedOp::name_of_code(redop));
     }
-    if matches!(
-        CollKind::from_code(coll),
-        Some(
-            CollKind::Reduce
-                | CollKind::Broadcast
-                | CollKind::Gather
-                | CollKind::Scatter
-                | CollKind::Send
-                | CollKind::Recv
-        )
-    ) {
+    if CollKind::from_code(coll).is_some_and(|c| c.is_rooted()) {
         s.push_str(&format!(", root/peer {root}"));
     }
     s.push(')');

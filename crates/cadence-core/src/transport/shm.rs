@@ -93,6 +93,16 @@ impl Default for ShmConfig {
     }
 }
 
+/// Where a slot's payload of `len` bytes starts: inline in the header line
+/// when it fits, else on the next line.
+fn payload_offset(len: usize) -> usize {
+    if len <= INLINE_MAX {
+        OFF_INLINE
+    } else {
+        SLOT_HDR
+    }
+}
+
 fn ring_size(cfg: &ShmConfig) -> usize {
     (RING_CTL + cfg.nslots * (SLOT_HDR + cfg.slot_bytes)).next_multiple_of(4096)
 }
@@ -410,11 +420,7 @@ impl ShmLink {
             let slot = self.tx.slot(self.tx.mine);
             let hdr = job.meta.header(n);
             self.tx.region.write(slot, bytemuck::bytes_of(&hdr));
-            let data = if n <= INLINE_MAX {
-                OFF_INLINE
-            } else {
-                SLOT_HDR
-            };
+            let data = payload_offset(n);
             self.tx
                 .region
                 .write(slot + data, job.src.bytes(job.sent, n));
@@ -448,11 +454,7 @@ impl ShmLink {
             let hdr: WireHeader =
                 bytemuck::pod_read_unaligned(self.rx.region.read(slot, HEADER_BYTES));
             job.meta.check(&hdr, self.peer, want)?;
-            let data = if want <= INLINE_MAX {
-                OFF_INLINE
-            } else {
-                SLOT_HDR
-            };
+            let data = payload_offset(want);
             job.sink
                 .deliver(job.got, self.rx.region.read(slot + data, want));
             self.rx.mine += 1;
