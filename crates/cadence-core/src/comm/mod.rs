@@ -2,207 +2,29 @@
 //! algorithm choice, execution in issue order (inline on the caller's thread
 //! when nothing is queued, otherwise on a progress thread), records, and
 //! failure handling (a failed operation fails the communicator and tells every
-//! peer which rank is to blame).
+//! peer which rank is to blame). Setup is in `bootstrap.rs`, point-to-point
+//! batching in `p2p.rs`.
+
+mod bootstrap;
+mod p2p;
+
+pub use bootstrap::{Bootstrap, PeerInfo};
+use p2p::{is_p2p, p2p_meta};
 
 use crate::config::{Config, DebugLevel};
-use crate::engine::{Buffers, Engine, Wait};
+use crate::engine::{Buffers, Engine};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::monitor::{OpRecord, Recorder};
 use crate::reduce;
 use crate::schedule::{self, Algo, CollArgs, Schedule};
-use crate::transport::shm::{open_peer_inbox, Inbox, ShmLink};
-use crate::transport::tcp::{accept_all, connect, TcpLink};
-use crate::transport::{Link, OpMeta, RecvJob, SendJob, Sink, SinkMode, Source};
-use crate::types::{CollKind, DType, ElemOp, RedOp};
-use serde::{Deserialize, Serialize};
+use crate::transport::{Link, OpMeta};
+use crate::types::{CollKind, DType, RedOp};
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-
-/// What each rank publishes through the store at bootstrap.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PeerInfo {
-    pub rank: usize,
-    pub host: String,
-    pub pid: u32,
-    pub addr: String,
-}
-
-fn inbox_path(comm_id: &str, rank: usize) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/cadence-{comm_id}-r{rank}"))
-}
-
-/// A communicator being set up: it listens, and says where (`info`), before
-/// it knows its peers.
-pub struct Bootstrap {
-    pub comm_id: String,
-    pub rank: usize,
-    pub nranks: usize,
-    pub info: PeerInfo,
-    listener: TcpListener,
-    cfg: Config,
-}
-
-impl Bootstrap {
-    pub fn new(
-        comm_id: &str,
-        rank: usize,
-        nranks: usize,
-        host: &str,
-        ip: IpAddr,
-        cfg: Config,
-    ) -> Result<Bootstrap> {
-        if nranks == 0 || rank >= nranks {
-            return Err(CommError::invalid(format!(
-                "rank {rank} is not in a world of {nranks}"
-            )));
-        }
-        if comm_id.is_empty()
-            || comm_id.len() > 32
-            || !comm_id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(CommError::invalid(format!(
-                "bad communicator id {comm_id:?}"
-            )));
-        }
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-            .map_err(|e| CommError::setup(format!("cannot listen on {ip}: {e}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| CommError::setup(e.to_string()))?;
-        Ok(Bootstrap {
-            comm_id: comm_id.to_string(),
-            rank,
-            nranks,
-            info: PeerInfo {
-                rank,
-                host: host.to_string(),
-                pid: std::process::id(),
-                addr: addr.to_string(),
-            },
-            listener,
-            cfg,
-        })
-    }
-
-    /// Connects to every peer, given every rank's published [`PeerInfo`].
-    pub fn connect(self, infos: Vec<PeerInfo>) -> Result<Comm> {
-        let (rank, n) = (self.rank, self.nranks);
-        let fail = |m: String| {
-            let mut e = CommError::setup(m);
-            e.rank = rank;
-            e.comm_id = self.comm_id.clone();
-            e
-        };
-        if infos.len() != n || infos.iter().enumerate().any(|(i, p)| p.rank != i) {
-            return Err(fail(format!(
-                "expected peer info for ranks 0..{n} in order"
-            )));
-        }
-        let deadline = Instant::now() + self.cfg.timeout;
-        let my_host = &infos[rank].host;
-        let local: Vec<usize> = (0..n).filter(|&r| infos[r].host == *my_host).collect();
-        let my_local = local
-            .iter()
-            .position(|&r| r == rank)
-            .expect("self is local");
-        let mut links: Vec<Option<Link>> = (0..n).map(|_| None).collect();
-
-        // Shared memory with same-host peers.
-        let inbox = if local.len() > 1 {
-            let path = inbox_path(&self.comm_id, rank);
-            let _ = std::fs::remove_file(&path);
-            let inbox = Inbox::create(&path, local.len(), self.cfg.shm).map_err(fail)?;
-            for (li, &peer) in local.iter().enumerate() {
-                if peer == rank {
-                    continue;
-                }
-                let (region, pid) = open_peer_inbox(&inbox_path(&self.comm_id, peer), deadline)
-                    .map_err(|e| fail(format!("rank {peer}: {e}")))?;
-                links[peer] = Some(Link::Shm(ShmLink::new(
-                    peer, &inbox, region, pid, my_local, li,
-                )));
-            }
-            Some(inbox)
-        } else {
-            None
-        };
-
-        // TCP with other hosts: the higher rank connects, the lower accepts.
-        let nstreams = self.cfg.nstreams;
-        let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
-        for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
-            let addr: SocketAddr = infos[peer].addr.parse().map_err(|_| {
-                fail(format!(
-                    "rank {peer} published a bad address {:?}",
-                    infos[peer].addr
-                ))
-            })?;
-            let mut v = Vec::new();
-            for s in 0..nstreams {
-                let sock = connect(addr, &self.comm_id, rank, s, deadline)
-                    .map_err(|e| fail(format!("connecting to rank {peer} at {addr}: {e}")))?;
-                v.push(Some(sock));
-            }
-            streams.insert(peer, v);
-        }
-        let expected: Vec<(usize, usize)> = ((rank + 1)..n)
-            .filter(|p| infos[*p].host != *my_host)
-            .flat_map(|p| (0..nstreams).map(move |s| (p, s)))
-            .collect();
-        let debug = self.cfg.debug;
-        let mut warn = |m: String| {
-            if debug >= DebugLevel::Warn {
-                eprintln!("cadence rank {rank}: WARN {m}");
-            }
-        };
-        for ((peer, s), sock) in accept_all(
-            &self.listener,
-            &self.comm_id,
-            &expected,
-            deadline,
-            &mut warn,
-        )
-        .map_err(fail)?
-        {
-            streams
-                .entry(peer)
-                .or_insert_with(|| (0..nstreams).map(|_| None).collect())[s] = Some(sock);
-        }
-        drop(self.listener);
-        for (peer, v) in streams {
-            let socks: Vec<_> = v
-                .into_iter()
-                .map(|s| s.expect("all streams connected"))
-                .collect();
-            let link = TcpLink::new(peer, socks).map_err(|e| fail(format!("rank {peer}: {e}")))?;
-            links[peer] = Some(Link::Tcp(link));
-        }
-
-        let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
-        let mut engine = Engine::new(rank, n, links, inbox);
-        engine.set_local_ranks(local.len());
-        engine.diagnosis_grace =
-            (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
-        let comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);
-        // Everyone has mapped everyone's inbox once a barrier completes; then
-        // the names can go, so a crash later leaves nothing in /dev/shm.
-        comm.run(OpRequest::barrier())?;
-        let inner = comm.shared.inner.lock().unwrap();
-        if let Some(inbox) = &inner.engine.inbox {
-            inbox.region.unlink();
-        }
-        drop(inner);
-        Ok(comm)
-    }
-}
 
 /// One operation as the user asked for it.
 #[derive(Clone)]
@@ -742,150 +564,6 @@ impl Shared {
         Ok(())
     }
 
-    /// Runs queued sends and receives together, like a group call: each
-    /// moves as soon as its peer is ready, so `irecv` then `send` (or a ring
-    /// of `isend`/`irecv`) cannot deadlock behind one another. Sends and
-    /// receives queued while the batch runs join it; the first queued
-    /// collective ends the batch and is returned, to run after it.
-    fn execute_p2p_batch(&self, first: Task, rx: &mpsc::Receiver<Task>) -> Option<Task> {
-        struct Active {
-            task: Task,
-            seq: u64,
-            kind: CollKind,
-            deadline: Instant,
-            job: usize,
-            finished: bool,
-        }
-        let mut inner = self.inner.lock().unwrap();
-        let mut sends: Vec<(usize, SendJob)> = Vec::new();
-        let mut recvs: Vec<(usize, RecvJob)> = Vec::new();
-        let mut active: Vec<Active> = Vec::new();
-        let mut stash: Option<Task> = None;
-        let mut incoming = Some(first);
-        let mut wait = Wait::new();
-        let result: Result<()> = loop {
-            // Take in every operation queued so far.
-            while stash.is_none() {
-                let task = match incoming.take() {
-                    Some(t) => t,
-                    None => match rx.try_recv() {
-                        Ok(t) => t,
-                        Err(_) => break,
-                    },
-                };
-                if !is_p2p(&task.req) {
-                    stash = Some(task);
-                    break;
-                }
-                let checked = self
-                    .validate(&task.req)
-                    .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None));
-                let refused = checked.err().or_else(|| {
-                    inner
-                        .failed
-                        .as_ref()
-                        .map(|f| self.err(ErrorKind::Failed(f.to_string()), None))
-                });
-                if let Some(e) = refused {
-                    self.pending.fetch_sub(1, Ordering::AcqRel);
-                    task.done.finish(Err(e));
-                    continue;
-                }
-                inner.op_seq += 1;
-                let seq = inner.op_seq;
-                let meta = p2p_meta(&mut inner, self.rank, &task.req);
-                let req = &task.req;
-                self.record_start(seq, req, Algo::P2p, Some(task.enqueue_ns));
-                let es = req.dtype.size();
-                let n = req.counts[0] * es;
-                let job = if req.kind == CollKind::Send {
-                    // SAFETY: the caller keeps the input alive and unmodified
-                    // until this operation completes (Work holds it).
-                    let src = unsafe { Source::new(req.bufs.input, n) };
-                    sends.push((req.root, SendJob::new(meta, src)));
-                    sends.len() - 1
-                } else {
-                    // SAFETY: the caller keeps the output alive and untouched
-                    // by others until this operation completes.
-                    let sink = unsafe {
-                        Sink::new(req.bufs.output, n, SinkMode::Copy, req.dtype, ElemOp::Sum)
-                    };
-                    recvs.push((req.root, RecvJob::new(meta, sink)));
-                    recvs.len() - 1
-                };
-                active.push(Active {
-                    seq,
-                    kind: req.kind,
-                    deadline: Instant::now() + self.cfg.timeout,
-                    job,
-                    finished: false,
-                    task,
-                });
-            }
-            let (progressed, pending) = match inner.engine.progress_round(&mut sends, &mut recvs) {
-                Ok(x) => x,
-                Err(k) => break Err(self.err(k, None)),
-            };
-            for a in active.iter_mut().filter(|a| !a.finished) {
-                let done = if a.kind == CollKind::Send {
-                    sends[a.job].1.done
-                } else {
-                    recvs[a.job].1.done
-                };
-                if done {
-                    a.finished = true;
-                    self.record_end(a.seq, &Ok(()));
-                    self.pending.fetch_sub(1, Ordering::AcqRel);
-                    a.task.done.finish(Ok(()));
-                }
-            }
-            if !pending {
-                break Ok(());
-            }
-            if progressed {
-                wait.reset();
-                continue;
-            }
-            let deadline = active
-                .iter()
-                .filter(|a| !a.finished)
-                .map(|a| a.deadline)
-                .min();
-            let meta = sends
-                .first()
-                .map(|s| s.1.meta)
-                .or(recvs.first().map(|r| r.1.meta));
-            let (sig, seq) = meta.map_or((0, 0), |m| (m.sig, m.seq));
-            if let Err(k) = inner.engine.backoff(
-                &mut wait,
-                &sends,
-                &recvs,
-                deadline.unwrap_or_else(Instant::now),
-                sig,
-                seq,
-            ) {
-                break Err(self.err(k, None));
-            }
-        };
-        if let Err(e) = result {
-            inner.failed = Some(e.clone());
-            inner.engine.broadcast_abort(&e);
-            drop(inner);
-            for a in active.into_iter().filter(|a| !a.finished) {
-                let mut e = e.clone();
-                e.op = Some((a.kind, a.seq));
-                self.record_end(a.seq, &Err(e.clone()));
-                if self.cfg.debug >= DebugLevel::Warn {
-                    eprintln!("{e}");
-                }
-                self.pending.fetch_sub(1, Ordering::AcqRel);
-                a.task.done.finish(Err(e));
-            }
-            self.dump_on_error();
-        }
-        stash
-    }
-
     fn record_start(&self, seq: u64, req: &OpRequest, algo: Algo, enqueue_ns: Option<u64>) {
         let es = req.dtype.size();
         let count: usize = req.counts.iter().sum();
@@ -963,38 +641,6 @@ impl Shared {
             }
         }
     }
-}
-
-/// The wire identity of a send or receive. Point-to-point messages have their
-/// own sequence per (source, destination) pair, so ranks that take no part do
-/// not have to count them; both sides describe the message as a send.
-fn p2p_meta(inner: &mut Inner, rank: usize, req: &OpRequest) -> OpMeta {
-    let send = req.kind == CollKind::Send;
-    let (src, dst) = if send {
-        (rank, req.root)
-    } else {
-        (req.root, rank)
-    };
-    let counter = if send {
-        &mut inner.p2p_tx[req.root]
-    } else {
-        &mut inner.p2p_rx[req.root]
-    };
-    *counter += 1;
-    let count = req.counts[0] as u64;
-    OpMeta {
-        coll: CollKind::Send,
-        dtype: req.dtype,
-        redop: 0,
-        root: dst as u32,
-        seq: *counter,
-        sig: fnv1a([99, req.dtype.code() as u64, count, src as u64, dst as u64]),
-        count,
-    }
-}
-
-fn is_p2p(req: &OpRequest) -> bool {
-    matches!(req.kind, CollKind::Send | CollKind::Recv)
 }
 
 /// # Safety

@@ -1,0 +1,196 @@
+//! Bootstrap: every rank listens, publishes where (through the caller's
+//! store), then connects to every peer: shared-memory inboxes with same-host
+//! ranks, TCP streams with the others.
+
+use super::{Comm, OpRequest};
+use crate::config::{Config, DebugLevel};
+use crate::engine::Engine;
+use crate::error::{CommError, Result};
+use crate::transport::shm::{open_peer_inbox, Inbox, ShmLink};
+use crate::transport::tcp::{accept_all, connect, TcpLink};
+use crate::transport::Link;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// What each rank publishes through the store at bootstrap.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerInfo {
+    pub rank: usize,
+    pub host: String,
+    pub pid: u32,
+    pub addr: String,
+}
+
+fn inbox_path(comm_id: &str, rank: usize) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/cadence-{comm_id}-r{rank}"))
+}
+
+/// A communicator being set up: it listens, and says where (`info`), before
+/// it knows its peers.
+pub struct Bootstrap {
+    pub comm_id: String,
+    pub rank: usize,
+    pub nranks: usize,
+    pub info: PeerInfo,
+    listener: TcpListener,
+    cfg: Config,
+}
+
+impl Bootstrap {
+    pub fn new(
+        comm_id: &str,
+        rank: usize,
+        nranks: usize,
+        host: &str,
+        ip: IpAddr,
+        cfg: Config,
+    ) -> Result<Bootstrap> {
+        if nranks == 0 || rank >= nranks {
+            return Err(CommError::invalid(format!(
+                "rank {rank} is not in a world of {nranks}"
+            )));
+        }
+        if comm_id.is_empty()
+            || comm_id.len() > 32
+            || !comm_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(CommError::invalid(format!(
+                "bad communicator id {comm_id:?}"
+            )));
+        }
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| CommError::setup(format!("cannot listen on {ip}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CommError::setup(e.to_string()))?;
+        Ok(Bootstrap {
+            comm_id: comm_id.to_string(),
+            rank,
+            nranks,
+            info: PeerInfo {
+                rank,
+                host: host.to_string(),
+                pid: std::process::id(),
+                addr: addr.to_string(),
+            },
+            listener,
+            cfg,
+        })
+    }
+
+    /// Connects to every peer, given every rank's published [`PeerInfo`].
+    pub fn connect(self, infos: Vec<PeerInfo>) -> Result<Comm> {
+        let (rank, n) = (self.rank, self.nranks);
+        let fail = |m: String| {
+            let mut e = CommError::setup(m);
+            e.rank = rank;
+            e.comm_id = self.comm_id.clone();
+            e
+        };
+        if infos.len() != n || infos.iter().enumerate().any(|(i, p)| p.rank != i) {
+            return Err(fail(format!(
+                "expected peer info for ranks 0..{n} in order"
+            )));
+        }
+        let deadline = Instant::now() + self.cfg.timeout;
+        let my_host = &infos[rank].host;
+        let local: Vec<usize> = (0..n).filter(|&r| infos[r].host == *my_host).collect();
+        let my_local = local
+            .iter()
+            .position(|&r| r == rank)
+            .expect("self is local");
+        let mut links: Vec<Option<Link>> = (0..n).map(|_| None).collect();
+
+        // Shared memory with same-host peers.
+        let inbox = if local.len() > 1 {
+            let path = inbox_path(&self.comm_id, rank);
+            let _ = std::fs::remove_file(&path);
+            let inbox = Inbox::create(&path, local.len(), self.cfg.shm).map_err(fail)?;
+            for (li, &peer) in local.iter().enumerate() {
+                if peer == rank {
+                    continue;
+                }
+                let (region, pid) = open_peer_inbox(&inbox_path(&self.comm_id, peer), deadline)
+                    .map_err(|e| fail(format!("rank {peer}: {e}")))?;
+                links[peer] = Some(Link::Shm(ShmLink::new(
+                    peer, &inbox, region, pid, my_local, li,
+                )));
+            }
+            Some(inbox)
+        } else {
+            None
+        };
+
+        // TCP with other hosts: the higher rank connects, the lower accepts.
+        let nstreams = self.cfg.nstreams;
+        let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
+        for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
+            let addr: SocketAddr = infos[peer].addr.parse().map_err(|_| {
+                fail(format!(
+                    "rank {peer} published a bad address {:?}",
+                    infos[peer].addr
+                ))
+            })?;
+            let mut v = Vec::new();
+            for s in 0..nstreams {
+                let sock = connect(addr, &self.comm_id, rank, s, deadline)
+                    .map_err(|e| fail(format!("connecting to rank {peer} at {addr}: {e}")))?;
+                v.push(Some(sock));
+            }
+            streams.insert(peer, v);
+        }
+        let expected: Vec<(usize, usize)> = ((rank + 1)..n)
+            .filter(|p| infos[*p].host != *my_host)
+            .flat_map(|p| (0..nstreams).map(move |s| (p, s)))
+            .collect();
+        let debug = self.cfg.debug;
+        let mut warn = |m: String| {
+            if debug >= DebugLevel::Warn {
+                eprintln!("cadence rank {rank}: WARN {m}");
+            }
+        };
+        for ((peer, s), sock) in accept_all(
+            &self.listener,
+            &self.comm_id,
+            &expected,
+            deadline,
+            &mut warn,
+        )
+        .map_err(fail)?
+        {
+            streams
+                .entry(peer)
+                .or_insert_with(|| (0..nstreams).map(|_| None).collect())[s] = Some(sock);
+        }
+        drop(self.listener);
+        for (peer, v) in streams {
+            let socks: Vec<_> = v
+                .into_iter()
+                .map(|s| s.expect("all streams connected"))
+                .collect();
+            let link = TcpLink::new(peer, socks).map_err(|e| fail(format!("rank {peer}: {e}")))?;
+            links[peer] = Some(Link::Tcp(link));
+        }
+
+        let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
+        let mut engine = Engine::new(rank, n, links, inbox);
+        engine.set_local_ranks(local.len());
+        engine.diagnosis_grace =
+            (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
+        let comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);
+        // Everyone has mapped everyone's inbox once a barrier completes; then
+        // the names can go, so a crash later leaves nothing in /dev/shm.
+        comm.run(OpRequest::barrier())?;
+        let inner = comm.shared.inner.lock().unwrap();
+        if let Some(inbox) = &inner.engine.inbox {
+            inbox.region.unlink();
+        }
+        drop(inner);
+        Ok(comm)
+    }
+}
