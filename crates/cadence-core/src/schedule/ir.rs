@@ -22,7 +22,11 @@
 //!   phase's transfers (except its own `reduce_with`, when equal to `dst`);
 //! - the schedule is correct both when `Input` and `Output` are distinct memory
 //!   and, for collectives that allow in-place use (allreduce, reduce), when they
-//!   are the same memory (the engine passes the same pointer for both);
+//!   are the same memory (the engine passes the same pointer for both); a
+//!   `Copy` from `Input[i..]` to `Output[i..]` is then a no-op, which the
+//!   engine skips;
+//! - for Reduce, non-root ranks never write `Output` (in an in-place call it
+//!   is the user's tensor; partial results live in `Scratch`);
 //! - a phase may only complete when the peers it talks to are in the phases
 //!   holding the matching steps (transfers are rendezvous: a large message only
 //!   completes while the receiver consumes it), so no cyclic wait exists.
@@ -175,7 +179,7 @@ impl Algo {
 /// | AllReduce      | `[count]`                         | `count`                         | `count`                               |
 /// | Reduce         | `[count]`                         | `count`                         | `count` (result meaningful at root)   |
 /// | Broadcast      | `[count]`                         | unused                          | `count` (root's holds the data)       |
-/// | AllGather      | `counts[r]` per rank (`n`)        | `counts[r]`                     | `sum(counts)`, r's block at displ[r]  |
+/// | AllGather      | `counts[r]` per rank (`n`)        | `counts[r]`                     | `sum(counts)`, r's block at `displ[r]`|
 /// | ReduceScatter  | `counts[r]` per rank (`n`)        | `sum(counts)`                   | `counts[r]`                           |
 /// | AllToAll       | `n*n`, `counts[s*n+d]` = s→d      | blocks for d=0..n in order      | blocks from s=0..n in order           |
 /// | Gather         | `counts[r]` per rank (`n`)        | `counts[r]`                     | root: `sum(counts)`; others: unused   |

@@ -147,6 +147,8 @@ pub enum Fault {
     OutOfBounds { at: At, span: Span, buf_len: usize },
     #[error("{at}: writes Input, which is read-only")]
     WritesInput { at: At },
+    #[error("{at}: a non-root rank writes Output in a reduce (the user's buffer)")]
+    WritesNonRootOutput { at: At },
     #[error("{at}: operands of {a} and {b} elements")]
     LenMismatch { at: At, a: usize, b: usize },
     #[error("{at}: {what}")]
@@ -458,6 +460,8 @@ struct World<'a> {
     barrier: bool,
     /// The call may be in place (allreduce, reduce).
     in_place: bool,
+    /// For reduce: the root (the only rank allowed to write Output).
+    reduce_root: Option<usize>,
 }
 
 impl<'a> World<'a> {
@@ -500,6 +504,7 @@ impl<'a> World<'a> {
             same_bits: kind == CollKind::AllReduce,
             barrier: kind == CollKind::Barrier,
             in_place: matches!(kind, CollKind::AllReduce | CollKind::Reduce),
+            reduce_root: (kind == CollKind::Reduce).then_some(args.root),
         }
     }
 
@@ -535,6 +540,7 @@ impl<'a> World<'a> {
             same_bits: false,
             barrier: false,
             in_place: false,
+            reduce_root: None,
         }
     }
 
@@ -608,9 +614,12 @@ impl<'a> World<'a> {
                             }),
                         }
                     };
+                    let non_root_reduce = self.reduce_root.is_some_and(|root| root != r);
                     let writable = |span: &Span| {
                         if span.buf == Buf::Input {
                             Err(Fault::WritesInput { at })
+                        } else if span.buf == Buf::Output && non_root_reduce && span.len > 0 {
+                            Err(Fault::WritesNonRootOutput { at })
                         } else {
                             Ok(())
                         }
@@ -1500,6 +1509,24 @@ mod tests {
         let e = verify_schedules(&a, &s).unwrap_err();
         assert!(
             matches!(e.fault, Fault::WritesInput { at } if at == At { rank: 1, phase: q, step: i }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn catches_a_non_root_writing_its_reduce_output() {
+        // In an in-place reduce a non-root's Output is the user's tensor.
+        let a = args(CollKind::Reduce, 0, vec![4]);
+        let mut s = schedules(&a, 2, Algo::BinomialTree);
+        s[1].phases.push(Phase {
+            steps: vec![Step::Copy {
+                src: Span::input(0, 4),
+                dst: Span::output(0, 4),
+            }],
+        });
+        let e = verify_schedules(&a, &s).unwrap_err();
+        assert!(
+            matches!(e.fault, Fault::WritesNonRootOutput { at } if at.rank == 1),
             "{e}"
         );
     }
