@@ -191,3 +191,31 @@ def test_no_shared_memory_left_behind():
     run_ranks(_noop, 3, transport="shm", timeout=60)
     run_ranks(_die_mid_training, 3, transport="shm", args=(1,), op_timeout=2.0, timeout=60)
     assert set(glob.glob("/dev/shm/cadence-*")) - before == set()
+
+
+def _interrupted(comm, async_op):
+    import signal
+    import threading
+
+    if comm.rank == 1:
+        time.sleep(6)  # never joins in time
+        return None
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        w = comm.allreduce(np.ones(10, dtype=np.float32), async_op=async_op)
+        if async_op:
+            w.wait()
+    except KeyboardInterrupt:
+        return {"elapsed": time.monotonic() - t0, "raised": "KeyboardInterrupt"}
+    return {"elapsed": time.monotonic() - t0, "raised": None}
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_ctrl_c_ends_a_blocked_collective(async_op):
+    """Ctrl-C (SIGINT) reaches Python while a collective waits, instead of
+    only after the (here 30 s) deadline."""
+    res = run_ranks(_interrupted, 2, args=(async_op,), op_timeout=30.0, timeout=60)
+    v = res[0][1]
+    assert res[0][0] == "ok", res[0]
+    assert v["raised"] == "KeyboardInterrupt" and v["elapsed"] < 2.5, v

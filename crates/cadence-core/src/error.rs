@@ -32,6 +32,8 @@ pub enum ErrorKind {
     Garbage { peer: usize, detail: String },
     #[error("aborted because of rank {origin}: {detail}")]
     Aborted { origin: usize, detail: String },
+    #[error("interrupted (a signal arrived while waiting)")]
+    Interrupted,
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("communicator unusable after an earlier failure: {0}")]

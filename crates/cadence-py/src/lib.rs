@@ -1,7 +1,10 @@
 //! Python bindings: `cadence._core`. Kept thin: buffers in, errors out. The
 //! Python package (python/cadence) builds the friendly API on top.
 
-use cadence_core::comm::{Bootstrap as CoreBootstrap, Comm, Completion, OpRequest, PeerInfo};
+use cadence_core::comm::{
+    Bootstrap as CoreBootstrap, Comm, Completion, InterruptCheck, OpRequest, PeerInfo,
+    INTERRUPT_EVERY,
+};
 use cadence_core::engine::Buffers;
 use cadence_core::schedule::Algo;
 use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, RedOp};
@@ -11,8 +14,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 create_exception!(
     _core,
@@ -297,15 +300,28 @@ impl Work {
     /// raises TimeoutError); returns its result; raises CommError on failure.
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyObject> {
-        let done = self.done.clone();
-        let t = timeout.map(Duration::from_secs_f64);
-        match py.allow_threads(move || done.wait(t)) {
-            None => Err(PyTimeoutError::new_err(format!(
-                "operation still running after {:.3}s",
-                timeout.unwrap_or(0.0)
-            ))),
-            Some(Ok(())) => Ok(self.result.clone_ref(py)),
-            Some(Err(e)) => Err(to_py_err(py, e)),
+        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t));
+        loop {
+            // Wait in slices so that Ctrl-C (signal handlers) gets through.
+            let slice = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(INTERRUPT_EVERY),
+                None => INTERRUPT_EVERY,
+            };
+            let done = self.done.clone();
+            match py.allow_threads(move || done.wait(Some(slice))) {
+                Some(Ok(())) => return Ok(self.result.clone_ref(py)),
+                Some(Err(e)) => return Err(to_py_err(py, e)),
+                None => {}
+            }
+            py.check_signals()?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(PyTimeoutError::new_err(format!(
+                    "operation still running after {:.3}s",
+                    timeout.unwrap_or(0.0)
+                )));
+            }
         }
     }
 
@@ -327,6 +343,31 @@ impl Work {
 #[pyclass(module = "cadence._core", name = "Comm", frozen)]
 struct PyComm {
     comm: Arc<Comm>,
+    /// Runs Python's signal handlers while a blocking call waits, so Ctrl-C
+    /// ends a hung collective; what a handler raised is kept in `signal`.
+    interrupt: InterruptCheck,
+    signal: Arc<Mutex<Option<PyErr>>>,
+}
+
+impl PyComm {
+    fn new(comm: Comm) -> PyComm {
+        let signal: Arc<Mutex<Option<PyErr>>> = Arc::default();
+        let slot = signal.clone();
+        let interrupt: InterruptCheck = Arc::new(move || {
+            Python::with_gil(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(e) => {
+                    *slot.lock().unwrap() = Some(e);
+                    true
+                }
+            })
+        });
+        PyComm {
+            comm: Arc::new(comm),
+            interrupt,
+            signal,
+        }
+    }
 }
 
 struct Call<'py> {
@@ -394,8 +435,17 @@ impl PyComm {
             };
             return Ok(Py::new(py, w)?.into_any());
         }
-        py.allow_threads(move || comm.run(req))
-            .map_err(|e| to_py_err(py, e))?;
+        let check = self.interrupt.clone();
+        let result = py.allow_threads(move || comm.run_interruptible(req, Some(check)));
+        if let Err(e) = result {
+            if e.kind == ErrorKind::Interrupted {
+                // Re-raise what the signal handler raised (KeyboardInterrupt).
+                if let Some(err) = self.signal.lock().unwrap().take() {
+                    return Err(err);
+                }
+            }
+            return Err(to_py_err(py, e));
+        }
         Ok(c.result)
     }
 }
@@ -612,9 +662,7 @@ impl Bootstrap {
         let comm = py
             .allow_threads(move || b.connect(parsed))
             .map_err(|e| to_py_err(py, e))?;
-        Ok(PyComm {
-            comm: Arc::new(comm),
-        })
+        Ok(PyComm::new(comm))
     }
 }
 

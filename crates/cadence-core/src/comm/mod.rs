@@ -136,6 +136,12 @@ pub struct Comm {
 
 const SCHEDULE_CACHE_MAX: usize = 4096;
 
+/// Asked while an operation waits: should it give up?
+pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a long wait asks its [`InterruptCheck`].
+pub const INTERRUPT_EVERY: Duration = Duration::from_millis(100);
+
 fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
     // FNV-1a-style over whole 64-bit words with a final avalanche: stable
     // across builds and hosts (unlike std's hasher), a few lines, and one
@@ -199,12 +205,32 @@ impl Comm {
     /// Runs an operation to completion. When no asynchronous operation is
     /// queued it runs inline on the caller's thread: no hand-off, no wake-up.
     pub fn run(&self, req: OpRequest) -> Result<()> {
+        self.run_interruptible(req, None)
+    }
+
+    /// Like [`Comm::run`]; while the operation waits long (past the spin and
+    /// yield stages), `interrupted` is asked every 100 ms whether the caller
+    /// wants to give up (e.g. Ctrl-C in Python). Giving up fails the operation
+    /// (and the communicator: the peers cannot be left half-way) with
+    /// [`ErrorKind::Interrupted`].
+    pub fn run_interruptible(
+        &self,
+        req: OpRequest,
+        interrupted: Option<InterruptCheck>,
+    ) -> Result<()> {
         if self.shared.pending.load(Ordering::Acquire) == 0 {
             // Inline: enqueued and started at once.
-            return self.shared.execute(req, None);
+            return self.shared.execute(req, None, interrupted);
         }
         let done = self.submit(req)?;
-        done.wait(None).expect("waited without timeout")
+        loop {
+            if let Some(r) = done.wait(Some(INTERRUPT_EVERY)) {
+                return r;
+            }
+            if interrupted.as_ref().is_some_and(|f| f()) {
+                return Err(self.shared.err(ErrorKind::Interrupted, None));
+            }
+        }
     }
 
     /// Queues an operation on the progress thread; operations complete in
@@ -224,7 +250,7 @@ impl Comm {
                         if is_p2p(&task.req) {
                             next = shared.execute_p2p_batch(task, &rx);
                         } else {
-                            let r = shared.execute(task.req, Some(task.enqueue_ns));
+                            let r = shared.execute(task.req, Some(task.enqueue_ns), None);
                             shared.pending.fetch_sub(1, Ordering::AcqRel);
                             task.done.finish(r);
                         }
@@ -395,7 +421,12 @@ impl Shared {
     }
 
     /// Runs one operation; `enqueue_ns` is None when it was never queued.
-    fn execute(&self, req: OpRequest, enqueue_ns: Option<u64>) -> Result<()> {
+    fn execute(
+        &self,
+        req: OpRequest,
+        enqueue_ns: Option<u64>,
+        interrupted: Option<InterruptCheck>,
+    ) -> Result<()> {
         let args = self
             .validate(&req)
             .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None))?;
@@ -407,7 +438,9 @@ impl Shared {
         inner.op_seq += 1;
         let seq = inner.op_seq;
         self.record_start(seq, &req, algo, enqueue_ns);
+        inner.engine.interrupt = interrupted;
         let result = self.execute_locked(&mut inner, &req, &args, algo, seq);
+        inner.engine.interrupt = None;
         if let Err(e) = &result {
             if !matches!(e.kind, ErrorKind::InvalidArgument(_)) {
                 inner.failed = Some(e.clone());

@@ -43,6 +43,7 @@ pub struct Wait {
     stalled_at: Option<Instant>,
     /// The wait-for chain this rank last published.
     published: Vec<u32>,
+    last_interrupt_check: Instant,
 }
 
 impl Wait {
@@ -54,6 +55,7 @@ impl Wait {
             last_liveness: now,
             stalled_at: None,
             published: Vec::new(),
+            last_interrupt_check: now,
         }
     }
     /// Something moved: the next idle stretch starts spinning again.
@@ -99,6 +101,9 @@ pub struct Engine {
     /// How long a rank past its deadline keeps waiting to learn whom its
     /// peers wait on, before it fails (a quarter of the timeout, 0.5–3 s).
     pub diagnosis_grace: Duration,
+    /// Set while an inline operation runs for a caller that can be
+    /// interrupted (see `Comm::run_interruptible`).
+    pub interrupt: Option<crate::comm::InterruptCheck>,
     /// Spin and yield budgets (see `SPIN`).
     spin: Duration,
     yield_for: Duration,
@@ -123,6 +128,7 @@ impl Engine {
             send_jobs: Vec::new(),
             recv_jobs: Vec::new(),
             diagnosis_grace: Duration::from_secs(3),
+            interrupt: None,
             spin: SPIN,
             yield_for: YIELD,
         }
@@ -360,6 +366,14 @@ impl Engine {
         } else if waited < self.yield_for {
             std::thread::yield_now();
         } else {
+            if let Some(check) = &self.interrupt {
+                if now.duration_since(wait.last_interrupt_check) >= crate::comm::INTERRUPT_EVERY {
+                    wait.last_interrupt_check = now;
+                    if check() {
+                        return Err(ErrorKind::Interrupted);
+                    }
+                }
+            }
             self.idle_wait(sends, recvs);
         }
         Ok(())
