@@ -176,7 +176,8 @@ def test_records_have_every_field():
 
 
 def test_init_from_torchrun_environment(tmp_path):
-    """`cadence.init()` with nothing but torchrun's variables."""
+    """`cadence.init()` with nothing but torchrun's variables (and
+    CADENCE_DEBUG=TRACE, whose lines it checks)."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import numpy as np, cadence
@@ -193,12 +194,16 @@ def test_init_from_torchrun_environment(tmp_path):
     procs = []
     for r in range(3):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                   WORLD_SIZE="3", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="3", CADENCE_TIMEOUT="30")
+                   WORLD_SIZE="3", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="3", CADENCE_TIMEOUT="30",
+                   CADENCE_DEBUG="TRACE")
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for r, o in enumerate(outs):
         assert f"rank {r} of 3: 6.0" in o, o
+        # CADENCE_DEBUG=TRACE: the algorithm choice and one record per operation.
+        assert f"cadence rank {r} INFO: allreduce of 1 x float64 over 3 ranks" in o, o
+        assert f'cadence rank {r} TRACE {{"seq":' in o and '"collective":"allreduce"' in o, o
 
 
 @pytest.mark.parametrize("bad", ["CADENCE_ALGO=allreduce:bogus", "CADENCE_TIMEOUT=soon"])

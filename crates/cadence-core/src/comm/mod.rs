@@ -635,6 +635,11 @@ impl Shared {
                 Ok(()) => Cow::Borrowed("ok"),
                 Err(e) => Cow::Owned(e.to_string()),
             };
+            if self.cfg.debug >= DebugLevel::Trace {
+                // One JSON line per operation, as the flight recorder has it.
+                let line = serde_json::to_string(&*r).unwrap_or_default();
+                eprintln!("cadence rank {} TRACE {line}", self.rank);
+            }
         }
     }
 
