@@ -1,0 +1,39 @@
+"""cadence as a torch.distributed backend.
+
+    import cadence                      # registers "cadence" once torch is imported
+    import torch.distributed as dist
+    dist.init_process_group("cadence")  # under torchrun; or store=, rank=, world_size=
+    # DDP, FSDP2 (fully_shard), new_group, split_group and the dist.* calls work unchanged.
+
+`init_process_group("cpu:cadence,cuda:nccl")` puts cadence on CPU tensors
+only. Alone, cadence also takes CUDA tensors, staged through host memory.
+The group's timeout (`timeout=` of `init_process_group`/`new_group`) is
+every operation's deadline. Failures raise `torch.distributed.DistBackendError`
+with cadence's message, which names the operation and the rank to blame
+(also in the exception's `culprit` attribute).
+
+What differs from gloo: send/recv tags are not matched (a pair's messages
+arrive in the order they were sent); `recv` needs `src`; `set_timeout` is
+refused (the deadline is fixed at creation); ReduceOp.BAND/BOR/BXOR work by
+gathering every rank's data.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from cadence.torch._group import BACKEND, BackendCadence, ProcessGroupCadence, create_backend
+from cadence.torch._work import CadenceWork
+
+__all__ = ["register", "ProcessGroupCadence", "BackendCadence", "CadenceWork"]
+
+
+def register() -> None:
+    """Registers the "cadence" backend with torch.distributed (idempotent)."""
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, create_backend, extended_api=True,
+                                  devices=["cpu", "cuda"])
+
+
+register()
