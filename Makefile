@@ -4,6 +4,7 @@
 #   make run     build, then the main benchmark (cadence vs gloo vs Open MPI, allreduce)
 #   make test    build, then cargo test and pytest
 #   make bench   build, then every collective at 4 ranks (JSON in bench-results/)
+#   make bench-cluster  build, then allreduce/allgather across an emulated 4-host cluster (root)
 #   make lint    cargo fmt --check, cargo clippy -D warnings, ruff
 #   make clean   remove build outputs and .venv (the wheel cache stays)
 #
@@ -39,9 +40,9 @@ RUN_ARGS ?= --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 50 -w 
 	--backends cadence,gloo,mpi
 BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 
-.PHONY: build run test bench lint clean clean-cache deps mpi
+.PHONY: build run test bench bench-cluster lint clean clean-cache deps mpi iproute2
 
-build: $(EXT) $(VENV)/.stamp-mpi
+build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2
 
 # --- Python environment -----------------------------------------------------
 
@@ -89,6 +90,27 @@ $(VENV)/.stamp-mpi: requirements-mpi.txt $(VENV)/.stamp-deps
 
 mpi: $(VENV)/.stamp-mpi
 
+iproute2: $(VENV)/.stamp-iproute2
+
+# iproute2 (apt: ip, tc), for the emulated cluster (`cadence cluster`,
+# tests/test_testbed.py). As with Open MPI: installed when missing if we are
+# root; otherwise the cluster tests skip, and no stamp is written.
+$(VENV)/.stamp-iproute2: | $(VENV)/bin/python
+	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing iproute2 (apt-get install iproute2)"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    { apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null; } \
+	      || echo "make: apt-get could not install iproute2" >&2; \
+	  fi; \
+	fi
+	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then \
+	  echo "make: iproute2 (ip, tc) is not available; the emulated cluster and its tests" >&2; \
+	  echo "make:   stay unavailable until someone runs: sudo apt-get install iproute2" >&2; \
+	  exit 0; \
+	fi; \
+	touch $@
+
 # --- the extension ----------------------------------------------------------
 
 $(EXT): $(RUST_SRC) pyproject.toml $(VENV)/.stamp-deps
@@ -112,6 +134,21 @@ bench: build
 	  $(BENCH) --nranks 4 --op $$op -b 8 -e 64M -f 8 -n 20 -w 5 --backends cadence,gloo,mpi \
 	    --json bench-results/$$op.json || status=1; \
 	done; exit $$status
+
+# Across the hosts of an emulated cluster (needs root): allreduce and allgather
+# at 1 and 2 ranks per host, cadence vs gloo vs Open MPI (docs/benchmarks.md).
+# A failing sweep does not stop the others; the cluster is removed at the end.
+CLUSTER_ARGS ?= --hosts 4 --nics 1 --rate 1gbit
+CLUSTER_BENCH_ARGS ?= -b 8 -e 64M -f 2 -n 20 -w 5 --backends cadence,gloo,mpi
+bench-cluster: build
+	mkdir -p bench-results
+	$(VBIN)/cadence cluster up --name bench $(CLUSTER_ARGS)
+	status=0; for r in 1 2; do for op in allreduce allgather; do \
+	  $(BENCH) --cluster bench --ranks-per-host $$r --op $$op $(CLUSTER_BENCH_ARGS) \
+	    --json bench-results/cluster-x$$r-$$op.json | tee bench-results/cluster-x$$r-$$op.txt \
+	    || status=1; \
+	done; done; \
+	$(VBIN)/cadence cluster down --name bench; exit $$status
 
 # All three run, whatever the first ones say; the target fails if any did.
 lint: $(VENV)/.stamp-deps

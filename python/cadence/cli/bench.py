@@ -8,13 +8,18 @@ ratio of cadence to each peer (peer time / cadence time: above 1 means cadence
 is faster). A size is the full buffer: the gathered output of allgather, the
 full input of reduce-scatter and all-to-all.
 
+With --cluster NAME the ranks run across the hosts of an emulated cluster
+(`cadence cluster up`), --ranks-per-host on each (shared memory inside a host,
+TCP across), and the notes say how close each backend came to the link rate.
+
 Exit status: 0 if every backend ran and every result was right; 1 if a backend
 failed or hung (it is killed at --timeout and the others still run) or any
 element was wrong. A backend not installed here, or a dtype a backend lacks
 (mpi: float16, bfloat16), shows n/a and does not fail the run.
 
-example:
+examples:
   cadence bench --nranks 4 --op allreduce -b 8 -e 64M -f 4 --backends cadence,gloo,mpi
+  cadence bench --cluster tb --ranks-per-host 2 --op allgather -b 8 -e 64M -f 4
 """
 
 from __future__ import annotations
@@ -29,9 +34,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from cadence.bench.common import DTYPES, OPS, format_size, parse_size, size_sweep
+from cadence import testbed
+from cadence.bench.common import (
+    DTYPES,
+    OPS,
+    busbw_factor,
+    format_size,
+    parse_size,
+    size_sweep,
+)
 from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, run_backend
-from cadence.cli.report import build_table, json_records, print_rich, render_plain
+from cadence.cli.report import algbw, build_table, json_records, print_rich, render_plain
+from cadence.testbed.rates import format_rate, payload_share
 
 NAME = "bench"
 HELP = "time a collective over a sweep of sizes on cadence, gloo and Open MPI"
@@ -63,7 +77,14 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nranks", type=_positive, default=2, help="local ranks per backend (2)")
+    p.add_argument(
+        "--nranks", type=_positive,
+        help="local ranks per backend (2; with --cluster: hosts x --ranks-per-host)",
+    )  # fmt: skip
+    p.add_argument("--cluster", metavar="NAME", help="run across this emulated cluster's hosts")
+    p.add_argument(
+        "--ranks-per-host", type=_positive, default=1, help="ranks per host with --cluster (1)"
+    )
     p.add_argument("--op", choices=OPS, default="allreduce", help="collective (allreduce)")
     p.add_argument(
         "--dtype", choices=list(DTYPES), default="float32", help="element type (float32)"
@@ -193,37 +214,109 @@ def sweep(job: Job, backends: list[str]) -> list[Outcome]:
     return outcomes
 
 
+def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
+    """How close each backend came to the link rate, and any link that is not
+    as the cluster was brought up (throttled or cut since)."""
+    cluster = job.cluster
+    assert cluster is not None
+    link_gbps = cluster.rate_bits / 8 / 1e9
+    hosts = len(cluster.hosts)
+    # What each host's link must carry, relative to the buffer: the busbw factor
+    # over hosts (with one rank per host, the busbw column itself).
+    factor = busbw_factor(job.op, hosts) if hosts > 1 else 0.0
+    notes = [
+        f"links: {cluster.rate} = {link_gbps:.3f} GB/s each way; TCP payload can use at "
+        f"most {payload_share(cluster.mtu):.1%} of it at MTU {cluster.mtu}"
+    ]
+    if factor:
+        peaks = [
+            f"{o.backend} {peak:.3f} ({peak / link_gbps:.1%})"
+            for o in outcomes
+            if o.measures
+            for peak in [max(algbw(m.nbytes, m.time_us) * factor for m in o.measures.values())]
+        ]
+        notes.append(
+            f"peak algbw x {factor:.3g} (busbw over {hosts} hosts; GB/s, share of the link "
+            "rate): " + (", ".join(peaks) or "-")
+        )
+    odd = [
+        f"{s.host.name} {s.nic.ifname} {s.state} out {format_rate(s.rate_out or 0)} "
+        f"in {format_rate(s.rate_in or 0)}"
+        for s in testbed.link_states(cluster)
+        if (s.state, s.rate_out, s.rate_in) != ("up", cluster.rate_bits, cluster.rate_bits)
+    ]
+    if odd:
+        notes.append("links not at the cluster's rate: " + "; ".join(odd))
+    return notes
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
+    cluster, nranks = None, args.nranks or 2
+    if args.ranks_per_host != 1 and not args.cluster:
+        print("cadence bench: --ranks-per-host needs --cluster", file=sys.stderr)
+        return 2
+    if args.cluster:
+        try:
+            cluster = testbed.require(args.cluster)
+        except testbed.TestbedError as e:
+            print(f"cadence bench: {e}", file=sys.stderr)
+            return 2
+        nranks = len(cluster.hosts) * args.ranks_per_host
+        if args.nranks not in (None, nranks):
+            print(f"cadence bench: --nranks {args.nranks} disagrees with cluster {cluster.name}: "
+                  f"{len(cluster.hosts)} hosts x {args.ranks_per_host} ranks per host",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     job = Job(
         op=args.op,
         dtype=args.dtype,
         sizes=sizes,
-        nranks=args.nranks,
+        nranks=nranks,
         iters=args.iters,
         warmup=max(0, args.warmup_iters),
         timeout=args.timeout,
         algo=args.algo,
         mpirun_args=shlex.split(args.mpirun_args),
+        cluster=cluster,
+        ranks_per_host=args.ranks_per_host,
     )
     outcomes = sweep(job, args.backends)
 
+    where = (
+        f" on cluster {cluster.name} ({len(cluster.hosts)} hosts x {job.ranks_per_host}, "
+        f"{cluster.rate} links)" if cluster else ""
+    )  # fmt: skip
     title = (
-        f"cadence bench: {job.op} {job.dtype}, {job.nranks} ranks, {job.iters} iters "
+        f"cadence bench: {job.op} {job.dtype}, {job.nranks} ranks{where}, {job.iters} iters "
         f"({job.warmup} warm-up), {format_size(sizes[0])}..{format_size(sizes[-1])} "
         f"x{args.stepfactor}" + (f", cadence algo {job.algo}" if job.algo else "")
     )
-    table = build_table(job, outcomes, copy_rate_gbps(min(sizes[-1], 64 << 20)))
+    if cluster:
+        # Across hosts the limit is the link rate, not memory bandwidth.
+        table = build_table(job, outcomes)
+        table.notes[-1:-1] = link_notes(job, outcomes)
+    else:
+        table = build_table(job, outcomes, copy_rate_gbps(min(sizes[-1], 64 << 20)))
     if sys.stdout.isatty():
         print_rich(table, title)
     else:
         print(f"# {title}\n{render_plain(table)}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(json_records(job, outcomes), indent=1) + "\n")
+        records = json_records(job, outcomes)
+        if cluster:
+            for rec in records:
+                rec.update(
+                    cluster=cluster.name,
+                    hosts=len(cluster.hosts),
+                    ranks_per_host=job.ranks_per_host,
+                    link_bits=cluster.rate_bits,
+                )
+        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     failed = any(o.error for o in outcomes)
     wrong = any(m.wrong for o in outcomes for m in o.measures.values())
     return 1 if failed or wrong else 0

@@ -5,6 +5,9 @@ RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); mpi ranks are started by
 mpirun. Every rank runs `python -m cadence.bench.worker` and appends its results
 to <workdir>/rank<R>.jsonl; `collect` merges them. A rank that fails or a launch
 that outlives its deadline is killed (its whole process group) and reported.
+
+On an emulated cluster (`Job.cluster`) the ranks run inside the hosts'
+namespaces instead, placed and configured by cadence.testbed.jobs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cadence.bench.common import format_size
+from cadence.testbed import Cluster
+from cadence.testbed import jobs as cluster_jobs
 
 # Where the `cadence` package lives, so the workers run this very code.
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +69,8 @@ class Job:
     timeout: float
     algo: str | None = None
     mpirun_args: list[str] = field(default_factory=list)
+    cluster: Cluster | None = None  # run across its hosts, ranks_per_host each
+    ranks_per_host: int = 1
 
 
 def unavailable(backend: str) -> str | None:
@@ -120,6 +127,8 @@ def spawn(job: Job, backend: str, outdir: Path) -> list[subprocess.Popen]:
     """Start the ranks; each in its own session so that a kill reaches its children."""
     cmd = worker_command(job, backend, outdir)
     env = worker_env(job, backend)
+    if job.cluster is not None:
+        return spawn_on_cluster(job, job.cluster, backend, outdir, cmd, env)
     if backend == "mpi":
         mpirun = [
             "mpirun", "--allow-run-as-root", "--oversubscribe",
@@ -145,6 +154,29 @@ def spawn(job: Job, backend: str, outdir: Path) -> list[subprocess.Popen]:
         )
         procs.append(_popen(cmd, rank_env, outdir / f"rank{rank}.log"))
     return procs
+
+
+def spawn_on_cluster(
+    job: Job, cluster: Cluster, backend: str, outdir: Path, cmd: list[str], env: dict[str, str]
+) -> list[subprocess.Popen]:
+    """The ranks of `job` inside the cluster's hosts, `job.ranks_per_host` each."""
+    rph = job.ranks_per_host
+    if backend == "mpi":
+        mpirun = cluster_jobs.mpirun_command(cluster, rph, outdir, [
+            "--bind-to", "none", "-x", "OMP_NUM_THREADS", "-x", "PYTHONPATH", *job.mpirun_args,
+        ])  # fmt: skip
+        return [_popen(mpirun + cmd, env, outdir / "mpirun.log")]
+    # Any port is free on host 0: its namespace is the cluster's own. A fresh
+    # one per backend all the same, so that no store waits out TIME_WAIT.
+    port = free_port()
+    return [
+        _popen(
+            cluster_jobs.in_host(place.host, cmd),
+            cluster_jobs.rank_env(cluster, place, rph, port, env),
+            outdir / f"rank{place.rank}.log",
+        )
+        for place in cluster_jobs.placements(cluster, rph)
+    ]
 
 
 def _popen(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -1,7 +1,7 @@
 """The `cadence` command: one subcommand per module.
 
 A subcommand module provides NAME, HELP, add_arguments(parser) and
-run(args) -> exit status. Adding `cluster`, `topo`, `tune`, `doctor` or `sim`
+run(args) -> exit status. Adding `topo`, `tune`, `doctor` or `sim`
 means writing such a module and listing it in COMMANDS.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cadence.cli import bench
+from cadence.cli import bench, cluster
 
-COMMANDS = (bench,)
+COMMANDS = (bench, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,451 @@
+"""The emulated cluster: what it is made of, and bringing it up and down.
+
+Model (one cluster, `H` hosts, `K` NICs per host):
+
+- **host** i: a network namespace `cad-<name>-h<i>`; its processes see the
+  host name `<name>-h<i>` (`CADENCE_HOST`, and `hostname` for jobs started by
+  `cadence cluster run`) and its NICs `eth0` ... `eth<K-1>`.
+- **rail** k: a bridge `rail<k>` in the cluster's own switch namespace
+  `cad-<name>-sw`, joining NIC k of every host (one rail per NIC index, as in
+  rail-optimized AI clusters). Nothing is created in the root namespace, so the
+  machine's own network is never touched.
+- **link** (i, k): a veth pair, `eth<k>` in host i and port `h<i>e<k>` on rail
+  k, with address 10.77.<k>.<i+1>/24 on the host side. Each end has a tbf
+  qdisc, so the link is rate-limited in both directions; cutting it sets the
+  switch port down, which drops the carrier on the host side, as a pulled cable
+  would.
+
+The state file `/run/cadence/<name>.json` records the cluster (written before
+anything is made, so that `down` can always find what to remove); `/run` is a
+tmpfs, so it goes with the namespaces at reboot. Every change takes one lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cadence.testbed import iproute
+from cadence.testbed.iproute import TestbedError
+from cadence.testbed.rates import Bucket, format_rate, parse_rate
+
+STATE_DIR = Path("/run/cadence")
+# `ip netns exec` bind-mounts the files of /etc/netns/<namespace>/ over /etc:
+# a hosts file there names every host, so that reverse lookups inside a host
+# (torch's TCPStore does them) answer at once instead of failing on DNS.
+ETC_NETNS = Path("/etc/netns")
+NETNS_PREFIX = "cad-"
+SUBNET = "10.77"  # 10.77.<nic>.<host+1>/24: private, and only inside our namespaces
+MAX_HOSTS = 254
+MAX_NICS = 16
+DEFAULT_MTU = 1500
+STATE_VERSION = 1
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,23}$")
+
+
+@dataclass(frozen=True)
+class Nic:
+    index: int
+    ifname: str  # inside the host namespace
+    port: str  # the other end, on the rail's bridge in the switch namespace
+    bridge: str
+    address: str  # IPv4, /24
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.address}/24"
+
+
+@dataclass(frozen=True)
+class Host:
+    index: int
+    name: str  # CADENCE_HOST and the hostname its jobs see
+    netns: str
+    nics: tuple[Nic, ...]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    rate_bits: int
+    mtu: int
+    hosts: tuple[Host, ...]
+
+    @property
+    def nics(self) -> int:
+        return len(self.hosts[0].nics)
+
+    @property
+    def switch(self) -> str:
+        return switch_netns(self.name)
+
+    @property
+    def bridges(self) -> list[str]:
+        return [nic.bridge for nic in self.hosts[0].nics]
+
+    @property
+    def master_addr(self) -> str:
+        """Host 0's rail-0 address: where a job's store listens, reachable from every host."""
+        return self.hosts[0].nics[0].address
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.switch] + [h.netns for h in self.hosts]
+
+    @property
+    def rate(self) -> str:
+        return format_rate(self.rate_bits)
+
+    def host(self, index: int) -> Host:
+        if not 0 <= index < len(self.hosts):
+            raise TestbedError(
+                f"cluster {self.name} has hosts 0..{len(self.hosts) - 1}, not {index}"
+            )
+        return self.hosts[index]
+
+    def to_json(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "name": self.name,
+            "rate": self.rate,
+            "mtu": self.mtu,
+            "switch": self.switch,
+            "hosts": [
+                {"name": h.name, "netns": h.netns,
+                 "nics": [{"ifname": n.ifname, "address": n.address, "bridge": n.bridge,
+                           "port": n.port} for n in h.nics]}
+                for h in self.hosts
+            ],
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict) -> Cluster:
+        if data.get("version") != STATE_VERSION:
+            raise TestbedError(f"cluster state of version {data.get('version')} is not readable")
+        return build(data["name"], len(data["hosts"]), len(data["hosts"][0]["nics"]),
+                     data["rate"], data["mtu"])  # fmt: skip
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise TestbedError(
+            f"cluster name {name!r}: use up to 24 letters, digits and '-', starting with "
+            "a letter or digit"
+        )
+    return name
+
+
+def switch_netns(name: str) -> str:
+    return f"{NETNS_PREFIX}{name}-sw"
+
+
+def build(name: str, hosts: int, nics: int, rate: str, mtu: int = DEFAULT_MTU) -> Cluster:
+    """The cluster such a command describes (nothing is made here)."""
+    check_name(name)
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise TestbedError(f"--hosts must be 1..{MAX_HOSTS}, not {hosts}")
+    if not 1 <= nics <= MAX_NICS:
+        raise TestbedError(f"--nics must be 1..{MAX_NICS}, not {nics}")
+    if not 576 <= mtu <= 65_000:
+        raise TestbedError(f"--mtu must be 576..65000, not {mtu}")
+    try:
+        bits = parse_rate(rate)
+    except ValueError as e:
+        raise TestbedError(str(e)) from None
+    return Cluster(
+        name=name,
+        rate_bits=bits,
+        mtu=mtu,
+        hosts=tuple(
+            Host(
+                index=i,
+                name=f"{name}-h{i}",
+                netns=f"{NETNS_PREFIX}{name}-h{i}",
+                nics=tuple(
+                    Nic(k, f"eth{k}", f"h{i}e{k}", f"rail{k}", f"{SUBNET}.{k}.{i + 1}")
+                    for k in range(nics)
+                ),
+            )
+            for i in range(hosts)
+        ),
+    )
+
+
+# ---------------------------------------------------------------- state
+
+
+def state_path(name: str) -> Path:
+    return STATE_DIR / f"{check_name(name)}.json"
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """One cluster change at a time on this machine (flock on the state directory)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(STATE_DIR, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def load(name: str) -> Cluster | None:
+    path = state_path(name)
+    try:
+        return Cluster.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise TestbedError(f"cannot read {path}: {e}") from None
+
+
+def require(name: str) -> Cluster:
+    """The cluster `name`, which must be up; errors say how to fix it."""
+    iproute.check_root()
+    cluster = load(name)
+    if cluster is None:
+        raise TestbedError(
+            f"no cluster named {name!r}; start one with `cadence cluster up --name {name}`"
+        )
+    missing = [ns for ns in cluster.namespaces if ns not in iproute.namespaces()]
+    if missing:
+        raise TestbedError(
+            f"cluster {name} is broken ({', '.join(missing)} missing); run "
+            f"`cadence cluster up --name {name} --hosts {len(cluster.hosts)} "
+            f"--nics {cluster.nics}` to repair it, or `down` to remove it"
+        )
+    return cluster
+
+
+def names() -> list[str]:
+    """The clusters with a state file, sorted."""
+    if not STATE_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in STATE_DIR.glob("*.json"))
+
+
+def _save(cluster: Cluster) -> None:
+    path = state_path(cluster.name)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cluster.to_json(), indent=1) + "\n")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------- up
+
+
+def up(cluster: Cluster) -> bool:
+    """Make `cluster` exist, with every link up at its rate. Idempotent: what
+    exists is kept and brought back to the description (rates, links up), what
+    is missing is made. Returns True if the cluster was created from nothing.
+    On failure a cluster created by this call is removed again."""
+    iproute.check_root()
+    iproute.check_tools()
+    with locked():
+        old = load(cluster.name)
+        if old is not None and (len(old.hosts), old.nics) != (len(cluster.hosts), cluster.nics):
+            raise TestbedError(
+                f"cluster {cluster.name} exists with {len(old.hosts)} hosts x {old.nics} NICs; "
+                f"remove it first: cadence cluster down --name {cluster.name}"
+            )
+        present = iproute.namespaces()
+        fresh = not any(ns in present for ns in cluster.namespaces)
+        _save(cluster)
+        try:
+            _realize(cluster, present)
+        except BaseException:
+            if fresh:
+                _teardown(cluster.name, cluster)
+            raise
+    return fresh
+
+
+def _realize(cluster: Cluster, present: set[str]) -> None:
+    for ns in cluster.namespaces:
+        if ns not in present:
+            iproute.run("ip", "netns", "add", ns)
+        # No IPv6: gloo would pick a link-local address off the interface, and
+        # router solicitations would cross the throttled links. -e: a kernel
+        # without IPv6 has no such key.
+        iproute.in_netns(ns, "sysctl", "-q", "-e", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+                         "net.ipv6.conf.default.disable_ipv6=1")  # fmt: skip
+        iproute.ip(ns, "link", "set", "lo", "up")
+    sw = cluster.switch
+    for bridge in cluster.bridges:
+        if not iproute.link_exists(sw, bridge):
+            iproute.ip(sw, "link", "add", bridge, "type", "bridge")
+        iproute.ip(sw, "link", "set", bridge, "mtu", str(cluster.mtu), "up")
+    for host in cluster.hosts:
+        for nic in host.nics:
+            if not iproute.link_exists(sw, nic.port):
+                # Made inside the namespaces, never in the root one: both ends are
+                # born where they live.
+                iproute.ip(sw, "link", "add", nic.port, "type", "veth",
+                           "peer", "name", nic.ifname, "netns", host.netns)  # fmt: skip
+            mtu = ("mtu", str(cluster.mtu))
+            iproute.ip(sw, "link", "set", nic.port, *mtu, "master", nic.bridge)
+            iproute.ip(host.netns, "link", "set", nic.ifname, *mtu)
+            iproute.ip(host.netns, "addr", "replace", nic.cidr, "dev", nic.ifname)
+            _set_rate(cluster, host, nic, cluster.rate_bits)
+            iproute.ip(host.netns, "link", "set", nic.ifname, "up")
+            iproute.ip(sw, "link", "set", nic.port, "up")
+        _write_hosts_file(cluster, host)
+
+
+def _set_rate(cluster: Cluster, host: Host, nic: Nic, bits: int) -> None:
+    """tbf on both ends: the host side shapes what the host sends, the switch
+    side what it receives."""
+    bucket = Bucket.for_rate(bits, cluster.mtu)
+    iproute.tc(host.netns, "qdisc", "replace", "dev", nic.ifname, "root", *bucket.tc_args())
+    iproute.tc(cluster.switch, "qdisc", "replace", "dev", nic.port, "root", *bucket.tc_args())
+
+
+def _write_hosts_file(cluster: Cluster, host: Host) -> None:
+    # A host's name is its rail-0 address (not 127.0.1.1 as on a laptop): a
+    # library that resolves its own host name then gets an address peers reach.
+    lines = ["127.0.0.1\tlocalhost"]
+    for other in cluster.hosts:
+        for nic in other.nics:
+            alias = other.name if nic.index == 0 else f"{other.name}-{nic.ifname}"
+            lines.append(f"{nic.address}\t{alias}")
+            # torch's store talks over IPv6 sockets, so it looks its peers up
+            # by their IPv4-mapped addresses.
+            lines.append(f"::ffff:{nic.address}\t{alias}")
+    etc = ETC_NETNS / host.netns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------- down
+
+
+def down(name: str) -> bool:
+    """Remove everything cluster `name` is made of: its processes, namespaces
+    (which takes their links, bridges and qdiscs with them), hosts files and
+    state file. Returns False if there was nothing to remove."""
+    iproute.check_root()
+    with locked():
+        return _teardown(name, load(name))
+
+
+def _teardown(name: str, cluster: Cluster | None) -> bool:
+    # Also namespaces the state file does not list: a crash between creating a
+    # namespace and saving the state must not leave it behind forever.
+    pattern = re.compile(rf"^{re.escape(NETNS_PREFIX + name)}-(sw|h\d+)$")
+    doomed = {ns for ns in iproute.namespaces() if pattern.match(ns)}
+    if cluster is not None:
+        doomed |= set(cluster.namespaces) & iproute.namespaces()
+    found = bool(doomed) or state_path(name).exists()
+    _kill_processes(sorted(doomed))
+    # The switch first: deleting it deletes every veth pair (both ends) and bridge.
+    for ns in sorted(doomed, key=lambda ns: not ns.endswith("-sw")):
+        iproute.run("ip", "netns", "delete", ns)
+    for etc in ETC_NETNS.glob(f"{NETNS_PREFIX}{name}-*"):
+        if pattern.match(etc.name):
+            shutil.rmtree(etc, ignore_errors=True)
+    if ETC_NETNS.is_dir() and not any(ETC_NETNS.iterdir()):
+        with contextlib.suppress(OSError):  # made by us, unless another tool uses it now
+            ETC_NETNS.rmdir()
+    state_path(name).unlink(missing_ok=True)
+    return found
+
+
+def _kill_processes(netns: list[str], grace: float = 2.0) -> None:
+    """A job still running inside would keep its namespace (and links) alive."""
+    pids = {pid for ns in netns for pid in iproute.netns_pids(ns)}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+        pids = {p for p in pids if _alive(p)}
+        if not pids:
+            return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) no longer holds anything.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- links
+
+
+@dataclass(frozen=True)
+class LinkState:
+    host: Host
+    nic: Nic
+    state: str  # "up", "down" (cut at the switch port), or what the kernel says
+    rate_out: int | None  # bit/s the host may send (tbf on its end), None: unshaped
+    rate_in: int | None  # bit/s the host may receive (tbf on the switch port)
+
+
+def link_states(cluster: Cluster) -> list[LinkState]:
+    """What the kernel says about every link (not what the state file says)."""
+    ports = {d["ifname"]: d for d in iproute.links(cluster.switch)}
+    states = []
+    for host in cluster.hosts:
+        ends = {d["ifname"]: d for d in iproute.links(host.netns)}
+        for nic in host.nics:
+            port, end = ports.get(nic.port), ends.get(nic.ifname)
+            if port is None or end is None:
+                state = "missing"
+            elif "UP" not in port.get("flags", []):
+                state = "down"
+            else:
+                state = end.get("operstate", "unknown").lower()
+            states.append(LinkState(
+                host, nic, state,
+                _tbf_rate(host.netns, nic.ifname) if end else None,
+                _tbf_rate(cluster.switch, nic.port) if port else None,
+            ))  # fmt: skip
+    return states
+
+
+def _tbf_rate(netns: str, ifname: str) -> int | None:
+    qdisc = iproute.root_qdisc(netns, ifname)
+    if not qdisc or qdisc.get("kind") != "tbf":
+        return None
+    return int(qdisc["options"]["rate"]) * 8  # tc's JSON gives bytes per second
+
+
+def set_link(
+    cluster: Cluster, host: int, nic: int, *, rate: str | None = None, up: bool | None = None
+) -> LinkState:
+    """Change one link now (jobs keep running): its rate in both directions,
+    and/or cut it (`up=False`: the switch port goes down) or restore it."""
+    iproute.check_root()
+    h = cluster.host(host)
+    if not 0 <= nic < cluster.nics:
+        raise TestbedError(f"cluster {cluster.name} has NICs 0..{cluster.nics - 1}, not {nic}")
+    n = h.nics[nic]
+    with locked():
+        if rate is not None:
+            try:
+                bits = parse_rate(rate)
+            except ValueError as e:
+                raise TestbedError(str(e)) from None
+            _set_rate(cluster, h, n, bits)
+        if up is not None:
+            iproute.ip(cluster.switch, "link", "set", n.port, "up" if up else "down")
+    return next(s for s in link_states(cluster) if s.host == h and s.nic == n)

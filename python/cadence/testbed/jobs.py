@@ -1,0 +1,297 @@
+"""Jobs on the emulated cluster, started as torchrun would start them.
+
+Ranks are placed host by host: rank = host * ranks_per_host + local_rank, so a
+host's ranks are consecutive (as torchrun's static rendezvous numbers them).
+Each rank runs inside its host's namespace with its own host name, and gets
+torchrun's environment plus what selects the cluster's network:
+
+    RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE
+    ROLE_RANK ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT OMP_NUM_THREADS (1 if unset)
+    CADENCE_HOST CADENCE_SOCKET_IFNAME GLOO_SOCKET_IFNAME
+
+MASTER_ADDR is host 0's rail-0 address, which every host reaches.
+
+Open MPI cannot enter a namespace by itself, so `mpirun` runs inside host 0's
+namespace with a hostfile naming the hosts and, as its "remote shell"
+(plm_rsh_agent), a script that starts the daemon (orted) of a host inside that
+host's namespace with that host's name. Its TCP traffic is pinned to rail 0;
+ranks on one host use shared memory, as cadence's do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from cadence.testbed.cluster import NETNS_PREFIX, Cluster, Host
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's; every cluster has namespaces of its own
+KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    local_rank: int
+    host: Host
+
+
+def placements(cluster: Cluster, ranks_per_host: int) -> list[Placement]:
+    if ranks_per_host < 1:
+        raise ValueError(f"ranks per host must be at least 1, not {ranks_per_host}")
+    return [
+        Placement(h.index * ranks_per_host + local, local, h)
+        for h in cluster.hosts
+        for local in range(ranks_per_host)
+    ]
+
+
+def socket_ifname(cluster: Cluster) -> str:
+    """The interface jobs talk over: rail 0 (single-NIC libraries use one)."""
+    return cluster.hosts[0].nics[0].ifname
+
+
+def rank_env(
+    cluster: Cluster,
+    place: Placement,
+    ranks_per_host: int,
+    master_port: int,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """torchrun's environment for one rank, plus the cluster's network choice."""
+    env = dict(os.environ if base is None else base)
+    nhosts = len(cluster.hosts)
+    world = nhosts * ranks_per_host
+    ifname = socket_ifname(cluster)
+    env.update(
+        RANK=str(place.rank),
+        LOCAL_RANK=str(place.local_rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(ranks_per_host),
+        GROUP_RANK=str(place.host.index),
+        GROUP_WORLD_SIZE=str(nhosts),
+        ROLE_RANK=str(place.rank),
+        ROLE_WORLD_SIZE=str(world),
+        MASTER_ADDR=cluster.master_addr,
+        MASTER_PORT=str(master_port),
+        CADENCE_HOST=place.host.name,
+        CADENCE_SOCKET_IFNAME=ifname,
+        GLOO_SOCKET_IFNAME=ifname,
+    )
+    # As torchrun: one thread per rank unless the user says otherwise.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def in_host(host: Host, cmd: list[str]) -> list[str]:
+    """`cmd` as a process of `host`: in its namespace, with its host name (a
+    UTS namespace of its own). Every step execs, so the pid is `cmd`'s."""
+    return ["ip", "netns", "exec", host.netns, "unshare", "--uts",
+            "/bin/sh", "-c", 'hostname "$0" && exec "$@"', host.name, *cmd]  # fmt: skip
+
+
+# Open MPI's remote shell into an emulated host: `agent HOST COMMAND...`, as ssh.
+# Like ssh, it joins the words of COMMAND and hands them to a shell.
+_AGENT = """#!/bin/sh
+# Written by cadence: Open MPI's plm_rsh_agent for the emulated cluster.
+host="$1"; shift
+exec ip netns exec "{prefix}$host" unshare --uts /bin/sh -c "hostname '$host' && exec $*"
+"""
+
+
+def mpirun_command(
+    cluster: Cluster, ranks_per_host: int, workdir: Path, extra: list[str] | None = None
+) -> list[str]:
+    """`mpirun` over the cluster's hosts (its hostfile and agent go to `workdir`);
+    append the program and its arguments."""
+    hostfile = workdir / "hostfile"
+    hostfile.write_text("".join(f"{h.name} slots={ranks_per_host}\n" for h in cluster.hosts))
+    agent = workdir / "netns-agent"
+    agent.write_text(_AGENT.format(prefix=NETNS_PREFIX))
+    agent.chmod(0o755)
+    ifname = socket_ifname(cluster)
+    nranks = len(cluster.hosts) * ranks_per_host
+    # Each emulated host looks uncrowded to Open MPI (its slots are its ranks),
+    # but they all share this machine's cores: when the ranks outnumber them,
+    # say so, as Open MPI does by itself on one oversubscribed host. Its ranks
+    # then yield while they poll; spinning, one 8 B allreduce over 4 hosts on
+    # 2 cores took 17 ms instead of 90 us.
+    crowded = ["--mca", "mpi_yield_when_idle", "1"] if nranks > (os.cpu_count() or 1) else []
+    # mpirun runs as a process of host 0 (its name included), so it starts host
+    # 0's ranks itself and the other hosts' through the agent.
+    return in_host(cluster.hosts[0], [
+        "mpirun", "--allow-run-as-root", "--oversubscribe",
+        "--hostfile", str(hostfile), "--map-by", "slot",
+        "-np", str(nranks),
+        "--mca", "plm_rsh_agent", str(agent),
+        # Control and data both on rail 0, like the other backends' traffic.
+        "--mca", "oob_tcp_if_include", ifname,
+        "--mca", "btl_tcp_if_include", ifname,
+        "--mca", "btl", "self,vader,tcp",
+        *crowded,
+        *(extra or []),
+    ])  # fmt: skip
+
+
+# ---------------------------------------------------------------- supervising
+
+
+def terminate(procs: list[subprocess.Popen], grace: float = KILL_GRACE) -> None:
+    """SIGTERM each process group still running, SIGKILL what outlives `grace`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = [p for p in procs if p.poll() is None]
+        if not live:
+            return
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(p.poll() is None for p in live):
+            time.sleep(0.05)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+@dataclass
+class JobResult:
+    status: int  # 0; the first failing rank's status (128+signal if killed); 124 at the deadline
+    exits: dict[int, int | None] = field(default_factory=dict)  # rank -> code (None: killed by us)
+    reason: str = ""  # one line for the user when status != 0
+
+
+def supervise(
+    procs: dict[int, subprocess.Popen], timeout: float, grace: float, what: str = "rank"
+) -> JobResult:
+    """Wait for every process; the first failure gives the others `grace`
+    seconds to finish or fail on their own (so that their errors are seen),
+    then they are killed; so is everything at the deadline."""
+    deadline = time.monotonic() + timeout
+    first: tuple[int, int] | None = None
+    while True:
+        codes = {r: p.poll() for r, p in procs.items()}
+        if first is None:
+            failed = [(r, c) for r, c in codes.items() if c not in (None, 0)]
+            if failed:
+                first = failed[0]
+                deadline = min(deadline, time.monotonic() + grace)
+        if all(c is not None for c in codes.values()):
+            break
+        if time.monotonic() > deadline:
+            terminate(list(procs.values()))
+            break
+        time.sleep(0.05)
+    exits = {r: (None if codes[r] is None else p.returncode) for r, p in procs.items()}
+    killed = sorted(r for r, c in exits.items() if c is None)
+    if first is not None:
+        rank, code = first
+        why = f"{_who(what, [rank], procs)} {describe_exit(code)}"
+        others = sorted(r for r, c in exits.items() if c not in (None, 0) and r != rank)
+        if others:
+            why += f"; {_who(what, others, procs)} failed too"
+        if killed:
+            why += f"; {_who(what, killed, procs)} killed {grace:g} s later"
+        return JobResult(code if code > 0 else 128 - code, exits, why)
+    if killed:
+        why = f"timed out after {timeout:g} s; killed {_who(what, killed, procs)}"
+        return JobResult(124, exits, why)
+    return JobResult(0, exits)
+
+
+def _who(what: str, ranks: list[int], procs: dict) -> str:
+    """Who failed, in words: "rank 3", "ranks 0,1", or "mpirun" when it is alone."""
+    if len(procs) == 1:
+        return what
+    return f"{what}{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
+
+
+class _Printer:
+    """Copies the ranks' output to one stream, line by line, each line prefixed."""
+
+    def __init__(self, out: BinaryIO):
+        self.out = out
+        self.lock = threading.Lock()
+
+    def pump(self, prefix: bytes, stream: BinaryIO) -> None:
+        with stream:
+            for line in iter(stream.readline, b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                with self.lock:
+                    self.out.write(prefix + line)
+                    self.out.flush()
+
+
+def run(
+    cluster: Cluster,
+    ranks_per_host: int,
+    cmd: list[str],
+    *,
+    timeout: float,
+    grace: float = 10.0,
+    master_port: int = DEFAULT_MASTER_PORT,
+    env: dict[str, str] | None = None,
+    out: BinaryIO | None = None,
+) -> JobResult:
+    """Run `cmd` once per rank over the cluster, streaming each rank's output
+    to `out` (default stdout) as `[rank<R>]: line`."""
+    printer = _Printer(out if out is not None else sys.stdout.buffer)
+    procs: dict[int, subprocess.Popen] = {}
+    pumps = []
+    try:
+        for place in placements(cluster, ranks_per_host):
+            proc = subprocess.Popen(
+                in_host(place.host, cmd),
+                env=rank_env(cluster, place, ranks_per_host, master_port, env),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True,  # a kill reaches the rank's children too
+            )  # fmt: skip
+            procs[place.rank] = proc
+            pump = threading.Thread(
+                target=printer.pump, args=(f"[rank{place.rank}]: ".encode(), proc.stdout),
+                daemon=True,
+            )  # fmt: skip
+            pump.start()
+            pumps.append(pump)
+        return supervise(procs, timeout, grace)
+    finally:
+        terminate(list(procs.values()))
+        for pump in pumps:
+            # A rank's orphaned child may keep the pipe open: do not wait for it.
+            pump.join(timeout=1.0)
+
+
+def run_mpi(
+    cluster: Cluster,
+    ranks_per_host: int,
+    cmd: list[str],
+    workdir: Path,
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> JobResult:
+    """Run `cmd` under mpirun over the cluster; mpirun tags each output line
+    with [job,rank] and stops the job when a rank fails."""
+    mpirun = mpirun_command(cluster, ranks_per_host, workdir, ["--tag-output"])
+    proc = subprocess.Popen(
+        mpirun + cmd, env=dict(os.environ if env is None else env),
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        return supervise({0: proc}, timeout, grace=0.0, what="mpirun")
+    finally:
+        terminate([proc])

@@ -1,0 +1,554 @@
+"""Tests of the emulated cluster (cadence.testbed and `cadence cluster`).
+
+Unit tests of rates, names, rank placement and job supervision run anywhere.
+The rest make real clusters of network namespaces and need root (CI is root);
+without it they skip with the reason. Every cluster gets a name unique to this
+run and is torn down by a fixture finalizer, pass or fail; every wait has a
+deadline.
+
+This file is also the ranks' program: `python test_testbed.py MODE` runs one
+rank of a job (see `worker`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cadence import testbed
+from cadence.cli import main as cli_main
+from cadence.testbed import jobs
+from cadence.testbed.rates import Bucket, format_rate, parse_rate, payload_share
+
+HERE = Path(__file__).resolve()
+PYTHON_DIR = HERE.parents[1] / "python"
+IS_ROOT = os.geteuid() == 0
+TOOLS = [t for t in ("ip", "tc", "unshare", "hostname") if shutil.which(t) is None]
+
+
+def _why_no_clusters() -> str | None:
+    """Why real clusters cannot be made here (then those tests skip), or None."""
+    if not IS_ROOT:
+        return testbed.ROOT_MESSAGE
+    if TOOLS:
+        return f"{', '.join(TOOLS)} not installed (apt-get install iproute2 util-linux)"
+    # Root in a container without CAP_SYS_ADMIN still may not make namespaces.
+    # Only that refusal skips; any other failure is the tests' to report.
+    probe = f"cad-probe{os.getpid()}"
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
+    if p.returncode == 0:
+        subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
+        return None
+    if "not permitted" in p.stderr or "Permission denied" in p.stderr:
+        return f"network namespaces are not permitted here: {p.stderr.strip()}"
+    return None
+
+
+# (Not when this file runs as a rank: the probe is the test session's.)
+WHY_NO_CLUSTERS = _why_no_clusters() if __name__ != "__main__" else None
+needs_clusters = pytest.mark.skipif(WHY_NO_CLUSTERS is not None, reason=str(WHY_NO_CLUSTERS))
+OP_TIMEOUT = 5.0  # CADENCE_TIMEOUT of the link-cut test
+SLACK = 5.0
+
+
+# ------------------------------------------------------------------ rates
+
+
+@pytest.mark.parametrize(
+    "text,bits",
+    [("1gbit", 10**9), ("500mbit", 5 * 10**8), ("200Mbit", 2 * 10**8), ("10kbit", 10**4),
+     ("1000000", 10**6), ("2.5gbit", 25 * 10**8), (" 1 gbit ", 10**9)],
+)  # fmt: skip
+def test_parse_rate(text, bits):
+    assert parse_rate(text) == bits
+
+
+@pytest.mark.parametrize("text", ["", "fast", "1gb/s", "-1gbit", "1 xbit", "10bit"])
+def test_parse_rate_rejects(text):
+    with pytest.raises(ValueError):
+        parse_rate(text)
+
+
+def test_format_rate_round_trips():
+    for bits in (10**9, 5 * 10**8, 1_500_000, 123_456):
+        assert parse_rate(format_rate(bits)) == bits
+    assert format_rate(10**9) == "1gbit" and format_rate(2 * 10**8) == "200mbit"
+
+
+def test_bucket_holds_a_millisecond_but_at_least_two_frames():
+    assert Bucket.for_rate(10**9, 1500).burst_bytes == 125_000
+    assert Bucket.for_rate(10**6, 1500).burst_bytes == 2 * 1514
+    assert Bucket.for_rate(10**9, 1500).tc_args()[:2] == ["tbf", "rate"]
+    assert 0.95 < payload_share(1500) < 0.96
+
+
+# ------------------------------------------------------------------ the model
+
+
+def test_build_names_every_host_nic_and_address():
+    c = testbed.build("tb", hosts=4, nics=2, rate="1gbit")
+    assert [h.name for h in c.hosts] == ["tb-h0", "tb-h1", "tb-h2", "tb-h3"]
+    assert [h.netns for h in c.hosts] == ["cad-tb-h0", "cad-tb-h1", "cad-tb-h2", "cad-tb-h3"]
+    assert c.switch == "cad-tb-sw" and c.bridges == ["rail0", "rail1"]
+    assert [(n.ifname, n.port, n.address) for n in c.hosts[2].nics] == [
+        ("eth0", "h2e0", "10.77.0.3"), ("eth1", "h2e1", "10.77.1.3")
+    ]  # fmt: skip
+    assert c.master_addr == "10.77.0.1"
+    assert testbed.Cluster.from_json(json.loads(json.dumps(c.to_json()))) == c
+
+
+@pytest.mark.parametrize(
+    "name,hosts,nics,rate",
+    [("bad name", 2, 1, "1gbit"), ("-x", 2, 1, "1gbit"), ("x" * 25, 2, 1, "1gbit"),
+     ("ok", 0, 1, "1gbit"), ("ok", 255, 1, "1gbit"), ("ok", 2, 0, "1gbit"),
+     ("ok", 2, 1, "fast")],
+)  # fmt: skip
+def test_build_rejects(name, hosts, nics, rate):
+    with pytest.raises(testbed.TestbedError):
+        testbed.build(name, hosts, nics, rate)
+
+
+def test_ranks_get_torchruns_environment():
+    c = testbed.build("tb", hosts=3, nics=1, rate="1gbit")
+    places = jobs.placements(c, 2)
+    assert [(p.rank, p.local_rank, p.host.index) for p in places] == [
+        (0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1), (4, 0, 2), (5, 1, 2)
+    ]  # fmt: skip
+    env = jobs.rank_env(c, places[3], 2, 29555, base={"OMP_NUM_THREADS": "4"})
+    assert {k: env[k] for k in (
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "CADENCE_HOST", "CADENCE_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+        "OMP_NUM_THREADS",
+    )} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1", "MASTER_ADDR": "10.77.0.1", "MASTER_PORT": "29555",
+        "CADENCE_HOST": "tb-h1", "CADENCE_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
+        "OMP_NUM_THREADS": "4",
+    }  # fmt: skip
+    cmd = jobs.in_host(c.hosts[1], ["python", "x.py"])
+    assert cmd[:4] == ["ip", "netns", "exec", "cad-tb-h1"] and cmd[-2:] == ["python", "x.py"]
+
+
+def _procs(*scripts: str) -> dict[int, subprocess.Popen]:
+    return {
+        r: subprocess.Popen(["sh", "-c", s], start_new_session=True) for r, s in enumerate(scripts)
+    }
+
+
+def test_supervise_reports_the_first_failure_and_kills_the_rest_after_grace():
+    t0 = time.monotonic()
+    res = jobs.supervise(_procs("exit 0", "sleep 0.2; exit 3", "sleep 30"), timeout=20, grace=1)
+    assert res.status == 3
+    assert res.exits == {0: 0, 1: 3, 2: None}
+    assert res.reason.startswith("rank 1 exited with status 3") and "rank 2 killed" in res.reason
+    assert time.monotonic() - t0 < 6
+
+
+def test_supervise_kills_everything_at_the_deadline():
+    t0 = time.monotonic()
+    res = jobs.supervise(_procs("sleep 30", "sleep 30"), timeout=1, grace=5)
+    assert res.status == 124 and "timed out after 1 s" in res.reason
+    assert time.monotonic() - t0 < 6
+
+
+def test_supervise_all_good():
+    assert jobs.supervise(_procs("true", "true"), timeout=10, grace=1).status == 0
+
+
+def test_without_root_every_command_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for argv in (["cluster", "up", "--name", "x"], ["cluster", "down", "--name", "x"],
+                 ["cluster", "status"], ["cluster", "run", "--name", "x", "--", "true"],
+                 ["cluster", "link", "--name", "x", "--host", "0", "--down"]):  # fmt: skip
+        assert cli_main.main(argv) == 1, argv
+        assert testbed.ROOT_MESSAGE in capsys.readouterr().err, argv
+    assert cli_main.main(["bench", "--cluster", "x"]) == 2
+    assert testbed.ROOT_MESSAGE in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ real clusters
+
+
+def _unique_name(tag: str) -> str:
+    return f"t{os.getpid() % 10**6}{tag}{secrets.token_hex(2)}"
+
+
+@pytest.fixture
+def make_cluster():
+    """Brings clusters up; the finalizer brings every one of them down."""
+    made = []
+
+    def make(hosts: int, nics: int = 1, rate: str = "1gbit", tag: str = "") -> testbed.Cluster:
+        cluster = testbed.build(_unique_name(tag), hosts, nics, rate)
+        made.append(cluster.name)
+        testbed.up(cluster)
+        return cluster
+
+    yield make
+    for name in made:
+        testbed.down(name)
+
+
+def _sh(*args: str) -> str:
+    return subprocess.run(args, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+def _machine_network() -> dict[str, object]:
+    """What a cluster must leave as it found it."""
+    return {
+        "netns": sorted(testbed.iproute.namespaces()),
+        "links": sorted(d["ifname"] for d in testbed.iproute.links(None)),
+        "bridges": sorted(d["ifname"] for d in testbed.iproute.links(None, "type", "bridge")),
+        "qdiscs": _sh("tc", "qdisc", "show"),
+        "addresses": _sh("ip", "-br", "addr"),
+        "etc_netns": sorted(p.name for p in Path("/etc/netns").glob("*")),
+        "states": testbed.names(),
+    }
+
+
+@needs_clusters
+def test_up_and_down_twice_leave_nothing_behind():
+    before = _machine_network()
+    name = _unique_name("ud")
+    try:
+        for _ in range(2):
+            cluster = testbed.build(name, hosts=4, nics=2, rate="1gbit")
+            assert testbed.up(cluster) is True
+            assert testbed.up(cluster) is False  # idempotent: nothing new
+            present = testbed.iproute.namespaces()
+            assert set(cluster.namespaces) <= present
+            sw_links = {d["ifname"] for d in testbed.iproute.links(cluster.switch)}
+            assert sw_links == {"lo", "rail0", "rail1"} | {
+                n.port for h in cluster.hosts for n in h.nics
+            }
+            states = testbed.link_states(cluster)
+            assert len(states) == 8
+            assert {(s.state, s.rate_out, s.rate_in) for s in states} == {("up", 10**9, 10**9)}
+            # The machine's own namespace is untouched while the cluster is up.
+            now = _machine_network()
+            for key in ("links", "bridges", "qdiscs", "addresses"):
+                assert now[key] == before[key], key
+            assert testbed.down(name) is True
+            assert testbed.down(name) is False
+            assert _machine_network() == before
+    finally:
+        testbed.down(name)
+
+
+@needs_clusters
+def test_down_ends_what_still_runs_inside(make_cluster):
+    cluster = make_cluster(2, tag="dk")
+    proc = subprocess.Popen(jobs.in_host(cluster.hosts[1], ["sleep", "60"]))
+    try:
+        deadline = time.monotonic() + 10
+        while not testbed.iproute.netns_pids(cluster.hosts[1].netns):
+            assert time.monotonic() < deadline, "sleep never showed up in the namespace"
+            time.sleep(0.05)
+        assert testbed.down(cluster.name) is True
+        assert proc.wait(timeout=10) < 0  # killed by a signal
+        assert not set(cluster.namespaces) & testbed.iproute.namespaces()
+    finally:
+        jobs.terminate([proc])
+
+
+@needs_clusters
+def test_up_restores_links_and_refuses_another_shape(make_cluster):
+    cluster = make_cluster(2, tag="re")
+    testbed.set_link(cluster, 1, 0, rate="300mbit", up=False)
+    testbed.up(cluster)
+    assert {(s.state, s.rate_out) for s in testbed.link_states(cluster)} == {("up", 10**9)}
+    with pytest.raises(testbed.TestbedError, match="exists with 2 hosts"):
+        testbed.up(testbed.build(cluster.name, 3, 1, "1gbit"))
+
+
+def _cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    return subprocess.run(
+        [sys.executable, "-m", "cadence.cli.main", *argv],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
+
+
+@needs_clusters
+def test_link_changes_rate_and_state_live(make_cluster):
+    cluster = make_cluster(3, tag="ln")
+    name = cluster.name
+    p = _cli("cluster", "link", "--name", name, "--host", "2", "--nic", "0", "--rate", "500mbit")
+    assert p.returncode == 0, p.stderr
+    p = _cli("cluster", "link", "--name", name, "--host", "2", "--down")
+    assert p.returncode == 0 and "down" in p.stdout, p.stderr
+    p = _cli("cluster", "status", "--name", name, "--json")
+    assert p.returncode == 0, p.stderr
+    links = {ln["host"]: ln for ln in json.loads(p.stdout)[0]["links"]}
+    assert (links[2]["state"], links[2]["rate_out"], links[2]["rate_in"]) == (
+        "down", 5 * 10**8, 5 * 10**8
+    )  # fmt: skip
+    assert (links[1]["state"], links[1]["rate_out"]) == ("up", 10**9)
+    assert links[2]["address"] == "10.77.0.3"
+    p = _cli("cluster", "link", "--name", name, "--host", "2", "--up")
+    assert p.returncode == 0, p.stderr
+    assert testbed.link_states(cluster)[2].state == "up"
+    p = _cli("cluster", "status", "--name", name)
+    assert "10.77.0.3" in p.stdout and "500mbit" in p.stdout, p.stdout
+    p = _cli("cluster", "link", "--name", name, "--host", "7", "--down")
+    assert p.returncode == 1 and "hosts 0..2" in p.stderr
+
+
+@needs_clusters
+def test_run_launches_like_torchrun_and_prefixes_output(make_cluster):
+    cluster = make_cluster(2, tag="rn")
+    show = (
+        "import json, os, socket; from cadence.testbed.iproute import ip;"
+        "keys = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR',"
+        " 'MASTER_PORT', 'CADENCE_HOST', 'CADENCE_SOCKET_IFNAME', 'GLOO_SOCKET_IFNAME'];"
+        "e = {k: os.environ[k] for k in keys}; e['hostname'] = socket.gethostname();"
+        "e['addr'] = ip(None, '-br', 'addr', 'show', 'eth0').stdout.split()[2];"
+        "print(json.dumps(e))"
+    )
+    p = _cli("cluster", "run", "--name", cluster.name, "--ranks-per-host", "2",
+             "--timeout", "60", "--", sys.executable, "-c", show)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    seen = {}
+    for line in p.stdout.splitlines():
+        prefix, _, payload = line.partition(": ")
+        env = json.loads(payload)
+        assert prefix == f"[rank{env['RANK']}]"
+        seen[int(env["RANK"])] = env
+    assert sorted(seen) == [0, 1, 2, 3]
+    for rank, env in seen.items():
+        host = cluster.hosts[rank // 2]
+        assert env["LOCAL_RANK"] == str(rank % 2)
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("4", "2")
+        assert env["MASTER_ADDR"] == "10.77.0.1" and env["MASTER_PORT"] == "29500"
+        assert env["CADENCE_HOST"] == env["hostname"] == host.name
+        assert env["CADENCE_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
+        assert env["addr"] == host.nics[0].cidr  # inside its own namespace
+
+
+@needs_clusters
+def test_run_fails_with_a_failing_rank_and_at_its_deadline(make_cluster):
+    cluster = make_cluster(2, tag="rf")
+    p = _cli("cluster", "run", "--name", cluster.name, "--grace", "1", "--timeout", "30", "--",
+             "sh", "-c", 'echo hi; [ "$RANK" != 1 ] || exit 7; sleep 20')  # fmt: skip
+    assert p.returncode == 7
+    assert "[rank1]: hi" in p.stdout and "rank 1 exited with status 7" in p.stderr
+    t0 = time.monotonic()
+    p = _cli("cluster", "run", "--name", cluster.name, "--timeout", "1", "--", "sleep", "30")
+    assert p.returncode == 124 and "timed out after 1 s" in p.stderr
+    assert time.monotonic() - t0 < 15
+
+
+HAVE_MPI = shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4py") is not None
+
+
+@needs_clusters
+@pytest.mark.skipif(not HAVE_MPI, reason="Open MPI (mpirun) or mpi4py is not installed")
+def test_mpi_jobs_run_across_the_same_hosts(make_cluster):
+    cluster = make_cluster(2, tag="mp")
+    prog = (
+        "from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD;"
+        "x = np.full(3, c.rank + 1.0); c.Allreduce(MPI.IN_PLACE, x);"
+        "print('R', c.rank, MPI.Get_processor_name(), int(x[0]))"
+    )
+    p = _cli("cluster", "run", "--mpi", "--name", cluster.name, "--ranks-per-host", "2",
+             "--timeout", "60", "--", sys.executable, "-c", prog)  # fmt: skip
+    assert p.returncode == 0, p.stderr + p.stdout
+    # mpirun tags each chunk it forwards ("[1,0]<stdout>:"), sometimes mid-line.
+    text = re.sub(r"\[\d+,\d+\]<stdout>:", "", p.stdout)
+    seen = {}
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["R"]:
+            seen[int(words[1])] = (words[2], int(words[3]))
+    assert seen == {r: (cluster.hosts[r // 2].name, 10) for r in range(4)}, p.stdout
+
+
+# ------------------------------------------------------------------ jobs over TCP
+
+
+def _job(cluster, mode: str, ranks_per_host: int = 1, timeout: float = 120, **env) -> list[dict]:
+    """Run this file's worker over the cluster; each rank's JSON lines, parsed."""
+    p = _cli("cluster", "run", "--name", cluster.name, "--ranks-per-host", str(ranks_per_host),
+             "--timeout", str(timeout), "--", "env", *(f"{k}={v}" for k, v in env.items()),
+             sys.executable, str(HERE), mode, timeout=timeout + 30)  # fmt: skip
+    assert p.returncode == 0, f"{p.stderr}\n{p.stdout[-3000:]}"
+    return _records(p.stdout)
+
+
+def _records(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        _, _, payload = line.partition("]: ")
+        if payload.startswith("{"):
+            out.append(json.loads(payload))
+    return out
+
+
+def _tx_bytes(cluster) -> int:
+    """Bytes the hosts' tbf qdiscs sent: traffic that crossed the links."""
+    total = 0
+    for h in cluster.hosts:
+        stats = json.loads(_sh("tc", "-n", h.netns, "-s", "-j", "qdisc", "show", "dev", "eth0"))
+        total += sum(q.get("bytes", 0) for q in stats)
+    return total
+
+
+@needs_clusters
+def test_four_hosts_allreduce_allgather_alltoall_are_right_over_tcp(make_cluster):
+    cluster = make_cluster(4, tag="co")
+    before = _tx_bytes(cluster)
+    recs = _job(cluster, "collectives")
+    assert sorted(r["rank"] for r in recs) == [0, 1, 2, 3]
+    for r in recs:
+        assert r["host"] == cluster.hosts[r["rank"]].name
+        assert r["wrong"] == {}, r
+    # Every rank's 1 MiB allreduce alone moves 1.5 MiB across its link.
+    assert _tx_bytes(cluster) - before > 4 * 1.5 * (1 << 20)
+
+
+@needs_clusters
+def test_a_throttled_link_slows_a_transfer_that_crosses_it(make_cluster):
+    cluster = make_cluster(3, tag="th")
+    testbed.set_link(cluster, 2, 0, rate="200mbit")
+    (rec,) = [r for r in _job(cluster, "transfer") if r["rank"] == 0]
+    fast, slow = statistics.median(rec["to1"]), statistics.median(rec["to2"])
+    # 4 MiB: ~35 ms at 1gbit, ~175 ms at 200mbit; the ratio, not the times.
+    assert slow / fast > 2.5, rec
+
+
+@needs_clusters
+def test_cutting_a_hosts_only_link_names_its_ranks_on_every_survivor(make_cluster):
+    cluster = make_cluster(3, tag="cu")
+    victim = cluster.hosts[1]  # not host 0: it serves the store
+    victims = {2, 3}
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    cmd = [sys.executable, "-m", "cadence.cli.main", "cluster", "run", "--name", cluster.name,
+           "--ranks-per-host", "2", "--timeout", "90", "--", "env", f"CADENCE_TIMEOUT={OP_TIMEOUT}",
+           sys.executable, str(HERE), "cut"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
+    lines, ready = [], set()
+    try:
+        deadline = time.monotonic() + 60
+        while len(ready) < 6 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.rstrip().endswith(": READY"):
+                ready.add(line.split("]")[0])
+        assert len(ready) == 6, "".join(lines)
+        cut_at = time.time()
+        testbed.set_link(cluster, victim.index, 0, up=False)
+        out, _ = proc.communicate(timeout=OP_TIMEOUT + SLACK + 30)
+        lines.append(out)
+    finally:
+        jobs.terminate([proc])
+    text = "".join(lines)
+    recs = {r["rank"]: r for r in _records(text)}
+    assert sorted(recs) == list(range(6)), text
+    for rank, r in recs.items():
+        assert r["error"] is not None, r
+        assert r["at"] - cut_at < OP_TIMEOUT + SLACK, r
+        if rank in victims:
+            continue  # cut off too; whom they blame is theirs to say
+        assert r["error"] == "CommError", r
+        assert r["culprit"] in victims, f"rank {rank} blamed {r['culprit']}: {r['msg']}"
+        assert f"rank {r['culprit']}" in r["msg"], r
+
+
+# ------------------------------------------------------------------ the ranks' side
+
+
+def _emit(**record) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def _collectives(comm) -> dict:
+    """allreduce, allgather and alltoall on data that depends on the rank,
+    compared with numpy; {name: wrong elements} for the ones that differ."""
+    n, r = comm.size, comm.rank
+    wrong = {}
+    rng = [np.random.default_rng(seed) for seed in range(n)]
+    inputs = [g.integers(-1000, 1000, size=1 << 18).astype(np.float32) for g in rng]
+    x = inputs[r].copy()
+    comm.allreduce(x)  # 1 MiB: large enough to be striped over the streams
+    expect = np.sum(inputs, axis=0, dtype=np.float64).astype(np.float32)
+    wrong["allreduce"] = int(np.count_nonzero(x != expect))
+    small = np.arange(5, dtype=np.int64) + 100 * r
+    got = comm.allgather(small)
+    wrong["allgather"] = int(np.count_nonzero(got.reshape(n, 5) != [
+        np.arange(5) + 100 * s for s in range(n)
+    ]))  # fmt: skip
+    block = 3001  # odd, so blocks do not align
+    send = (np.arange(n * block, dtype=np.int32) + 10**6 * r).reshape(n, block)
+    got = comm.alltoall(send.reshape(-1)).reshape(n, block)
+    expect = np.stack([np.arange(r * block, (r + 1) * block) + 10**6 * s for s in range(n)])
+    wrong["alltoall"] = int(np.count_nonzero(got != expect))
+    return {"wrong": {k: v for k, v in wrong.items() if v}}
+
+
+def _transfer(comm) -> dict:
+    """Rank 0 sends 4 MiB to rank 1 (its link at full rate) and to rank 2
+    (across the throttled link), three times each after a warm-up."""
+    buf = np.ones(1 << 20, dtype=np.float32)
+    ack = np.zeros(1, dtype=np.float32)
+    times = {1: [], 2: []}
+    for dst in (1, 2):
+        for i in range(4):
+            comm.barrier()
+            t0 = time.perf_counter()
+            if comm.rank == 0:
+                comm.send(buf, dst)
+                comm.recv(ack, dst)
+            elif comm.rank == dst:
+                comm.recv(buf, 0)
+                comm.send(ack, 0)
+            if i:
+                times[dst].append(time.perf_counter() - t0)
+    return {"to1": times[1], "to2": times[2]}
+
+
+def _cut(comm) -> dict:
+    """Allreduce until the link is cut; the error each rank gets, and when."""
+    import cadence
+
+    x = np.ones(1 << 16, dtype=np.float32)
+    comm.allreduce(x)
+    print("READY", flush=True)
+    end = time.monotonic() + 60
+    try:
+        while time.monotonic() < end:
+            comm.allreduce(x)
+            time.sleep(0.005)
+    except cadence.CommError as e:
+        return {"error": "CommError", "culprit": e.culprit, "msg": str(e), "at": time.time()}
+    except Exception as e:  # noqa: BLE001 - reported to the test verbatim
+        return {"error": type(e).__name__, "culprit": None, "msg": str(e), "at": time.time()}
+    return {"error": None, "culprit": None, "msg": "no error in 60 s", "at": time.time()}
+
+
+def worker(mode: str) -> None:
+    import cadence
+
+    comm = cadence.init()
+    result = {"collectives": _collectives, "transfer": _transfer, "cut": _cut}[mode](comm)
+    _emit(rank=comm.rank, host=os.environ["CADENCE_HOST"], **result)
+    if mode == "cut":
+        os._exit(0)  # the communicator is broken: nothing to close cleanly
+    comm.close()
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])
