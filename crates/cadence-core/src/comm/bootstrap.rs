@@ -19,9 +19,22 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PeerInfo {
     pub rank: usize,
+    /// Host identity (`CADENCE_HOST`): same host = shared memory.
     pub host: String,
+    /// The physical machine (its boot id). Emulated hosts (network
+    /// namespaces) are different hosts on one machine: they share its cores,
+    /// which decides how a rank should wait.
+    #[serde(default)]
+    pub machine: String,
     pub pid: u32,
     pub addr: String,
+}
+
+/// The kernel's boot id: the same in every namespace of one machine.
+fn machine_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn inbox_path(comm_id: &str, rank: usize) -> PathBuf {
@@ -75,6 +88,7 @@ impl Bootstrap {
             info: PeerInfo {
                 rank,
                 host: host.to_string(),
+                machine: machine_id(),
                 pid: std::process::id(),
                 addr: addr.to_string(),
             },
@@ -179,7 +193,11 @@ impl Bootstrap {
 
         let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
         let mut engine = Engine::new(rank, n, links, inbox);
-        engine.set_local_ranks(local.len());
+        // Ranks that compete for this machine's cores, whatever host they
+        // emulate.
+        let my_machine = &infos[rank].machine;
+        let on_machine = infos.iter().filter(|p| p.machine == *my_machine).count();
+        engine.set_local_ranks(on_machine.max(local.len()));
         engine.diagnosis_grace =
             (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
         let comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);

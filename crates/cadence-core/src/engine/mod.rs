@@ -134,8 +134,9 @@ impl Engine {
         }
     }
 
-    /// Tells the engine how many ranks share this host, to pick its waiting
-    /// policy: spin when each has a core, hand the core over when they do not.
+    /// Tells the engine how many ranks share this machine's cores (emulated
+    /// hosts included), to pick its waiting policy: spin when each has a
+    /// core, hand the core over when they do not.
     pub fn set_local_ranks(&mut self, local: usize) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if local > cores {
