@@ -6,14 +6,17 @@ once, SGD; images/sec per rank over timed iterations after a warm-up.
     .venv/bin/python benchmarks/torch_synthetic.py --nranks 2 4
 
 For each rank count it starts one job (one process per rank, started by
-torch.multiprocessing) that trains two identical DDP models, one on cadence
-(the default group) and one on gloo (a `new_group(backend="gloo")` of the
-same ranks), alternating between them every iteration: on a shared, noisy
-machine, drift then hits both backends alike. It prints images/sec per rank
-(median over iterations and ranks, with the interquartile range) and
+torch.multiprocessing) that trains four identical models in turn: DDP on
+cadence (the default group), DDP on gloo (a `new_group(backend="gloo")` of
+the same ranks), and two floors: "sync-only", DDP whose buckets are not
+exchanged (each bucket's hook allreduces one number, so the ranks still wait
+for each other: what a step costs with infinitely fast communication), and
+"local", the model without DDP. It rotates between them every iteration: on a
+shared, noisy machine, drift then hits all alike. It prints images/sec per
+rank (median over iterations and ranks, with the interquartile range),
 cadence/gloo, the throughput ratio (above 1: cadence trains faster), both as
 the ratio of the medians and as the median of the per-iteration ratios of
-back-to-back iterations.
+back-to-back iterations, and how much longer a step takes than each floor.
 
 Each rank computes with one thread (torch.set_num_threads(1)), as a job with
 one rank per core would; ranks may outnumber cores.
@@ -37,6 +40,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BACKENDS = ("cadence", "gloo")
+FLOORS = ("sync-only", "local")
+RUNS = (*BACKENDS, *FLOORS)
 
 
 class BasicBlock(nn.Module):
@@ -82,6 +87,14 @@ class ResNetLike(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+def _sync_only_hook(_state, bucket):
+    import torch.distributed as dist
+
+    flag = torch.zeros(1)
+    fut = dist.all_reduce(flag, async_op=True).get_future()
+    return fut.then(lambda _: bucket.buffer())
+
+
 def _rank_main(rank, n, port, args, outdir):
     torch.set_num_threads(1)
     import cadence  # noqa: F401 - registers the backend
@@ -94,10 +107,20 @@ def _rank_main(rank, n, port, args, outdir):
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     target = torch.randint(0, args.classes, (args.batch_size,))
     models, opts = {}, {}
-    for name, group in groups.items():
+    for name in RUNS:
         torch.manual_seed(0)
-        models[name] = DDP(ResNetLike(args.width, args.depth, args.classes),
-                           process_group=group)
+        model = ResNetLike(args.width, args.depth, args.classes)
+        if name in groups:
+            model = DDP(model, process_group=groups[name])
+        elif name == "sync-only":
+            # DDP whose buckets are not exchanged: each bucket's hook only
+            # allreduces one number (on cadence). What is left of a step is
+            # DDP's own work and waiting for the slowest rank: the floor any
+            # backend's DDP step can reach on this machine.
+            model = DDP(model, process_group=groups["cadence"])
+            model.register_comm_hook(None, _sync_only_hook)
+        # "local": the same training without DDP: no communication at all.
+        models[name] = model
         opts[name] = torch.optim.SGD(models[name].parameters(), lr=0.01, momentum=0.9)
 
     def step(name):
@@ -105,14 +128,15 @@ def _rank_main(rank, n, port, args, outdir):
         F.cross_entropy(models[name](data), target).backward()
         opts[name].step()
 
-    for name in groups:
+    for name in models:
         for _ in range(args.num_warmup_batches):
             step(name)
-    rates = {name: [] for name in groups}
-    order = list(groups)
+    rates = {name: [] for name in models}
+    order = list(models)
     for it in range(args.num_iters):
-        # Alternate which backend goes first, so that drift favours neither.
-        for name in order if it % 2 == 0 else order[::-1]:
+        # Rotate which one goes first, so that drift favours none.
+        k = it % len(order)
+        for name in order[k:] + order[:k]:
             dist.barrier()
             t = time.perf_counter()
             for _ in range(args.num_batches_per_iter):
@@ -180,26 +204,31 @@ def main(argv=None) -> int:
           f"{args.num_warmup_batches} warm-up; {os.cpu_count()} cores", flush=True)
     results = {}
     for n in args.nranks:
-        per_rank = {b: [[] for _ in range(n)] for b in BACKENDS}
+        per_rank = {b: [[] for _ in range(n)] for b in RUNS}
         for _ in range(args.rounds):
             job = run_job(n, args)
-            for b in BACKENDS:
+            for b in RUNS:
                 for r in range(n):
                     per_rank[b][r] += job[b][r]
         results[n] = per_rank
-        flat = {b: [x for rk in per_rank[b] for x in rk] for b in BACKENDS}
+        flat = {b: [x for rk in per_rank[b] for x in rk] for b in RUNS}
         # Paired ratios: the two backends' iterations ran back to back.
         paired = [c / g for rc, rg in zip(per_rank["cadence"], per_rank["gloo"], strict=True)
                   for c, g in zip(rc, rg, strict=True)]
-        line = [f"{n} ranks:"]
-        for b in BACKENDS:
+        line = [f"{n} ranks, img/s per rank:"]
+        for b in RUNS:
             med = statistics.median(flat[b])
             q1, _, q3 = statistics.quantiles(flat[b], n=4)
-            line.append(f"{b} {med:.1f} img/s per rank (IQR {q1:.1f}-{q3:.1f})")
+            line.append(f"{b} {med:.1f} (IQR {q1:.1f}-{q3:.1f})")
         ratio = statistics.median(flat["cadence"]) / statistics.median(flat["gloo"])
         q1, pm, q3 = statistics.quantiles(paired, n=4)
         line.append(f"cadence/gloo {ratio:.2f}x (paired iterations: median {pm:.2f}x, "
                     f"IQR {q1:.2f}-{q3:.2f}x)")
+        for fl in FLOORS:
+            floor = statistics.median(flat[fl])
+            over = ", ".join(f"{b} +{100 * (floor / statistics.median(flat[b]) - 1):.0f}%"
+                             for b in BACKENDS)
+            line.append(f"step time over {fl}: {over}")
         print("  ".join(line), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -64,10 +64,26 @@ impl OpRequest {
 }
 
 /// Completion of an asynchronous operation.
-#[derive(Default)]
 pub struct Completion {
     state: Mutex<Option<Result<()>>>,
     cv: Condvar,
+    /// The communicator's count of threads blocked in `wait` (see
+    /// `Engine::watchers`).
+    watchers: Arc<AtomicUsize>,
+}
+
+/// Counts a thread as waiting on the progress thread while it lives.
+struct Watching<'a>(&'a AtomicUsize);
+impl<'a> Watching<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Watching(n)
+    }
+}
+impl Drop for Watching<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Completion {
@@ -82,6 +98,7 @@ impl Completion {
     pub fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
         let mut st = self.state.lock().unwrap();
         let deadline = timeout.map(|t| Instant::now() + t);
+        let _watching = st.is_none().then(|| Watching::new(&self.watchers));
         while st.is_none() {
             match deadline {
                 None => st = self.cv.wait(st).unwrap(),
@@ -126,6 +143,8 @@ struct Shared {
     recorder: Mutex<Recorder>,
     /// Submitted asynchronous operations not yet finished.
     pending: AtomicUsize,
+    /// Threads blocked until the progress thread finishes something.
+    watchers: Arc<AtomicUsize>,
 }
 
 pub struct Comm {
@@ -182,6 +201,7 @@ impl Comm {
                 }),
                 recorder: Mutex::new(recorder),
                 pending: AtomicUsize::new(0),
+                watchers: Arc::new(AtomicUsize::new(0)),
                 cfg,
             }),
             hosts,
@@ -236,7 +256,11 @@ impl Comm {
     /// Queues an operation on the progress thread; operations complete in
     /// the order they were issued.
     pub fn submit(&self, req: OpRequest) -> Result<Arc<Completion>> {
-        let done = Arc::new(Completion::default());
+        let done = Arc::new(Completion {
+            state: Mutex::new(None),
+            cv: Condvar::new(),
+            watchers: self.shared.watchers.clone(),
+        });
         let enqueue_ns = self.shared.recorder.lock().unwrap().now_ns();
         let mut w = self.worker.lock().unwrap();
         if w.is_none() {
@@ -439,8 +463,11 @@ impl Shared {
         let seq = inner.op_seq;
         self.record_start(seq, &req, algo, enqueue_ns);
         inner.engine.interrupt = interrupted;
+        // On the progress thread (enqueued), the caller may be busy elsewhere.
+        inner.engine.watchers = enqueue_ns.map(|_| self.watchers.clone());
         let result = self.execute_locked(&mut inner, &req, &args, algo, seq);
         inner.engine.interrupt = None;
+        inner.engine.watchers = None;
         if let Err(e) = &result {
             if !matches!(e.kind, ErrorKind::InvalidArgument(_)) {
                 inner.failed = Some(e.clone());

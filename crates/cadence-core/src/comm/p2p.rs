@@ -29,6 +29,7 @@ impl Shared {
             finished: bool,
         }
         let mut inner = self.inner.lock().unwrap();
+        inner.engine.watchers = Some(self.watchers.clone());
         let mut sends: Vec<(usize, SendJob)> = Vec::new();
         let mut recvs: Vec<(usize, RecvJob)> = Vec::new();
         let mut active: Vec<Active> = Vec::new();
@@ -139,6 +140,7 @@ impl Shared {
                 break Err(self.err(k, None));
             }
         };
+        inner.engine.watchers = None;
         if let Err(e) = result {
             inner.failed = Some(e.clone());
             inner.engine.broadcast_abort(&e);

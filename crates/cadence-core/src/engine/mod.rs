@@ -19,6 +19,8 @@ use crate::transport::{
     STALL_CHAIN_MAX,
 };
 use crate::types::{DType, ElemOp};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long to spin before yielding, and how long to yield before sleeping,
@@ -104,6 +106,12 @@ pub struct Engine {
     /// Set while an inline operation runs for a caller that can be
     /// interrupted (see `Comm::run_interruptible`).
     pub interrupt: Option<crate::comm::InterruptCheck>,
+    /// Set while an operation runs on the progress thread: how many threads
+    /// block waiting for that thread. While none does, the caller is busy
+    /// (computing the next gradients, say) and a spinning wait would steal
+    /// its core, so the wait takes the patient policy and soon sleeps;
+    /// the doorbell or poll(2) still wakes it the moment data arrives.
+    pub watchers: Option<Arc<AtomicUsize>>,
     /// Spin and yield budgets (see `SPIN`).
     spin: Duration,
     yield_for: Duration,
@@ -129,6 +137,7 @@ impl Engine {
             recv_jobs: Vec::new(),
             diagnosis_grace: Duration::from_secs(3),
             interrupt: None,
+            watchers: None,
             spin: SPIN,
             yield_for: YIELD,
         }
@@ -362,9 +371,18 @@ impl Engine {
             }
         }
         let waited = now.duration_since(since);
-        if waited < self.spin {
+        let unwatched = self
+            .watchers
+            .as_ref()
+            .is_some_and(|w| w.load(Ordering::Relaxed) == 0);
+        let (spin, yield_for) = if unwatched {
+            (SPIN_OVERSUBSCRIBED, YIELD_OVERSUBSCRIBED)
+        } else {
+            (self.spin, self.yield_for)
+        };
+        if waited < spin {
             std::hint::spin_loop();
-        } else if waited < self.yield_for {
+        } else if waited < yield_for {
             std::thread::yield_now();
         } else {
             if let Some(check) = &self.interrupt {
