@@ -239,7 +239,12 @@ def check_algorithms(comm, counts):
     import cadence
 
     failures = []
-    for algo in cadence.algorithms("allreduce"):
+    algos = comm.algorithms("allreduce")
+    uniform = len({comm.hosts.count(h) for h in comm.hosts}) == 1
+    # Hierarchical schedules apply exactly when every host has as many ranks.
+    assert ("hierarchical" in algos) == uniform, (algos, comm.hosts)
+    assert set(algos) <= set(cadence.algorithms("allreduce"))
+    for algo in algos:
         for count in counts:
             for dtype in DTYPES:
                 for op in ("sum", "max"):

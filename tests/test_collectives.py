@@ -31,8 +31,8 @@ def test_mixed_hosts():
     _run(check_matrix, 6, "mixed", [0, 7, 4097], None, (ONE_MIB_ODD,))
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n,transport", [(3, "shm"), (4, "shm"), (3, "tcp"), (4, "tcp"),
+                                         (4, "mixed"), (5, "mixed")])
 def test_every_allreduce_algorithm(n, transport):
     _run(check_algorithms, n, transport, [0, 1, 7, 4097, 100003])
 

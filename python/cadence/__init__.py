@@ -183,6 +183,11 @@ class Communicator:
         """Host identity of every rank."""
         return self._c.hosts
 
+    def algorithms(self, kind: str) -> list[str]:
+        """The algorithms of collective `kind` that apply on this
+        communicator's hosts (`cadence.algorithms(kind)` lists them all)."""
+        return self._c.algorithms(kind)
+
     @property
     def local_rank(self) -> int:
         """This rank's index among the ranks of its host."""

@@ -473,6 +473,19 @@ impl PyComm {
         self.comm.config().timeout.as_secs_f64()
     }
 
+    /// The algorithms of `kind` that apply on this communicator's hosts
+    /// (hierarchical ones need the same number of ranks on every host).
+    fn algorithms(&self, kind: &str) -> PyResult<Vec<&'static str>> {
+        let k = CollKind::from_name(kind)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown collective {kind:?}")))?;
+        Ok(self
+            .comm
+            .algorithms_for(k)
+            .into_iter()
+            .map(|a| a.name())
+            .collect())
+    }
+
     /// allreduce(x, out=None, op="sum", factor=None, algo=None, async_op=False)
     ///
     /// Reduces `x` over all ranks. In place when `out` is None; returns the

@@ -16,7 +16,7 @@ use crate::engine::{Buffers, Engine};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::monitor::{OpRecord, Recorder};
 use crate::reduce;
-use crate::schedule::{self, Algo, CollArgs, Schedule};
+use crate::schedule::{self, Algo, CollArgs, Schedule, Topology};
 use crate::transport::{Link, OpMeta};
 use crate::types::{CollKind, DType, RedOp};
 use std::borrow::Cow;
@@ -145,6 +145,8 @@ struct Shared {
     pending: AtomicUsize,
     /// Threads blocked until the progress thread finishes something.
     watchers: Arc<AtomicUsize>,
+    /// Which ranks share a host (from their host names).
+    topo: Topology,
 }
 
 pub struct Comm {
@@ -202,6 +204,7 @@ impl Comm {
                 recorder: Mutex::new(recorder),
                 pending: AtomicUsize::new(0),
                 watchers: Arc::new(AtomicUsize::new(0)),
+                topo: Topology::from_hosts(&hosts),
                 cfg,
             }),
             hosts,
@@ -220,6 +223,21 @@ impl Comm {
     }
     pub fn config(&self) -> &Config {
         &self.shared.cfg
+    }
+    /// Which ranks share a host.
+    pub fn topology(&self) -> &Topology {
+        &self.shared.topo
+    }
+
+    /// The algorithms of `kind` that apply on this communicator's hosts.
+    pub fn algorithms_for(&self, kind: CollKind) -> Vec<Algo> {
+        schedule::algos_for(kind)
+            .iter()
+            .copied()
+            .filter(|&a| {
+                a != Algo::Hierarchical || self.shared.topo.uniform_ranks_per_host().is_some()
+            })
+            .collect()
     }
 
     /// Runs an operation to completion. When no asynchronous operation is
@@ -346,7 +364,7 @@ impl Shared {
 
     fn choose_algo(&self, req: &OpRequest, args: &CollArgs) -> Result<Algo> {
         let n = self.nranks;
-        let applicable = |a: Algo| schedule::applicable(args, n, a);
+        let applicable = |a: Algo| schedule::applicable_on(args, &self.topo, a);
         if let Some(a) = req.algo {
             if !applicable(a) {
                 return Err(self.err(
@@ -376,7 +394,7 @@ impl Shared {
                 ));
             }
         }
-        let def = schedule::default_algo(args, n, req.dtype.size());
+        let def = schedule::default_algo_on(args, &self.topo, req.dtype.size());
         if !self.cfg.algo.excluded.contains(&def) {
             return Ok(def);
         }
@@ -579,9 +597,11 @@ impl Shared {
         let sched = match cached {
             Some(s) => s,
             None => {
-                let s = Arc::new(schedule::build(args, self.rank, n, algo).map_err(|e| {
-                    self.err(ErrorKind::InvalidArgument(e.to_string()), opref(req.kind))
-                })?);
+                let s = Arc::new(
+                    schedule::build_on(args, self.rank, &self.topo, algo).map_err(|e| {
+                        self.err(ErrorKind::InvalidArgument(e.to_string()), opref(req.kind))
+                    })?,
+                );
                 if self.cfg.debug >= DebugLevel::Info {
                     eprintln!(
                         "cadence rank {} INFO: {} of {} x {} over {n} ranks: algorithm {} ({} phases)",

@@ -137,10 +137,13 @@ pub enum Algo {
     Dissemination,
     /// Point-to-point send/recv.
     P2p,
+    /// Shared memory inside each host, TCP only between ranks with the same
+    /// local rank (see `hierarchical.rs`).
+    Hierarchical,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 9] = [
+    pub const ALL: [Algo; 10] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -150,6 +153,7 @@ impl Algo {
         Algo::Pairwise,
         Algo::Dissemination,
         Algo::P2p,
+        Algo::Hierarchical,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -163,6 +167,7 @@ impl Algo {
             Algo::Pairwise => "pairwise",
             Algo::Dissemination => "dissemination",
             Algo::P2p => "p2p",
+            Algo::Hierarchical => "hierarchical",
         }
     }
 

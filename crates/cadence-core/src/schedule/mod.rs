@@ -15,16 +15,19 @@
 mod alltoall;
 mod barrier;
 mod direct;
+mod hierarchical;
 pub mod ir;
 mod p2p;
 mod plan;
 mod recursive_doubling;
 mod ring;
+pub mod topology;
 mod tree;
 mod two_stage;
 pub mod verify;
 
 pub use ir::{Algo, Buf, CollArgs, Phase, Schedule, Span, Step};
+pub use topology::Topology;
 pub use verify::{verify, verify_p2p, verify_schedules, At, Fault, Layout, VerifyError};
 
 use crate::types::CollKind;
@@ -53,6 +56,8 @@ pub enum ScheduleError {
         root: usize,
         nranks: usize,
     },
+    #[error("algorithm {} needs the same number of ranks on every host", .algo.name())]
+    NotUniform { algo: Algo },
     #[error("{kind} at rank {rank}: the peer is the rank itself")]
     SelfPeer { kind: CollKind, rank: usize },
 }
@@ -67,7 +72,7 @@ fn algo_names(kind: &CollKind) -> String {
 pub fn algos_for(kind: CollKind) -> &'static [Algo] {
     use Algo::*;
     match kind {
-        CollKind::AllReduce => &[Ring, RecursiveDoubling, Direct],
+        CollKind::AllReduce => &[Ring, RecursiveDoubling, Direct, Hierarchical],
         CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
         CollKind::Broadcast => &[BinomialTree, ScatterAllgather],
         CollKind::AllGather => &[Ring, Direct, RecursiveDoubling],
@@ -136,6 +141,20 @@ pub fn applicable(args: &CollArgs, nranks: usize, algo: Algo) -> bool {
     check(args, nranks, algo).is_ok()
 }
 
+/// Like [`applicable`] on a given topology: hierarchical schedules also need
+/// every host to have the same number of ranks.
+pub fn applicable_on(args: &CollArgs, topo: &Topology, algo: Algo) -> bool {
+    check_on(args, topo, algo).is_ok()
+}
+
+fn check_on(args: &CollArgs, topo: &Topology, algo: Algo) -> Result<(), ScheduleError> {
+    check(args, topo.nranks(), algo)?;
+    if algo == Algo::Hierarchical && topo.uniform_ranks_per_host().is_none() {
+        return Err(ScheduleError::NotUniform { algo });
+    }
+    Ok(())
+}
+
 /// A simple size-based choice, where `bytes` is the collective's full buffer:
 /// the vector being reduced or broadcast, the gathered output of allgather,
 /// the input of reduce_scatter.
@@ -178,14 +197,46 @@ pub fn default_algo(args: &CollArgs, nranks: usize, elem_size: usize) -> Algo {
     }
 }
 
-/// Rank `rank`'s schedule for one call.
+/// [`default_algo`] on a topology: across hosts, allreduce keeps TCP traffic
+/// to the cross-host columns (hierarchical) when hosts hold several ranks
+/// each, and otherwise prefers the host-ordered ring to `direct` from 32 KiB,
+/// whose n-1 concurrent flows per rank share one NIC.
+pub fn default_algo_on(args: &CollArgs, topo: &Topology, elem_size: usize) -> Algo {
+    const KIB: usize = 1 << 10;
+    let flat = default_algo(args, topo.nranks(), elem_size);
+    if args.kind != CollKind::AllReduce || topo.nhosts() < 2 {
+        return flat;
+    }
+    let bytes = args.counts.iter().sum::<usize>().saturating_mul(elem_size);
+    let per_host = topo.uniform_ranks_per_host().unwrap_or(1);
+    if per_host > 1 && bytes >= 8 * KIB {
+        Algo::Hierarchical
+    } else if bytes >= 32 * KIB {
+        Algo::Ring
+    } else {
+        flat
+    }
+}
+
+/// Rank `rank`'s schedule for one call, all ranks on one host.
 pub fn build(
     args: &CollArgs,
     rank: usize,
     nranks: usize,
     algo: Algo,
 ) -> Result<Schedule, ScheduleError> {
-    check(args, nranks, algo)?;
+    build_on(args, rank, &Topology::single_host(nranks), algo)
+}
+
+/// Rank `rank`'s schedule for one call on `topo`'s hosts.
+pub fn build_on(
+    args: &CollArgs,
+    rank: usize,
+    topo: &Topology,
+    algo: Algo,
+) -> Result<Schedule, ScheduleError> {
+    let nranks = topo.nranks();
+    check_on(args, topo, algo)?;
     if rank >= nranks {
         return Err(ScheduleError::RankOutOfRange { rank, nranks });
     }
@@ -202,23 +253,26 @@ pub fn build(
         return Ok(plan.finish(algo));
     }
     match (kind, algo) {
-        (CollKind::AllReduce, Algo::Ring) => ring::allreduce(&mut plan, count),
+        (CollKind::AllReduce, Algo::Ring) => ring::allreduce(&mut plan, topo, count),
         (CollKind::AllReduce, Algo::RecursiveDoubling) => {
             recursive_doubling::allreduce(&mut plan, count)
         }
         (CollKind::AllReduce, Algo::Direct) => direct::allreduce(&mut plan, count),
+        (CollKind::AllReduce, Algo::Hierarchical) => {
+            hierarchical::allreduce(&mut plan, topo, count)
+        }
         (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, count, root),
         (CollKind::Reduce, Algo::ReduceScatterGather) => two_stage::reduce(&mut plan, count, root),
         (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
         (CollKind::Broadcast, Algo::ScatterAllgather) => {
             two_stage::broadcast(&mut plan, count, root)
         }
-        (CollKind::AllGather, Algo::Ring) => ring::allgather(&mut plan, counts),
+        (CollKind::AllGather, Algo::Ring) => ring::allgather(&mut plan, topo, counts),
         (CollKind::AllGather, Algo::Direct) => direct::allgather(&mut plan, counts),
         (CollKind::AllGather, Algo::RecursiveDoubling) => {
             recursive_doubling::allgather(&mut plan, counts)
         }
-        (CollKind::ReduceScatter, Algo::Ring) => ring::reduce_scatter(&mut plan, counts),
+        (CollKind::ReduceScatter, Algo::Ring) => ring::reduce_scatter(&mut plan, topo, counts),
         (CollKind::ReduceScatter, Algo::Direct) => direct::reduce_scatter(&mut plan, counts),
         (CollKind::AllToAll, Algo::Pairwise) => alltoall::pairwise(&mut plan, counts),
         (CollKind::AllToAll, Algo::Direct) => alltoall::direct(&mut plan, counts),
@@ -323,7 +377,7 @@ mod tests {
         assert_eq!(
             msg,
             "algorithm pairwise does not apply to allreduce \
-             (it takes ring, recursive_doubling, direct)"
+             (it takes ring, recursive_doubling, direct, hierarchical)"
         );
     }
 

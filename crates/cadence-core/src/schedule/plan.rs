@@ -139,6 +139,13 @@ impl Blocks {
         }
     }
 
+    /// n chunks of the `len` elements starting at `off`.
+    pub fn balanced_in(off: usize, len: usize, n: usize) -> Blocks {
+        let mut b = Blocks::balanced(len, n);
+        b.displ.iter_mut().for_each(|d| *d += off);
+        b
+    }
+
     /// Block b has `counts[b]` elements.
     pub fn of_counts(counts: &[usize]) -> Blocks {
         let mut displ = Vec::with_capacity(counts.len() + 1);

@@ -1,79 +1,137 @@
-//! Ring algorithms: allreduce, allgather, reduce_scatter.
+//! Ring algorithms: allreduce, allgather, reduce_scatter, and the ring
+//! passes the hierarchical schedules reuse.
 //!
 //! Terms:
-//! - **ring**: the ranks in order 0 → 1 → … → n-1 → 0. Every rank sends only
-//!   to its **next**, `(r+1) mod n`, and receives only from its **prev**,
-//!   `(r-1) mod n`.
-//! - **chunk**: one of the n pieces the buffer is cut into: balanced chunks for
-//!   allreduce, the ranks' blocks for allgather and reduce_scatter.
-//! - **step**: one phase of the ring. In step s every rank sends one chunk and
-//!   receives another, so every link carries 1/n of the buffer at once.
-//! - **reduce-scatter pass**: n-1 steps in which every chunk travels once
-//!   around the ring, gaining one rank's contribution per hop; at the end each
-//!   rank holds one fully reduced chunk.
-//! - **allgather pass**: n-1 steps in which every finished chunk travels once
-//!   around the ring, so every rank ends with all of them.
+//! - **ring**: a list of member ranks; position p sends only to its **next**
+//!   (position p+1 mod m) and receives only from its **prev** (p-1 mod m).
+//!   The flat algorithms use the topology's ring order (host after host), so
+//!   the ring crosses each host boundary once; on one host that is rank order.
+//! - **chunk**: one of the m pieces the buffer (or a region of it) is cut
+//!   into, indexed by ring position: balanced chunks for allreduce, the ranks'
+//!   blocks for allgather and reduce_scatter.
+//! - **step**: one phase of the ring. In step s every member sends one chunk
+//!   and receives another, so every link carries 1/m of the buffer at once.
+//! - **reduce-scatter pass**: m-1 steps in which every chunk travels once
+//!   around the ring, gaining one member's contribution per hop; at the end
+//!   position p holds the fully reduced chunk p+1.
+//! - **allgather pass**: m-1 steps in which every finished chunk travels once
+//!   around the ring, so every member ends with all of them.
 //!
-//! Each rank sends (n-1)/n of the buffer per pass: bandwidth-optimal, but a
-//! pass costs n-1 latencies, so rings are for large buffers.
+//! Each member sends (m-1)/m of the buffer per pass: bandwidth-optimal, but a
+//! pass costs m-1 latencies, so rings are for large buffers.
 //!
 //! A chunk is reduced on a rank exactly once per pass, on arrival, reading the
-//! rank's own Input (`dst = Input ⊕ incoming`). So Input is never copied to
-//! Output first and, when Input and Output are the same memory, `Input[i]` is
-//! read before anything writes `Output[i]`. Every chunk's final value is computed
-//! on one rank and only copied from there, so all ranks hold the same bits.
+//! rank's own contribution (`dst = own ⊕ incoming`). So Input is never copied
+//! to Output first and, when Input and Output are the same memory, `Input[i]`
+//! is read before anything writes `Output[i]`. Every chunk's final value is
+//! computed on one rank and only copied from there, so all ranks hold the same
+//! bits.
 
 use super::ir::{Buf, Span};
 use super::plan::{Blocks, Plan};
+use super::topology::Topology;
 
-fn neighbours(plan: &Plan) -> (usize, usize) {
-    let (r, n) = (plan.rank, plan.nranks);
-    ((r + 1) % n, (r + n - 1) % n)
+/// A ring over `members`, seen from one of them.
+pub(crate) struct Ring<'a> {
+    members: &'a [usize],
+    pos: usize,
+}
+
+impl<'a> Ring<'a> {
+    /// `rank` must be one of `members`.
+    pub fn new(members: &'a [usize], rank: usize) -> Ring<'a> {
+        let pos = members
+            .iter()
+            .position(|&r| r == rank)
+            .expect("the rank is a member of its ring");
+        Ring { members, pos }
+    }
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+    /// The member `k` positions after this one (k may be "negative" mod m).
+    fn at(&self, k: usize) -> usize {
+        self.members[(self.pos + k) % self.len()]
+    }
+    fn next(&self) -> usize {
+        self.at(1)
+    }
+    fn prev(&self) -> usize {
+        self.at(self.len() - 1)
+    }
+    /// Position p+k mod m, for chunk indices.
+    fn chunk(&self, k: usize) -> usize {
+        (self.pos + k) % self.len()
+    }
+}
+
+/// Reduce-scatter pass over `chunks` (one per ring position): this rank's
+/// contribution to chunk c is `own`'s chunk c (Input, or Output when an
+/// earlier stage left a partial result there); results go to Output. Returns
+/// the chunk this rank finishes, `pos+1`.
+pub(crate) fn reduce_scatter_pass(
+    plan: &mut Plan,
+    ring: &Ring,
+    chunks: &Blocks,
+    own: Buf,
+) -> usize {
+    let m = ring.len();
+    // In step s position p passes on chunk p-s (its own contribution in step
+    // 0, else the partial result it made in step s-1) and adds its own to
+    // chunk p-s-1. After step m-2 it holds the finished chunk p+1.
+    for s in 0..m.saturating_sub(1) {
+        let send_c = ring.chunk(m - s);
+        let recv_c = ring.chunk(2 * m - s - 1);
+        let src = if s == 0 { own } else { Buf::Output };
+        plan.phase()
+            .send(ring.next(), chunks.span(src, send_c))
+            .recv_reduce(
+                ring.prev(),
+                chunks.span(Buf::Output, recv_c),
+                chunks.span(own, recv_c),
+            );
+    }
+    ring.chunk(1)
+}
+
+/// Allgather pass over `chunks` in Output, where this rank holds the
+/// finished chunk `pos+1` (what [`reduce_scatter_pass`] leaves).
+pub(crate) fn allgather_pass(plan: &mut Plan, ring: &Ring, chunks: &Blocks) {
+    let m = ring.len();
+    // In step s position p forwards finished chunk p+1-s and receives chunk
+    // p-s: every chunk but p+1 arrives, so no copy is needed.
+    for s in 0..m.saturating_sub(1) {
+        let send_c = ring.chunk(1 + m - s);
+        let recv_c = ring.chunk(m - s);
+        plan.phase()
+            .send(ring.next(), chunks.span(Buf::Output, send_c))
+            .recv(ring.prev(), chunks.span(Buf::Output, recv_c));
+    }
 }
 
 /// Allreduce: a reduce-scatter pass, then an allgather pass, both on Output.
-pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
-    let (r, n) = (plan.rank, plan.nranks);
-    let (next, prev) = neighbours(plan);
-    let chunks = Blocks::balanced(count, n);
-    // Reduce-scatter: in step s rank r passes on chunk r-s (its own Input in
-    // step 0, else the partial result it made in step s-1) and adds its Input
-    // to chunk r-s-1. After step n-2 it holds the finished chunk r+1.
-    for s in 0..n - 1 {
-        let send_c = (r + n - s) % n;
-        let recv_c = (r + 2 * n - s - 1) % n;
-        let src = if s == 0 { Buf::Input } else { Buf::Output };
-        plan.phase()
-            .send(next, chunks.span(src, send_c))
-            .recv_reduce(
-                prev,
-                chunks.span(Buf::Output, recv_c),
-                chunks.span(Buf::Input, recv_c),
-            );
-    }
-    // Allgather: in step s rank r forwards finished chunk r+1-s and receives
-    // chunk r-s. It receives every chunk but r+1, which it finished itself, so
-    // every chunk of Output is written and no copy is needed.
-    for s in 0..n - 1 {
-        let send_c = (r + 1 + n - s) % n;
-        let recv_c = (r + n - s) % n;
-        plan.phase()
-            .send(next, chunks.span(Buf::Output, send_c))
-            .recv(prev, chunks.span(Buf::Output, recv_c));
-    }
+pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
+    let order = topo.ring_order();
+    let ring = Ring::new(&order, plan.rank);
+    let chunks = Blocks::balanced(count, ring.len());
+    reduce_scatter_pass(plan, &ring, &chunks, Buf::Input);
+    allgather_pass(plan, &ring, &chunks);
 }
 
 /// Allgather: an allgather pass over the ranks' blocks of Output.
-pub(crate) fn allgather(plan: &mut Plan, counts: &[usize]) {
-    let (r, n) = (plan.rank, plan.nranks);
-    let (next, prev) = neighbours(plan);
+pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
+    let r = plan.rank;
+    let order = topo.ring_order();
+    let ring = Ring::new(&order, r);
+    let m = ring.len();
     let blocks = Blocks::of_counts(counts);
     let own = Span::input(0, counts[r]);
-    // In step s rank r forwards block r-s (its own, straight from Input, in
-    // step 0) and receives block r-s-1.
-    for s in 0..n - 1 {
-        let send_b = (r + n - s) % n;
-        let recv_b = (r + 2 * n - s - 1) % n;
+    // In step s this rank forwards the block of the member s positions back
+    // (its own, straight from Input, in step 0) and receives the block of the
+    // member s+1 back.
+    for s in 0..m - 1 {
+        let send_b = ring.at(m - s);
+        let recv_b = ring.at(2 * m - s - 1);
         let mut phase = plan.phase();
         let src = if s == 0 {
             phase.copy(own, blocks.span(Buf::Output, r));
@@ -82,8 +140,8 @@ pub(crate) fn allgather(plan: &mut Plan, counts: &[usize]) {
             blocks.span(Buf::Output, send_b)
         };
         phase
-            .send(next, src)
-            .recv(prev, blocks.span(Buf::Output, recv_b));
+            .send(ring.next(), src)
+            .recv(ring.prev(), blocks.span(Buf::Output, recv_b));
     }
 }
 
@@ -92,19 +150,22 @@ pub(crate) fn allgather(plan: &mut Plan, counts: &[usize]) {
 /// Partial results travel through two scratch **slots** of the largest block's
 /// size, alternating, because the block sent in a step cannot also be written
 /// in it; the last step reduces straight into Output.
-pub(crate) fn reduce_scatter(plan: &mut Plan, counts: &[usize]) {
-    let (r, n) = (plan.rank, plan.nranks);
-    let (next, prev) = neighbours(plan);
+pub(crate) fn reduce_scatter(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
+    let r = plan.rank;
+    let order = topo.ring_order();
+    let ring = Ring::new(&order, r);
+    let n = ring.len();
     let blocks = Blocks::of_counts(counts);
     let slot_size = blocks.max_len();
     let slot = |s: usize, len: usize| Span::scratch((s % 2) * slot_size, len);
     // Steps 0..n-3 write slots 0, 1, 0, …: at most two are live.
     plan.need_scratch((n - 2).min(2) * slot_size);
-    // In step s rank r passes on block r-s-1 and adds its Input to block
-    // r-s-2; in step n-2 that is block r, its own, finished into Output.
+    // In step s this rank passes on the block of the member s+1 back and adds
+    // its Input to the block of the member s+2 back; in step n-2 that is its
+    // own block, finished into Output.
     for s in 0..n - 1 {
-        let send_b = (r + 2 * n - s - 1) % n;
-        let recv_b = (r + 2 * n - s - 2) % n;
+        let send_b = ring.at(2 * n - s - 1);
+        let recv_b = ring.at(2 * n - s - 2);
         let src = if s == 0 {
             blocks.span(Buf::Input, send_b)
         } else {
@@ -115,8 +176,10 @@ pub(crate) fn reduce_scatter(plan: &mut Plan, counts: &[usize]) {
         } else {
             slot(s, blocks.len(recv_b))
         };
-        plan.phase()
-            .send(next, src)
-            .recv_reduce(prev, dst, blocks.span(Buf::Input, recv_b));
+        plan.phase().send(ring.next(), src).recv_reduce(
+            ring.prev(),
+            dst,
+            blocks.span(Buf::Input, recv_b),
+        );
     }
 }

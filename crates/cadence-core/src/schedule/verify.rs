@@ -39,7 +39,8 @@
 //! receives was captured at a point fixed in the sender's own sequence.
 
 use super::ir::{Algo, Buf, CollArgs, Schedule, Span, Step};
-use super::{build, check, check_args, ScheduleError};
+use super::topology::Topology;
+use super::{build, build_on, check_args, check_on, ScheduleError};
 use crate::types::CollKind;
 use std::collections::HashMap;
 use std::fmt;
@@ -251,6 +252,13 @@ fn layout_text(layout: &Option<Layout>) -> String {
 /// kind says: every pair (other → root) for `Send`, (root → other) for `Recv`
 /// is checked with [`verify_p2p`].
 pub fn verify(args: &CollArgs, nranks: usize, algo: Algo) -> Result<(), VerifyError> {
+    verify_on(args, &Topology::single_host(nranks), algo)
+}
+
+/// Like [`verify`], with the ranks on `topo`'s hosts (ring orders and
+/// hierarchical schedules depend on them).
+pub fn verify_on(args: &CollArgs, topo: &Topology, algo: Algo) -> Result<(), VerifyError> {
+    let nranks = topo.nranks();
     let fail = |fault| VerifyError {
         kind: args.kind,
         root: args.root,
@@ -263,7 +271,7 @@ pub fn verify(args: &CollArgs, nranks: usize, algo: Algo) -> Result<(), VerifyEr
     if nranks > MAX_RANKS {
         return Err(fail(Fault::TooManyRanks { nranks }));
     }
-    check(args, nranks, algo).map_err(|e| fail(Fault::BadArgs(e)))?;
+    check_on(args, topo, algo).map_err(|e| fail(Fault::BadArgs(e)))?;
     if matches!(args.kind, CollKind::Send | CollKind::Recv) {
         if nranks == 1 {
             // The only rank would be its own peer: report what build says.
@@ -282,7 +290,7 @@ pub fn verify(args: &CollArgs, nranks: usize, algo: Algo) -> Result<(), VerifyEr
     }
     let schedules = (0..nranks)
         .map(|rank| {
-            build(args, rank, nranks, algo).map_err(|error| fail(Fault::Build { rank, error }))
+            build_on(args, rank, topo, algo).map_err(|error| fail(Fault::Build { rank, error }))
         })
         .collect::<Result<Vec<_>, _>>()?;
     verify_schedules(args, &schedules)
@@ -1187,6 +1195,7 @@ impl<'w> Sim<'w> {
 mod tests {
     use super::super::{algos_for, applicable, Phase};
     use super::*;
+    use crate::schedule::applicable_on;
 
     const MAX_N: usize = 16;
 
@@ -1316,6 +1325,112 @@ mod tests {
     #[test]
     fn large_world_64() {
         verify_large_world(64);
+    }
+
+    /// Host layouts: contiguous and interleaved (rank r on host r mod H, so
+    /// the ring order differs from rank order), uniform and not.
+    fn topologies() -> Vec<Topology> {
+        let mut out = Vec::new();
+        for (hosts, per) in [
+            (2, 1),
+            (2, 2),
+            (3, 2),
+            (2, 3),
+            (4, 2),
+            (3, 3),
+            (4, 4),
+            (5, 3),
+            (8, 4),
+        ] {
+            let n = hosts * per;
+            out.push(Topology::from_hosts(
+                &(0..n).map(|r| r / per).collect::<Vec<_>>(),
+            ));
+            out.push(Topology::from_hosts(
+                &(0..n).map(|r| r % hosts).collect::<Vec<_>>(),
+            ));
+        }
+        out.push(Topology::from_hosts(&[0, 1, 1, 1]));
+        out.push(Topology::from_hosts(&[0, 0, 1, 2, 2, 2, 0]));
+        out
+    }
+
+    #[test]
+    fn every_algorithm_on_multi_host_topologies() {
+        let mut runs = 0;
+        for topo in topologies() {
+            let n = topo.nranks();
+            for kind in CollKind::ALL {
+                if matches!(kind, CollKind::Send | CollKind::Recv) {
+                    continue;
+                }
+                let patterns = count_patterns(kind, n);
+                let chosen = match kind {
+                    CollKind::AllToAll => &patterns[5..6],
+                    CollKind::Barrier => &patterns[..],
+                    _ => &patterns[..],
+                };
+                for counts in chosen {
+                    let a = args(kind, n - 1, counts.clone());
+                    for &algo in algos_for(kind) {
+                        let ok = applicable_on(&a, &topo, algo);
+                        let uniform = topo.uniform_ranks_per_host().is_some();
+                        assert_eq!(ok, uniform || algo != Algo::Hierarchical);
+                        if !ok {
+                            continue;
+                        }
+                        if let Err(e) = verify_on(&a, &topo, algo) {
+                            panic!("{e} on hosts {topo:?}");
+                        }
+                        runs += 1;
+                    }
+                }
+            }
+        }
+        assert!(runs > 100);
+    }
+
+    #[test]
+    fn rings_cross_each_host_boundary_once() {
+        // Ranks interleaved over 2 hosts: a rank-order ring would cross
+        // between hosts at every hop.
+        let topo = Topology::from_hosts(&[0, 1, 0, 1, 0, 1]);
+        let a = args(CollKind::AllReduce, 0, vec![60]);
+        let mut crossing = 0;
+        for r in 0..6 {
+            let s = build_on(&a, r, &topo, Algo::Ring).unwrap();
+            let peers: std::collections::BTreeSet<usize> = s
+                .phases
+                .iter()
+                .flat_map(|p| &p.steps)
+                .filter_map(|st| match st {
+                    Step::Send { peer, .. } => Some(*peer),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(peers.len(), 1, "rank {r} sends to one next rank");
+            let next = *peers.iter().next().unwrap();
+            crossing += usize::from(topo.host_of(next) != topo.host_of(r));
+        }
+        assert_eq!(crossing, 2);
+    }
+
+    #[test]
+    fn hierarchical_sends_only_same_local_rank_across_hosts() {
+        let topo = Topology::from_hosts(&[0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]);
+        let a = args(CollKind::AllReduce, 0, vec![1000]);
+        for r in 0..12 {
+            let s = build_on(&a, r, &topo, Algo::Hierarchical).unwrap();
+            for st in s.phases.iter().flat_map(|p| &p.steps) {
+                if let Step::Send { peer, src } = st {
+                    if topo.host_of(*peer) != topo.host_of(r) {
+                        assert_eq!(topo.local_rank(*peer), topo.local_rank(r));
+                        // Each cross-host message is a sub-chunk: 1/(3·4) of the buffer.
+                        assert!(src.len <= 1000 / 12 + 1, "{src:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,56 @@
+//! Hierarchical schedules: shared memory inside each host, TCP only between
+//! ranks with the same local rank, several cross-host rings side by side.
+//!
+//! Terms (see `topology.rs` for host, local rank, uniform):
+//! - **local ring**: the ranks of one host, in local-rank order.
+//! - **column**: the ranks with one local rank, one per host, host by host;
+//!   with L ranks per host there are L columns, each its own cross-host ring.
+//!
+//! Allreduce with L ranks per host and H hosts, in three stages:
+//! 1. reduce-scatter inside each host over L chunks: local rank ℓ ends with
+//!    its host's partial sum of chunk ℓ+1 (mod L);
+//! 2. each column allreduces that chunk across the hosts (a ring: reduce-
+//!    scatter then allgather over H sub-chunks), all L columns at once;
+//! 3. allgather inside each host.
+//!
+//! Each host's NIC carries 2(H-1)/H of the buffer, against 2(N-1)/N for a
+//! flat ring over all N = L·H ranks, and a small call takes 2(L-1) cheap
+//! local steps plus 2(H-1) cross-host ones instead of 2(N-1) that all cross.
+//! Every element's final value is computed once (in stage 2, on one rank)
+//! and only copied from there, so all ranks hold the same bits.
+//!
+//! Needs a uniform topology (see [`super::applicable_on`]); with L = 1 it is
+//! a ring over the hosts, with H = 1 a ring inside the host.
+
+use super::ir::Buf;
+use super::plan::{Blocks, Plan};
+use super::ring::{allgather_pass, reduce_scatter_pass, Ring};
+use super::topology::Topology;
+
+pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
+    let r = plan.rank;
+    let l = topo.uniform_ranks_per_host().unwrap_or(0);
+    debug_assert!(l > 0, "hierarchical schedules need a uniform topology");
+    let host = topo.ranks_on(topo.host_of(r)).to_vec();
+    let local = Ring::new(&host, r);
+    let whole = Blocks::balanced(count, l);
+    // Stage 1; with one rank per host the contribution stays in Input.
+    let (own, chunk) = if l > 1 {
+        (
+            Buf::Output,
+            reduce_scatter_pass(plan, &local, &whole, Buf::Input),
+        )
+    } else {
+        (Buf::Input, 0)
+    };
+    // Stage 2: every rank of the column finishes the same chunk in stage 1.
+    let column = topo.column(topo.local_rank(r));
+    let cross = Ring::new(&column, r);
+    let sub = Blocks::balanced_in(whole.off(chunk), whole.len(chunk), cross.len());
+    reduce_scatter_pass(plan, &cross, &sub, own);
+    allgather_pass(plan, &cross, &sub);
+    // Stage 3.
+    if l > 1 {
+        allgather_pass(plan, &local, &whole);
+    }
+}
