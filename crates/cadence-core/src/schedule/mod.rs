@@ -14,6 +14,7 @@
 
 mod alltoall;
 mod barrier;
+pub mod cost;
 mod direct;
 mod hierarchical;
 pub mod ir;
@@ -27,6 +28,7 @@ mod two_stage;
 pub mod verify;
 
 pub use ir::{Algo, Buf, CollArgs, Phase, Schedule, Span, Step};
+pub use cost::{CostModel, LinkCost};
 pub use topology::Topology;
 pub use verify::{verify, verify_p2p, verify_schedules, At, Fault, Layout, VerifyError};
 

@@ -1,0 +1,261 @@
+//! The α-β-γ cost model the tuner ranks algorithms with.
+//!
+//! Terms:
+//! - **link class**: shared memory (both ranks on one host) or TCP (between
+//!   hosts). Each has an **α**, the fixed cost of one message (seconds), and a
+//!   **β**, the cost of one byte (seconds per byte, 1/bandwidth).
+//! - **γ**: the cost of one byte of local work (a reduction on arrival, a
+//!   local copy or reduce step).
+//! - **NIC share**: TCP messages leaving (or entering) one host in one phase
+//!   share that host's link, so a phase's TCP time is α plus the bytes of the
+//!   whole host, not of one rank, times β. That is what makes a flat ring or
+//!   `direct` expensive across hosts with several ranks each, and what the
+//!   hierarchical schedules avoid.
+//!
+//! A rank's time is the sum over its phases of
+//! `max(shared-memory part, TCP part) + γ · local bytes`, where the
+//! shared-memory part is α per message plus its shared-memory bytes times β
+//! (the engine moves them one after another on one thread), and the TCP part
+//! is one α (the messages' latencies overlap) plus the host's TCP bytes
+//! times β. The estimate of a schedule
+//! set is its slowest rank. It ignores skew between ranks and overlap across
+//! phases: it ranks algorithms; it does not predict wall time to the percent.
+
+use super::ir::{Schedule, Step};
+use super::topology::Topology;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkCost {
+    /// Seconds per message.
+    pub alpha: f64,
+    /// Seconds per byte.
+    pub beta: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    pub shm: LinkCost,
+    pub tcp: LinkCost,
+    /// Seconds per byte of local reduction or copy.
+    pub gamma: f64,
+    /// Incast: when a host receives from k other hosts in one phase, its
+    /// TCP bytes cost `β · (1 + incast · (k-1))`. Flows from several hosts
+    /// converge on one switch port and finish unevenly; measured on the
+    /// emulated cluster, `direct` (k = n-1) trails the ring (k = 1), which
+    /// moves the same bytes.
+    pub incast: f64,
+}
+
+impl Default for CostModel {
+    /// Rough figures for a current x86 server: 1 µs / 8 GB/s through shared
+    /// memory, 50 µs / 1.25 GB/s (10 Gbit/s) over TCP, 4 GB/s of reduction.
+    /// Calibration (`Comm::calibrate`, `cadence tune`) replaces them.
+    fn default() -> Self {
+        CostModel {
+            shm: LinkCost {
+                alpha: 1e-6,
+                beta: 1.0 / 8e9,
+            },
+            tcp: LinkCost {
+                alpha: 50e-6,
+                beta: 1.0 / 1.25e9,
+            },
+            gamma: 1.0 / 4e9,
+            incast: 0.1,
+        }
+    }
+}
+
+/// What one rank moves in one phase.
+#[derive(Default, Clone, Copy)]
+struct PhaseLoad {
+    shm_msgs: usize,
+    shm_bytes: usize,
+    tcp_out: usize,
+    tcp_in: usize,
+    local_bytes: usize,
+    /// Hosts this rank receives from over TCP, as a bit set (by host index
+    /// mod 64: an estimate, not an identity).
+    tcp_from: u64,
+}
+
+impl CostModel {
+    /// Estimated seconds for one call, given every rank's schedule (in rank
+    /// order) on `topo`, with elements of `elem_size` bytes.
+    pub fn estimate(&self, schedules: &[Schedule], topo: &Topology, elem_size: usize) -> f64 {
+        let loads: Vec<Vec<PhaseLoad>> = schedules
+            .iter()
+            .map(|s| phase_loads(s, topo, elem_size))
+            .collect();
+        let nphases = loads.iter().map(Vec::len).max().unwrap_or(0);
+        // Per host and phase index: TCP bytes out of and into the host.
+        let mut host_out = vec![vec![0usize; nphases]; topo.nhosts()];
+        let mut host_in = vec![vec![0usize; nphases]; topo.nhosts()];
+        let mut host_from = vec![vec![0u64; nphases]; topo.nhosts()];
+        for (r, phases) in loads.iter().enumerate() {
+            let h = topo.host_of(r);
+            for (i, p) in phases.iter().enumerate() {
+                host_out[h][i] += p.tcp_out;
+                host_in[h][i] += p.tcp_in;
+                host_from[h][i] |= p.tcp_from;
+            }
+        }
+        loads
+            .iter()
+            .enumerate()
+            .map(|(r, phases)| {
+                let h = topo.host_of(r);
+                phases
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        // One thread handles every shared-memory message in
+                        // turn, so each costs its α.
+                        let shm = p.shm_msgs as f64 * self.shm.alpha
+                            + p.shm_bytes as f64 * self.shm.beta;
+                        let tcp = if p.tcp_out + p.tcp_in > 0 {
+                            let bytes = host_out[h][i].max(host_in[h][i]);
+                            let k = host_from[h][i].count_ones().max(1) as f64;
+                            let beta = self.tcp.beta * (1.0 + self.incast * (k - 1.0));
+                            self.tcp.alpha + bytes as f64 * beta
+                        } else {
+                            0.0
+                        };
+                        shm.max(tcp) + p.local_bytes as f64 * self.gamma
+                    })
+                    .sum::<f64>()
+            })
+            .fold(0.0, f64::max)
+    }
+}
+
+fn phase_loads(s: &Schedule, topo: &Topology, es: usize) -> Vec<PhaseLoad> {
+    let me = topo.host_of(s.rank);
+    s.phases
+        .iter()
+        .map(|phase| {
+            let mut p = PhaseLoad::default();
+            let (mut shm_out, mut shm_in) = (0, 0);
+            for step in &phase.steps {
+                match step {
+                    Step::Send { peer, src } => {
+                        if topo.host_of(*peer) == me {
+                            p.shm_msgs += 1;
+                            shm_out += src.len * es;
+                        } else {
+                            p.tcp_out += src.len * es;
+                        }
+                    }
+                    Step::Recv {
+                        peer,
+                        dst,
+                        reduce_with,
+                    } => {
+                        if topo.host_of(*peer) == me {
+                            p.shm_msgs += 1;
+                            shm_in += dst.len * es;
+                        } else {
+                            p.tcp_in += dst.len * es;
+                            if dst.len > 0 {
+                                p.tcp_from |= 1 << (topo.host_of(*peer) % 64);
+                            }
+                        }
+                        if reduce_with.is_some() {
+                            p.local_bytes += dst.len * es;
+                        }
+                    }
+                    Step::Copy { src, .. } | Step::Reduce { src, .. } => {
+                        p.local_bytes += src.len * es;
+                    }
+                }
+            }
+            // A shared-memory message costs its receiver the copy; the
+            // sender's side is one copy into the ring, counted as well.
+            p.shm_bytes = shm_out.max(shm_in);
+            p
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{algos_for, applicable_on, build_on, Algo, CollArgs};
+    use crate::types::CollKind;
+
+    fn best(kind: CollKind, bytes: usize, topo: &Topology, m: &CostModel) -> Algo {
+        let n = topo.nranks();
+        let counts = match kind {
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => vec![bytes / 4],
+            _ => vec![bytes / 4 / n; n],
+        };
+        let args = CollArgs {
+            kind,
+            root: 0,
+            counts,
+        };
+        algos_for(kind)
+            .iter()
+            .copied()
+            .filter(|&a| applicable_on(&args, topo, a))
+            .map(|a| {
+                let s: Vec<_> = (0..n).map(|r| build_on(&args, r, topo, a).unwrap()).collect();
+                (m.estimate(&s, topo, 4), a)
+            })
+            .min_by(|x, y| x.0.total_cmp(&y.0))
+            .unwrap()
+            .1
+    }
+
+    /// The emulated cluster: 1 Gbit/s links, ~150 µs per TCP message.
+    fn cluster() -> CostModel {
+        CostModel {
+            tcp: LinkCost {
+                alpha: 150e-6,
+                beta: 1.0 / 0.119e9,
+            },
+            ..CostModel::default()
+        }
+    }
+
+    #[test]
+    fn latency_wins_small_bandwidth_wins_large() {
+        let one_host = Topology::single_host(8);
+        let m = CostModel::default();
+        assert_eq!(
+            best(CollKind::AllReduce, 64, &one_host, &m),
+            Algo::RecursiveDoubling
+        );
+        let hosts = Topology::from_hosts(&[0, 1, 2, 3]);
+        assert_eq!(best(CollKind::AllReduce, 64 << 20, &hosts, &cluster()), Algo::Ring);
+    }
+
+    #[test]
+    fn several_ranks_per_host_go_hierarchical() {
+        let t = Topology::from_hosts(&[0, 0, 1, 1, 2, 2, 3, 3]);
+        for bytes in [64 << 10, 1 << 20, 64 << 20] {
+            assert_eq!(
+                best(CollKind::AllReduce, bytes, &t, &cluster()),
+                Algo::Hierarchical,
+                "{bytes} B"
+            );
+        }
+    }
+
+    #[test]
+    fn host_traffic_is_shared() {
+        // Two ranks per host sending across at once take twice one's time.
+        let t = Topology::from_hosts(&[0, 0, 1, 1]);
+        let args = CollArgs {
+            kind: CollKind::AllReduce,
+            root: 0,
+            counts: vec![1 << 20],
+        };
+        let m = cluster();
+        let s = |a| (0..4).map(|r| build_on(&args, r, &t, a).unwrap()).collect::<Vec<_>>();
+        let flat = m.estimate(&s(Algo::Ring), &t, 4);
+        let hier = m.estimate(&s(Algo::Hierarchical), &t, 4);
+        assert!(hier < flat, "hierarchical {hier} vs ring {flat}");
+    }
+}
