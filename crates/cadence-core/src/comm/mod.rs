@@ -7,6 +7,7 @@
 
 mod bootstrap;
 mod p2p;
+pub mod select;
 
 pub use bootstrap::{Bootstrap, PeerInfo};
 use p2p::{is_p2p, p2p_meta};
@@ -145,6 +146,8 @@ struct Shared {
     pending: AtomicUsize,
     /// Threads blocked until the progress thread finishes something.
     watchers: Arc<AtomicUsize>,
+    /// Algorithm choices already announced (`CADENCE_DEBUG=INFO`).
+    choices: select::ChoiceLog,
 }
 
 pub struct Comm {
@@ -184,6 +187,11 @@ impl Comm {
         cfg: Config,
     ) -> Comm {
         let recorder = Recorder::new(cfg.flight_recorder);
+        if cfg.debug >= DebugLevel::Info && rank == 0 {
+            for line in select::table_lines(&cfg.algo, nranks) {
+                eprintln!("cadence rank {rank} INFO: {line}");
+            }
+        }
         Comm {
             shared: Arc::new(Shared {
                 id,
@@ -202,6 +210,7 @@ impl Comm {
                 recorder: Mutex::new(recorder),
                 pending: AtomicUsize::new(0),
                 watchers: Arc::new(AtomicUsize::new(0)),
+                choices: select::ChoiceLog::default(),
                 cfg,
             }),
             hosts,
@@ -345,54 +354,17 @@ impl Shared {
     }
 
     fn choose_algo(&self, req: &OpRequest, args: &CollArgs) -> Result<Algo> {
-        let n = self.nranks;
-        let applicable = |a: Algo| schedule::applicable(args, n, a);
-        if let Some(a) = req.algo {
-            if !applicable(a) {
-                return Err(self.err(
-                    ErrorKind::InvalidArgument(format!(
-                        "algorithm {} does not apply to {} here",
-                        a.name(),
-                        req.kind
-                    )),
-                    None,
-                ));
-            }
-            return Ok(a);
-        }
-        if let Some((a, explicit)) = self.cfg.algo.forced_for(req.kind) {
-            if applicable(a) {
-                return Ok(a);
-            }
-            if explicit {
-                return Err(self.err(
-                    ErrorKind::InvalidArgument(format!(
-                        "CADENCE_ALGO forces {} for {}, which does not apply (nranks {n}, counts {:?})",
-                        a.name(),
-                        req.kind,
-                        args.counts
-                    )),
-                    None,
-                ));
+        let es = req.dtype.size();
+        let (algo, why) = select::select_algo(&self.cfg.algo, args, self.nranks, es, req.algo)
+            .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None))?;
+        if self.cfg.debug >= DebugLevel::Info && self.rank == 0 {
+            let bytes = select::coll_bytes(args, es);
+            if self.choices.first(req.kind, bytes, algo) {
+                let line = select::choice_line(req.kind, bytes, self.nranks, algo, &why);
+                eprintln!("cadence rank {} INFO: {line}", self.rank);
             }
         }
-        let def = schedule::default_algo(args, n, req.dtype.size());
-        if !self.cfg.algo.excluded.contains(&def) {
-            return Ok(def);
-        }
-        schedule::algos_for(req.kind)
-            .iter()
-            .copied()
-            .find(|a| !self.cfg.algo.excluded.contains(a) && applicable(*a))
-            .ok_or_else(|| {
-                self.err(
-                    ErrorKind::InvalidArgument(format!(
-                        "CADENCE_ALGO excludes every algorithm for {}",
-                        req.kind
-                    )),
-                    None,
-                )
-            })
+        Ok(algo)
     }
 
     /// Checks arguments that need no communication. Returns the collective's
