@@ -206,6 +206,67 @@ def test_init_from_torchrun_environment(tmp_path):
         assert f'cadence rank {r} TRACE {{"seq":' in o and '"collective":"allreduce"' in o, o
 
 
+def test_info_prints_the_selection_table_and_each_choice_once(tmp_path):
+    """CADENCE_DEBUG=INFO with CADENCE_ALGO size ranges: rank 0 prints the
+    table in force at creation and every distinct choice once, with why."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np, cadence
+        comm = cadence.init()
+        for _ in range(3):
+            comm.allreduce(np.ones(16, dtype=np.float64))      # 128 B: range 0-8K
+            comm.allreduce(np.ones(2048, dtype=np.float32))    # 8 KiB: range 0-8K
+            comm.allreduce(np.ones(1025, dtype=np.float64))    # 8200 B: range 8193-64K
+            comm.allreduce(np.ones(16385, dtype=np.float32))   # 64 KiB + 4: default
+            comm.broadcast(np.ones(1000, dtype=np.float32))    # 4000 B: default
+        print(f"rank {comm.rank} done", flush=True)
+    """))
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                   WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2", CADENCE_TIMEOUT="30",
+                   CADENCE_DEBUG="INFO",
+                   CADENCE_ALGO="allreduce:recursive_doubling:0-8K;ring:8193-64K;^scatter_allgather")
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for r, o in enumerate(outs):
+        assert f"rank {r} done" in o, o
+    o0, o1 = outs
+    p = "cadence rank 0 INFO: "
+    lines = o0.splitlines()
+    for want in [
+        p + "algorithm selection over 2 ranks",
+        p + "CADENCE_ALGO allreduce forced: "
+            "allreduce:recursive_doubling:0-8K;allreduce:ring:8193-64K",
+        p + "CADENCE_ALGO excludes scatter_allgather everywhere",
+        p + "default allreduce: recursive_doubling:0-32767,direct:32K-1M,ring:1048577-max",
+        p + "default broadcast: binomial_tree:0-max",
+    ]:
+        assert sum(line.startswith(want) for line in lines) == 1, (want, o0)
+    rd = "forced by CADENCE_ALGO range allreduce:recursive_doubling:0-8K"
+    ring = "forced by CADENCE_ALGO range allreduce:ring:8193-64K"
+    for want in [
+        f"chose recursive_doubling for allreduce of 128 bytes over 2 ranks: {rd}",
+        f"chose recursive_doubling for allreduce of 8192 bytes over 2 ranks: {rd}",
+        f"chose ring for allreduce of 8200 bytes over 2 ranks: {ring}",
+        "chose direct for allreduce of 65540 bytes over 2 ranks: default",
+        "chose binomial_tree for broadcast of 4000 bytes over 2 ranks: default",
+    ]:
+        # Once, although each call is made three times.
+        assert lines.count(p + want) == 1, (want, o0)
+    chose = [line for line in lines if " INFO: chose " in line]
+    assert len(chose) == len(set(chose)), o0
+    # Rank 1 prints neither the table nor the choices (but still its schedules).
+    assert " INFO: chose " not in o1 and "default allreduce" not in o1, o1
+    assert "cadence rank 1 INFO: allreduce of 16 x float64 over 2 ranks" in o1, o1
+
+
 @pytest.mark.parametrize("bad", ["CADENCE_ALGO=allreduce:bogus", "CADENCE_TIMEOUT=soon"])
 def test_bad_configuration_is_an_error(bad):
     name, value = bad.split("=")

@@ -4,7 +4,8 @@
 //! reductions), [`schedule`] (algorithms as per-rank plans, plus their verifier),
 //! [`transport`] (shared memory and TCP links), [`engine`] (runs schedules
 //! with deadlines), [`monitor`] (always-on operation records), [`comm`] (the
-//! communicator that ties them together), [`config`] (`CADENCE_*` variables).
+//! communicator that ties them together), [`config`] (`CADENCE_*` variables),
+//! [`tuning`] (tables `cadence tune` measured).
 
 pub mod comm;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod monitor;
 pub mod reduce;
 pub mod schedule;
 pub mod transport;
+pub mod tuning;
 pub mod types;
 
 pub use comm::{Bootstrap, Comm, Completion, OpRequest, PeerInfo};

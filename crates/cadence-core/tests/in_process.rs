@@ -16,19 +16,34 @@ fn world<T: Send + 'static>(
     timeout: Duration,
     body: impl Fn(&Comm) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
+    let cfg = Config {
+        timeout,
+        ..Config::default()
+    };
+    world_with(n, host, cfg, body)
+}
+
+/// [`world`] with a whole configuration.
+fn world_with<T: Send + 'static>(
+    n: usize,
+    host: fn(usize) -> String,
+    cfg: Config,
+    body: impl Fn(&Comm) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let id = format!("t{}x{}", std::process::id(), rand_tag());
     let infos: Arc<Mutex<Vec<Option<PeerInfo>>>> = Arc::new(Mutex::new(vec![None; n]));
     let barrier = Arc::new(Barrier::new(n));
     let body = Arc::new(body);
     let handles: Vec<_> = (0..n)
         .map(|r| {
-            let (id, infos, barrier, body) =
-                (id.clone(), infos.clone(), barrier.clone(), body.clone());
+            let (id, infos, barrier, body, cfg) = (
+                id.clone(),
+                infos.clone(),
+                barrier.clone(),
+                body.clone(),
+                cfg.clone(),
+            );
             std::thread::spawn(move || {
-                let cfg = Config {
-                    timeout,
-                    ..Config::default()
-                };
                 let b =
                     Bootstrap::new(&id, r, n, &host(r), "127.0.0.1".parse().unwrap(), cfg).unwrap();
                 infos.lock().unwrap()[r] = Some(b.info.clone());
@@ -181,4 +196,46 @@ fn a_stranger_sending_garbage_at_setup_is_ignored() {
     allreduce_f32(&c0, &mut v).unwrap();
     assert_eq!(v[0], 3.0);
     assert_eq!(t1.join().unwrap(), 3.0);
+}
+
+#[test]
+fn cadence_algo_ranges_choose_by_size() {
+    let cfg = Config::from_lookup(|k| match k {
+        "CADENCE_ALGO" => Some("allreduce:ring:0-64;direct:65-4K".into()),
+        "CADENCE_TIMEOUT" => Some("30".into()),
+        "CADENCE_DEBUG" => Some("INFO".into()),
+        _ => None,
+    })
+    .unwrap();
+    // Sizes in f32 elements: 16 (64 B, ring), 17 (68 B, direct), 1024 (4 KiB,
+    // direct), 1025 (past the ranges: the default, recursive doubling on 3
+    // ranks below 32 KiB), 300001 (the default ring).
+    let sizes = [16usize, 17, 1024, 1025, 300_001];
+    let algos = world_with(
+        3,
+        |r| format!("host{}", r / 2),
+        cfg,
+        move |c| {
+            for count in sizes {
+                let mut v = vec![1.0f32; count];
+                allreduce_f32(c, &mut v).unwrap();
+                assert!(v.iter().all(|x| *x == 3.0), "count {count}");
+            }
+            let rec: serde_json::Value = serde_json::from_str(&c.dump_records()).unwrap();
+            rec["ops"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|o| o["collective"] == "allreduce")
+                .map(|o| o["algo"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        },
+    );
+    for a in algos {
+        assert_eq!(
+            a,
+            ["ring", "direct", "direct", "recursive_doubling", "ring"],
+            "per size {sizes:?}"
+        );
+    }
 }

@@ -26,6 +26,10 @@ pub struct PeerInfo {
     /// which decides how a rank should wait.
     #[serde(default)]
     pub machine: String,
+    /// The tuning table this rank loaded (`path#hash`, empty for none):
+    /// ranks that would choose algorithms differently must not start.
+    #[serde(default)]
+    pub tuning: String,
     pub pid: u32,
     pub addr: String,
 }
@@ -89,6 +93,11 @@ impl Bootstrap {
                 rank,
                 host: host.to_string(),
                 machine: machine_id(),
+                tuning: cfg
+                    .tuning
+                    .as_ref()
+                    .map(|t| format!("{}#{:016x}", t.path.display(), t.hash))
+                    .unwrap_or_default(),
                 pid: std::process::id(),
                 addr: addr.to_string(),
             },
@@ -109,6 +118,31 @@ impl Bootstrap {
         if infos.len() != n || infos.iter().enumerate().any(|(i, p)| p.rank != i) {
             return Err(fail(format!(
                 "expected peer info for ranks 0..{n} in order"
+            )));
+        }
+        let hash_of = |t: &str| {
+            t.rsplit_once('#')
+                .map(|x| x.1.to_string())
+                .unwrap_or_default()
+        };
+        if let Some(other) = infos
+            .iter()
+            .find(|p| hash_of(&p.tuning) != hash_of(&infos[0].tuning))
+        {
+            let what = |t: &str| {
+                if t.is_empty() {
+                    "no tuning table".to_string()
+                } else {
+                    format!("tuning table {t}")
+                }
+            };
+            return Err(fail(format!(
+                "ranks loaded different tuning tables, so they would choose different \
+                 algorithms: rank 0 has {}, rank {} has {} (copy one file to every host or \
+                 set CADENCE_TUNING_FILE alike)",
+                what(&infos[0].tuning),
+                other.rank,
+                what(&other.tuning)
             )));
         }
         let deadline = Instant::now() + self.cfg.timeout;

@@ -7,6 +7,7 @@
 
 mod bootstrap;
 mod p2p;
+pub mod select;
 
 pub use bootstrap::{Bootstrap, PeerInfo};
 use p2p::{is_p2p, p2p_meta};
@@ -145,8 +146,14 @@ struct Shared {
     pending: AtomicUsize,
     /// Threads blocked until the progress thread finishes something.
     watchers: Arc<AtomicUsize>,
-    /// Which ranks share a host (from their host names).
-    topo: Topology,
+    /// Which ranks share a host (from their host names), and how to choose
+    /// algorithms on it.
+    auto: select::Auto,
+    /// Choices made so far, by (call, element size, the caller's algorithm):
+    /// the cost model builds every rank's schedule to compare algorithms.
+    chosen: Mutex<HashMap<ChoiceKey, (Algo, select::Why)>>,
+    /// Algorithm choices already announced (`CADENCE_DEBUG=INFO`).
+    choices: select::ChoiceLog,
 }
 
 pub struct Comm {
@@ -156,6 +163,9 @@ pub struct Comm {
 }
 
 const SCHEDULE_CACHE_MAX: usize = 4096;
+
+/// A call, its element size and the algorithm the caller asked for.
+type ChoiceKey = (CollArgs, usize, Option<Algo>);
 
 /// Asked while an operation waits: should it give up?
 pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -186,6 +196,18 @@ impl Comm {
         cfg: Config,
     ) -> Comm {
         let recorder = Recorder::new(cfg.flight_recorder);
+        let auto = {
+            let topo = Topology::from_hosts(&hosts);
+            let tuned = cfg.tuning.as_ref().and_then(|t| t.file.for_topology(&topo));
+            let model = tuned.as_ref().and_then(|t| t.model);
+            select::Auto { topo, tuned, model }
+        };
+        if cfg.debug >= DebugLevel::Info && rank == 0 {
+            let path = cfg.tuning.as_ref().map(|t| t.path.display().to_string());
+            for line in select::table_lines(&cfg.algo, &auto, path.as_deref()) {
+                eprintln!("cadence rank {rank} INFO: {line}");
+            }
+        }
         Comm {
             shared: Arc::new(Shared {
                 id,
@@ -204,7 +226,9 @@ impl Comm {
                 recorder: Mutex::new(recorder),
                 pending: AtomicUsize::new(0),
                 watchers: Arc::new(AtomicUsize::new(0)),
-                topo: Topology::from_hosts(&hosts),
+                auto,
+                chosen: Mutex::new(HashMap::new()),
+                choices: select::ChoiceLog::default(),
                 cfg,
             }),
             hosts,
@@ -226,7 +250,7 @@ impl Comm {
     }
     /// Which ranks share a host.
     pub fn topology(&self) -> &Topology {
-        &self.shared.topo
+        &self.shared.auto.topo
     }
 
     /// The algorithms of `kind` that apply on this communicator's hosts.
@@ -235,7 +259,7 @@ impl Comm {
             .iter()
             .copied()
             .filter(|&a| {
-                a != Algo::Hierarchical || self.shared.topo.uniform_ranks_per_host().is_some()
+                a != Algo::Hierarchical || self.shared.auto.topo.uniform_ranks_per_host().is_some()
             })
             .collect()
     }
@@ -363,54 +387,37 @@ impl Shared {
     }
 
     fn choose_algo(&self, req: &OpRequest, args: &CollArgs) -> Result<Algo> {
-        let n = self.nranks;
-        let applicable = |a: Algo| schedule::applicable_on(args, &self.topo, a);
-        if let Some(a) = req.algo {
-            if !applicable(a) {
-                return Err(self.err(
-                    ErrorKind::InvalidArgument(format!(
-                        "algorithm {} does not apply to {} here",
-                        a.name(),
-                        req.kind
-                    )),
-                    None,
-                ));
+        let es = req.dtype.size();
+        let select = || {
+            select::select_algo_on(&self.cfg.algo, args, &self.auto, es, req.algo)
+                .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None))
+        };
+        // Without a cost model choosing is a few comparisons: no cache.
+        let key = self.auto.model.map(|_| (args.clone(), es, req.algo));
+        let known = key
+            .as_ref()
+            .and_then(|k| self.chosen.lock().unwrap().get(k).copied());
+        let (algo, why) = match (known, key) {
+            (Some(c), _) => c,
+            (None, None) => select()?,
+            (None, Some(key)) => {
+                let c = select()?;
+                let mut chosen = self.chosen.lock().unwrap();
+                if chosen.len() >= SCHEDULE_CACHE_MAX {
+                    chosen.clear();
+                }
+                chosen.insert(key, c);
+                c
             }
-            return Ok(a);
-        }
-        if let Some((a, explicit)) = self.cfg.algo.forced_for(req.kind) {
-            if applicable(a) {
-                return Ok(a);
-            }
-            if explicit {
-                return Err(self.err(
-                    ErrorKind::InvalidArgument(format!(
-                        "CADENCE_ALGO forces {} for {}, which does not apply (nranks {n}, counts {:?})",
-                        a.name(),
-                        req.kind,
-                        args.counts
-                    )),
-                    None,
-                ));
+        };
+        if self.cfg.debug >= DebugLevel::Info && self.rank == 0 {
+            let bytes = select::coll_bytes(args, es);
+            if self.choices.first(req.kind, bytes, algo) {
+                let line = select::choice_line(req.kind, bytes, self.nranks, algo, &why);
+                eprintln!("cadence rank {} INFO: {line}", self.rank);
             }
         }
-        let def = schedule::default_algo_on(args, &self.topo, req.dtype.size());
-        if !self.cfg.algo.excluded.contains(&def) {
-            return Ok(def);
-        }
-        schedule::algos_for(req.kind)
-            .iter()
-            .copied()
-            .find(|a| !self.cfg.algo.excluded.contains(a) && applicable(*a))
-            .ok_or_else(|| {
-                self.err(
-                    ErrorKind::InvalidArgument(format!(
-                        "CADENCE_ALGO excludes every algorithm for {}",
-                        req.kind
-                    )),
-                    None,
-                )
-            })
+        Ok(algo)
     }
 
     /// Checks arguments that need no communication. Returns the collective's
@@ -598,7 +605,7 @@ impl Shared {
             Some(s) => s,
             None => {
                 let s = Arc::new(
-                    schedule::build_on(args, self.rank, &self.topo, algo).map_err(|e| {
+                    schedule::build_on(args, self.rank, &self.auto.topo, algo).map_err(|e| {
                         self.err(ErrorKind::InvalidArgument(e.to_string()), opref(req.kind))
                     })?,
                 );

@@ -112,8 +112,8 @@ impl CostModel {
                     .map(|(i, p)| {
                         // One thread handles every shared-memory message in
                         // turn, so each costs its α.
-                        let shm = p.shm_msgs as f64 * self.shm.alpha
-                            + p.shm_bytes as f64 * self.shm.beta;
+                        let shm =
+                            p.shm_msgs as f64 * self.shm.alpha + p.shm_bytes as f64 * self.shm.beta;
                         let tcp = if p.tcp_out + p.tcp_in > 0 {
                             let bytes = host_out[h][i].max(host_in[h][i]);
                             let k = host_from[h][i].count_ones().max(1) as f64;
@@ -200,7 +200,9 @@ mod tests {
             .copied()
             .filter(|&a| applicable_on(&args, topo, a))
             .map(|a| {
-                let s: Vec<_> = (0..n).map(|r| build_on(&args, r, topo, a).unwrap()).collect();
+                let s: Vec<_> = (0..n)
+                    .map(|r| build_on(&args, r, topo, a).unwrap())
+                    .collect();
                 (m.estimate(&s, topo, 4), a)
             })
             .min_by(|x, y| x.0.total_cmp(&y.0))
@@ -228,7 +230,10 @@ mod tests {
             Algo::RecursiveDoubling
         );
         let hosts = Topology::from_hosts(&[0, 1, 2, 3]);
-        assert_eq!(best(CollKind::AllReduce, 64 << 20, &hosts, &cluster()), Algo::Ring);
+        assert_eq!(
+            best(CollKind::AllReduce, 64 << 20, &hosts, &cluster()),
+            Algo::Ring
+        );
     }
 
     #[test]
@@ -253,7 +258,11 @@ mod tests {
             counts: vec![1 << 20],
         };
         let m = cluster();
-        let s = |a| (0..4).map(|r| build_on(&args, r, &t, a).unwrap()).collect::<Vec<_>>();
+        let s = |a| {
+            (0..4)
+                .map(|r| build_on(&args, r, &t, a).unwrap())
+                .collect::<Vec<_>>()
+        };
         let flat = m.estimate(&s(Algo::Ring), &t, 4);
         let hier = m.estimate(&s(Algo::Hierarchical), &t, 4);
         assert!(hier < flat, "hierarchical {hier} vs ring {flat}");

@@ -27,8 +27,8 @@ mod tree;
 mod two_stage;
 pub mod verify;
 
-pub use ir::{Algo, Buf, CollArgs, Phase, Schedule, Span, Step};
 pub use cost::{CostModel, LinkCost};
+pub use ir::{Algo, Buf, CollArgs, Phase, Schedule, Span, Step};
 pub use topology::Topology;
 pub use verify::{verify, verify_p2p, verify_schedules, At, Fault, Layout, VerifyError};
 
