@@ -122,7 +122,7 @@ def build_table(job: Job, outcomes: list[Outcome], copy_gbps: float | None = Non
         columns += [Column(o.name, t) for t in BACKEND_COLUMNS]
     columns += [Column("", f"cadence/{p}") for p in peers(outcomes)]
     if several:
-        titles = ("auto chose", "best", "auto/best") if with_auto else ("best",)
+        titles = ("chosen", "best", "auto/best") if with_auto else ("best",)
         columns += [Column("", t) for t in titles]
     cadence = reference(outcomes)
     auto = next((o for o in cadence_outcomes(outcomes) if o.algo == "auto"), None)
