@@ -282,20 +282,31 @@ def _style(cell: str, title: str) -> str:
 def print_rich(table: Table, title: str) -> None:
     from rich import box
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table as RichTable
 
     t = RichTable(
         title=title, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False,
         collapse_padding=True,
     )  # fmt: skip
+    # "cadence:recursive_doubling" on two lines, so that it widens its column less.
+    depth = max((c.group.count(":") + 1 for c in table.columns if c.group), default=1)
     previous = None
     for c in table.columns:
-        header = f"{c.group}\n{c.title}" if c.group and c.group != previous else f"\n{c.title}"
+        parts = c.group.split(":") if c.group and c.group != previous else []
+        header = "\n".join([*parts, *[""] * (depth - len(parts)), c.title])
         t.add_column(header, justify="right", no_wrap=True)
         previous = c.group
     for row in table.rows:
         t.add_row(*(_style(cell, c.title) for cell, c in zip(row, table.columns, strict=True)))
     console = Console()
+    unbounded = console.options.update_width(1 << 16)  # console.measure caps at the width
+    if Measurement.get(console, unbounded, t).maximum > console.width:
+        # Too wide for the terminal (many algorithms): rich would cut every
+        # cell short; the plain table loses nothing (pipe it to `less -S`).
+        console.print(f"# {title}\n{render_plain(table)}", markup=False, highlight=False,
+                      soft_wrap=True)  # fmt: skip
+        return
     console.print(t)
     for note in table.notes:
         console.print(f"# {note}", markup=False, highlight=False)
