@@ -1,6 +1,7 @@
 """Tests of `cadence bench`: sizes, bandwidth factors, the check's expected
-results, the table and JSON, failure handling, and real runs against gloo and
-Open MPI (and cadence, once its extension is built)."""
+results, the table and JSON, cadence's algorithms side by side (--algo),
+failure handling, and real runs against gloo and Open MPI (and cadence, once
+its extension is built)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,15 @@ from cadence.bench.common import (
     pattern_modulus,
     size_sweep,
 )
-from cadence.bench.worker import ROOT, expected_result, pattern
+from cadence.bench.worker import ROOT, Backend, chosen_algos, expected_result, pattern, turns
+from cadence.cli import bench as bench_cli
 from cadence.cli import main as cli_main
-from cadence.cli.launch import Job, Measure, Outcome, error_line
+from cadence.cli.launch import Job, Measure, Outcome, error_line, worker_command, worker_env
 from cadence.cli.report import build_table, json_records, render_plain
 
 RECORD_KEYS = {
-    "backend", "op", "dtype", "bytes", "nranks", "algo", "time_us", "algbw", "busbw", "wrong",
+    "backend", "op", "dtype", "bytes", "nranks", "algo", "chosen", "time_us", "algbw", "busbw",
+    "wrong",
 }  # fmt: skip
 
 
@@ -186,10 +189,13 @@ def _job(**kw) -> Job:
     return Job(**args)
 
 
-def _outcome(backend: str, times_us: dict[int, float], wrong: int = 0) -> Outcome:
-    o = Outcome(backend)
+def _outcome(
+    backend: str, times_us: dict[int, float], wrong: int = 0, algo: str | None = None,
+    chosen: str | None = None,
+) -> Outcome:
+    o = Outcome(backend, algo=algo, label=f"{backend}:{algo}" if algo else "")
     for size, t in times_us.items():
-        o.measures[size] = Measure(size, size, size // 4, t, wrong)
+        o.measures[size] = Measure(size, size, size // 4, t, wrong, chosen or algo)
     return o
 
 
@@ -236,14 +242,146 @@ def test_table_without_cadence_has_no_ratio_and_marks_na():
 
 
 def test_json_records_schema():
-    job = _job(algo="ring")
-    records = json_records(job, [_outcome("cadence", {8: 2.0}), _outcome("gloo", {8: 4.0})])
+    job = _job(algos=["ring"])
+    records = json_records(
+        job, [_outcome("cadence", {8: 2.0}, algo="ring"), _outcome("gloo", {8: 4.0})]
+    )
     assert [set(r) for r in records] == [RECORD_KEYS, RECORD_KEYS]
     cad, gloo = records
     assert cad["algo"] == "ring" and gloo["algo"] is None
+    assert cad["chosen"] == "ring" and gloo["chosen"] is None
     assert cad["bytes"] == 8 and cad["nranks"] == 4 and cad["wrong"] == 0
     assert cad["algbw"] == pytest.approx(8 / 2e-6 / 1e9)
     assert cad["busbw"] == pytest.approx(cad["algbw"] * 1.5)
+
+
+# ------------------------------------------------------------------ several algorithms
+
+
+def _algo_outcomes() -> list[Outcome]:
+    """auto (which ran recursive_doubling, then ring), ring, direct and gloo at 8 B and 1 MiB."""
+    return [
+        _outcome("cadence", {8: 10.0, 1 << 20: 800.0}, algo="auto", chosen="recursive_doubling"),
+        _outcome("cadence", {8: 30.0, 1 << 20: 500.0}, algo="ring"),
+        _outcome("cadence", {8: 12.0, 1 << 20: 400.0}, algo="direct"),
+        _outcome("gloo", {8: 20.0, 1 << 20: 1000.0}),
+    ]
+
+
+def test_table_with_several_algorithms():
+    outcomes = _algo_outcomes()
+    outcomes[0].measures[1 << 20].chosen = "ring"
+    table = build_table(_job(algos=["auto", "ring", "direct"]), outcomes)
+    groups = [c.group for c in table.columns[4:20:4]]
+    assert groups == ["cadence:auto", "cadence:ring", "cadence:direct", "gloo"]
+    titles = [c.title for c in table.columns]
+    assert titles[20:] == ["cadence/gloo", "chosen", "best", "auto/best"]
+    small, large = table.rows
+    # The ratio to gloo is auto's; best is the fastest column, auto/best <= 1.
+    assert small[20:] == ["2x", "recursive_doubling", "auto", "1.00"]
+    assert large[20:] == ["1.25x", "ring", "direct", "0.50"]
+    text = render_plain(table)
+    assert "cadence:auto" in text.splitlines()[0] and "cadence:direct" in text.splitlines()[0]
+    assert "# cadence/gloo (cadence:auto): geomean" in text
+    assert "# auto within 10% of the best cadence algorithm at 1 of 2 sizes" in text
+    assert "1M direct 0.50" in text
+    records = json_records(_job(algos=["auto", "ring", "direct"]), outcomes)
+    by_algo = {(r["algo"], r["bytes"]): r["chosen"] for r in records if r["backend"] == "cadence"}
+    assert by_algo[("auto", 8)] == "recursive_doubling" and by_algo[("auto", 1 << 20)] == "ring"
+    assert by_algo[("direct", 8)] == "direct"
+
+
+def test_best_skips_wrong_results_and_auto_near_best_counts():
+    outcomes = _algo_outcomes()
+    outcomes[2].measures[1 << 20].wrong = 3  # direct is fastest at 1M, but wrong
+    outcomes[0].measures[1 << 20].time_us = 540.0  # auto/best = 500/540 = 0.93
+    table = build_table(_job(algos=["auto", "ring", "direct"]), outcomes)
+    assert table.rows[1][-2:] == ["ring", "0.93"]
+    assert "auto within 10% of the best cadence algorithm at 2 of 2 sizes" in table.notes
+
+
+def test_table_without_auto_has_best_but_no_auto_columns():
+    outcomes = _algo_outcomes()[1:]
+    table = build_table(_job(algos=["ring", "direct"]), outcomes)
+    titles = [c.title for c in table.columns]
+    assert titles[16:] == ["cadence/gloo", "best"]
+    assert [row[-1] for row in table.rows] == ["direct", "direct"]
+    assert not any(n.startswith("auto within") for n in table.notes)
+    assert any(n.startswith("cadence/gloo (cadence:ring)") for n in table.notes)
+
+
+def test_one_cadence_failure_is_noted_once():
+    outcomes = [Outcome("cadence", algo=a, label=f"cadence:{a}", error="rank 0 exited")
+                for a in ("auto", "ring")]  # fmt: skip
+    table = build_table(_job(algos=["auto", "ring"]), outcomes)
+    assert table.notes.count("cadence: FAILED: rank 0 exited") == 1
+    assert table.rows[0][4:12] == ["error", "-", "-", "-"] * 2
+
+
+def test_turns_give_every_algorithm_every_position():
+    assert turns(3, 3) == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    assert turns(1, 4) == [0, 0, 0, 0]
+
+
+class _Recorded(Backend):
+    def __init__(self, names):
+        self.names = names
+
+    def ran(self, op, ncalls):
+        return self.names[-ncalls:] if len(self.names) >= ncalls else None
+
+
+def test_chosen_algos_reads_the_timed_turns():
+    algos = ["auto", "ring", "direct"]
+    # 2 iterations in turns (0,1,2), (1,2,0); auto ran "direct"; then one check each.
+    timed = ["direct", "ring", "direct", "ring", "direct", "direct"]
+    checks = ["direct", "ring", "direct"]
+    backend = _Recorded(["warmup"] * 5 + timed + checks)
+    assert chosen_algos(backend, "allreduce", algos, 2) == ["direct", "ring", "direct"]
+    assert chosen_algos(_Recorded(["ring"]), "allreduce", algos, 2) == [None, None, None]
+
+
+def test_worker_gets_the_algorithms_and_no_cadence_algo_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("CADENCE_ALGO", "allreduce:ring")
+    job = _job(algos=["auto", "direct"])
+    cmd = worker_command(job, "cadence", tmp_path)
+    assert cmd[cmd.index("--algos") + 1] == "auto,direct"
+    assert "--algos" not in worker_command(job, "gloo", tmp_path)
+    assert "CADENCE_ALGO" not in worker_env(job, "cadence")
+    default = worker_command(_job(), "cadence", tmp_path)
+    assert default[default.index("--algos") + 1] == "auto"
+
+
+def test_resolve_algos_all_follows_the_core(monkeypatch):
+    import cadence
+
+    table = {"allreduce": ["ring", "direct", "brand_new"], "broadcast": ["binomial_tree"]}
+    monkeypatch.setattr(cadence, "algorithms", lambda op: table[op], raising=False)
+    backends = ["cadence", "gloo"]
+    assert bench_cli.resolve_algos(None, "allreduce", backends) is None
+    assert bench_cli.resolve_algos("all", "allreduce", backends) == [
+        "auto", "ring", "direct", "brand_new",
+    ]  # fmt: skip
+    assert bench_cli.resolve_algos("direct, auto,direct", "allreduce", backends) == [
+        "direct", "auto",
+    ]  # fmt: skip
+    assert bench_cli.resolve_algos("auto,all", "broadcast", backends) == [
+        "auto", "binomial_tree",
+    ]  # fmt: skip
+    bad = [("ring", "broadcast", backends), ("nope", "allreduce", backends),
+           (",", "allreduce", backends), ("all", "allreduce", ["gloo"])]  # fmt: skip
+    for text, op, names in bad:
+        with pytest.raises(ValueError):
+            bench_cli.resolve_algos(text, op, names)
+
+
+@pytest.mark.skipif(not _cadence_built(), reason="cadence._core is not built (make build)")
+@pytest.mark.parametrize("argv", ["--algo ring --op broadcast", "--algo auto,bogus",
+                                  "--algo all --backends gloo"])  # fmt: skip
+def test_cli_rejects_inapplicable_algorithms_before_running(argv, capsys, monkeypatch):
+    monkeypatch.setattr(bench_cli, "sweep", lambda *a: pytest.fail("ran despite a bad --algo"))
+    assert cli_main.main(["bench", *argv.split()]) == 2
+    assert "--algo" in capsys.readouterr().err
 
 
 def test_error_line_picks_the_exception():
@@ -294,7 +432,7 @@ def _bench(tmp_path: Path, *argv: str, timeout: float = 240) -> tuple[int, str, 
     return proc.returncode, proc.stdout + proc.stderr, records
 
 
-def _assert_clean(rc, output, records, backends, op, sizes):
+def _assert_clean(rc, output, records, backends, op, sizes, nalgos=1):
     assert rc == 0, output
     assert {r["backend"] for r in records} == set(backends), output
     for r in records:
@@ -302,7 +440,8 @@ def _assert_clean(rc, output, records, backends, op, sizes):
         assert r["op"] == op and r["nranks"] == 2
         assert r["wrong"] == 0, output
         assert r["time_us"] > 0 and r["algbw"] > 0
-    assert len(records) == len(backends) * sizes
+    per_backend = [nalgos if b == "cadence" else 1 for b in backends]
+    assert len(records) == sum(per_backend) * sizes
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -370,3 +509,51 @@ def test_cadence_end_to_end(tmp_path):
     )  # fmt: skip
     _assert_clean(rc, output, records, backends, "allreduce", sizes=4)
     assert "cadence/gloo" in output
+    cad = [r for r in records if r["backend"] == "cadence"]
+    assert {r["algo"] for r in cad} == {"auto"}  # the default choice, named
+    import cadence
+
+    assert all(r["chosen"] in cadence.algorithms("allreduce") for r in cad), cad
+    assert "cadence:" not in output  # one algorithm: the plain "cadence" group
+
+
+@pytest.mark.skipif(not _cadence_built(), reason="cadence._core is not built (make build)")
+def test_cadence_algo_all_end_to_end(tmp_path):
+    import cadence
+
+    algos = ["auto", *cadence.algorithms("allreduce")]
+    backends = ["cadence", "gloo"]
+    rc, output, records = _bench(
+        tmp_path, "--nranks", "2", "--op", "allreduce", "-b", "1K", "-e", "1M", "-f", "32",
+        "-n", "3", "-w", "1", "--backends", ",".join(backends), "--algo", "all",
+    )  # fmt: skip
+    _assert_clean(rc, output, records, backends, "allreduce", sizes=3, nalgos=len(algos))
+    lines = output.splitlines()
+    groups = next(line for line in lines if "cadence:auto" in line).split()
+    assert groups == [f"cadence:{a}" for a in algos] + ["gloo"], output
+    header = next(line for line in lines if line.lstrip().startswith("size"))
+    assert header.split()[-4:] == ["cadence/gloo", "chosen", "best", "auto/best"], output
+    assert "auto within 10% of the best cadence algorithm at" in output
+    cad = [r for r in records if r["backend"] == "cadence"]
+    assert [r["algo"] for r in cad] == [a for a in algos for _ in range(3)]
+    for r in cad:
+        # The flight recorder confirms each forced algorithm ran; auto picked a real one.
+        assert r["chosen"] in algos[1:], r
+        if r["algo"] != "auto":
+            assert r["chosen"] == r["algo"], r
+    assert all(r["algo"] is None and r["chosen"] is None for r in records
+               if r["backend"] == "gloo")  # fmt: skip
+
+
+@pytest.mark.skipif(not _cadence_built(), reason="cadence._core is not built (make build)")
+def test_cadence_algo_list_end_to_end(tmp_path):
+    rc, output, records = _bench(
+        tmp_path, "--nranks", "2", "--op", "allgather", "-b", "64", "-e", "64K", "-f", "32",
+        "-n", "3", "-w", "1", "--backends", "cadence", "--algo", "direct,auto",
+    )  # fmt: skip
+    _assert_clean(rc, output, records, ["cadence"], "allgather", sizes=3, nalgos=2)
+    assert [r["algo"] for r in records] == ["direct"] * 3 + ["auto"] * 3
+    assert {r["chosen"] for r in records[:3]} == {"direct"}
+    groups = next(line for line in output.splitlines() if "cadence:" in line).split()
+    assert groups == ["cadence:direct", "cadence:auto"], output
+    assert "cadence:ring" not in output

@@ -15,6 +15,13 @@ launcher takes the max of the ranks' medians and the sum of their wrong counts.
 
 allreduce and broadcast run in place, the other collectives out of place (gloo's
 reduce, which is in place only, copies the input into the output first).
+
+cadence takes `--algos auto,ring,...` (`algo=` per call; `auto` is the
+library's own choice): at each size, on the same buffers, every algorithm is
+warmed up, then the timed iterations take turns (auto, ring, ..., auto, ring,
+...) so that drift and interference hit them all alike, then each is checked.
+Its records carry "algo" and "chosen": the algorithm the flight recorder says
+the timed calls ran (for `auto`, what the library picked).
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -58,10 +66,18 @@ class Backend:
         """Why this backend cannot run `dtype`, or None if it can."""
         return None
 
-    def bind(self, op: str, inp: Buffer, out: Buffer | None) -> Callable[[], object]:
+    def bind(
+        self, op: str, inp: Buffer, out: Buffer | None, algo: str | None = None
+    ) -> Callable[[], object]:
         """A call that runs `op` once on these buffers (conversions done here,
-        outside the timed loop)."""
+        outside the timed loop), with algorithm `algo` (None: the backend's own
+        choice; only cadence takes one)."""
         raise NotImplementedError
+
+    def ran(self, op: str, ncalls: int) -> list[str] | None:
+        """The algorithm each of the last `ncalls` calls of `op` ran, oldest
+        first, if the backend says (None: it does not, or no longer knows)."""
+        return None
 
     def barrier(self) -> None:
         raise NotImplementedError
@@ -79,16 +95,24 @@ class CadenceBackend(Backend):
         self.comm = cadence.init()
         self.rank, self.size = self.comm.rank, self.comm.size
 
-    def bind(self, op, inp, out):
+    def bind(self, op, inp, out, algo=None):
         c = self.comm
+        algo = None if algo == "auto" else algo  # the native allreduce knows no "auto"
         return {
-            "allreduce": partial(c.allreduce, inp, op="sum"),
-            "broadcast": partial(c.broadcast, inp, root=ROOT),
-            "reduce": partial(c.reduce, inp, root=ROOT, out=out, op="sum"),
-            "allgather": partial(c.allgather, inp, out=out),
-            "reduce_scatter": partial(c.reduce_scatter, inp, out=out, op="sum"),
-            "alltoall": partial(c.alltoall, inp, out=out),
+            "allreduce": partial(c.allreduce, inp, op="sum", algo=algo),
+            "broadcast": partial(c.broadcast, inp, root=ROOT, algo=algo),
+            "reduce": partial(c.reduce, inp, root=ROOT, out=out, op="sum", algo=algo),
+            "allgather": partial(c.allgather, inp, out=out, algo=algo),
+            "reduce_scatter": partial(c.reduce_scatter, inp, out=out, op="sum", algo=algo),
+            "alltoall": partial(c.alltoall, inp, out=out, algo=algo),
         }[op]
+
+    def ran(self, op, ncalls):
+        # The flight recorder names the algorithm of every operation it keeps.
+        ops = [r for r in self.comm.dump_records()["ops"] if r.get("collective") == op]
+        if len(ops) < ncalls:
+            return None  # older calls fell out of the recorder's ring
+        return [str(r.get("algo")) for r in ops[len(ops) - ncalls :]]
 
     def barrier(self):
         self.comm.barrier()
@@ -113,7 +137,7 @@ class GlooBackend(Backend):
         # A view of the numpy array: no copy, inside or outside the timed loop.
         return self.torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
 
-    def bind(self, op, inp, out):
+    def bind(self, op, inp, out, algo=None):
         dist = self.dist
         t_in = self._tensor(inp)
         t_out = None if out is None else self._tensor(out)
@@ -154,7 +178,7 @@ class MpiBackend(Backend):
             return f"MPI has no {dtype.name} datatype"
         return None
 
-    def bind(self, op, inp, out):
+    def bind(self, op, inp, out, algo=None):
         c, MPI = self.comm, self.MPI
         return {
             "allreduce": partial(c.Allreduce, MPI.IN_PLACE, inp, op=MPI.SUM),
@@ -241,7 +265,13 @@ def expected_result(
 
 
 def check(
-    backend: Backend, op: str, dtype: DType, lay: Layout, inp: Buffer, out: Buffer | None
+    backend: Backend,
+    op: str,
+    dtype: DType,
+    lay: Layout,
+    inp: Buffer,
+    out: Buffer | None,
+    algo: str | None = None,
 ) -> int:
     """Run `op` once on fresh pattern data; the number of wrong elements on this rank."""
     modulus = pattern_modulus(dtype, backend.size)
@@ -249,7 +279,7 @@ def check(
     if out is not None:
         # A value no correct result takes (results are <= nranks * (modulus - 1)).
         fill(out, np.full(lay.out_count, dtype.max_exact, dtype=np.int64))
-    backend.bind(op, inp, out)()
+    backend.bind(op, inp, out, algo)()
     expected = expected_result(op, lay, backend.rank, backend.size, modulus)
     if expected is None:
         return 0
@@ -259,40 +289,83 @@ def check(
 # ---------------------------------------------------------------- the loop
 
 
-def time_op(
-    fn: Callable[[], object], iters: int, warmup: int, barrier: Callable[[], None]
-) -> list[float]:
-    for _ in range(warmup):
-        fn()
+def time_ops(
+    fns: list[Callable[[], object]], iters: int, warmup: int, barrier: Callable[[], None]
+) -> list[list[float]]:
+    """Each call's `iters` times. With several calls (one per algorithm) they
+    take turns, iteration by iteration, so that any drift or interference
+    while they run hits them all alike; iteration i starts with call i mod n
+    (see `turns`), so that none always runs right after the same other one."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
     barrier()
-    times = []
+    times: list[list[float]] = [[] for _ in fns]
     gc.disable()  # a collection inside the loop would be timed as communication
     try:
-        for _ in range(iters):
+        for k in turns(len(fns), iters):
             t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+            fns[k]()
+            times[k].append(time.perf_counter() - t0)
     finally:
         gc.enable()
     return times
 
 
-def run_size(backend: Backend, op: str, dtype: DType, size: int, iters: int, warmup: int) -> dict:
+def turns(n: int, iters: int) -> list[int]:
+    """The order in which n calls take their timed turns: 0..n-1, then 1..n-1,0, ..."""
+    return [(i + k) % n for i in range(iters) for k in range(n)]
+
+
+def chosen_algos(backend: Backend, op: str, algos: list[str], iters: int) -> list[str | None]:
+    """For each algorithm, the one its timed calls ran (the most frequent, were
+    it to vary), from the backend's record of the last calls: the timed ones
+    taking turns, then one check per algorithm."""
+    n = len(algos)
+    names = backend.ran(op, n * iters + n)
+    if names is None:
+        return [None] * n
+    per_algo: list[Counter] = [Counter() for _ in algos]
+    for k, name in zip(turns(n, iters), names[: n * iters], strict=True):
+        per_algo[k][name] += 1
+    return [c.most_common(1)[0][0] if c else None for c in per_algo]
+
+
+def run_size(
+    backend: Backend,
+    op: str,
+    dtype: DType,
+    size: int,
+    iters: int,
+    warmup: int,
+    algos: list[str | None],
+) -> Iterator[dict]:
+    """One record per algorithm (None: the backend's own, no "algo" key), as
+    each finishes; the algorithms one after the other on the same buffers."""
     lay = layout(op, size, dtype.itemsize, backend.size)
     if lay is None:
-        return {"size": size, "skipped": "no element per rank at this size"}
+        for algo in algos:
+            named = {} if algo is None else {"algo": algo}
+            yield {"size": size, **named, "skipped": "no element per rank at this size"}
+        return
     inp = alloc(lay.in_count, dtype)
     out = None if op in IN_PLACE_OPS else alloc(lay.out_count, dtype)
-    times = time_op(backend.bind(op, inp, out), iters, warmup, backend.barrier)
-    wrong = check(backend, op, dtype, lay, inp, out)
-    return {
-        "size": size,
-        "bytes": lay.nbytes,
-        "count": lay.count,
-        "time_us": statistics.median(times) * 1e6,
-        "min_us": min(times) * 1e6,
-        "wrong": wrong,
-    }
+    fns = [backend.bind(op, inp, out, algo) for algo in algos]
+    all_times = time_ops(fns, iters, warmup, backend.barrier)
+    wrongs = [check(backend, op, dtype, lay, inp, out, algo) for algo in algos]
+    named_algos = [a for a in algos if a is not None]
+    chosen = chosen_algos(backend, op, named_algos, iters) if named_algos else [None]
+    for algo, times, wrong, ran in zip(algos, all_times, wrongs, chosen, strict=True):
+        named = {} if algo is None else {"algo": algo, "chosen": ran}
+        yield {
+            "size": size,
+            **named,
+            "bytes": lay.nbytes,
+            "count": lay.count,
+            "time_us": statistics.median(times) * 1e6,
+            "min_us": min(times) * 1e6,
+            "wrong": wrong,
+        }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -307,8 +380,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--out", required=True, help="directory for rank<R>.jsonl")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds, for gloo's init")
+    p.add_argument("--algos", help="cadence: comma-separated algorithms, auto for its own choice")
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.algos = [a for a in (args.algos or "").split(",") if a] or None
+    if args.algos and args.backend != "cadence":
+        p.error("--algos is for --backend cadence")
     return args
 
 
@@ -340,8 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             emit({"na": reason})
         else:
+            algos = args.algos or [None]
             for size in args.sizes:
-                emit(run_size(backend, args.op, dtype, size, args.iters, args.warmup))
+                for record in run_size(
+                    backend, args.op, dtype, size, args.iters, args.warmup, algos
+                ):
+                    emit(record)
     backend.barrier()  # nobody tears down while a peer still reads from it
     backend.close()
     return 0

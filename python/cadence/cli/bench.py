@@ -17,8 +17,14 @@ failed or hung (it is killed at --timeout and the others still run) or any
 element was wrong. A backend not installed here, or a dtype a backend lacks
 (mpi: float16, bfloat16), shows n/a and does not fail the run.
 
+--algo all (or a list such as --algo auto,ring) times several of cadence's
+algorithms side by side in the same cadence job, interleaved size by size: one
+column group each (`auto` is cadence's own choice), `best` names the fastest at
+each size and `auto/best` says how far the default is from it.
+
 examples:
   cadence bench --nranks 4 --op allreduce -b 8 -e 64M -f 4 --backends cadence,gloo,mpi
+  cadence bench --nranks 2 --op allgather -b 1K -e 16M -f 4 --algo all --backends cadence,gloo
   cadence bench --cluster tb --ranks-per-host 2 --op allgather -b 8 -e 64M -f 4
 """
 
@@ -43,7 +49,7 @@ from cadence.bench.common import (
     parse_size,
     size_sweep,
 )
-from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, run_backend
+from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, run_backend, units
 from cadence.cli.report import algbw, build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import format_rate, payload_share
 
@@ -102,7 +108,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--backends", type=_backends, default="cadence,gloo,mpi",
         help=f"comma-separated, from {','.join(BACKEND_NAMES)} (all)",
     )  # fmt: skip
-    p.add_argument("--algo", help="cadence's algorithm (sets CADENCE_ALGO=<op>:<algo> for it)")
+    p.add_argument(
+        "--algo", metavar="ALGO[,ALGO...]",
+        help="cadence's algorithm(s), each its own column group: a name, a comma list, "
+        "auto (cadence's choice) or all (auto and every algorithm of --op)",
+    )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON records")
     p.add_argument(
         "--timeout", type=float, default=600.0,
@@ -156,8 +166,8 @@ class Reporter:
         if self.progress:
             self.progress.update(self.task, completed=self.base + done)
 
-    def finish(self, outcome: Outcome, nsizes: int) -> None:
-        self.base += nsizes
+    def finish(self, outcome: Outcome, nunits: int) -> None:
+        self.base += nunits
         if self.progress:
             self.progress.update(self.task, completed=self.base)
         state = (
@@ -202,16 +212,48 @@ def sweep(job: Job, backends: list[str]) -> list[Outcome]:
     outcomes = []
     with (
         tempfile.TemporaryDirectory(prefix="cadence-bench-") as workdir,
-        Reporter(len(backends) * len(job.sizes)) as reporter,
+        Reporter(sum(units(job, b) for b in backends)) as reporter,
     ):
         for backend in backends:
             reporter.start(backend)
-            outcome = run_backend(job, backend, Path(workdir), reporter.update)
-            reporter.finish(outcome, len(job.sizes))
-            if outcome.error and outcome.log_tail:
-                print(f"--- {backend} output (tail) ---\n{outcome.log_tail}", file=sys.stderr)
-            outcomes.append(outcome)
+            results = run_backend(job, backend, Path(workdir), reporter.update)
+            first = results[0]  # a backend's launch fails or not as a whole
+            reporter.finish(first, units(job, backend))
+            if first.error and first.log_tail:
+                print(f"--- {backend} output (tail) ---\n{first.log_tail}", file=sys.stderr)
+            outcomes += results
     return outcomes
+
+
+def resolve_algos(text: str | None, op: str, backends: list[str]) -> list[str] | None:
+    """--algo as the list of cadence algorithms to time (None: the default
+    choice alone). `all` is auto plus every algorithm the core lists for `op`,
+    so algorithms added to the core show up without a change here. Raises
+    ValueError for a name that does not apply to `op`."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--algo {text!r}: no algorithm named")
+    if "cadence" not in backends:
+        raise ValueError("--algo picks cadence's algorithms, but cadence is not in --backends")
+    try:
+        import cadence
+    except ImportError as e:
+        raise ValueError(f"--algo needs cadence's extension to list algorithms: {e}") from None
+    known = list(cadence.algorithms(op))
+    algos: list[str] = []
+    for name in names:
+        if name == "all":
+            algos += ["auto", *known]
+        elif name == "auto" or name in known:
+            algos.append(name)
+        else:
+            raise ValueError(
+                f"--algo {name}: not an algorithm of {op}; choose from "
+                f"{', '.join(['auto', *known])}, or all"
+            )
+    return list(dict.fromkeys(algos))
 
 
 def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
@@ -230,7 +272,7 @@ def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
     ]
     if factor:
         peaks = [
-            f"{o.backend} {peak:.3f} ({peak / link_gbps:.1%})"
+            f"{o.name} {peak:.3f} ({peak / link_gbps:.1%})"
             for o in outcomes
             if o.measures
             for peak in [max(algbw(m.nbytes, m.time_us) * factor for m in o.measures.values())]
@@ -253,6 +295,11 @@ def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    except ValueError as e:
+        print(f"cadence bench: {e}", file=sys.stderr)
+        return 2
+    try:
+        algos = resolve_algos(args.algo, args.op, args.backends)
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
@@ -280,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
         iters=args.iters,
         warmup=max(0, args.warmup_iters),
         timeout=args.timeout,
-        algo=args.algo,
+        algos=algos,
         mpirun_args=shlex.split(args.mpirun_args),
         cluster=cluster,
         ranks_per_host=args.ranks_per_host,
@@ -294,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
     title = (
         f"cadence bench: {job.op} {job.dtype}, {job.nranks} ranks{where}, {job.iters} iters "
         f"({job.warmup} warm-up), {format_size(sizes[0])}..{format_size(sizes[-1])} "
-        f"x{args.stepfactor}" + (f", cadence algo {job.algo}" if job.algo else "")
+        f"x{args.stepfactor}" + (f", cadence algos {','.join(algos)}" if algos else "")
     )
     if cluster:
         # Across hosts the limit is the link rate, not memory bandwidth.

@@ -5,6 +5,8 @@ RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); mpi ranks are started by
 mpirun. Every rank runs `python -m cadence.bench.worker` and appends its results
 to <workdir>/rank<R>.jsonl; `collect` merges them. A rank that fails or a launch
 that outlives its deadline is killed (its whole process group) and reported.
+cadence's ranks time all of `Job.algos` in one launch (`--algos`), which comes
+back as one Outcome per algorithm.
 
 On an emulated cluster (`Job.cluster`) the ranks run inside the hosts'
 namespaces instead, placed and configured by cadence.testbed.jobs.
@@ -44,16 +46,25 @@ class Measure:
     count: int
     time_us: float  # max over ranks of each rank's median
     wrong: int  # summed over ranks
+    chosen: str | None = None  # cadence: the algorithm the timed calls ran (rank 0's word)
 
 
 @dataclass
 class Outcome:
+    """One backend's results; cadence has one per algorithm asked for."""
+
     backend: str
     measures: dict[int, Measure] = field(default_factory=dict)
     error: str | None = None  # the backend failed: shown in its row, exit status 1
     na: str | None = None  # not applicable or not installed: shown, not a failure
     log_tail: str = ""
     seconds: float = 0.0
+    algo: str | None = None  # cadence: the algorithm ("auto": its own choice); None for peers
+    label: str = ""  # the column group: "cadence:ring"; empty means the backend's name
+
+    @property
+    def name(self) -> str:
+        return self.label or self.backend
 
 
 @dataclass
@@ -67,7 +78,9 @@ class Job:
     iters: int
     warmup: int
     timeout: float
-    algo: str | None = None
+    # cadence's algorithms, each timed as its own column group ("auto": the
+    # library's choice); None: its default choice alone, shown as plain "cadence".
+    algos: list[str] | None = None
     mpirun_args: list[str] = field(default_factory=list)
     cluster: Cluster | None = None  # run across its hosts, ranks_per_host each
     ranks_per_host: int = 1
@@ -103,10 +116,24 @@ def worker_env(job: Job, backend: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = f"{PACKAGE_ROOT}{os.pathsep}{path}" if path else str(PACKAGE_ROOT)
+    # The worker passes algo= per call; a CADENCE_ALGO from the caller's shell
+    # would silently change what "auto" means.
     env.pop("CADENCE_ALGO", None)
-    if backend == "cadence" and job.algo:
-        env["CADENCE_ALGO"] = f"{job.op}:{job.algo}"
     return env
+
+
+def cadence_algos(job: Job) -> list[str]:
+    """The algorithms cadence's ranks time, in order."""
+    return list(job.algos) if job.algos else ["auto"]
+
+
+def cadence_label(job: Job, algo: str) -> str:
+    return f"cadence:{algo}" if job.algos else "cadence"
+
+
+def units(job: Job, backend: str) -> int:
+    """Records one rank writes for the whole sweep (for the progress bar)."""
+    return len(job.sizes) * (len(cadence_algos(job)) if backend == "cadence" else 1)
 
 
 def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
@@ -120,6 +147,7 @@ def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
         "--warmup", str(job.warmup),
         "--out", str(outdir),
         "--timeout", str(job.timeout),
+        *(["--algos", ",".join(cadence_algos(job))] if backend == "cadence" else []),
     ]  # fmt: skip
 
 
@@ -218,7 +246,8 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
-def sizes_done(outdir: Path) -> int:
+def units_done(outdir: Path) -> int:
+    """Records rank 0 has written: one per size (and algorithm, for cadence)."""
     return sum(1 for r in read_records(outdir / "rank0.jsonl") if "size" in r)
 
 
@@ -268,7 +297,8 @@ def supervise(
 
 
 def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
-    """Merge the ranks' records into `outcome` (sizes every rank finished)."""
+    """Merge the ranks' records of `outcome.algo` into `outcome` (sizes every
+    rank finished)."""
     per_rank = [read_records(outdir / f"rank{r}.jsonl") for r in range(job.nranks)]
     for records in per_rank:
         for rec in records:
@@ -277,8 +307,12 @@ def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
             if rec.get("nranks", job.nranks) != job.nranks and outcome.error is None:
                 outcome.error = f"worker saw {rec['nranks']} ranks, not {job.nranks}"
     for size in job.sizes:
-        recs = [rec for records in per_rank for rec in records
-                if rec.get("size") == size and "time_us" in rec]  # fmt: skip
+        recs = sorted(
+            (rec for records in per_rank for rec in records
+             if rec.get("size") == size and rec.get("algo") == outcome.algo
+             and "time_us" in rec),
+            key=lambda rec: rec.get("rank", 0),
+        )  # fmt: skip
         if len(recs) == job.nranks:
             outcome.measures[size] = Measure(
                 size=size,
@@ -286,45 +320,60 @@ def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
                 count=recs[0]["count"],
                 time_us=max(r["time_us"] for r in recs),
                 wrong=sum(r["wrong"] for r in recs),
+                chosen=recs[0].get("chosen"),
             )
 
 
 def run_backend(
     job: Job, backend: str, workdir: Path, on_progress: Callable[[int], None]
-) -> Outcome:
-    """Run `job` on every rank of `backend`; never raises for a failing backend."""
-    outcome = Outcome(backend)
+) -> list[Outcome]:
+    """Run `job` on every rank of `backend`; never raises for a failing backend.
+    One Outcome, or for cadence one per algorithm of the job (all from one
+    launch: a failure or n/a is every algorithm's)."""
+    if backend == "cadence":
+        outcomes = [Outcome(backend, algo=a, label=cadence_label(job, a))
+                    for a in cadence_algos(job)]  # fmt: skip
+    else:
+        outcomes = [Outcome(backend)]
     reason = unavailable(backend)
     if reason:
-        outcome.na = reason
-        return outcome
+        for o in outcomes:
+            o.na = reason
+        return outcomes
     outdir = workdir / backend
     outdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     procs = spawn(job, backend, outdir)
     try:
-        why, which = supervise(procs, job.timeout, lambda: on_progress(sizes_done(outdir)))
+        why, which = supervise(procs, job.timeout, lambda: on_progress(units_done(outdir)))
     finally:
         kill(procs)  # no-op unless interrupted
-    outcome.seconds = time.monotonic() - start
-    collect(job, outdir, outcome)
-    on_progress(sizes_done(outdir))
+    seconds = time.monotonic() - start
+    for o in outcomes:
+        o.seconds = seconds
+        collect(job, outdir, o)
+    on_progress(units_done(outdir))
     if why is not None:
-        describe_failure(job, backend, outdir, outcome, why, which)
-    return outcome
+        first = outcomes[0]
+        describe_failure(job, backend, outdir, outcomes, why, which)
+        for o in outcomes[1:]:
+            o.error, o.log_tail = first.error, first.log_tail
+    return outcomes
 
 
 def describe_failure(
-    job: Job, backend: str, outdir: Path, outcome: Outcome, why: str, which: int | None
+    job: Job, backend: str, outdir: Path, outcomes: list[Outcome], why: str, which: int | None
 ) -> None:
-    """Fill outcome.error (one line: who, what, where, the exception) and log_tail."""
+    """Fill the first outcome's error (one line: who, what, where, the
+    exception) and log_tail."""
+    outcome = outcomes[0]
     logs = sorted(outdir.glob("*.log"))
     if which is not None and backend != "mpi":
         logs = [outdir / f"rank{which}.log"]
     texts = [p.read_text(errors="replace") for p in logs]
     detail = next((line for line in map(error_line, texts) if line), "")
     who = "mpirun" if backend == "mpi" else (f"rank {which}" if which is not None else "")
-    stuck = [s for s in job.sizes if s not in outcome.measures]
+    stuck = [s for s in job.sizes if any(s not in o.measures for o in outcomes)]
     where = f" at size {format_size(stuck[0])}" if stuck and which is None else ""
     outcome.error = " ".join(x for x in (who, why + where) if x) + (f": {detail}" if detail else "")
     outcome.log_tail = "\n".join(t.rstrip()[-2000:] for t in texts if t.strip())

@@ -1,4 +1,9 @@
-"""The results table and JSON records of `cadence bench`."""
+"""The results table and JSON records of `cadence bench`.
+
+With several cadence algorithms (`--algo all`, `--algo auto,ring`) each is a
+column group of its own (`cadence:ring`); the cadence/<peer> ratios use `auto`
+(else the first algorithm), and `best` / `auto/best` say which algorithm was
+fastest at each size and how far cadence's own choice is from it."""
 
 from __future__ import annotations
 
@@ -9,6 +14,17 @@ from cadence.bench.common import DTYPES, REDUCING_OPS, busbw_factor, format_size
 from cadence.cli.launch import Job, Measure, Outcome
 
 BACKEND_COLUMNS = ("time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong")
+# auto counts as close to the best when auto/best, as the table shows it (two
+# decimals), is at least this: within 10% of the best algorithm's speed.
+NEAR_BEST = 0.90
+
+
+def fmt_share(r: float) -> str:
+    return f"{r:.2f}"
+
+
+def near_best(r: float) -> bool:
+    return float(fmt_share(r)) >= NEAR_BEST
 
 
 @dataclass(frozen=True)
@@ -47,6 +63,44 @@ def peers(outcomes: list[Outcome]) -> list[str]:
     return [n for n in names if n != "cadence"] if "cadence" in names else []
 
 
+def cadence_outcomes(outcomes: list[Outcome]) -> list[Outcome]:
+    """cadence's outcomes, one per algorithm timed."""
+    return [o for o in outcomes if o.backend == "cadence"]
+
+
+def reference(outcomes: list[Outcome]) -> Outcome | None:
+    """The cadence outcome the peers are compared with: `auto` if it ran, else
+    the first algorithm."""
+    mine = cadence_outcomes(outcomes)
+    return next((o for o in mine if o.algo == "auto"), mine[0] if mine else None)
+
+
+def best(outcomes: list[Outcome], size: int) -> Outcome | None:
+    """The fastest cadence algorithm at `size` among those with no wrong element."""
+    timed = [
+        o
+        for o in cadence_outcomes(outcomes)
+        if (m := o.measures.get(size)) is not None and m.wrong == 0 and m.time_us > 0
+    ]
+    return min(timed, key=lambda o: o.measures[size].time_us, default=None)
+
+
+def auto_vs_best(outcomes: list[Outcome], size: int) -> float | None:
+    """best time / auto time (at most 1; 1 when auto is the best), or None."""
+    auto = next((o for o in cadence_outcomes(outcomes) if o.algo == "auto"), None)
+    top = best(outcomes, size)
+    mine = auto.measures.get(size) if auto else None
+    if mine is None or top is None or mine.time_us <= 0:
+        return None
+    return top.measures[size].time_us / mine.time_us
+
+
+def compares_algos(outcomes: list[Outcome]) -> tuple[bool, bool]:
+    """(several cadence algorithms were timed, one of them is auto)."""
+    mine = cadence_outcomes(outcomes)
+    return len(mine) > 1, len(mine) > 1 and any(o.algo == "auto" for o in mine)
+
+
 def backend_cells(job: Job, outcome: Outcome, size: int) -> list[str]:
     m = outcome.measures.get(size)
     if m is not None:
@@ -61,11 +115,17 @@ def backend_cells(job: Job, outcome: Outcome, size: int) -> list[str]:
 
 
 def build_table(job: Job, outcomes: list[Outcome], copy_gbps: float | None = None) -> Table:
-    by_name = {o.backend: o for o in outcomes}
+    by_name = {o.backend: o for o in outcomes if o.backend != "cadence"}
+    several, with_auto = compares_algos(outcomes)
     columns = [Column("", t) for t in ("size", "count", "type", "redop")]
     for o in outcomes:
-        columns += [Column(o.backend, t) for t in BACKEND_COLUMNS]
+        columns += [Column(o.name, t) for t in BACKEND_COLUMNS]
     columns += [Column("", f"cadence/{p}") for p in peers(outcomes)]
+    if several:
+        titles = ("chosen", "best", "auto/best") if with_auto else ("best",)
+        columns += [Column("", t) for t in titles]
+    cadence = reference(outcomes)
+    auto = next((o for o in cadence_outcomes(outcomes) if o.algo == "auto"), None)
 
     rows = []
     redop = "sum" if job.op in REDUCING_OPS else "none"
@@ -77,9 +137,17 @@ def build_table(job: Job, outcomes: list[Outcome], copy_gbps: float | None = Non
         row = [format_size(lay.nbytes), str(lay.count), job.dtype, redop]
         for o in outcomes:
             row += backend_cells(job, o, size)
-        cadence = by_name.get("cadence")
         for p in peers(outcomes):
             row.append(fmt_ratio(ratio(cadence, by_name[p], size)))
+        if several:
+            top = best(outcomes, size)
+            if with_auto:
+                m = auto.measures.get(size)
+                row.append((m.chosen or "?") if m else "-")
+            row.append(top.algo if top else "-")
+            if with_auto:
+                r = auto_vs_best(outcomes, size)
+                row.append("-" if r is None else fmt_share(r))
         rows.append(row)
     return Table(columns, rows, build_notes(job, outcomes, copy_gbps))
 
@@ -102,23 +170,27 @@ def fmt_ratio(r: float | None) -> str:
 def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = None) -> list[str]:
     notes = []
     for o in outcomes:
-        if o.error:
-            notes.append(f"{o.backend}: FAILED: {o.error}")
-        elif o.na:
-            notes.append(f"{o.backend}: n/a: {o.na}")
+        # cadence's algorithms run in one launch: its failure is theirs, said once.
+        line = (
+            f"{o.backend}: FAILED: {o.error}" if o.error
+            else f"{o.backend}: n/a: {o.na}" if o.na
+            else None
+        )  # fmt: skip
+        if line and line not in notes:
+            notes.append(line)
     factor = busbw_factor(job.op, job.nranks)
     avgs = []
     for o in outcomes:
         ms = list(o.measures.values())
         if ms:
             avg = sum(algbw(m.nbytes, m.time_us) * factor for m in ms) / len(ms)
-            avgs.append(f"{o.backend} {avg:.2f}")
+            avgs.append(f"{o.name} {avg:.2f}")
     if avgs:
         notes.append("avg busbw (GB/s): " + ", ".join(avgs))
     if copy_gbps:
         # On one host the limit is memory bandwidth: say how far each backend is from it.
         peaks = [
-            f"{o.backend} {peak:.2f} ({peak / copy_gbps:.0%})"
+            f"{o.name} {peak:.2f} ({peak / copy_gbps:.0%})"
             for o in outcomes
             if o.measures
             for peak in [max(algbw(m.nbytes, m.time_us) * factor for m in o.measures.values())]
@@ -127,19 +199,48 @@ def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = Non
             f"one core copies memory at {copy_gbps:.2f} GB/s; peak busbw (GB/s, share of that): "
             + (", ".join(peaks) or "-")
         )
-    by_name = {o.backend: o for o in outcomes}
+    by_name = {o.backend: o for o in outcomes if o.backend != "cadence"}
+    cadence = reference(outcomes)
+    several, with_auto = compares_algos(outcomes)
+    which = f" ({cadence.name})" if several and cadence else ""
     for p in peers(outcomes):
-        rs = [r for s in job.sizes if (r := ratio(by_name["cadence"], by_name[p], s)) is not None]
+        rs = [r for s in job.sizes if (r := ratio(cadence, by_name[p], s)) is not None]
         if rs:
             geomean = math.exp(sum(map(math.log, rs)) / len(rs))
             notes.append(
-                f"cadence/{p}: geomean {fmt_ratio(geomean)} over {len(rs)} sizes "
+                f"cadence/{p}{which}: geomean {fmt_ratio(geomean)} over {len(rs)} sizes "
                 f"(min {fmt_ratio(min(rs))}, max {fmt_ratio(max(rs))}; "
                 "above 1 means cadence is faster)"
             )
+    if with_auto:
+        notes.append(auto_summary(job, outcomes))
     wrong = sum(m.wrong for o in outcomes for m in o.measures.values())
     notes.append(f"#wrong total: {wrong}")
     return notes
+
+
+def auto_summary(job: Job, outcomes: list[Outcome]) -> str:
+    """In how many sizes auto is within 10% of the fastest algorithm's speed
+    (auto/best >= NEAR_BEST), and where it is not."""
+    itemsize = DTYPES[job.dtype].itemsize
+    near, total, misses = 0, 0, []
+    for size in job.sizes:
+        r = auto_vs_best(outcomes, size)
+        if r is None:
+            continue
+        total += 1
+        if near_best(r):
+            near += 1
+        else:
+            lay = layout(job.op, size, itemsize, job.nranks)
+            nbytes = lay.nbytes if lay else size
+            misses.append(f"{format_size(nbytes)} {best(outcomes, size).algo} {fmt_share(r)}")
+    line = (
+        f"auto within {1 - NEAR_BEST:.0%} of the best cadence algorithm at {near} of {total} sizes"
+    )
+    if misses:
+        line += " (elsewhere: size, best, auto/best: " + "; ".join(misses) + ")"
+    return line
 
 
 def render_plain(table: Table) -> str:
@@ -173,26 +274,39 @@ def _style(cell: str, title: str) -> str:
         return f"[bold red]{cell}[/]"
     if title.startswith("cadence/") and cell.endswith("x"):
         return f"[green]{cell}[/]" if float(cell[:-1]) >= 1 else f"[yellow]{cell}[/]"
+    if title == "auto/best" and cell != "-":
+        return f"[green]{cell}[/]" if near_best(float(cell)) else f"[yellow]{cell}[/]"
     return cell
 
 
 def print_rich(table: Table, title: str) -> None:
     from rich import box
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table as RichTable
 
     t = RichTable(
         title=title, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False,
         collapse_padding=True,
     )  # fmt: skip
+    # "cadence:recursive_doubling" on two lines, so that it widens its column less.
+    depth = max((c.group.count(":") + 1 for c in table.columns if c.group), default=1)
     previous = None
     for c in table.columns:
-        header = f"{c.group}\n{c.title}" if c.group and c.group != previous else f"\n{c.title}"
+        parts = c.group.split(":") if c.group and c.group != previous else []
+        header = "\n".join([*parts, *[""] * (depth - len(parts)), c.title])
         t.add_column(header, justify="right", no_wrap=True)
         previous = c.group
     for row in table.rows:
         t.add_row(*(_style(cell, c.title) for cell, c in zip(row, table.columns, strict=True)))
     console = Console()
+    unbounded = console.options.update_width(1 << 16)  # console.measure caps at the width
+    if Measurement.get(console, unbounded, t).maximum > console.width:
+        # Too wide for the terminal (many algorithms): rich would cut every
+        # cell short; the plain table loses nothing (pipe it to `less -S`).
+        console.print(f"# {title}\n{render_plain(table)}", markup=False, highlight=False,
+                      soft_wrap=True)  # fmt: skip
+        return
     console.print(t)
     for note in table.notes:
         console.print(f"# {note}", markup=False, highlight=False)
@@ -213,7 +327,8 @@ def json_records(job: Job, outcomes: list[Outcome]) -> list[dict]:
                 "dtype": job.dtype,
                 "bytes": m.nbytes,
                 "nranks": job.nranks,
-                "algo": job.algo if o.backend == "cadence" else None,
+                "algo": o.algo,
+                "chosen": m.chosen,
                 "time_us": m.time_us,
                 "algbw": bw,
                 "busbw": bw * factor,
