@@ -137,10 +137,15 @@ pub enum Algo {
     Dissemination,
     /// Point-to-point send/recv.
     P2p,
+    /// Allreduce as recursive-halving reduce-scatter then recursive-doubling
+    /// allgather (non-powers of two fold first, as recursive doubling does).
+    Rabenseifner,
+    /// Reduce-scatter by recursive halving (non-powers of two fold first).
+    RecursiveHalving,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 9] = [
+    pub const ALL: [Algo; 11] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -150,6 +155,8 @@ impl Algo {
         Algo::Pairwise,
         Algo::Dissemination,
         Algo::P2p,
+        Algo::Rabenseifner,
+        Algo::RecursiveHalving,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -163,6 +170,8 @@ impl Algo {
             Algo::Pairwise => "pairwise",
             Algo::Dissemination => "dissemination",
             Algo::P2p => "p2p",
+            Algo::Rabenseifner => "rabenseifner",
+            Algo::RecursiveHalving => "recursive_halving",
         }
     }
 

@@ -9,8 +9,9 @@
 //!
 //! One generator file per algorithm family: `ring.rs`, `recursive_doubling.rs`,
 //! `direct.rs`, `tree.rs` (binomial), `two_stage.rs` (scatter-allgather and
-//! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`; `plan.rs`
-//! holds what they share.
+//! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`,
+//! `rabenseifner.rs`, `recursive_halving.rs` (reduce_scatter); `plan.rs` holds
+//! what they share.
 
 mod alltoall;
 mod barrier;
@@ -18,7 +19,9 @@ mod direct;
 pub mod ir;
 mod p2p;
 mod plan;
+mod rabenseifner;
 mod recursive_doubling;
+mod recursive_halving;
 mod ring;
 mod tree;
 mod two_stage;
@@ -67,11 +70,11 @@ fn algo_names(kind: &CollKind) -> String {
 pub fn algos_for(kind: CollKind) -> &'static [Algo] {
     use Algo::*;
     match kind {
-        CollKind::AllReduce => &[Ring, RecursiveDoubling, Direct],
+        CollKind::AllReduce => &[Ring, RecursiveDoubling, Direct, Rabenseifner],
         CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
         CollKind::Broadcast => &[BinomialTree, ScatterAllgather],
         CollKind::AllGather => &[Ring, Direct, RecursiveDoubling],
-        CollKind::ReduceScatter => &[Ring, Direct],
+        CollKind::ReduceScatter => &[Ring, Direct, RecursiveHalving],
         CollKind::AllToAll => &[Pairwise, Direct],
         CollKind::Gather | CollKind::Scatter => &[Direct],
         CollKind::Barrier => &[Dissemination],
@@ -207,6 +210,7 @@ pub fn build(
             recursive_doubling::allreduce(&mut plan, count)
         }
         (CollKind::AllReduce, Algo::Direct) => direct::allreduce(&mut plan, count),
+        (CollKind::AllReduce, Algo::Rabenseifner) => rabenseifner::allreduce(&mut plan, count),
         (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, count, root),
         (CollKind::Reduce, Algo::ReduceScatterGather) => two_stage::reduce(&mut plan, count, root),
         (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
@@ -220,6 +224,9 @@ pub fn build(
         }
         (CollKind::ReduceScatter, Algo::Ring) => ring::reduce_scatter(&mut plan, counts),
         (CollKind::ReduceScatter, Algo::Direct) => direct::reduce_scatter(&mut plan, counts),
+        (CollKind::ReduceScatter, Algo::RecursiveHalving) => {
+            recursive_halving::reduce_scatter(&mut plan, counts)
+        }
         (CollKind::AllToAll, Algo::Pairwise) => alltoall::pairwise(&mut plan, counts),
         (CollKind::AllToAll, Algo::Direct) => alltoall::direct(&mut plan, counts),
         (CollKind::Gather, Algo::Direct) => direct::gather(&mut plan, counts, root),
@@ -323,7 +330,7 @@ mod tests {
         assert_eq!(
             msg,
             "algorithm pairwise does not apply to allreduce \
-             (it takes ring, recursive_doubling, direct)"
+             (it takes ring, recursive_doubling, direct, rabenseifner)"
         );
     }
 
