@@ -140,12 +140,15 @@ pub enum Algo {
     /// Allreduce as recursive-halving reduce-scatter then recursive-doubling
     /// allgather (non-powers of two fold first, as recursive doubling does).
     Rabenseifner,
+    /// Allreduce over two complementary binary trees, each reducing then
+    /// broadcasting half of the buffer, pipelined in segments.
+    DoubleBinaryTree,
     /// Reduce-scatter by recursive halving (non-powers of two fold first).
     RecursiveHalving,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 11] = [
+    pub const ALL: [Algo; 12] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -156,6 +159,7 @@ impl Algo {
         Algo::Dissemination,
         Algo::P2p,
         Algo::Rabenseifner,
+        Algo::DoubleBinaryTree,
         Algo::RecursiveHalving,
     ];
 
@@ -171,6 +175,7 @@ impl Algo {
             Algo::Dissemination => "dissemination",
             Algo::P2p => "p2p",
             Algo::Rabenseifner => "rabenseifner",
+            Algo::DoubleBinaryTree => "double_binary_tree",
             Algo::RecursiveHalving => "recursive_halving",
         }
     }

@@ -10,12 +10,13 @@
 //! One generator file per algorithm family: `ring.rs`, `recursive_doubling.rs`,
 //! `direct.rs`, `tree.rs` (binomial), `two_stage.rs` (scatter-allgather and
 //! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`,
-//! `rabenseifner.rs`, `recursive_halving.rs` (reduce_scatter); `plan.rs` holds
-//! what they share.
+//! `rabenseifner.rs`, `double_binary_tree.rs`, `recursive_halving.rs`
+//! (reduce_scatter); `plan.rs` holds what they share.
 
 mod alltoall;
 mod barrier;
 mod direct;
+mod double_binary_tree;
 pub mod ir;
 mod p2p;
 mod plan;
@@ -70,7 +71,13 @@ fn algo_names(kind: &CollKind) -> String {
 pub fn algos_for(kind: CollKind) -> &'static [Algo] {
     use Algo::*;
     match kind {
-        CollKind::AllReduce => &[Ring, RecursiveDoubling, Direct, Rabenseifner],
+        CollKind::AllReduce => &[
+            Ring,
+            RecursiveDoubling,
+            Direct,
+            Rabenseifner,
+            DoubleBinaryTree,
+        ],
         CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
         CollKind::Broadcast => &[BinomialTree, ScatterAllgather],
         CollKind::AllGather => &[Ring, Direct, RecursiveDoubling],
@@ -211,6 +218,9 @@ pub fn build(
         }
         (CollKind::AllReduce, Algo::Direct) => direct::allreduce(&mut plan, count),
         (CollKind::AllReduce, Algo::Rabenseifner) => rabenseifner::allreduce(&mut plan, count),
+        (CollKind::AllReduce, Algo::DoubleBinaryTree) => {
+            double_binary_tree::allreduce(&mut plan, count)
+        }
         (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, count, root),
         (CollKind::Reduce, Algo::ReduceScatterGather) => two_stage::reduce(&mut plan, count, root),
         (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
@@ -330,7 +340,8 @@ mod tests {
         assert_eq!(
             msg,
             "algorithm pairwise does not apply to allreduce \
-             (it takes ring, recursive_doubling, direct, rabenseifner)"
+             (it takes ring, recursive_doubling, direct, rabenseifner, \
+             double_binary_tree)"
         );
     }
 
