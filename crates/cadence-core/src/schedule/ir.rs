@@ -143,12 +143,15 @@ pub enum Algo {
     /// Allreduce over two complementary binary trees, each reducing then
     /// broadcasting half of the buffer, pipelined in segments.
     DoubleBinaryTree,
+    /// Allreduce on an X×Y grid of ranks: reduce-scatter along rows,
+    /// allreduce along columns, allgather along rows.
+    Torus2d,
     /// Reduce-scatter by recursive halving (non-powers of two fold first).
     RecursiveHalving,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 12] = [
+    pub const ALL: [Algo; 13] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -160,6 +163,7 @@ impl Algo {
         Algo::P2p,
         Algo::Rabenseifner,
         Algo::DoubleBinaryTree,
+        Algo::Torus2d,
         Algo::RecursiveHalving,
     ];
 
@@ -176,6 +180,7 @@ impl Algo {
             Algo::P2p => "p2p",
             Algo::Rabenseifner => "rabenseifner",
             Algo::DoubleBinaryTree => "double_binary_tree",
+            Algo::Torus2d => "torus2d",
             Algo::RecursiveHalving => "recursive_halving",
         }
     }

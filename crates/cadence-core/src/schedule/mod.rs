@@ -10,8 +10,8 @@
 //! One generator file per algorithm family: `ring.rs`, `recursive_doubling.rs`,
 //! `direct.rs`, `tree.rs` (binomial), `two_stage.rs` (scatter-allgather and
 //! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`,
-//! `rabenseifner.rs`, `double_binary_tree.rs`, `recursive_halving.rs`
-//! (reduce_scatter); `plan.rs` holds what they share.
+//! `rabenseifner.rs`, `double_binary_tree.rs`, `torus2d.rs`,
+//! `recursive_halving.rs` (reduce_scatter); `plan.rs` holds what they share.
 
 mod alltoall;
 mod barrier;
@@ -24,6 +24,7 @@ mod rabenseifner;
 mod recursive_doubling;
 mod recursive_halving;
 mod ring;
+mod torus2d;
 mod tree;
 mod two_stage;
 pub mod verify;
@@ -77,6 +78,7 @@ pub fn algos_for(kind: CollKind) -> &'static [Algo] {
             Direct,
             Rabenseifner,
             DoubleBinaryTree,
+            Torus2d,
         ],
         CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
         CollKind::Broadcast => &[BinomialTree, ScatterAllgather],
@@ -221,6 +223,7 @@ pub fn build(
         (CollKind::AllReduce, Algo::DoubleBinaryTree) => {
             double_binary_tree::allreduce(&mut plan, count)
         }
+        (CollKind::AllReduce, Algo::Torus2d) => torus2d::allreduce(&mut plan, count),
         (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, count, root),
         (CollKind::Reduce, Algo::ReduceScatterGather) => two_stage::reduce(&mut plan, count, root),
         (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
@@ -341,7 +344,7 @@ mod tests {
             msg,
             "algorithm pairwise does not apply to allreduce \
              (it takes ring, recursive_doubling, direct, rabenseifner, \
-             double_binary_tree)"
+             double_binary_tree, torus2d)"
         );
     }
 
