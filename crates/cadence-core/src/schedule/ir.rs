@@ -146,12 +146,14 @@ pub enum Algo {
     /// Allreduce on an X×Y grid of ranks: reduce-scatter along rows,
     /// allreduce along columns, allgather along rows.
     Torus2d,
+    /// Bruck: log2(n) rounds at distances 1, 2, 4, … (allgather, alltoall).
+    Bruck,
     /// Reduce-scatter by recursive halving (non-powers of two fold first).
     RecursiveHalving,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 13] = [
+    pub const ALL: [Algo; 14] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -164,6 +166,7 @@ impl Algo {
         Algo::Rabenseifner,
         Algo::DoubleBinaryTree,
         Algo::Torus2d,
+        Algo::Bruck,
         Algo::RecursiveHalving,
     ];
 
@@ -181,6 +184,7 @@ impl Algo {
             Algo::Rabenseifner => "rabenseifner",
             Algo::DoubleBinaryTree => "double_binary_tree",
             Algo::Torus2d => "torus2d",
+            Algo::Bruck => "bruck",
             Algo::RecursiveHalving => "recursive_halving",
         }
     }

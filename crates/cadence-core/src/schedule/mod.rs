@@ -10,11 +10,13 @@
 //! One generator file per algorithm family: `ring.rs`, `recursive_doubling.rs`,
 //! `direct.rs`, `tree.rs` (binomial), `two_stage.rs` (scatter-allgather and
 //! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`,
-//! `rabenseifner.rs`, `double_binary_tree.rs`, `torus2d.rs`,
-//! `recursive_halving.rs` (reduce_scatter); `plan.rs` holds what they share.
+//! `rabenseifner.rs`, `double_binary_tree.rs`, `torus2d.rs`, `bruck.rs`
+//! (allgather and all-to-all), `recursive_halving.rs` (reduce_scatter);
+//! `plan.rs` holds what they share.
 
 mod alltoall;
 mod barrier;
+mod bruck;
 mod direct;
 mod double_binary_tree;
 pub mod ir;
@@ -82,9 +84,9 @@ pub fn algos_for(kind: CollKind) -> &'static [Algo] {
         ],
         CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
         CollKind::Broadcast => &[BinomialTree, ScatterAllgather],
-        CollKind::AllGather => &[Ring, Direct, RecursiveDoubling],
+        CollKind::AllGather => &[Ring, Direct, RecursiveDoubling, Bruck],
         CollKind::ReduceScatter => &[Ring, Direct, RecursiveHalving],
-        CollKind::AllToAll => &[Pairwise, Direct],
+        CollKind::AllToAll => &[Pairwise, Direct, Bruck],
         CollKind::Gather | CollKind::Scatter => &[Direct],
         CollKind::Barrier => &[Dissemination],
         CollKind::Send | CollKind::Recv => &[P2p],
@@ -235,6 +237,7 @@ pub fn build(
         (CollKind::AllGather, Algo::RecursiveDoubling) => {
             recursive_doubling::allgather(&mut plan, counts)
         }
+        (CollKind::AllGather, Algo::Bruck) => bruck::allgather(&mut plan, counts),
         (CollKind::ReduceScatter, Algo::Ring) => ring::reduce_scatter(&mut plan, counts),
         (CollKind::ReduceScatter, Algo::Direct) => direct::reduce_scatter(&mut plan, counts),
         (CollKind::ReduceScatter, Algo::RecursiveHalving) => {
@@ -242,6 +245,7 @@ pub fn build(
         }
         (CollKind::AllToAll, Algo::Pairwise) => alltoall::pairwise(&mut plan, counts),
         (CollKind::AllToAll, Algo::Direct) => alltoall::direct(&mut plan, counts),
+        (CollKind::AllToAll, Algo::Bruck) => bruck::alltoall(&mut plan, counts),
         (CollKind::Gather, Algo::Direct) => direct::gather(&mut plan, counts, root),
         (CollKind::Scatter, Algo::Direct) => direct::scatter(&mut plan, counts, root),
         (CollKind::Barrier, Algo::Dissemination) => barrier::dissemination(&mut plan),
