@@ -150,10 +150,12 @@ pub enum Algo {
     Bruck,
     /// Reduce-scatter by recursive halving (non-powers of two fold first).
     RecursiveHalving,
+    /// Broadcast down the chain root → root+1 → …, pipelined in segments.
+    PipelinedChain,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 14] = [
+    pub const ALL: [Algo; 15] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -168,6 +170,7 @@ impl Algo {
         Algo::Torus2d,
         Algo::Bruck,
         Algo::RecursiveHalving,
+        Algo::PipelinedChain,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -186,6 +189,7 @@ impl Algo {
             Algo::Torus2d => "torus2d",
             Algo::Bruck => "bruck",
             Algo::RecursiveHalving => "recursive_halving",
+            Algo::PipelinedChain => "pipelined_chain",
         }
     }
 

@@ -11,8 +11,8 @@
 //! `direct.rs`, `tree.rs` (binomial), `two_stage.rs` (scatter-allgather and
 //! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`,
 //! `rabenseifner.rs`, `double_binary_tree.rs`, `torus2d.rs`, `bruck.rs`
-//! (allgather and all-to-all), `recursive_halving.rs` (reduce_scatter);
-//! `plan.rs` holds what they share.
+//! (allgather and all-to-all), `recursive_halving.rs` (reduce_scatter),
+//! `pipelined_chain.rs` (broadcast); `plan.rs` holds what they share.
 
 mod alltoall;
 mod barrier;
@@ -21,6 +21,7 @@ mod direct;
 mod double_binary_tree;
 pub mod ir;
 mod p2p;
+mod pipelined_chain;
 mod plan;
 mod rabenseifner;
 mod recursive_doubling;
@@ -83,7 +84,7 @@ pub fn algos_for(kind: CollKind) -> &'static [Algo] {
             Torus2d,
         ],
         CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
-        CollKind::Broadcast => &[BinomialTree, ScatterAllgather],
+        CollKind::Broadcast => &[BinomialTree, ScatterAllgather, PipelinedChain],
         CollKind::AllGather => &[Ring, Direct, RecursiveDoubling, Bruck],
         CollKind::ReduceScatter => &[Ring, Direct, RecursiveHalving],
         CollKind::AllToAll => &[Pairwise, Direct, Bruck],
@@ -231,6 +232,9 @@ pub fn build(
         (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
         (CollKind::Broadcast, Algo::ScatterAllgather) => {
             two_stage::broadcast(&mut plan, count, root)
+        }
+        (CollKind::Broadcast, Algo::PipelinedChain) => {
+            pipelined_chain::broadcast(&mut plan, count, root)
         }
         (CollKind::AllGather, Algo::Ring) => ring::allgather(&mut plan, counts),
         (CollKind::AllGather, Algo::Direct) => direct::allgather(&mut plan, counts),
