@@ -50,11 +50,13 @@ FORCED = [
     "allgather:direct;reduce_scatter:direct;broadcast:binomial_tree;"
     "reduce:binomial_tree;alltoall:pairwise",
     "allgather:recursive_doubling",
+    "allgather:bruck;reduce_scatter:recursive_halving;broadcast:pipelined_chain;"
+    "alltoall:bruck",
 ]
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("n", [3, 5])
+@pytest.mark.parametrize("n,transport", [(3, "shm"), (5, "shm"), (3, "tcp"), (5, "tcp"),
+                                         (4, "mixed")])
 @pytest.mark.parametrize("forced", FORCED)
 def test_every_algorithm_of_every_collective(n, transport, forced):
     res = assert_all_ok(run_ranks(

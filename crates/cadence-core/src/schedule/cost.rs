@@ -229,22 +229,21 @@ mod tests {
             best(CollKind::AllReduce, 64, &one_host, &m),
             Algo::RecursiveDoubling
         );
+        // Large: one of the bandwidth-optimal ones (ring, or Rabenseifner's
+        // halving and doubling, which moves the same bytes in fewer steps).
         let hosts = Topology::from_hosts(&[0, 1, 2, 3]);
-        assert_eq!(
-            best(CollKind::AllReduce, 64 << 20, &hosts, &cluster()),
-            Algo::Ring
-        );
+        let large = best(CollKind::AllReduce, 64 << 20, &hosts, &cluster());
+        assert!(matches!(large, Algo::Ring | Algo::Rabenseifner), "{large:?}");
     }
 
     #[test]
     fn several_ranks_per_host_go_hierarchical() {
         let t = Topology::from_hosts(&[0, 0, 1, 1, 2, 2, 3, 3]);
+        // The 2×4 torus puts each host's two ranks in a row: on this layout
+        // it is hierarchical too (rows in shared memory, columns across).
         for bytes in [64 << 10, 1 << 20, 64 << 20] {
-            assert_eq!(
-                best(CollKind::AllReduce, bytes, &t, &cluster()),
-                Algo::Hierarchical,
-                "{bytes} B"
-            );
+            let a = best(CollKind::AllReduce, bytes, &t, &cluster());
+            assert!(matches!(a, Algo::Hierarchical | Algo::Torus2d), "{bytes} B: {a:?}");
         }
     }
 

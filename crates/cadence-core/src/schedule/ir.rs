@@ -140,10 +140,25 @@ pub enum Algo {
     /// Shared memory inside each host, TCP only between ranks with the same
     /// local rank (see `hierarchical.rs`).
     Hierarchical,
+    /// Allreduce as recursive-halving reduce-scatter then recursive-doubling
+    /// allgather (non-powers of two fold first, as recursive doubling does).
+    Rabenseifner,
+    /// Allreduce over two complementary binary trees, each reducing then
+    /// broadcasting half of the buffer, pipelined in segments.
+    DoubleBinaryTree,
+    /// Allreduce on an X×Y grid of ranks: reduce-scatter along rows,
+    /// allreduce along columns, allgather along rows.
+    Torus2d,
+    /// Bruck: log2(n) rounds at distances 1, 2, 4, … (allgather, alltoall).
+    Bruck,
+    /// Reduce-scatter by recursive halving (non-powers of two fold first).
+    RecursiveHalving,
+    /// Broadcast down the chain root → root+1 → …, pipelined in segments.
+    PipelinedChain,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 10] = [
+    pub const ALL: [Algo; 16] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -154,6 +169,12 @@ impl Algo {
         Algo::Dissemination,
         Algo::P2p,
         Algo::Hierarchical,
+        Algo::Rabenseifner,
+        Algo::DoubleBinaryTree,
+        Algo::Torus2d,
+        Algo::Bruck,
+        Algo::RecursiveHalving,
+        Algo::PipelinedChain,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -168,6 +189,12 @@ impl Algo {
             Algo::Dissemination => "dissemination",
             Algo::P2p => "p2p",
             Algo::Hierarchical => "hierarchical",
+            Algo::Rabenseifner => "rabenseifner",
+            Algo::DoubleBinaryTree => "double_binary_tree",
+            Algo::Torus2d => "torus2d",
+            Algo::Bruck => "bruck",
+            Algo::RecursiveHalving => "recursive_halving",
+            Algo::PipelinedChain => "pipelined_chain",
         }
     }
 

@@ -9,20 +9,28 @@
 //!
 //! One generator file per algorithm family: `ring.rs`, `recursive_doubling.rs`,
 //! `direct.rs`, `tree.rs` (binomial), `two_stage.rs` (scatter-allgather and
-//! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`; `plan.rs`
-//! holds what they share.
+//! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`,
+//! `rabenseifner.rs`, `double_binary_tree.rs`, `torus2d.rs`, `bruck.rs`
+//! (allgather and all-to-all), `recursive_halving.rs` (reduce_scatter),
+//! `pipelined_chain.rs` (broadcast); `plan.rs` holds what they share.
 
 mod alltoall;
 mod barrier;
+mod bruck;
 pub mod cost;
 mod direct;
+mod double_binary_tree;
 mod hierarchical;
 pub mod ir;
 mod p2p;
+mod pipelined_chain;
 mod plan;
+mod rabenseifner;
 mod recursive_doubling;
+mod recursive_halving;
 mod ring;
 pub mod topology;
+mod torus2d;
 mod tree;
 mod two_stage;
 pub mod verify;
@@ -74,12 +82,20 @@ fn algo_names(kind: &CollKind) -> String {
 pub fn algos_for(kind: CollKind) -> &'static [Algo] {
     use Algo::*;
     match kind {
-        CollKind::AllReduce => &[Ring, RecursiveDoubling, Direct, Hierarchical],
+        CollKind::AllReduce => &[
+            Ring,
+            RecursiveDoubling,
+            Direct,
+            Rabenseifner,
+            DoubleBinaryTree,
+            Torus2d,
+            Hierarchical,
+        ],
         CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
-        CollKind::Broadcast => &[BinomialTree, ScatterAllgather],
-        CollKind::AllGather => &[Ring, Direct, RecursiveDoubling],
-        CollKind::ReduceScatter => &[Ring, Direct],
-        CollKind::AllToAll => &[Pairwise, Direct],
+        CollKind::Broadcast => &[BinomialTree, ScatterAllgather, PipelinedChain],
+        CollKind::AllGather => &[Ring, Direct, RecursiveDoubling, Bruck],
+        CollKind::ReduceScatter => &[Ring, Direct, RecursiveHalving],
+        CollKind::AllToAll => &[Pairwise, Direct, Bruck],
         CollKind::Gather | CollKind::Scatter => &[Direct],
         CollKind::Barrier => &[Dissemination],
         CollKind::Send | CollKind::Recv => &[P2p],
@@ -263,21 +279,34 @@ pub fn build_on(
         (CollKind::AllReduce, Algo::Hierarchical) => {
             hierarchical::allreduce(&mut plan, topo, count)
         }
+        (CollKind::AllReduce, Algo::Rabenseifner) => rabenseifner::allreduce(&mut plan, count),
+        (CollKind::AllReduce, Algo::DoubleBinaryTree) => {
+            double_binary_tree::allreduce(&mut plan, count)
+        }
+        (CollKind::AllReduce, Algo::Torus2d) => torus2d::allreduce(&mut plan, count),
         (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, count, root),
         (CollKind::Reduce, Algo::ReduceScatterGather) => two_stage::reduce(&mut plan, count, root),
         (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
         (CollKind::Broadcast, Algo::ScatterAllgather) => {
             two_stage::broadcast(&mut plan, count, root)
         }
+        (CollKind::Broadcast, Algo::PipelinedChain) => {
+            pipelined_chain::broadcast(&mut plan, count, root)
+        }
         (CollKind::AllGather, Algo::Ring) => ring::allgather(&mut plan, topo, counts),
         (CollKind::AllGather, Algo::Direct) => direct::allgather(&mut plan, counts),
         (CollKind::AllGather, Algo::RecursiveDoubling) => {
             recursive_doubling::allgather(&mut plan, counts)
         }
+        (CollKind::AllGather, Algo::Bruck) => bruck::allgather(&mut plan, counts),
         (CollKind::ReduceScatter, Algo::Ring) => ring::reduce_scatter(&mut plan, topo, counts),
         (CollKind::ReduceScatter, Algo::Direct) => direct::reduce_scatter(&mut plan, counts),
+        (CollKind::ReduceScatter, Algo::RecursiveHalving) => {
+            recursive_halving::reduce_scatter(&mut plan, counts)
+        }
         (CollKind::AllToAll, Algo::Pairwise) => alltoall::pairwise(&mut plan, counts),
         (CollKind::AllToAll, Algo::Direct) => alltoall::direct(&mut plan, counts),
+        (CollKind::AllToAll, Algo::Bruck) => bruck::alltoall(&mut plan, counts),
         (CollKind::Gather, Algo::Direct) => direct::gather(&mut plan, counts, root),
         (CollKind::Scatter, Algo::Direct) => direct::scatter(&mut plan, counts, root),
         (CollKind::Barrier, Algo::Dissemination) => barrier::dissemination(&mut plan),
@@ -379,7 +408,8 @@ mod tests {
         assert_eq!(
             msg,
             "algorithm pairwise does not apply to allreduce \
-             (it takes ring, recursive_doubling, direct, hierarchical)"
+             (it takes ring, recursive_doubling, direct, rabenseifner, \
+             double_binary_tree, torus2d, hierarchical)"
         );
     }
 

@@ -27,20 +27,21 @@
 use super::ir::{Buf, Span};
 use super::plan::{Blocks, Plan};
 
-/// Which part a rank plays, and the arithmetic of virtual ranks.
-struct Geometry {
-    rem: usize,
-    rounds: u32,
+/// Which part a rank plays, and the arithmetic of virtual ranks (shared with
+/// the other algorithms that fold: `rabenseifner.rs`, `recursive_halving.rs`).
+pub(crate) struct Geometry {
+    pub rem: usize,
+    pub rounds: u32,
 }
 
-enum Role {
+pub(crate) enum Role {
     Extra { partner: usize },
     Folded { extra: usize, v: usize },
     Plain { v: usize },
 }
 
 impl Geometry {
-    fn new(n: usize) -> Geometry {
+    pub fn new(n: usize) -> Geometry {
         let p = 1 << n.ilog2();
         Geometry {
             rem: n - p,
@@ -48,7 +49,7 @@ impl Geometry {
         }
     }
 
-    fn role(&self, r: usize) -> Role {
+    pub fn role(&self, r: usize) -> Role {
         if r >= 2 * self.rem {
             Role::Plain { v: r - self.rem }
         } else if r.is_multiple_of(2) {
@@ -62,7 +63,7 @@ impl Geometry {
     }
 
     /// The real rank taking part as virtual rank v.
-    fn real(&self, v: usize) -> usize {
+    pub fn real(&self, v: usize) -> usize {
         if v < self.rem {
             2 * v + 1
         } else {
@@ -73,7 +74,7 @@ impl Geometry {
     /// The first real rank whose data virtual rank v holds after the fold
     /// (n for v = p), so virtual ranks `a..b` hold the blocks of real ranks
     /// `first(a)..first(b)`.
-    fn first(&self, v: usize) -> usize {
+    pub fn first(&self, v: usize) -> usize {
         if v < self.rem {
             2 * v
         } else {
