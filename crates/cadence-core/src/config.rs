@@ -401,8 +401,10 @@ impl Config {
                 _ => return Err(format!("CADENCE_DEBUG={v:?}: use WARN, INFO or TRACE")),
             };
         }
-        // An explicitly named file must exist; the default one may not.
+        // An explicitly named file must exist; the default one may not;
+        // `none` turns tuning tables off (tests use it, for the defaults).
         let (path, required) = match get("CADENCE_TUNING_FILE").filter(|v| !v.is_empty()) {
+            Some(v) if v.eq_ignore_ascii_case("none") => (None, false),
             Some(v) => (Some(PathBuf::from(v)), true),
             None => (crate::tuning::default_path(&get), false),
         };
@@ -585,6 +587,10 @@ mod tests {
         assert!(Config::from_lookup(env(&[("CADENCE_TIMEOUT", "abc")])).is_err());
         assert!(Config::from_lookup(env(&[("CADENCE_TIMEOUT", "-1")])).is_err());
         assert!(Config::from_lookup(env(&[("CADENCE_DEBUG", "LOUD")])).is_err());
+        let missing = Config::from_lookup(env(&[("CADENCE_TUNING_FILE", "/nonexistent/t.json")]));
+        assert!(missing.unwrap_err().contains("/nonexistent/t.json"));
+        let off = Config::from_lookup(env(&[("CADENCE_TUNING_FILE", "none"), ("HOME", "/")]));
+        assert!(off.unwrap().tuning.is_none());
         let e = Config::from_lookup(env(&[("CADENCE_ALGO", "allreduce:ring:8K-1K")])).unwrap_err();
         assert!(e.contains("CADENCE_ALGO") && e.contains("8K-1K"), "{e}");
         let c = Config::from_lookup(env(&[

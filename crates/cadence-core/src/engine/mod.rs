@@ -100,6 +100,7 @@ pub struct Engine {
     pollfds: Vec<libc::pollfd>,
     send_jobs: Vec<(usize, SendJob)>,
     recv_jobs: Vec<(usize, RecvJob)>,
+    job_ranges: (Vec<JobRange>, Vec<JobRange>),
     /// How long a rank past its deadline keeps waiting to learn whom its
     /// peers wait on, before it fails (a quarter of the timeout, 0.5–3 s).
     pub diagnosis_grace: Duration,
@@ -135,6 +136,7 @@ impl Engine {
             pollfds: Vec::new(),
             send_jobs: Vec::new(),
             recv_jobs: Vec::new(),
+            job_ranges: (Vec::new(), Vec::new()),
             diagnosis_grace: Duration::from_secs(3),
             interrupt: None,
             watchers: None,
@@ -178,106 +180,218 @@ impl Engine {
             scratch_bytes: need,
             esize,
         };
-        for (pi, phase) in sched.phases.iter().enumerate() {
-            // Reuse the job lists' memory across phases and operations: no
-            // allocation on the small-message path.
-            let mut sends = std::mem::take(&mut self.send_jobs);
-            let mut recvs = std::mem::take(&mut self.recv_jobs);
-            sends.clear();
-            recvs.clear();
-            for step in &phase.steps {
-                match *step {
-                    Step::Copy { src, dst } => mem.copy(src, dst)?,
-                    Step::Reduce { src, dst } => mem.reduce(dtype, elem_op, src, dst)?,
-                    Step::Send { peer, src } => {
-                        let (p, n) = mem.locate(src)?;
-                        // SAFETY: `locate` bounds-checked the span; the schedule
-                        // rules (verified) keep it unwritten during this phase.
-                        let source = unsafe { Source::new(p, n) };
-                        sends.push((peer, SendJob::new(*meta, source)));
-                    }
-                    Step::Recv {
-                        peer,
-                        dst,
-                        reduce_with,
-                    } => {
-                        let (d, n) = mem.locate(dst)?;
-                        let mode = match reduce_with {
-                            None => SinkMode::Copy,
-                            Some(a) => {
-                                let (ap, an) = mem.locate(a)?;
-                                if an != n {
-                                    return Err(internal("reduce_with length differs from dst"));
-                                }
-                                if std::ptr::eq(ap, d) {
-                                    SinkMode::ReduceInPlace
-                                } else if ranges_overlap(ap, d, n) {
-                                    return Err(internal("reduce_with overlaps dst"));
-                                } else {
-                                    SinkMode::ReduceWith(ap)
-                                }
-                            }
-                        };
-                        // SAFETY: spans bounds-checked by `locate`; within a phase
-                        // no other step touches a receive's destination (verified
-                        // schedule rule), and `ReduceWith` operands are disjoint.
-                        let sink = unsafe { Sink::new(d, n, mode, dtype, elem_op) };
-                        recvs.push((peer, RecvJob::new(*meta, sink)));
-                    }
-                }
-            }
-            if !sends.is_empty() || !recvs.is_empty() {
-                self.transfer(&mut sends, &mut recvs, deadline, pi, meta.sig, meta.seq)?;
-            }
-            sends.clear();
-            recvs.clear();
-            self.send_jobs = sends;
-            self.recv_jobs = recvs;
-        }
-        Ok(())
+        // Reuse the job lists' memory across operations: no allocation on
+        // the small-message path.
+        let mut sends = std::mem::take(&mut self.send_jobs);
+        let mut recvs = std::mem::take(&mut self.recv_jobs);
+        let mut ranges = std::mem::take(&mut self.job_ranges);
+        sends.clear();
+        recvs.clear();
+        ranges.0.clear();
+        ranges.1.clear();
+        let result = self.run_phases(
+            sched,
+            meta,
+            elem_op,
+            &mem,
+            deadline,
+            &mut sends,
+            &mut recvs,
+            &mut ranges,
+        );
+        sends.clear();
+        recvs.clear();
+        self.send_jobs = sends;
+        self.recv_jobs = recvs;
+        self.job_ranges = ranges;
+        result
     }
 
-    /// Progresses a phase's transfers until all are done.
-    fn transfer(
+    /// The phases in order, with a one-phase lookahead: while phase p's
+    /// transfers are in flight, phase p+1's (when it has no local steps)
+    /// are admitted *held*, and each starts as soon as it touches no memory
+    /// that an unfinished transfer of an earlier phase writes, or reads
+    /// memory it would write. Messages to one peer still go in order. So a
+    /// ring sliced into pieces forwards piece k as soon as piece k arrived,
+    /// and the link does not idle at every phase boundary for the last
+    /// byte's round trip. Phases stay the unit of the schedule's semantics
+    /// (the verifier's model); lookahead only starts work earlier that the
+    /// phase order already allowed to be in flight.
+    #[allow(clippy::too_many_arguments)]
+    fn run_phases(
         &mut self,
-        sends: &mut [(usize, SendJob)],
-        recvs: &mut [(usize, RecvJob)],
+        sched: &Schedule,
+        meta: &OpMeta,
+        elem_op: ElemOp,
+        mem: &Memory,
         deadline: Instant,
-        phase: usize,
-        my_sig: u64,
-        my_seq: u64,
+        sends: &mut Vec<(usize, SendJob)>,
+        recvs: &mut Vec<(usize, RecvJob)>,
+        ranges: &mut (Vec<JobRange>, Vec<JobRange>),
     ) -> Result<(), ErrorKind> {
+        let dtype = meta.dtype;
+        let phases = &sched.phases;
+        // Where each admitted phase's jobs start in `sends`/`recvs`.
+        let mut first_send = Vec::with_capacity(phases.len() + 1);
+        let mut first_recv = Vec::with_capacity(phases.len() + 1);
+        let mut cur = 0; // the oldest phase with unfinished transfers
+        let mut next = 0; // the next phase to admit
         let mut wait = Wait::new();
+        let mut phase_t0 = Instant::now();
+        // Held jobs of the lookahead phase (an upper bound: its step count).
+        let mut held_left = 0usize;
         loop {
-            let (progressed, pending) = self.progress_round(sends, recvs)?;
-            if !pending {
-                break;
+            // Admit: the current phase always (its local steps run now, all
+            // earlier phases being complete); the one after it only if it
+            // has no local steps.
+            while next < phases.len()
+                && (next == cur || (next == cur + 1 && !has_local_steps(&phases[next])))
+            {
+                first_send.push(sends.len());
+                first_recv.push(recvs.len());
+                let held = next > cur;
+                if held {
+                    held_left = phases[next].steps.len();
+                }
+                for step in &phases[next].steps {
+                    match *step {
+                        Step::Copy { src, dst } => mem.copy(src, dst)?,
+                        Step::Reduce { src, dst } => mem.reduce(dtype, elem_op, src, dst)?,
+                        Step::Send { peer, src } => {
+                            let (p, n) = mem.locate(src)?;
+                            // SAFETY: `locate` bounds-checked the span; the
+                            // schedule rules (verified) keep it unwritten
+                            // during its phase, and the hazard check keeps
+                            // it held while an earlier phase writes it.
+                            let source = unsafe { Source::new(p, n) };
+                            let mut job = SendJob::new(*meta, source);
+                            job.held = held;
+                            sends.push((peer, job));
+                            ranges.0.push(JobRange {
+                                start: p as usize,
+                                len: n,
+                                with: None,
+                            });
+                        }
+                        Step::Recv {
+                            peer,
+                            dst,
+                            reduce_with,
+                        } => {
+                            let (d, n) = mem.locate(dst)?;
+                            let (mode, with) = match reduce_with {
+                                None => (SinkMode::Copy, None),
+                                Some(a) => {
+                                    let (ap, an) = mem.locate(a)?;
+                                    if an != n {
+                                        return Err(internal(
+                                            "reduce_with length differs from dst",
+                                        ));
+                                    }
+                                    if std::ptr::eq(ap, d) {
+                                        (SinkMode::ReduceInPlace, None)
+                                    } else if ranges_overlap(ap, d, n) {
+                                        return Err(internal("reduce_with overlaps dst"));
+                                    } else {
+                                        (SinkMode::ReduceWith(ap), Some(ap as usize))
+                                    }
+                                }
+                            };
+                            // SAFETY: spans bounds-checked by `locate`; within
+                            // a phase no other step touches a receive's
+                            // destination (verified schedule rule), earlier
+                            // phases' transfers are kept off it by the hazard
+                            // check, and `ReduceWith` operands are disjoint.
+                            let sink = unsafe { Sink::new(d, n, mode, dtype, elem_op) };
+                            let mut job = RecvJob::new(*meta, sink);
+                            job.held = held;
+                            recvs.push((peer, job));
+                            ranges.1.push(JobRange {
+                                start: d as usize,
+                                len: n,
+                                with,
+                            });
+                        }
+                    }
+                }
+                next += 1;
             }
+            // Retire finished phases; the lookahead phase, if any, becomes
+            // the current one and nothing holds its jobs back any more.
+            let mut retired = false;
+            while cur < next && phase_done(cur, sends, recvs, &first_send, &first_recv) {
+                self.account_phase(sends, recvs, &first_send, &first_recv, cur, phase_t0);
+                phase_t0 = Instant::now();
+                cur += 1;
+                retired = true;
+                held_left = 0;
+                if cur < next {
+                    let (ss, rs) = job_spans(cur, sends, recvs, &first_send, &first_recv);
+                    sends[ss].iter_mut().for_each(|(_, j)| j.held = false);
+                    recvs[rs].iter_mut().for_each(|(_, j)| j.held = false);
+                }
+            }
+            if cur == phases.len() {
+                return Ok(());
+            }
+            if retired {
+                // Admit what may follow before moving anything.
+                wait.reset();
+                continue;
+            }
+            if next == cur + 2 && held_left > 0 {
+                held_left -= release_held(
+                    sends,
+                    recvs,
+                    &ranges.0,
+                    &ranges.1,
+                    &first_send,
+                    &first_recv,
+                    cur,
+                );
+            }
+            let (progressed, pending) = self.progress_round(sends, recvs)?;
             if progressed {
                 wait.reset();
                 continue;
             }
-            self.backoff(&mut wait, sends, recvs, deadline, my_sig, my_seq)
+            if !pending {
+                continue;
+            }
+            self.backoff(&mut wait, sends, recvs, deadline, meta.sig, meta.seq)
                 .map_err(|e| match e {
                     ErrorKind::Timeout { peer, secs, what } => ErrorKind::Timeout {
                         peer,
                         secs,
-                        what: format!("{what}, in phase {phase}"),
+                        what: format!("{what}, in phase {cur}"),
                     },
                     e => e,
                 })?;
         }
-        let busy = wait.t0.elapsed().as_nanos() as u64;
-        for peer in sends
+    }
+
+    /// Adds phase `p`'s duration to the busy time of the links it used.
+    #[allow(clippy::too_many_arguments)]
+    fn account_phase(
+        &mut self,
+        sends: &[(usize, SendJob)],
+        recvs: &[(usize, RecvJob)],
+        first_send: &[usize],
+        first_recv: &[usize],
+        p: usize,
+        t0: Instant,
+    ) {
+        let busy = t0.elapsed().as_nanos() as u64;
+        let (ss, rs) = job_spans(p, sends, recvs, first_send, first_recv);
+        let peers = sends[ss]
             .iter()
-            .map(|(p, _)| *p)
-            .chain(recvs.iter().map(|(p, _)| *p))
-        {
+            .map(|(q, _)| *q)
+            .chain(recvs[rs].iter().map(|(q, _)| *q));
+        for peer in peers {
             if let Some(l) = self.links[peer].as_mut() {
                 l.stats().busy_ns += busy;
             }
         }
-        Ok(())
     }
 
     /// One pass over the transfers: each peer's first unfinished send and
@@ -296,6 +410,12 @@ impl Engine {
             if job.done || self.busy_tx[*peer] {
                 continue;
             }
+            if job.held {
+                // Later messages to this peer wait behind it (FIFO).
+                self.busy_tx[*peer] = true;
+                pending = true;
+                continue;
+            }
             let link = self.links[*peer].as_mut().ok_or_else(|| no_link(*peer))?;
             progressed |= link.send_progress(job)?;
             if !job.done {
@@ -305,6 +425,11 @@ impl Engine {
         }
         for (peer, job) in recvs.iter_mut() {
             if job.done || self.busy_rx[*peer] {
+                continue;
+            }
+            if job.held {
+                self.busy_rx[*peer] = true;
+                pending = true;
                 continue;
             }
             let link = self.links[*peer].as_mut().ok_or_else(|| no_link(*peer))?;
@@ -361,9 +486,9 @@ impl Engine {
             wait.last_liveness = now;
             let waiting_on = recvs
                 .iter()
-                .filter(|(_, j)| !j.done)
+                .filter(|(_, j)| j.active())
                 .map(|(p, _)| *p)
-                .chain(sends.iter().filter(|(_, j)| !j.done).map(|(p, _)| *p));
+                .chain(sends.iter().filter(|(_, j)| j.active()).map(|(p, _)| *p));
             for peer in waiting_on {
                 if let Some(l) = self.links[peer].as_mut() {
                     l.check_alive()?;
@@ -420,12 +545,12 @@ impl Engine {
                 }
             };
         for (peer, j) in sends {
-            if !j.done {
+            if j.active() {
                 add(&self.links, *peer, libc::POLLOUT, &mut self.pollfds);
             }
         }
         for (peer, j) in recvs {
-            if !j.done {
+            if j.active() {
                 add(&self.links, *peer, libc::POLLIN, &mut self.pollfds);
             }
         }
@@ -446,11 +571,11 @@ impl Engine {
         // saw the flag down and did not ring.
         let ready = sends
             .iter()
-            .filter(|(_, j)| !j.done)
+            .filter(|(_, j)| j.active())
             .any(|(p, _)| self.links[*p].as_ref().is_some_and(|l| l.shm_ready(true)))
             || recvs
                 .iter()
-                .filter(|(_, j)| !j.done)
+                .filter(|(_, j)| j.active())
                 .any(|(p, _)| self.links[*p].as_ref().is_some_and(|l| l.shm_ready(false)));
         if ready || inbox.aborted() {
             inbox.cancel_sleep();
@@ -474,9 +599,9 @@ impl Engine {
     ) -> Vec<u32> {
         let first = recvs
             .iter()
-            .find(|(_, j)| !j.done)
+            .find(|(_, j)| j.active())
             .map(|(p, _)| *p)
-            .or_else(|| sends.iter().find(|(_, j)| !j.done).map(|(p, _)| *p));
+            .or_else(|| sends.iter().find(|(_, j)| j.active()).map(|(p, _)| *p));
         let mut chain = vec![self.rank as u32];
         let mut cur = first.map(|p| p as u32);
         // Follow each hop's own notice; a notice carries its sender's whole
@@ -533,14 +658,14 @@ impl Engine {
         }
         // Blame whom we wait on for data first: a missing sender is the usual
         // culprit; a send that cannot drain means the receiver is not reading.
-        if let Some((peer, j)) = recvs.iter().find(|(_, j)| !j.done) {
+        if let Some((peer, j)) = recvs.iter().find(|(_, j)| j.active()) {
             return ErrorKind::Timeout {
                 peer: *peer,
                 secs,
                 what: format!("receive of {} bytes, {} bytes arrived", j.sink.len(), j.got),
             };
         }
-        if let Some((peer, j)) = sends.iter().find(|(_, j)| !j.done) {
+        if let Some((peer, j)) = sends.iter().find(|(_, j)| j.active()) {
             return ErrorKind::Timeout {
                 peer: *peer,
                 secs,
@@ -650,4 +775,103 @@ impl Memory {
 /// Elapsed time helper for records.
 pub fn nanos_since(base: Instant) -> u64 {
     base.elapsed().as_nanos() as u64
+}
+
+fn has_local_steps(p: &crate::schedule::Phase) -> bool {
+    p.steps.iter().any(|s| !s.is_transfer())
+}
+
+/// The memory one transfer touches, for the lookahead's hazard check: a
+/// send's source or a receive's destination, and a reducing receive's other
+/// operand (which it reads), as addresses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JobRange {
+    start: usize,
+    len: usize,
+    with: Option<usize>,
+}
+
+/// The index ranges of phase `p`'s jobs in the send and receive lists
+/// (`first_*[p]` is where they start; the last admitted phase runs to the end).
+fn job_spans(
+    p: usize,
+    sends: &[(usize, SendJob)],
+    recvs: &[(usize, RecvJob)],
+    first_send: &[usize],
+    first_recv: &[usize],
+) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+    let end = |firsts: &[usize], len: usize| firsts.get(p + 1).copied().unwrap_or(len);
+    (
+        first_send[p]..end(first_send, sends.len()),
+        first_recv[p]..end(first_recv, recvs.len()),
+    )
+}
+
+fn phase_done(
+    p: usize,
+    sends: &[(usize, SendJob)],
+    recvs: &[(usize, RecvJob)],
+    first_send: &[usize],
+    first_recv: &[usize],
+) -> bool {
+    let (ss, rs) = job_spans(p, sends, recvs, first_send, first_recv);
+    sends[ss].iter().all(|(_, j)| j.done) && recvs[rs].iter().all(|(_, j)| j.done)
+}
+
+/// Releases the held jobs of phase `cur`+1 that conflict with no unfinished
+/// job of phase `cur`: a send must not read what a receive still writes; a
+/// receive must not write what a send still reads or a receive still writes
+/// or reads, nor read what a receive still writes. Returns how many it
+/// released.
+fn release_held(
+    sends: &mut [(usize, SendJob)],
+    recvs: &mut [(usize, RecvJob)],
+    send_ranges: &[JobRange],
+    recv_ranges: &[JobRange],
+    first_send: &[usize],
+    first_recv: &[usize],
+    cur: usize,
+) -> usize {
+    let (cs, cr) = job_spans(cur, sends, recvs, first_send, first_recv);
+    let (hs, hr) = job_spans(cur + 1, sends, recvs, first_send, first_recv);
+    let send_range = |i: usize| &send_ranges[i];
+    let recv_range = |i: usize| &recv_ranges[i];
+    let hits = |a: usize, alen: usize, b: usize, blen: usize| {
+        alen > 0 && blen > 0 && a < b + blen && b < a + alen
+    };
+    let mut released = 0;
+    for i in hs {
+        if !sends[i].1.held {
+            continue;
+        }
+        let r = send_range(i);
+        let blocked = cr.clone().any(|j| {
+            !recvs[j].1.done && hits(r.start, r.len, recv_range(j).start, recv_range(j).len)
+        });
+        if !blocked {
+            sends[i].1.held = false;
+            released += 1;
+        }
+    }
+    for i in hr {
+        if !recvs[i].1.held {
+            continue;
+        }
+        let r = *recv_range(i);
+        let vs_send = cs.clone().any(|j| {
+            !sends[j].1.done && hits(r.start, r.len, send_range(j).start, send_range(j).len)
+        });
+        let vs_recv = cr.clone().any(|j| {
+            let b = recv_range(j);
+            !recvs[j].1.done
+                && (hits(r.start, r.len, b.start, b.len)
+                    || r.with.is_some_and(|w| hits(w, r.len, b.start, b.len))
+                    || b.with.is_some_and(|w| hits(r.start, r.len, w, b.len)))
+        });
+        if !vs_send && !vs_recv {
+            recvs[i].1.held = false;
+            released += 1;
+        }
+    }
+    released
 }

@@ -233,7 +233,10 @@ mod tests {
         // halving and doubling, which moves the same bytes in fewer steps).
         let hosts = Topology::from_hosts(&[0, 1, 2, 3]);
         let large = best(CollKind::AllReduce, 64 << 20, &hosts, &cluster());
-        assert!(matches!(large, Algo::Ring | Algo::Rabenseifner), "{large:?}");
+        assert!(
+            matches!(large, Algo::Ring | Algo::Rabenseifner),
+            "{large:?}"
+        );
     }
 
     #[test]
@@ -243,7 +246,10 @@ mod tests {
         // it is hierarchical too (rows in shared memory, columns across).
         for bytes in [64 << 10, 1 << 20, 64 << 20] {
             let a = best(CollKind::AllReduce, bytes, &t, &cluster());
-            assert!(matches!(a, Algo::Hierarchical | Algo::Torus2d), "{bytes} B: {a:?}");
+            assert!(
+                matches!(a, Algo::Hierarchical | Algo::Torus2d),
+                "{bytes} B: {a:?}"
+            );
         }
     }
 

@@ -28,8 +28,50 @@
 //! bits.
 
 use super::ir::{Buf, Span};
-use super::plan::{Blocks, Plan};
+use super::plan::{Blocks, PhaseBuilder, Plan};
 use super::topology::Topology;
+
+/// A ring step's chunk travels as **slices** of about this many elements
+/// (at most [`MAX_SLICES`]), so the engine's lookahead can forward slice k
+/// while later slices still arrive: the link does not idle at each step
+/// boundary. Small chunks stay whole (one message, one latency).
+const SLICE_ELEMS: usize = 16 * 1024;
+const MAX_SLICES: usize = 16;
+
+/// The slices of a chunk: both ends of a message compute them from the same
+/// chunk length, so they agree.
+fn slices(span: Span) -> impl Iterator<Item = Span> {
+    let k = (span.len / SLICE_ELEMS).clamp(1, MAX_SLICES);
+    let cut = Blocks::balanced_in(span.off, span.len, k);
+    (0..k).map(move |i| cut.span(span.buf, i))
+}
+
+/// Sends `src` to `to` and receives `dst` from `from`, slice by slice (see
+/// [`SLICE_ELEMS`]); with `with`, `dst = with ⊕ incoming`.
+fn exchange(
+    phase: &mut PhaseBuilder,
+    to: usize,
+    src: Span,
+    from: usize,
+    dst: Span,
+    with: Option<Span>,
+) {
+    for s in slices(src) {
+        phase.send(to, s);
+    }
+    match with {
+        None => {
+            for d in slices(dst) {
+                phase.recv(from, d);
+            }
+        }
+        Some(w) => {
+            for (d, w) in slices(dst).zip(slices(w)) {
+                phase.recv_reduce(from, d, w);
+            }
+        }
+    }
+}
 
 /// A ring over `members`, seen from one of them.
 pub(crate) struct Ring<'a> {
@@ -83,13 +125,14 @@ pub(crate) fn reduce_scatter_pass(
         let send_c = ring.chunk(m - s);
         let recv_c = ring.chunk(2 * m - s - 1);
         let src = if s == 0 { own } else { Buf::Output };
-        plan.phase()
-            .send(ring.next(), chunks.span(src, send_c))
-            .recv_reduce(
-                ring.prev(),
-                chunks.span(Buf::Output, recv_c),
-                chunks.span(own, recv_c),
-            );
+        exchange(
+            &mut plan.phase(),
+            ring.next(),
+            chunks.span(src, send_c),
+            ring.prev(),
+            chunks.span(Buf::Output, recv_c),
+            Some(chunks.span(own, recv_c)),
+        );
     }
     ring.chunk(1)
 }
@@ -103,9 +146,14 @@ pub(crate) fn allgather_pass(plan: &mut Plan, ring: &Ring, chunks: &Blocks) {
     for s in 0..m.saturating_sub(1) {
         let send_c = ring.chunk(1 + m - s);
         let recv_c = ring.chunk(m - s);
-        plan.phase()
-            .send(ring.next(), chunks.span(Buf::Output, send_c))
-            .recv(ring.prev(), chunks.span(Buf::Output, recv_c));
+        exchange(
+            &mut plan.phase(),
+            ring.next(),
+            chunks.span(Buf::Output, send_c),
+            ring.prev(),
+            chunks.span(Buf::Output, recv_c),
+            None,
+        );
     }
 }
 
@@ -139,9 +187,8 @@ pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
         } else {
             blocks.span(Buf::Output, send_b)
         };
-        phase
-            .send(ring.next(), src)
-            .recv(ring.prev(), blocks.span(Buf::Output, recv_b));
+        let dst = blocks.span(Buf::Output, recv_b);
+        exchange(&mut phase, ring.next(), src, ring.prev(), dst, None);
     }
 }
 

@@ -1391,6 +1391,38 @@ mod tests {
     }
 
     #[test]
+    fn sliced_ring_steps() {
+        // Chunks of two and three slices (and a ragged one), flat and across
+        // hosts: the slices of a message line up on both ends.
+        let slice = 16 * 1024;
+        for topo in [
+            Topology::single_host(3),
+            Topology::from_hosts(&[0, 1, 0, 1]),
+            Topology::from_hosts(&[0, 0, 1, 1, 2, 2]),
+        ] {
+            let n = topo.nranks();
+            for count in [2 * slice * n + 5, 3 * slice * n - 1] {
+                for (kind, counts) in [
+                    (CollKind::AllReduce, vec![count]),
+                    (CollKind::AllGather, vec![count / n; n]),
+                    (CollKind::ReduceScatter, vec![count / n; n]),
+                ] {
+                    let a = args(kind, 0, counts);
+                    for &algo in algos_for(kind) {
+                        if matches!(algo, Algo::Ring | Algo::Hierarchical)
+                            && applicable_on(&a, &topo, algo)
+                        {
+                            if let Err(e) = verify_on(&a, &topo, algo) {
+                                panic!("{e} on hosts {topo:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn rings_cross_each_host_boundary_once() {
         // Ranks interleaved over 2 hosts: a rank-order ring would cross
         // between hosts at every hop.

@@ -341,6 +341,9 @@ pub struct SendJob {
     pub sent: usize,
     pub started: bool,
     pub done: bool,
+    /// Looked ahead into a later phase but not allowed to move yet (the
+    /// engine's hazard check); transports never see held jobs.
+    pub held: bool,
     pub stripes: Vec<StripeCursor>,
 }
 
@@ -351,6 +354,8 @@ pub struct RecvJob {
     pub got: usize,
     pub started: bool,
     pub done: bool,
+    /// See [`SendJob::held`].
+    pub held: bool,
     pub stripes: Vec<StripeCursor>,
 }
 
@@ -371,6 +376,10 @@ pub struct StripeCursor {
 }
 
 impl SendJob {
+    /// Waiting on its peer: neither finished nor held back.
+    pub fn active(&self) -> bool {
+        !self.done && !self.held
+    }
     pub fn new(meta: OpMeta, src: Source) -> SendJob {
         SendJob {
             meta,
@@ -378,12 +387,17 @@ impl SendJob {
             sent: 0,
             started: false,
             done: false,
+            held: false,
             stripes: Vec::new(),
         }
     }
 }
 
 impl RecvJob {
+    /// See [`SendJob::active`].
+    pub fn active(&self) -> bool {
+        !self.done && !self.held
+    }
     pub fn new(meta: OpMeta, sink: Sink) -> RecvJob {
         RecvJob {
             meta,
@@ -391,6 +405,7 @@ impl RecvJob {
             got: 0,
             started: false,
             done: false,
+            held: false,
             stripes: Vec::new(),
         }
     }
