@@ -322,6 +322,26 @@ def test_a_job_chooses_by_the_tuned_table(tuned, tmp_path):
     assert " INFO: chose " not in outs[1], outs[1]
 
 
+@needs_core
+def test_dry_run_prints_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("CADENCE_TUNING_FILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadence.cli.main", "tune", "--nranks", "2", "--ops",
+         "broadcast", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--dry-run"],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"dry run: would merge into {tmp_path / 'cache' / 'cadence' / 'tuning.json'}" in (
+        proc.stdout
+    )
+    text = proc.stdout[proc.stdout.index("{") :]
+    doc = json.loads(text)
+    (s,) = doc["settings"]
+    assert [(c["lo"], c["hi"]) for c in s["choices"]] == [(0, None)]
+    assert not (tmp_path / "cache").exists()
+
+
 # ------------------------------------------------------------ tables must agree
 
 

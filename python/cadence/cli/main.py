@@ -1,7 +1,7 @@
 """The `cadence` command: one subcommand per module.
 
 A subcommand module provides NAME, HELP, add_arguments(parser) and
-run(args) -> exit status. Adding `topo`, `tune`, `doctor` or `sim`
+run(args) -> exit status. Adding `topo`, `doctor` or `sim`
 means writing such a module and listing it in COMMANDS.
 """
 
