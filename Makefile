@@ -5,6 +5,7 @@
 #   make test    build, then cargo test and pytest
 #   make bench   build, then every collective at 4 ranks (JSON in bench-results/)
 #   make bench-cluster  build, then allreduce/allgather across an emulated 4-host cluster (root)
+#   make tune    build, then `cadence tune` with its defaults (writes ~/.cache/cadence/tuning.json)
 #   make lint    cargo fmt --check, cargo clippy -D warnings, ruff
 #   make clean   remove build outputs and .venv (the wheel cache stays)
 #
@@ -40,7 +41,7 @@ RUN_ARGS ?= --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 50 -w 
 	--backends cadence,gloo,mpi
 BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 
-.PHONY: build run test bench bench-cluster lint clean clean-cache deps mpi iproute2
+.PHONY: build run test bench bench-cluster tune lint clean clean-cache deps mpi iproute2
 
 build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2
 
@@ -134,6 +135,12 @@ bench: build
 	  $(BENCH) --nranks 4 --op $$op -b 8 -e 64M -f 8 -n 20 -w 5 --backends cadence,gloo,mpi \
 	    --json bench-results/$$op.json || status=1; \
 	done; exit $$status
+
+# Every algorithm of every collective on this machine, into the tuning table
+# cadence reads by default (docs/tune.md). TUNE_ARGS="--nranks 4" for 4 ranks.
+TUNE_ARGS ?=
+tune: build
+	$(VBIN)/cadence tune $(TUNE_ARGS)
 
 # Across the hosts of an emulated cluster (needs root): allreduce and allgather
 # at 1 and 2 ranks per host, cadence vs gloo vs Open MPI (docs/benchmarks.md).

@@ -124,7 +124,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class Reporter:
     """Progress on stderr: a rich progress bar on a terminal, plain lines otherwise."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, prog: str = "bench"):
+        self.prog = prog
         self.progress = None
         self.task = None
         self.base = 0
@@ -145,7 +146,7 @@ class Reporter:
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), console=console, transient=True,
             )  # fmt: skip
-            self.task = self.progress.add_task("bench", total=total)
+            self.task = self.progress.add_task(prog, total=total)
 
     def __enter__(self) -> Reporter:
         if self.progress:
@@ -160,13 +161,13 @@ class Reporter:
         if self.progress:
             self.progress.update(self.task, description=backend)
         else:
-            print(f"bench: {backend} ...", file=sys.stderr, flush=True)
+            print(f"{self.prog}: {backend} ...", file=sys.stderr, flush=True)
 
     def update(self, done: int) -> None:
         if self.progress:
             self.progress.update(self.task, completed=self.base + done)
 
-    def finish(self, outcome: Outcome, nunits: int) -> None:
+    def finish(self, outcome: Outcome, nunits: int, label: str | None = None) -> None:
         self.base += nunits
         if self.progress:
             self.progress.update(self.task, completed=self.base)
@@ -175,7 +176,10 @@ class Reporter:
             else f"n/a: {outcome.na}" if outcome.na
             else f"done in {outcome.seconds:.1f} s"
         )  # fmt: skip
-        line = f"bench: {outcome.backend} {state}"
+        self.say(f"{self.prog}: {label or outcome.backend} {state}")
+
+    def say(self, line: str) -> None:
+        """A line of progress, above the bar on a terminal."""
         if self.progress:
             self.progress.console.print(line, markup=False, highlight=False)
         else:
@@ -203,12 +207,16 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def sweep(job: Job, backends: list[str]) -> list[Outcome]:
-    """Run `job` on each backend in turn; a failing one does not stop the others."""
-    # A SIGTERM (a CI deadline, `kill`) unwinds like Ctrl-C, so that the ranks,
-    # which run in sessions of their own, are killed on the way out.
+def unwind_on_signals() -> None:
+    """A SIGTERM (a CI deadline, `kill`) or SIGHUP unwinds like Ctrl-C, so that
+    the ranks, which run in sessions of their own, are killed on the way out."""
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGHUP, _exit_on_signal)
+
+
+def sweep(job: Job, backends: list[str]) -> list[Outcome]:
+    """Run `job` on each backend in turn; a failing one does not stop the others."""
+    unwind_on_signals()
     outcomes = []
     with (
         tempfile.TemporaryDirectory(prefix="cadence-bench-") as workdir,

@@ -84,6 +84,8 @@ class Job:
     mpirun_args: list[str] = field(default_factory=list)
     cluster: Cluster | None = None  # run across its hosts, ranks_per_host each
     ranks_per_host: int = 1
+    # Set in every rank's environment (`cadence tune`: an empty CADENCE_TUNING_FILE).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def unavailable(backend: str) -> str | None:
@@ -119,6 +121,7 @@ def worker_env(job: Job, backend: str) -> dict[str, str]:
     # The worker passes algo= per call; a CADENCE_ALGO from the caller's shell
     # would silently change what "auto" means.
     env.pop("CADENCE_ALGO", None)
+    env.update(job.env)
     return env
 
 
@@ -151,9 +154,12 @@ def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def spawn(job: Job, backend: str, outdir: Path) -> list[subprocess.Popen]:
-    """Start the ranks; each in its own session so that a kill reaches its children."""
-    cmd = worker_command(job, backend, outdir)
+def spawn(
+    job: Job, backend: str, outdir: Path, cmd: list[str] | None = None
+) -> list[subprocess.Popen]:
+    """Start the ranks; each in its own session so that a kill reaches its children.
+    They run the bench worker, or `cmd` (a program of one rank, as the worker)."""
+    cmd = cmd or worker_command(job, backend, outdir)
     env = worker_env(job, backend)
     if job.cluster is not None:
         return spawn_on_cluster(job, job.cluster, backend, outdir, cmd, env)
@@ -359,6 +365,25 @@ def run_backend(
         for o in outcomes[1:]:
             o.error, o.log_tail = first.error, first.log_tail
     return outcomes
+
+
+def run_program(job: Job, cmd: list[str], outdir: Path) -> str | None:
+    """Run `cmd`, a program of one rank, on every rank of `job` as cadence's
+    ranks run (environment, placement, deadline `job.timeout`); None when every
+    rank exited 0, else one line saying who failed and why."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    procs = spawn(job, "cadence", outdir, cmd)
+    try:
+        why, which = supervise(procs, job.timeout, lambda: None)
+    finally:
+        kill(procs)
+    if why is None:
+        return None
+    logs = [outdir / f"rank{which}.log"] if which is not None else sorted(outdir.glob("*.log"))
+    texts = [p.read_text(errors="replace") for p in logs]
+    detail = next((line for line in map(error_line, texts) if line), "")
+    who = f"rank {which} " if which is not None else ""
+    return f"{who}{why}" + (f": {detail}" if detail else "")
 
 
 def describe_failure(

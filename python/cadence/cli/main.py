@@ -1,7 +1,7 @@
 """The `cadence` command: one subcommand per module.
 
 A subcommand module provides NAME, HELP, add_arguments(parser) and
-run(args) -> exit status. Adding `topo`, `tune`, `doctor` or `sim`
+run(args) -> exit status. Adding `topo`, `doctor` or `sim`
 means writing such a module and listing it in COMMANDS.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cadence.cli import bench, cluster
+from cadence.cli import bench, cluster, tune
 
-COMMANDS = (bench, cluster)
+COMMANDS = (bench, tune, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for notes
     try:
         return args.run(args)
     except KeyboardInterrupt:

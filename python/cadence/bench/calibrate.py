@@ -1,0 +1,141 @@
+"""One rank of `cadence tune`'s calibration job: measures the cost model.
+
+Launched by `cadence tune` on every rank of the setting being tuned (torchrun's
+environment, as the bench worker):
+
+    python -m cadence.bench.calibrate --out DIR --ops allreduce,allgather
+
+Rank 0 first times a local reduction, numpy `np.add(a, b, out=a)` on 16 MiB
+of float32 (median of 5): γ, seconds per byte. Then, with cadence's
+point-to-point `send`/`recv`, it plays ping-pong with one peer on its own
+host (shared memory), if there is one, and one on another host (TCP), if
+there is one: α is half the round trip of an 8-byte message (median of 50),
+β is (half the round trip of a 4 MiB message − α) / 4 MiB (median of 5).
+The other ranks wait at a barrier.
+
+Rank 0 writes `DIR/calibrate.json`: the setting as cadence sees it (ranks,
+hosts, ranks per host, 0 when hosts differ), the algorithms of each of
+`--ops` that apply on it (`Communicator.algorithms`), and what it measured
+(`shm`/`tcp` only for the link classes the setting has).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SMALL = 8  # bytes: α
+LARGE = 4 << 20  # bytes: β
+SMALL_REPS, LARGE_REPS, WARMUP = 50, 5, 5
+GAMMA_BYTES = 16 << 20
+
+
+def gamma(nbytes: int = GAMMA_BYTES, repeats: int = 5) -> float:
+    """Seconds per byte of a local reduction (a += b on float32)."""
+    a = np.ones(nbytes // 4, dtype=np.float32)
+    b = np.ones_like(a)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.add(a, b, out=a)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / nbytes
+
+
+def half_round_trips(comm, peer: int, nbytes: int, reps: int, lead: bool) -> list[float]:
+    """`reps` timed round trips of `nbytes` with `peer` (after WARMUP untimed
+    ones), halved; `lead`: this rank sends first and times (the peer echoes)."""
+    buf = np.zeros(nbytes, dtype=np.uint8)
+    times = []
+    for i in range(WARMUP + reps):
+        if lead:
+            t0 = time.perf_counter()
+            comm.send(buf, peer)
+            comm.recv(buf, peer)
+            if i >= WARMUP:
+                times.append((time.perf_counter() - t0) / 2)
+        else:
+            comm.recv(buf, peer)
+            comm.send(buf, peer)
+    return times
+
+
+def link(comm, peer: int, lead: bool) -> dict[str, float] | None:
+    """α and β of the link between rank 0 and `peer` (on rank 0; None elsewhere)."""
+    small = half_round_trips(comm, peer, SMALL, SMALL_REPS, lead)
+    large = half_round_trips(comm, peer, LARGE, LARGE_REPS, lead)
+    if not lead:
+        return None
+    alpha = statistics.median(small)
+    # A β of 0 or less would make the model call large messages free.
+    beta = max((statistics.median(large) - alpha) / LARGE, 1e-13)
+    return {"alpha": alpha, "beta": beta}
+
+
+def peers(hosts: list[str]) -> dict[str, int]:
+    """The peers rank 0 measures: the first other rank on its host ("shm") and
+    the first rank on another host ("tcp"), where there are such ranks."""
+    found: dict[str, int] = {}
+    for r in range(1, len(hosts)):
+        kind = "shm" if hosts[r] == hosts[0] else "tcp"
+        found.setdefault(kind, r)
+    return found
+
+
+def setting(hosts: list[str]) -> dict[str, int]:
+    """(nranks, nhosts, ranks_per_host) as the core keys tuning tables: ranks
+    per host is 0 when hosts hold different numbers of ranks."""
+    counts = {h: hosts.count(h) for h in hosts}
+    per_host = set(counts.values())
+    return {
+        "nranks": len(hosts),
+        "nhosts": len(counts),
+        "ranks_per_host": per_host.pop() if len(per_host) == 1 else 0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cadence.bench.worker import die_with_parent
+
+    die_with_parent()
+    p = argparse.ArgumentParser(prog="python -m cadence.bench.calibrate")
+    p.add_argument("--out", required=True, help="directory for calibrate.json")
+    p.add_argument("--ops", required=True, help="comma-separated collectives")
+    args = p.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    # Before the ranks connect, so that no peer's progress thread competes.
+    g = gamma() if rank == 0 else None
+
+    import cadence
+
+    comm = cadence.init()
+    hosts = list(comm.hosts)
+    links = {}
+    comm.barrier()
+    for kind, peer in peers(hosts).items():
+        if comm.rank in (0, peer):
+            links[kind] = link(comm, peer if comm.rank == 0 else 0, lead=comm.rank == 0)
+        comm.barrier()
+    if comm.rank == 0:
+        result = {
+            **setting(hosts),
+            "hosts": hosts,
+            "algorithms": {op: list(comm.algorithms(op)) for op in args.ops.split(",") if op},
+            "measured": {**links, "gamma": g},
+        }
+        out = Path(args.out) / "calibrate.json"
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    comm.barrier()
+    comm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
