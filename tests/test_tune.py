@@ -152,6 +152,8 @@ def test_default_output_follows_the_core():
     assert tune.default_output({"XDG_CACHE_HOME": "/x", "HOME": "/h"}) == Path(
         "/x/cadence/tuning.json"
     )
+    assert tune.default_output({"CADENCE_TUNING_FILE": "none", "HOME": "/h"}) == Path(
+        "/h/.cache/cadence/tuning.json")
     assert tune.default_output({"HOME": "/h", "XDG_CACHE_HOME": ""}) == Path(
         "/h/.cache/cadence/tuning.json"
     )

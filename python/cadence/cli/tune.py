@@ -170,9 +170,11 @@ def model_from(measured: dict) -> dict:
 
 def default_output(env: dict[str, str]) -> Path:
     """Where the table goes: CADENCE_TUNING_FILE, else where cadence looks by
-    default ($XDG_CACHE_HOME/cadence/tuning.json, ~/.cache/cadence/tuning.json)."""
-    if env.get("CADENCE_TUNING_FILE"):
-        return Path(env["CADENCE_TUNING_FILE"])
+    default ($XDG_CACHE_HOME/cadence/tuning.json, ~/.cache/cadence/tuning.json).
+    CADENCE_TUNING_FILE=none (tables off) still writes to the default place."""
+    named = env.get("CADENCE_TUNING_FILE", "")
+    if named and named.lower() != "none":
+        return Path(named)
     base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
     return Path(base) / "cadence" / "tuning.json"
 
