@@ -239,3 +239,31 @@ fn cadence_algo_ranges_choose_by_size() {
         );
     }
 }
+
+#[test]
+fn nobody_leaves_a_barrier_before_everybody_arrived() {
+    // Ranks arrive at different times; each notes when it arrived and when it
+    // left. Every departure must come after the last arrival.
+    for (n, host) in [
+        (4usize, (|_| "one-host".into()) as fn(usize) -> String),
+        (5, |r| format!("host{r}")),
+        (6, |r| format!("host{}", r / 2)),
+    ] {
+        for round in 0..3u64 {
+            let times = world(n, host, Duration::from_secs(20), move |c| {
+                let delay = (c.rank() as u64 * 7 + round * 13) % 5 * 15;
+                std::thread::sleep(Duration::from_millis(delay));
+                let arrived = std::time::Instant::now();
+                c.run(cadence_core::OpRequest::barrier()).unwrap();
+                (arrived, std::time::Instant::now())
+            });
+            let last_arrival = times.iter().map(|t| t.0).max().unwrap();
+            for (r, (_, left)) in times.iter().enumerate() {
+                assert!(
+                    *left >= last_arrival,
+                    "rank {r} of {n} left before the last arrived"
+                );
+            }
+        }
+    }
+}

@@ -845,6 +845,12 @@ fn release_held(
             continue;
         }
         let r = send_range(i);
+        // An empty message carries no data, only order (a barrier's signal
+        // must not leave before the previous round's arrived): it waits for
+        // its whole phase to become current.
+        if r.len == 0 {
+            continue;
+        }
         let blocked = cr.clone().any(|j| {
             !recvs[j].1.done && hits(r.start, r.len, recv_range(j).start, recv_range(j).len)
         });
@@ -858,6 +864,9 @@ fn release_held(
             continue;
         }
         let r = *recv_range(i);
+        if r.len == 0 {
+            continue; // see above: released when its phase becomes current
+        }
         let vs_send = cs.clone().any(|j| {
             !sends[j].1.done && hits(r.start, r.len, send_range(j).start, send_range(j).len)
         });
