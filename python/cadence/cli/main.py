@@ -8,6 +8,7 @@ means writing such a module and listing it in COMMANDS.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from cadence.cli import bench, cluster, tune
@@ -42,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cadence: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `cadence cluster status | head`: the reader left; say nothing more.
+        # Point stdout at /dev/null so the interpreter's final flush does not
+        # raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
