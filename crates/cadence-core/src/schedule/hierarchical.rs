@@ -9,8 +9,9 @@
 //! Allreduce with L ranks per host and H hosts, in three stages:
 //! 1. reduce-scatter inside each host over L chunks: local rank ℓ ends with
 //!    its host's partial sum of chunk ℓ+1 (mod L);
-//! 2. each column allreduces that chunk across the hosts (a ring: reduce-
-//!    scatter then allgather over H sub-chunks), all L columns at once;
+//! 2. each column allreduces that chunk across the hosts, all L columns at
+//!    once: by recursive doubling for small chunks, else by a ring (reduce-
+//!    scatter then allgather over H sub-chunks);
 //! 3. allgather inside each host.
 //!
 //! Each host's NIC carries 2(H-1)/H of the buffer, against 2(N-1)/N for a
@@ -22,10 +23,18 @@
 //! Needs a uniform topology (see [`super::applicable_on`]); with L = 1 it is
 //! a ring over the hosts, with H = 1 a ring inside the host.
 
-use super::ir::Buf;
+use super::ir::{Buf, Span};
 use super::plan::{Blocks, Plan};
+use super::recursive_doubling;
 use super::ring::{allgather_pass, reduce_scatter_pass, Ring};
 use super::topology::Topology;
+
+/// Up to this many elements per column chunk, the columns allreduce by
+/// recursive doubling (log2 H steps, whole chunk each); above, by a ring
+/// (2(H-1) steps, 1/H of the chunk each). At 4 bytes that is 128 KiB: at
+/// 1 Gbit/s and ~150 µs per message, where half a chunk's transfer time
+/// equals the extra latencies of the ring's steps.
+const CROSS_RING_MIN: usize = 32 * 1024;
 
 pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
     let r = plan.rank;
@@ -45,10 +54,16 @@ pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
     };
     // Stage 2: every rank of the column finishes the same chunk in stage 1.
     let column = topo.column(topo.local_rank(r));
-    let cross = Ring::new(&column, r);
-    let sub = Blocks::balanced_in(whole.off(chunk), whole.len(chunk), cross.len());
-    reduce_scatter_pass(plan, &cross, &sub, own);
-    allgather_pass(plan, &cross, &sub);
+    if whole.len(chunk) <= CROSS_RING_MIN {
+        // Latency-bound: log2(H) whole-chunk exchanges beat 2(H-1) ring steps.
+        let region = Span::new(own, whole.off(chunk), whole.len(chunk));
+        recursive_doubling::allreduce_among(plan, &column, region);
+    } else {
+        let cross = Ring::new(&column, r);
+        let sub = Blocks::balanced_in(whole.off(chunk), whole.len(chunk), cross.len());
+        reduce_scatter_pass(plan, &cross, &sub, own);
+        allgather_pass(plan, &cross, &sub);
+    }
     // Stage 3.
     if l > 1 {
         allgather_pass(plan, &local, &whole);

@@ -85,12 +85,27 @@ impl Geometry {
 
 /// Allreduce: fold, rounds of whole-buffer exchange-and-reduce, unfold.
 pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
-    let g = Geometry::new(plan.nranks);
-    let whole = |buf: Buf| Span::new(buf, 0, count);
-    match g.role(plan.rank) {
+    let all: Vec<usize> = (0..plan.nranks).collect();
+    allreduce_among(plan, &all, Span::new(Buf::Input, 0, count));
+}
+
+/// Allreduce among `members` (any ranks, this one included; their positions
+/// play the ranks of the module comment) of the region `own` of each one's
+/// buffer (`Input`, or `Output` when an earlier stage left a partial result
+/// there); the result lands in the same region of Output. Hierarchical
+/// schedules use it across hosts.
+pub(crate) fn allreduce_among(plan: &mut Plan, members: &[usize], own: Span) {
+    let me = members
+        .iter()
+        .position(|&r| r == plan.rank)
+        .expect("the rank is a member");
+    let g = Geometry::new(members.len());
+    let (off, count) = (own.off, own.len);
+    let region = |buf: Buf| Span::new(buf, if buf == Buf::Scratch { 0 } else { off }, count);
+    match g.role(me) {
         Role::Extra { partner } => {
-            plan.phase().send(partner, whole(Buf::Input));
-            plan.phase().recv(partner, whole(Buf::Output));
+            plan.phase().send(members[partner], own);
+            plan.phase().recv(members[partner], region(Buf::Output));
         }
         Role::Folded { extra, v } => {
             // The rounds alternate Output and Scratch (see `rounds`); start the
@@ -100,27 +115,34 @@ pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
             } else {
                 Buf::Output
             };
-            plan.phase()
-                .recv_reduce(extra, whole(start), whole(Buf::Input));
-            let end = rounds(plan, &g, v, count, start);
-            plan.phase().send(extra, whole(end));
+            plan.phase().recv_reduce(members[extra], region(start), own);
+            let end = rounds(plan, &g, members, v, own, start);
+            plan.phase().send(members[extra], region(end));
         }
         Role::Plain { v } => {
-            let end = rounds(plan, &g, v, count, Buf::Input);
+            let end = rounds(plan, &g, members, v, own, own.buf);
             if end != Buf::Output {
-                plan.phase().copy(whole(end), whole(Buf::Output));
+                plan.phase().copy(region(end), region(Buf::Output));
             }
         }
     }
 }
 
-/// The exchange rounds of allreduce, starting from the value in `cur`;
-/// returns the buffer holding the result.
-fn rounds(plan: &mut Plan, g: &Geometry, v: usize, count: usize, mut cur: Buf) -> Buf {
-    let whole = |buf: Buf| Span::new(buf, 0, count);
-    plan.need_scratch(count);
+/// The exchange rounds of allreduce, starting from the value in `cur` (a
+/// buffer, at `own`'s region; Scratch from 0); returns the buffer holding
+/// the result.
+fn rounds(
+    plan: &mut Plan,
+    g: &Geometry,
+    members: &[usize],
+    v: usize,
+    own: Span,
+    mut cur: Buf,
+) -> Buf {
+    let region = |buf: Buf| Span::new(buf, if buf == Buf::Scratch { 0 } else { own.off }, own.len);
+    plan.need_scratch(own.len);
     for k in 0..g.rounds {
-        let partner = g.real(v ^ (1 << k));
+        let partner = members[g.real(v ^ (1 << k))];
         // The value sent in a round cannot be written in it, so each round
         // writes the other buffer. From Input that must be Scratch, not Output:
         // in place the two are the same memory.
@@ -129,8 +151,8 @@ fn rounds(plan: &mut Plan, g: &Geometry, v: usize, count: usize, mut cur: Buf) -
             Buf::Input | Buf::Output => Buf::Scratch,
         };
         plan.phase()
-            .send(partner, whole(cur))
-            .recv_reduce(partner, whole(next), whole(cur));
+            .send(partner, region(cur))
+            .recv_reduce(partner, region(next), region(cur));
         cur = next;
     }
     cur

@@ -1450,15 +1450,18 @@ mod tests {
     #[test]
     fn hierarchical_sends_only_same_local_rank_across_hosts() {
         let topo = Topology::from_hosts(&[0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]);
-        let a = args(CollKind::AllReduce, 0, vec![1000]);
-        for r in 0..12 {
-            let s = build_on(&a, r, &topo, Algo::Hierarchical).unwrap();
-            for st in s.phases.iter().flat_map(|p| &p.steps) {
-                if let Step::Send { peer, src } = st {
-                    if topo.host_of(*peer) != topo.host_of(r) {
-                        assert_eq!(topo.local_rank(*peer), topo.local_rank(r));
-                        // Each cross-host message is a sub-chunk: 1/(3·4) of the buffer.
-                        assert!(src.len <= 1000 / 12 + 1, "{src:?}");
+        // Small: the columns exchange whole chunks (1/3 of the buffer) by
+        // recursive doubling; large: ring sub-chunks, 1/(3·4) of it.
+        for (count, most) in [(1000, 1000 / 3 + 1), (120_000, 120_000 / 12 + 1)] {
+            let a = args(CollKind::AllReduce, 0, vec![count]);
+            for r in 0..12 {
+                let s = build_on(&a, r, &topo, Algo::Hierarchical).unwrap();
+                for st in s.phases.iter().flat_map(|p| &p.steps) {
+                    if let Step::Send { peer, src } = st {
+                        if topo.host_of(*peer) != topo.host_of(r) {
+                            assert_eq!(topo.local_rank(*peer), topo.local_rank(r));
+                            assert!(src.len <= most, "{count}: {src:?}");
+                        }
                     }
                 }
             }
