@@ -31,17 +31,17 @@ use super::topology::Topology;
 
 /// Up to this many elements per column chunk, the columns allreduce by
 /// recursive doubling (log2 H steps, whole chunk each); above, by a ring
-/// (2(H-1) steps, 1/H of the chunk each). At 4 bytes that is 128 KiB: at
-/// 1 Gbit/s and ~150 µs per message, where half a chunk's transfer time
-/// equals the extra latencies of the ring's steps.
-const CROSS_RING_MIN: usize = 32 * 1024;
+/// (2(H-1) steps, 1/H of the chunk each). At 4 bytes that is 32 KiB per
+/// chunk (64 KiB allreduces on 2 ranks per host): measured on 4 emulated
+/// hosts × 2 at 1 Gbit/s, the ring across columns wins from 128 KiB.
+const CROSS_RING_MIN: usize = 8 * 1024;
 
 pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
     let r = plan.rank;
     let l = topo.uniform_ranks_per_host().unwrap_or(0);
     debug_assert!(l > 0, "hierarchical schedules need a uniform topology");
     let host = topo.ranks_on(topo.host_of(r)).to_vec();
-    let local = Ring::new(&host, r);
+    let local = Ring::new(&host, r, topo);
     let whole = Blocks::balanced(count, l);
     // Stage 1; with one rank per host the contribution stays in Input.
     let (own, chunk) = if l > 1 {
@@ -59,7 +59,7 @@ pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
         let region = Span::new(own, whole.off(chunk), whole.len(chunk));
         recursive_doubling::allreduce_among(plan, &column, region);
     } else {
-        let cross = Ring::new(&column, r);
+        let cross = Ring::new(&column, r, topo);
         let sub = Blocks::balanced_in(whole.off(chunk), whole.len(chunk), cross.len());
         reduce_scatter_pass(plan, &cross, &sub, own);
         allgather_pass(plan, &cross, &sub);

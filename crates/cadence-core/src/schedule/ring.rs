@@ -31,10 +31,12 @@ use super::ir::{Buf, Span};
 use super::plan::{Blocks, PhaseBuilder, Plan};
 use super::topology::Topology;
 
-/// A ring step's chunk travels as **slices** of about this many elements
-/// (at most [`MAX_SLICES`]), so the engine's lookahead can forward slice k
-/// while later slices still arrive: the link does not idle at each step
-/// boundary. Small chunks stay whole (one message, one latency).
+/// A ring step's chunk travels between hosts as **slices** of about this
+/// many elements (at most [`MAX_SLICES`]), so the engine's lookahead can
+/// forward slice k while later slices still arrive: a TCP link does not idle
+/// for the last byte's round trip at each step boundary. Small chunks stay
+/// whole (one message, one latency), and so do shared-memory hops, where a
+/// message costs a wake-up more than it saves.
 const SLICE_ELEMS: usize = 16 * 1024;
 const MAX_SLICES: usize = 16;
 
@@ -46,28 +48,31 @@ fn slices(span: Span) -> impl Iterator<Item = Span> {
     (0..k).map(move |i| cut.span(span.buf, i))
 }
 
-/// Sends `src` to `to` and receives `dst` from `from`, slice by slice (see
-/// [`SLICE_ELEMS`]); with `with`, `dst = with ⊕ incoming`.
-fn exchange(
-    phase: &mut PhaseBuilder,
-    to: usize,
-    src: Span,
-    from: usize,
-    dst: Span,
-    with: Option<Span>,
-) {
-    for s in slices(src) {
-        phase.send(to, s);
+/// One ring step: sends `src` to the next member and receives `dst` from
+/// the previous one, sliced on hops between hosts (see [`SLICE_ELEMS`]);
+/// with `with`, `dst = with ⊕ incoming`. Both ends of a hop decide alike:
+/// whether it crosses hosts, and the chunk's length.
+fn exchange(phase: &mut PhaseBuilder, ring: &Ring, src: Span, dst: Span, with: Option<Span>) {
+    let cut = |span: Span, across: bool| -> Vec<Span> {
+        if across {
+            slices(span).collect()
+        } else {
+            vec![span]
+        }
+    };
+    for s in cut(src, ring.out_across) {
+        phase.send(ring.next(), s);
     }
+    let dsts = cut(dst, ring.in_across);
     match with {
         None => {
-            for d in slices(dst) {
-                phase.recv(from, d);
+            for d in dsts {
+                phase.recv(ring.prev(), d);
             }
         }
         Some(w) => {
-            for (d, w) in slices(dst).zip(slices(w)) {
-                phase.recv_reduce(from, d, w);
+            for (d, w) in dsts.into_iter().zip(cut(w, ring.in_across)) {
+                phase.recv_reduce(ring.prev(), d, w);
             }
         }
     }
@@ -77,16 +82,27 @@ fn exchange(
 pub(crate) struct Ring<'a> {
     members: &'a [usize],
     pos: usize,
+    /// Whether the hop to the next member, and from the previous one,
+    /// crosses hosts.
+    out_across: bool,
+    in_across: bool,
 }
 
 impl<'a> Ring<'a> {
     /// `rank` must be one of `members`.
-    pub fn new(members: &'a [usize], rank: usize) -> Ring<'a> {
+    pub fn new(members: &'a [usize], rank: usize, topo: &Topology) -> Ring<'a> {
         let pos = members
             .iter()
             .position(|&r| r == rank)
             .expect("the rank is a member of its ring");
-        Ring { members, pos }
+        let m = members.len();
+        let host = |p: usize| topo.host_of(members[p % m]);
+        Ring {
+            members,
+            pos,
+            out_across: host(pos + 1) != host(pos),
+            in_across: host(pos + m - 1) != host(pos),
+        }
     }
     pub fn len(&self) -> usize {
         self.members.len()
@@ -127,9 +143,8 @@ pub(crate) fn reduce_scatter_pass(
         let src = if s == 0 { own } else { Buf::Output };
         exchange(
             &mut plan.phase(),
-            ring.next(),
+            ring,
             chunks.span(src, send_c),
-            ring.prev(),
             chunks.span(Buf::Output, recv_c),
             Some(chunks.span(own, recv_c)),
         );
@@ -148,9 +163,8 @@ pub(crate) fn allgather_pass(plan: &mut Plan, ring: &Ring, chunks: &Blocks) {
         let recv_c = ring.chunk(m - s);
         exchange(
             &mut plan.phase(),
-            ring.next(),
+            ring,
             chunks.span(Buf::Output, send_c),
-            ring.prev(),
             chunks.span(Buf::Output, recv_c),
             None,
         );
@@ -160,7 +174,7 @@ pub(crate) fn allgather_pass(plan: &mut Plan, ring: &Ring, chunks: &Blocks) {
 /// Allreduce: a reduce-scatter pass, then an allgather pass, both on Output.
 pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
     let order = topo.ring_order();
-    let ring = Ring::new(&order, plan.rank);
+    let ring = Ring::new(&order, plan.rank, topo);
     let chunks = Blocks::balanced(count, ring.len());
     reduce_scatter_pass(plan, &ring, &chunks, Buf::Input);
     allgather_pass(plan, &ring, &chunks);
@@ -170,7 +184,7 @@ pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
 pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
     let r = plan.rank;
     let order = topo.ring_order();
-    let ring = Ring::new(&order, r);
+    let ring = Ring::new(&order, r, topo);
     let m = ring.len();
     let blocks = Blocks::of_counts(counts);
     let own = Span::input(0, counts[r]);
@@ -188,7 +202,7 @@ pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
             blocks.span(Buf::Output, send_b)
         };
         let dst = blocks.span(Buf::Output, recv_b);
-        exchange(&mut phase, ring.next(), src, ring.prev(), dst, None);
+        exchange(&mut phase, &ring, src, dst, None);
     }
 }
 
@@ -200,7 +214,7 @@ pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
 pub(crate) fn reduce_scatter(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
     let r = plan.rank;
     let order = topo.ring_order();
-    let ring = Ring::new(&order, r);
+    let ring = Ring::new(&order, r, topo);
     let n = ring.len();
     let blocks = Blocks::of_counts(counts);
     let slot_size = blocks.max_len();
