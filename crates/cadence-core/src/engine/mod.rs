@@ -101,6 +101,7 @@ pub struct Engine {
     send_jobs: Vec<(usize, SendJob)>,
     recv_jobs: Vec<(usize, RecvJob)>,
     job_ranges: (Vec<JobRange>, Vec<JobRange>),
+    phase_starts: (Vec<usize>, Vec<usize>),
     /// How long a rank past its deadline keeps waiting to learn whom its
     /// peers wait on, before it fails (a quarter of the timeout, 0.5–3 s).
     pub diagnosis_grace: Duration,
@@ -137,6 +138,7 @@ impl Engine {
             send_jobs: Vec::new(),
             recv_jobs: Vec::new(),
             job_ranges: (Vec::new(), Vec::new()),
+            phase_starts: (Vec::new(), Vec::new()),
             diagnosis_grace: Duration::from_secs(3),
             interrupt: None,
             watchers: None,
@@ -229,11 +231,44 @@ impl Engine {
         recvs: &mut Vec<(usize, RecvJob)>,
         ranges: &mut (Vec<JobRange>, Vec<JobRange>),
     ) -> Result<(), ErrorKind> {
-        let dtype = meta.dtype;
         let phases = &sched.phases;
-        // Where each admitted phase's jobs start in `sends`/`recvs`.
-        let mut first_send = Vec::with_capacity(phases.len() + 1);
-        let mut first_recv = Vec::with_capacity(phases.len() + 1);
+        // Where each admitted phase's jobs start in `sends`/`recvs` (kept
+        // across operations: no allocation on the small-message path).
+        let (mut first_send, mut first_recv) = std::mem::take(&mut self.phase_starts);
+        first_send.clear();
+        first_recv.clear();
+        let result = self.run_admitted(
+            phases,
+            meta,
+            elem_op,
+            mem,
+            deadline,
+            sends,
+            recvs,
+            ranges,
+            &mut first_send,
+            &mut first_recv,
+        );
+        self.phase_starts = (first_send, first_recv);
+        result
+    }
+
+    /// [`Engine::run_phases`]'s loop.
+    #[allow(clippy::too_many_arguments)]
+    fn run_admitted(
+        &mut self,
+        phases: &[crate::schedule::Phase],
+        meta: &OpMeta,
+        elem_op: ElemOp,
+        mem: &Memory,
+        deadline: Instant,
+        sends: &mut Vec<(usize, SendJob)>,
+        recvs: &mut Vec<(usize, RecvJob)>,
+        ranges: &mut (Vec<JobRange>, Vec<JobRange>),
+        first_send: &mut Vec<usize>,
+        first_recv: &mut Vec<usize>,
+    ) -> Result<(), ErrorKind> {
+        let dtype = meta.dtype;
         let mut cur = 0; // the oldest phase with unfinished transfers
         let mut next = 0; // the next phase to admit
         let mut wait = Wait::new();
@@ -319,14 +354,14 @@ impl Engine {
             // Retire finished phases; the lookahead phase, if any, becomes
             // the current one and nothing holds its jobs back any more.
             let mut retired = false;
-            while cur < next && phase_done(cur, sends, recvs, &first_send, &first_recv) {
-                self.account_phase(sends, recvs, &first_send, &first_recv, cur, phase_t0);
+            while cur < next && phase_done(cur, sends, recvs, first_send, first_recv) {
+                self.account_phase(sends, recvs, first_send, first_recv, cur, phase_t0);
                 phase_t0 = Instant::now();
                 cur += 1;
                 retired = true;
                 held_left = 0;
                 if cur < next {
-                    let (ss, rs) = job_spans(cur, sends, recvs, &first_send, &first_recv);
+                    let (ss, rs) = job_spans(cur, sends, recvs, first_send, first_recv);
                     sends[ss].iter_mut().for_each(|(_, j)| j.held = false);
                     recvs[rs].iter_mut().for_each(|(_, j)| j.held = false);
                 }
@@ -341,13 +376,7 @@ impl Engine {
             }
             if next == cur + 2 && held_left > 0 {
                 held_left -= release_held(
-                    sends,
-                    recvs,
-                    &ranges.0,
-                    &ranges.1,
-                    &first_send,
-                    &first_recv,
-                    cur,
+                    sends, recvs, &ranges.0, &ranges.1, first_send, first_recv, cur,
                 );
             }
             let (progressed, pending) = self.progress_round(sends, recvs)?;
