@@ -98,10 +98,9 @@ pub struct Engine {
     busy_tx: Vec<bool>,
     busy_rx: Vec<bool>,
     pollfds: Vec<libc::pollfd>,
-    send_jobs: Vec<(usize, SendJob)>,
-    recv_jobs: Vec<(usize, RecvJob)>,
-    job_ranges: (Vec<JobRange>, Vec<JobRange>),
-    phase_starts: (Vec<usize>, Vec<usize>),
+    /// The lists one operation's transfers live in, kept across operations
+    /// so that the small-message path allocates nothing.
+    jobs: Jobs,
     /// How long a rank past its deadline keeps waiting to learn whom its
     /// peers wait on, before it fails (a quarter of the timeout, 0.5–3 s).
     pub diagnosis_grace: Duration,
@@ -135,10 +134,7 @@ impl Engine {
             busy_tx: vec![false; nranks],
             busy_rx: vec![false; nranks],
             pollfds: Vec::new(),
-            send_jobs: Vec::new(),
-            recv_jobs: Vec::new(),
-            job_ranges: (Vec::new(), Vec::new()),
-            phase_starts: (Vec::new(), Vec::new()),
+            jobs: Jobs::default(),
             diagnosis_grace: Duration::from_secs(3),
             interrupt: None,
             watchers: None,
@@ -182,30 +178,11 @@ impl Engine {
             scratch_bytes: need,
             esize,
         };
-        // Reuse the job lists' memory across operations: no allocation on
-        // the small-message path.
-        let mut sends = std::mem::take(&mut self.send_jobs);
-        let mut recvs = std::mem::take(&mut self.recv_jobs);
-        let mut ranges = std::mem::take(&mut self.job_ranges);
-        sends.clear();
-        recvs.clear();
-        ranges.0.clear();
-        ranges.1.clear();
-        let result = self.run_phases(
-            sched,
-            meta,
-            elem_op,
-            &mem,
-            deadline,
-            &mut sends,
-            &mut recvs,
-            &mut ranges,
-        );
-        sends.clear();
-        recvs.clear();
-        self.send_jobs = sends;
-        self.recv_jobs = recvs;
-        self.job_ranges = ranges;
+        let mut jobs = std::mem::take(&mut self.jobs);
+        jobs.clear();
+        let result = self.run_phases(&sched.phases, meta, elem_op, &mem, deadline, &mut jobs);
+        jobs.clear();
+        self.jobs = jobs;
         result
     }
 
@@ -219,55 +196,23 @@ impl Engine {
     /// byte's round trip. Phases stay the unit of the schedule's semantics
     /// (the verifier's model); lookahead only starts work earlier that the
     /// phase order already allowed to be in flight.
-    #[allow(clippy::too_many_arguments)]
     fn run_phases(
-        &mut self,
-        sched: &Schedule,
-        meta: &OpMeta,
-        elem_op: ElemOp,
-        mem: &Memory,
-        deadline: Instant,
-        sends: &mut Vec<(usize, SendJob)>,
-        recvs: &mut Vec<(usize, RecvJob)>,
-        ranges: &mut (Vec<JobRange>, Vec<JobRange>),
-    ) -> Result<(), ErrorKind> {
-        let phases = &sched.phases;
-        // Where each admitted phase's jobs start in `sends`/`recvs` (kept
-        // across operations: no allocation on the small-message path).
-        let (mut first_send, mut first_recv) = std::mem::take(&mut self.phase_starts);
-        first_send.clear();
-        first_recv.clear();
-        let result = self.run_admitted(
-            phases,
-            meta,
-            elem_op,
-            mem,
-            deadline,
-            sends,
-            recvs,
-            ranges,
-            &mut first_send,
-            &mut first_recv,
-        );
-        self.phase_starts = (first_send, first_recv);
-        result
-    }
-
-    /// [`Engine::run_phases`]'s loop.
-    #[allow(clippy::too_many_arguments)]
-    fn run_admitted(
         &mut self,
         phases: &[crate::schedule::Phase],
         meta: &OpMeta,
         elem_op: ElemOp,
         mem: &Memory,
         deadline: Instant,
-        sends: &mut Vec<(usize, SendJob)>,
-        recvs: &mut Vec<(usize, RecvJob)>,
-        ranges: &mut (Vec<JobRange>, Vec<JobRange>),
-        first_send: &mut Vec<usize>,
-        first_recv: &mut Vec<usize>,
+        jobs: &mut Jobs,
     ) -> Result<(), ErrorKind> {
+        let Jobs {
+            sends,
+            recvs,
+            send_ranges,
+            recv_ranges,
+            first_send,
+            first_recv,
+        } = jobs;
         let dtype = meta.dtype;
         let mut cur = 0; // the oldest phase with unfinished transfers
         let mut next = 0; // the next phase to admit
@@ -302,7 +247,7 @@ impl Engine {
                             let mut job = SendJob::new(*meta, source);
                             job.held = held;
                             sends.push((peer, job));
-                            ranges.0.push(JobRange {
+                            send_ranges.push(JobRange {
                                 start: p as usize,
                                 len: n,
                                 with: None,
@@ -341,7 +286,7 @@ impl Engine {
                             let mut job = RecvJob::new(*meta, sink);
                             job.held = held;
                             recvs.push((peer, job));
-                            ranges.1.push(JobRange {
+                            recv_ranges.push(JobRange {
                                 start: d as usize,
                                 len: n,
                                 with,
@@ -376,7 +321,13 @@ impl Engine {
             }
             if next == cur + 2 && held_left > 0 {
                 held_left -= release_held(
-                    sends, recvs, &ranges.0, &ranges.1, first_send, first_recv, cur,
+                    sends,
+                    recvs,
+                    send_ranges,
+                    recv_ranges,
+                    first_send,
+                    first_recv,
+                    cur,
                 );
             }
             let (progressed, pending) = self.progress_round(sends, recvs)?;
@@ -808,6 +759,29 @@ pub fn nanos_since(base: Instant) -> u64 {
 
 fn has_local_steps(p: &crate::schedule::Phase) -> bool {
     p.steps.iter().any(|s| !s.is_transfer())
+}
+
+/// One operation's transfers: the jobs, the memory each touches, and where
+/// each admitted phase's jobs start (see [`Engine::run_phases`]).
+#[derive(Default)]
+struct Jobs {
+    sends: Vec<(usize, SendJob)>,
+    recvs: Vec<(usize, RecvJob)>,
+    send_ranges: Vec<JobRange>,
+    recv_ranges: Vec<JobRange>,
+    first_send: Vec<usize>,
+    first_recv: Vec<usize>,
+}
+
+impl Jobs {
+    fn clear(&mut self) {
+        self.sends.clear();
+        self.recvs.clear();
+        self.send_ranges.clear();
+        self.recv_ranges.clear();
+        self.first_send.clear();
+        self.first_recv.clear();
+    }
 }
 
 /// The memory one transfer touches, for the lookahead's hazard check: a
