@@ -82,28 +82,41 @@ def _positive(text: str) -> int:
     return value
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--nranks", type=_positive,
-        help="local ranks per backend (2; with --cluster: hosts x --ranks-per-host)",
-    )  # fmt: skip
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """--cluster and --ranks-per-host, as `cadence bench` and `cadence tune` take them."""
     p.add_argument("--cluster", metavar="NAME", help="run across this emulated cluster's hosts")
     p.add_argument(
         "--ranks-per-host", type=_positive, default=1, help="ranks per host with --cluster (1)"
     )
-    p.add_argument("--op", choices=OPS, default="allreduce", help="collective (allreduce)")
-    p.add_argument(
-        "--dtype", choices=list(DTYPES), default="float32", help="element type (float32)"
-    )
+
+
+def add_sweep_arguments(p: argparse.ArgumentParser, *, stepfactor: int) -> None:
+    """The size sweep and iteration counts (-b, -e, -f, -n, -w)."""
     p.add_argument("-b", "--minbytes", type=_size, default="8", help="smallest size (8)")
     p.add_argument("-e", "--maxbytes", type=_size, default="64M", help="largest size (64M)")
-    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier per step (2)")
+    p.add_argument(
+        "-f", "--stepfactor", type=int, default=stepfactor,
+        help=f"size multiplier per step ({stepfactor})",
+    )  # fmt: skip
     p.add_argument(
         "-n", "--iters", type=_positive, default=20, help="timed iterations per size (20)"
     )
     p.add_argument(
         "-w", "--warmup-iters", type=int, default=5, help="warm-up iterations per size (5)"
     )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nranks", type=_positive,
+        help="local ranks per backend (2; with --cluster: hosts x --ranks-per-host)",
+    )  # fmt: skip
+    add_cluster_arguments(p)
+    p.add_argument("--op", choices=OPS, default="allreduce", help="collective (allreduce)")
+    p.add_argument(
+        "--dtype", choices=list(DTYPES), default="float32", help="element type (float32)"
+    )
+    add_sweep_arguments(p, stepfactor=2)
     p.add_argument(
         "--backends", type=_backends, default="cadence,gloo,mpi",
         help=f"comma-separated, from {','.join(BACKEND_NAMES)} (all)",

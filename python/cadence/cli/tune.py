@@ -47,7 +47,13 @@ from pathlib import Path
 
 from cadence import testbed
 from cadence.bench.common import DTYPES, OPS, format_size, size_sweep
-from cadence.cli.bench import Reporter, _positive, _size, unwind_on_signals
+from cadence.cli.bench import (
+    Reporter,
+    _positive,
+    add_cluster_arguments,
+    add_sweep_arguments,
+    unwind_on_signals,
+)
 from cadence.cli.launch import Job, Outcome, run_backend, run_program, units
 from cadence.cli.report import Column, Table, best, print_rich, render_plain
 
@@ -86,10 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_positive,
         help="local ranks (2; with --cluster: hosts x --ranks-per-host)",
     )
-    p.add_argument("--cluster", metavar="NAME", help="run across this emulated cluster's hosts")
-    p.add_argument(
-        "--ranks-per-host", type=_positive, default=1, help="ranks per host with --cluster (1)"
-    )
+    add_cluster_arguments(p)
     p.add_argument(
         "--ops",
         type=_ops,
@@ -99,15 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype", choices=list(DTYPES), default="float32", help="element type timed (float32)"
     )
-    p.add_argument("-b", "--minbytes", type=_size, default="8", help="smallest size (8)")
-    p.add_argument("-e", "--maxbytes", type=_size, default="64M", help="largest size (64M)")
-    p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier per step (4)")
-    p.add_argument(
-        "-n", "--iters", type=_positive, default=20, help="timed iterations per size (20)"
-    )
-    p.add_argument(
-        "-w", "--warmup-iters", type=int, default=5, help="warm-up iterations per size (5)"
-    )
+    add_sweep_arguments(p, stepfactor=4)
     p.add_argument(
         "--output",
         metavar="PATH",
