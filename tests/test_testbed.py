@@ -357,9 +357,11 @@ HAVE_MPI = shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4
 def test_mpi_jobs_run_across_the_same_hosts(make_cluster):
     cluster = make_cluster(2, tag="mp")
     prog = (
-        "from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD;"
+        "import os; from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD;"
         "x = np.full(3, c.rank + 1.0); c.Allreduce(MPI.IN_PLACE, x);"
-        "print('R', c.rank, MPI.Get_processor_name(), int(x[0]))"
+        # One write per line: with PYTHONUNBUFFERED, print() writes word by
+        # word and mpirun forwards (and interleaves) each piece separately.
+        "os.write(1, f'R {c.rank} {MPI.Get_processor_name()} {int(x[0])}\\n'.encode())"
     )
     p = _cli("cluster", "run", "--mpi", "--name", cluster.name, "--ranks-per-host", "2",
              "--timeout", "60", "--", sys.executable, "-c", prog)  # fmt: skip
