@@ -25,7 +25,16 @@ from cadence.bench.common import (
     pattern_modulus,
     size_sweep,
 )
-from cadence.bench.worker import ROOT, Backend, chosen_algos, expected_result, pattern, turns
+from cadence.bench.worker import (
+    ROOT,
+    Backend,
+    batch_calls,
+    chosen_algos,
+    expected_result,
+    pattern,
+    time_ops,
+    turns,
+)
 from cadence.cli import bench as bench_cli
 from cadence.cli import main as cli_main
 from cadence.cli.launch import Job, Measure, Outcome, error_line, worker_command, worker_env
@@ -331,14 +340,27 @@ class _Recorded(Backend):
         return self.names[-ncalls:] if len(self.names) >= ncalls else None
 
 
-def test_chosen_algos_reads_the_timed_turns():
+def test_chosen_algos_reads_the_check_calls():
     algos = ["auto", "ring", "direct"]
-    # 2 iterations in turns (0,1,2), (1,2,0); auto ran "direct"; then one check each.
-    timed = ["direct", "ring", "direct", "ring", "direct", "direct"]
-    checks = ["direct", "ring", "direct"]
-    backend = _Recorded(["warmup"] * 5 + timed + checks)
-    assert chosen_algos(backend, "allreduce", algos, 2) == ["direct", "ring", "direct"]
-    assert chosen_algos(_Recorded(["ring"]), "allreduce", algos, 2) == [None, None, None]
+    # Timed calls, then one check per algorithm in order; auto ran "direct".
+    backend = _Recorded(["warmup"] * 5 + ["ring", "direct"] * 4 + ["direct", "ring", "direct"])
+    assert chosen_algos(backend, "allreduce", algos) == ["direct", "ring", "direct"]
+    assert chosen_algos(_Recorded(["ring"]), "allreduce", algos) == [None, None, None]
+
+
+def test_every_sample_starts_at_a_barrier_and_times_a_batch():
+    events: list[str] = []
+    fns = [lambda: events.append("a"), lambda: events.append("b")]
+    times = time_ops(fns, iters=2, warmup=1, barrier=lambda: events.append("|"), batch=3)
+    assert events == ["a", "b"] + ["|", "a", "a", "a", "|", "b", "b", "b"] + [
+        "|", "b", "b", "b", "|", "a", "a", "a"]  # fmt: skip
+    assert [len(t) for t in times] == [2, 2]
+
+
+def test_batches_shrink_with_the_message_and_agree_across_ranks():
+    assert batch_calls(0) == batch_calls(16) == batch_calls(16384) == 16
+    assert batch_calls(64 * 1024) == 4
+    assert batch_calls(256 * 1024) == batch_calls(64 << 20) == 1
 
 
 def test_worker_gets_the_algorithms_and_no_cadence_algo_env(monkeypatch, tmp_path):

@@ -5,9 +5,13 @@ Launched by the `cadence bench` command, N times per backend:
     python -m cadence.bench.worker --backend {cadence,gloo} ...   (torchrun's env)
     mpirun -np N python -m cadence.bench.worker --backend mpi ...
 
-For each size: `--warmup` untimed iterations, one barrier, then `--iters`
-iterations each timed on its own with time.perf_counter (no barrier between
-them); the rank keeps the median. Then a correctness check on fresh data: every
+For each size: `--warmup` untimed iterations, then `--iters` timed samples,
+each a barrier and then a batch of back-to-back calls (16 for messages up to
+16 KiB, fewer above, one from 256 KiB) timed together with
+time.perf_counter; a sample is the batch's time per call, and the rank keeps
+the median. The barrier puts every sample on the same start (no rank still
+finishing the previous call), and the batch amortizes the barrier's own skew
+between ranks. Then a correctness check on fresh data: every
 rank fills its input with small integers that depend on (rank, index), runs the
 collective once and counts the elements that differ from the result computed
 locally. Each rank appends one JSON line per size to `<out>/rank<R>.jsonl`; the
@@ -18,10 +22,11 @@ reduce, which is in place only, copies the input into the output first).
 
 cadence takes `--algos auto,ring,...` (`algo=` per call; `auto` is the
 library's own choice): at each size, on the same buffers, every algorithm is
-warmed up, then the timed iterations take turns (auto, ring, ..., auto, ring,
+warmed up, then the timed samples take turns (auto, ring, ..., auto, ring,
 ...) so that drift and interference hit them all alike, then each is checked.
 Its records carry "algo" and "chosen": the algorithm the flight recorder says
-the timed calls ran (for `auto`, what the library picked).
+the check call ran (for `auto`, what the library picked; a call's choice
+depends only on its shape, so the timed calls ran the same).
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import json
 import statistics
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial
@@ -290,26 +294,43 @@ def check(
 
 
 def time_ops(
-    fns: list[Callable[[], object]], iters: int, warmup: int, barrier: Callable[[], None]
+    fns: list[Callable[[], object]],
+    iters: int,
+    warmup: int,
+    barrier: Callable[[], None],
+    batch: int = 1,
 ) -> list[list[float]]:
-    """Each call's `iters` times. With several calls (one per algorithm) they
-    take turns, iteration by iteration, so that any drift or interference
-    while they run hits them all alike; iteration i starts with call i mod n
-    (see `turns`), so that none always runs right after the same other one."""
+    """Each call's `iters` samples, seconds per call. A sample is a barrier,
+    then `batch` calls back to back timed together: every sample starts with
+    all ranks in step, so an algorithm is not charged for the skew its
+    predecessor left (a slow ring's stragglers would otherwise be timed as the
+    next call's). With several calls (one per algorithm) the samples take
+    turns, so that drift or interference while they run hits them all alike;
+    sample round i starts with call i mod n (see `turns`)."""
     for fn in fns:
         for _ in range(warmup):
             fn()
-    barrier()
     times: list[list[float]] = [[] for _ in fns]
     gc.disable()  # a collection inside the loop would be timed as communication
     try:
         for k in turns(len(fns), iters):
+            fn = fns[k]
+            barrier()
             t0 = time.perf_counter()
-            fns[k]()
-            times[k].append(time.perf_counter() - t0)
+            for _ in range(batch):
+                fn()
+            times[k].append((time.perf_counter() - t0) / batch)
     finally:
         gc.enable()
     return times
+
+
+def batch_calls(nbytes: int) -> int:
+    """Calls per timed sample: enough that small messages run ~16 deep, so the
+    barrier's exit skew (one message latency) is a small share of a sample;
+    one call from 256 KiB, where a call is long against that skew. The same on
+    every rank (it depends on the size only), as the call count must be."""
+    return max(1, min(16, (256 * 1024) // max(nbytes, 1)))
 
 
 def turns(n: int, iters: int) -> list[int]:
@@ -317,18 +338,11 @@ def turns(n: int, iters: int) -> list[int]:
     return [(i + k) % n for i in range(iters) for k in range(n)]
 
 
-def chosen_algos(backend: Backend, op: str, algos: list[str], iters: int) -> list[str | None]:
-    """For each algorithm, the one its timed calls ran (the most frequent, were
-    it to vary), from the backend's record of the last calls: the timed ones
-    taking turns, then one check per algorithm."""
-    n = len(algos)
-    names = backend.ran(op, n * iters + n)
-    if names is None:
-        return [None] * n
-    per_algo: list[Counter] = [Counter() for _ in algos]
-    for k, name in zip(turns(n, iters), names[: n * iters], strict=True):
-        per_algo[k][name] += 1
-    return [c.most_common(1)[0][0] if c else None for c in per_algo]
+def chosen_algos(backend: Backend, op: str, algos: list[str]) -> list[str | None]:
+    """For each algorithm, the one its last call (the check, which follows the
+    timed calls, one per algorithm in order) ran, from the backend's record."""
+    names = backend.ran(op, len(algos))
+    return [None] * len(algos) if names is None else list(names)
 
 
 def run_size(
@@ -351,10 +365,10 @@ def run_size(
     inp = alloc(lay.in_count, dtype)
     out = None if op in IN_PLACE_OPS else alloc(lay.out_count, dtype)
     fns = [backend.bind(op, inp, out, algo) for algo in algos]
-    all_times = time_ops(fns, iters, warmup, backend.barrier)
+    all_times = time_ops(fns, iters, warmup, backend.barrier, batch_calls(lay.nbytes))
     wrongs = [check(backend, op, dtype, lay, inp, out, algo) for algo in algos]
     named_algos = [a for a in algos if a is not None]
-    chosen = chosen_algos(backend, op, named_algos, iters) if named_algos else [None]
+    chosen = chosen_algos(backend, op, named_algos) if named_algos else [None]
     for algo, times, wrong, ran in zip(algos, all_times, wrongs, chosen, strict=True):
         named = {} if algo is None else {"algo": algo, "chosen": ran}
         yield {
