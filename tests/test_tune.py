@@ -370,3 +370,53 @@ def test_ranks_with_different_tables_refuse_to_start(tmp_path):
         assert status == "err", res[r]
         assert "ranks loaded different tuning tables" in text, text
         assert str(files[0]) in text and str(files[1]) in text, text
+
+
+def _cost_model(comm):
+    return comm.cost_model
+
+
+def _model_and_auto_results(comm):
+    """The communicator's cost model, and whether `auto` collectives (chosen
+    by it) of a few sizes came out right."""
+    import numpy as np
+
+    n, me = comm.size, comm.rank
+    ok = []
+    for count in (0, 5, 3001, 200_003):
+        x = np.arange(count, dtype=np.float64) + me
+        comm.allreduce(x)
+        ok.append(bool(np.array_equal(x, n * np.arange(count) + n * (n - 1) / 2)))
+        g = comm.allgather(np.full(count, me, dtype=np.int32))
+        ok.append(bool(np.array_equal(g.reshape(n, count), np.repeat(np.arange(n), count)
+                                      .reshape(n, count))))
+    return {"model": comm.cost_model, "ok": ok}
+
+
+@needs_core
+@pytest.mark.parametrize("transport,size,expect", [("mixed", 5, True), ("tcp", 3, True),
+                                                    ("shm", 3, False)])
+def test_start_up_calibration_across_hosts(transport, size, expect):
+    """Across hosts with no tuning table, rank 0 measures the cost model at
+    start-up and every rank chooses by the same numbers; on one host the
+    size table chooses."""
+    res = run_ranks(_model_and_auto_results, size, transport=transport,
+                    env={"CADENCE_CALIBRATE": "1"})
+    got = {r: v[1] for r, v in res.items() if v[0] == "ok"}
+    assert len(got) == size, res
+    assert all(all(v["ok"]) for v in got.values()), got
+    models = [v["model"] for v in got.values()]
+    assert all(m == models[0] for m in models), models
+    if not expect:
+        assert models[0] is None
+        return
+    m = models[0]
+    assert m["source"] == "start-up", m
+    assert 0 < m["tcp"]["alpha"] < 0.1 and 0 < m["tcp"]["beta"] < 1e-6, m
+    assert 0 < m["gamma"] < 1e-6, m
+
+
+@needs_core
+def test_calibration_off_leaves_the_size_table():
+    res = run_ranks(_cost_model, 4, transport="tcp", env={"CADENCE_CALIBRATE": "0"})
+    assert {v for _, v in res.values()} == {None}, res

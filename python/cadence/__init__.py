@@ -183,6 +183,16 @@ class Communicator:
         """Host identity of every rank."""
         return self._c.hosts
 
+    @property
+    def cost_model(self) -> dict | None:
+        """The α-β-γ model `auto` ranks algorithms by: the tuning table's for
+        this setting, else one measured at start-up when the job spans hosts
+        (`CADENCE_CALIBRATE=0` turns that off); None when neither (then the
+        size table chooses). `{"shm": {"alpha": s, "beta": s/byte}, "tcp":
+        {...}, "gamma": s/byte, "incast": k, "source": "start-up" | "tuning
+        table"}`."""
+        return self._c.cost_model()
+
     def algorithms(self, kind: str) -> list[str]:
         """The algorithms of collective `kind` that apply on this
         communicator's hosts (`cadence.algorithms(kind)` lists them all)."""

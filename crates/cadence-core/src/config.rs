@@ -322,6 +322,10 @@ pub struct Config {
     /// The tuning file in force (`CADENCE_TUNING_FILE`, else the default
     /// location when a file is there), with the hash of its text.
     pub tuning: Option<LoadedTuning>,
+    /// Measure the cost model at start-up when a job spans hosts and no
+    /// tuning table gives one (`CADENCE_CALIBRATE`, default on; rank 0's
+    /// value decides for everyone).
+    pub calibrate: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -342,6 +346,7 @@ impl Default for Config {
             dump_dir: None,
             debug: DebugLevel::Warn,
             tuning: None,
+            calibrate: true,
         }
     }
 }
@@ -391,6 +396,13 @@ impl Config {
             if !v.is_empty() {
                 c.dump_dir = Some(PathBuf::from(v));
             }
+        }
+        if let Some(v) = get("CADENCE_CALIBRATE") {
+            c.calibrate = match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "on" | "yes" | "true" => true,
+                "0" | "off" | "no" | "false" => false,
+                _ => return Err(format!("CADENCE_CALIBRATE={v:?}: use 1 or 0")),
+            };
         }
         if let Some(v) = get("CADENCE_DEBUG") {
             c.debug = match v.to_ascii_uppercase().as_str() {

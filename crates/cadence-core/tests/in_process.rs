@@ -204,6 +204,8 @@ fn cadence_algo_ranges_choose_by_size() {
         "CADENCE_ALGO" => Some("allreduce:ring:0-64;direct:65-4K".into()),
         "CADENCE_TIMEOUT" => Some("30".into()),
         "CADENCE_DEBUG" => Some("INFO".into()),
+        // Past the ranges, the size table (not a model measured at start-up).
+        "CADENCE_CALIBRATE" => Some("0".into()),
         _ => None,
     })
     .unwrap();
@@ -266,4 +268,40 @@ fn nobody_leaves_a_barrier_before_everybody_arrived() {
             }
         }
     }
+}
+
+#[test]
+fn start_up_calibration_gives_every_rank_the_same_model() {
+    // Two hosts of two ranks: rank 0 measures shared memory with rank 1 and
+    // TCP with rank 2; everyone gets its numbers, and `auto` then runs on
+    // them (a different choice on some rank would hang or mismatch).
+    let got = world(4, |r| format!("host{}", r / 2), Duration::from_secs(30), |c| {
+        let mut v = vec![1.0f32; 70_001];
+        allreduce_f32(c, &mut v).unwrap();
+        assert!(v.iter().all(|&x| x == 4.0));
+        c.cost_model()
+    });
+    let (model, at_start) = got[0].expect("a model measured at start-up");
+    assert!(at_start);
+    for link in [model.shm, model.tcp] {
+        assert!(link.alpha > 0.0 && link.alpha < 0.1, "{model:?}");
+        assert!(link.beta > 0.0 && link.beta < 1e-6, "{model:?}");
+    }
+    assert!(model.gamma > 0.0 && model.gamma < 1e-6, "{model:?}");
+    assert!(got.iter().all(|m| *m == got[0]), "{got:?}");
+}
+
+#[test]
+fn no_calibration_on_one_host_or_when_turned_off() {
+    let one_host = world(3, |_| "one-host".into(), Duration::from_secs(30), |c| {
+        c.cost_model()
+    });
+    assert!(one_host.iter().all(Option::is_none));
+    let cfg = Config {
+        timeout: Duration::from_secs(30),
+        calibrate: false,
+        ..Config::default()
+    };
+    let off = world_with(4, |r| format!("host{r}"), cfg, |c| c.cost_model());
+    assert!(off.iter().all(Option::is_none));
 }

@@ -12,7 +12,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -471,6 +471,26 @@ impl PyComm {
     #[getter]
     fn timeout(&self) -> f64 {
         self.comm.config().timeout.as_secs_f64()
+    }
+
+    /// The cost model `auto` ranks algorithms by, as a dict (seconds per
+    /// message `alpha`, seconds per byte `beta`, per link class; `gamma`;
+    /// `source`: "start-up" or "tuning table"), or None.
+    fn cost_model<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some((m, at_start)) = self.comm.cost_model() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        for (name, l) in [("shm", m.shm), ("tcp", m.tcp)] {
+            let link = PyDict::new(py);
+            link.set_item("alpha", l.alpha)?;
+            link.set_item("beta", l.beta)?;
+            d.set_item(name, link)?;
+        }
+        d.set_item("gamma", m.gamma)?;
+        d.set_item("incast", m.incast)?;
+        d.set_item("source", if at_start { "start-up" } else { "tuning table" })?;
+        Ok(Some(d))
     }
 
     /// The algorithms of `kind` that apply on this communicator's hosts

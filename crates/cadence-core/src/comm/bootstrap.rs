@@ -234,7 +234,7 @@ impl Bootstrap {
         engine.set_local_ranks(on_machine.max(local.len()));
         engine.diagnosis_grace =
             (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
-        let comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);
+        let mut comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);
         // Everyone has mapped everyone's inbox once a barrier completes; then
         // the names can go, so a crash later leaves nothing in /dev/shm.
         comm.run(OpRequest::barrier())?;
@@ -243,6 +243,8 @@ impl Bootstrap {
             inbox.region.unlink();
         }
         drop(inner);
+        comm.calibrate()?;
+        comm.announce_selection();
         Ok(comm)
     }
 }

@@ -6,6 +6,7 @@
 //! batching in `p2p.rs`.
 
 mod bootstrap;
+mod calibrate;
 mod p2p;
 pub mod select;
 
@@ -17,7 +18,7 @@ use crate::engine::{Buffers, Engine};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::monitor::{OpRecord, Recorder};
 use crate::reduce;
-use crate::schedule::{self, Algo, CollArgs, Schedule, Topology};
+use crate::schedule::{self, Algo, CollArgs, CostModel, Schedule, Topology};
 use crate::transport::{Link, OpMeta};
 use crate::types::{CollKind, DType, RedOp};
 use std::borrow::Cow;
@@ -151,7 +152,7 @@ struct Shared {
     auto: select::Auto,
     /// Choices made so far, by (call, element size, the caller's algorithm):
     /// the cost model builds every rank's schedule to compare algorithms.
-    chosen: Mutex<HashMap<ChoiceKey, (Algo, select::Why)>>,
+    chosen: Mutex<HashMap<CollArgs, Vec<(ChoiceKey, Choice)>>>,
     /// Algorithm choices already announced (`CADENCE_DEBUG=INFO`).
     choices: select::ChoiceLog,
 }
@@ -164,8 +165,9 @@ pub struct Comm {
 
 const SCHEDULE_CACHE_MAX: usize = 4096;
 
-/// A call, its element size and the algorithm the caller asked for.
-type ChoiceKey = (CollArgs, usize, Option<Algo>);
+/// Besides the call: its element size and the algorithm the caller asked for.
+type ChoiceKey = (usize, Option<Algo>);
+type Choice = (Algo, select::Why);
 
 /// Asked while an operation waits: should it give up?
 pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -200,14 +202,13 @@ impl Comm {
             let topo = Topology::from_hosts(&hosts);
             let tuned = cfg.tuning.as_ref().and_then(|t| t.file.for_topology(&topo));
             let model = tuned.as_ref().and_then(|t| t.model);
-            select::Auto { topo, tuned, model }
-        };
-        if cfg.debug >= DebugLevel::Info && rank == 0 {
-            let path = cfg.tuning.as_ref().map(|t| t.path.display().to_string());
-            for line in select::table_lines(&cfg.algo, &auto, path.as_deref()) {
-                eprintln!("cadence rank {rank} INFO: {line}");
+            select::Auto {
+                topo,
+                tuned,
+                model,
+                measured_at_start: false,
             }
-        }
+        };
         Comm {
             shared: Arc::new(Shared {
                 id,
@@ -236,6 +237,41 @@ impl Comm {
         }
     }
 
+    /// Start-up calibration (see `calibrate.rs`), collective: on a job across
+    /// hosts whose tuning table gives no cost model, rank 0 measures one and
+    /// every rank chooses by it. Before the communicator is shared with
+    /// any thread.
+    fn calibrate(&mut self) -> Result<()> {
+        if self.shared.auto.topo.nhosts() < 2 {
+            return Ok(());
+        }
+        let wanted = self.shared.cfg.calibrate && self.shared.auto.model.is_none();
+        let Some(model) = calibrate::run(self, wanted)? else {
+            return Ok(());
+        };
+        // Every rank must install the model, or ranks would choose
+        // differently: a failure here is an error, never a silent skip.
+        let refused = self.shared.err(
+            ErrorKind::Setup("communicator shared before calibration".into()),
+            None,
+        );
+        let shared = Arc::get_mut(&mut self.shared).ok_or(refused)?;
+        shared.auto.model = Some(model);
+        shared.auto.measured_at_start = true;
+        Ok(())
+    }
+
+    /// `CADENCE_DEBUG=INFO`: rank 0 prints how algorithms are chosen.
+    fn announce_selection(&self) {
+        let s = &self.shared;
+        if s.cfg.debug >= DebugLevel::Info && s.rank == 0 {
+            let path = s.cfg.tuning.as_ref().map(|t| t.path.display().to_string());
+            for line in select::table_lines(&s.cfg.algo, &s.auto, path.as_deref()) {
+                eprintln!("cadence rank {} INFO: {line}", s.rank);
+            }
+        }
+    }
+
     pub fn id(&self) -> &str {
         &self.shared.id
     }
@@ -251,6 +287,14 @@ impl Comm {
     /// Which ranks share a host.
     pub fn topology(&self) -> &Topology {
         &self.shared.auto.topo
+    }
+
+    /// The cost model `auto` ranks algorithms by, and whether it was
+    /// measured at start-up (else it is the tuning table's); `None`: the
+    /// tuning table and the size table choose.
+    pub fn cost_model(&self) -> Option<(CostModel, bool)> {
+        let a = &self.shared.auto;
+        a.model.map(|m| (m, a.measured_at_start))
     }
 
     /// The algorithms of `kind` that apply on this communicator's hosts.
@@ -392,21 +436,25 @@ impl Shared {
             select::select_algo_on(&self.cfg.algo, args, &self.auto, es, req.algo)
                 .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None))
         };
-        // Without a cost model choosing is a few comparisons: no cache.
-        let key = self.auto.model.map(|_| (args.clone(), es, req.algo));
-        let known = key
-            .as_ref()
-            .and_then(|k| self.chosen.lock().unwrap().get(k).copied());
-        let (algo, why) = match (known, key) {
-            (Some(c), _) => c,
-            (None, None) => select()?,
-            (None, Some(key)) => {
+        // Without a cost model choosing is a few comparisons: no cache. With
+        // one, the cache is looked up by reference (no copy of the call's
+        // counts); only a new call shape is copied in.
+        let key = (es, req.algo);
+        let known = self.auto.model.and_then(|_| {
+            let chosen = self.chosen.lock().unwrap();
+            let shapes = chosen.get(args)?;
+            shapes.iter().find(|(k, _)| *k == key).map(|(_, c)| *c)
+        });
+        let (algo, why) = match known {
+            Some(c) => c,
+            None if self.auto.model.is_none() => select()?,
+            None => {
                 let c = select()?;
                 let mut chosen = self.chosen.lock().unwrap();
                 if chosen.len() >= SCHEDULE_CACHE_MAX {
                     chosen.clear();
                 }
-                chosen.insert(key, c);
+                chosen.entry(args.clone()).or_default().push((key, c));
                 c
             }
         };

@@ -61,6 +61,8 @@ pub struct Auto {
     pub topo: Topology,
     pub tuned: Option<Tuned>,
     pub model: Option<CostModel>,
+    /// The model was measured at start-up (else it is the tuning table's).
+    pub measured_at_start: bool,
 }
 
 impl Auto {
@@ -70,6 +72,7 @@ impl Auto {
             topo: Topology::single_host(nranks),
             tuned: None,
             model: None,
+            measured_at_start: false,
         }
     }
 
@@ -263,8 +266,8 @@ pub fn table_lines(ov: &AlgoOverride, auto: &Auto, tuning: Option<&str>) -> Vec<
     let nranks = topo.nranks();
     let mut lines = vec![format!(
         "algorithm selection over {nranks} ranks on {} hosts (sizes: bytes of the collective's \
-         full buffer; CADENCE_ALGO first, then the tuning table, then the cost model when \
-         the table measured one, else the default)",
+         full buffer; CADENCE_ALGO first, then the tuning table, then the cost model (the \
+         table's, else one measured at start-up across hosts), else the default)",
         topo.nhosts()
     )];
     if ov.is_empty() {
@@ -317,7 +320,12 @@ pub fn table_lines(ov: &AlgoOverride, auto: &Auto, tuning: Option<&str>) -> Vec<
     }
     if let Some(m) = &auto.model {
         lines.push(format!(
-            "cost model: shm α {:.1} µs, {:.2} GB/s; tcp α {:.1} µs, {:.3} GB/s; γ {:.2} GB/s",
+            "cost model ({}): shm α {:.1} µs, {:.2} GB/s; tcp α {:.1} µs, {:.3} GB/s; γ {:.2} GB/s",
+            if auto.measured_at_start {
+                "measured at start-up"
+            } else {
+                "tuning table"
+            },
             m.shm.alpha * 1e6,
             1e-9 / m.shm.beta,
             m.tcp.alpha * 1e6,
@@ -590,6 +598,7 @@ mod tests {
             topo: topo.clone(),
             tuned: Some(tuned.clone()),
             model: None,
+            measured_at_start: false,
         };
         let none = AlgoOverride::default();
         assert_eq!(
@@ -614,6 +623,7 @@ mod tests {
             topo,
             tuned: Some(tuned),
             model: Some(CostModel::default()),
+            measured_at_start: false,
         };
         let (a, why) = select_algo_on(&none, &ar(16 << 20), &auto, 4, None).unwrap();
         assert_eq!(why, Why::Model);

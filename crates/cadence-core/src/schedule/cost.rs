@@ -50,7 +50,7 @@ pub struct CostModel {
 impl Default for CostModel {
     /// Rough figures for a current x86 server: 1 µs / 8 GB/s through shared
     /// memory, 50 µs / 1.25 GB/s (10 Gbit/s) over TCP, 4 GB/s of reduction.
-    /// Calibration (`Comm::calibrate`, `cadence tune`) replaces them.
+    /// Calibration (start-up across hosts, `cadence tune`) replaces them.
     fn default() -> Self {
         CostModel {
             shm: LinkCost {
