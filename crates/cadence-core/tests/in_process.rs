@@ -275,12 +275,22 @@ fn start_up_calibration_gives_every_rank_the_same_model() {
     // Two hosts of two ranks: rank 0 measures shared memory with rank 1 and
     // TCP with rank 2; everyone gets its numbers, and `auto` then runs on
     // them (a different choice on some rank would hang or mismatch).
-    let got = world(4, |r| format!("host{}", r / 2), Duration::from_secs(30), |c| {
-        let mut v = vec![1.0f32; 70_001];
-        allreduce_f32(c, &mut v).unwrap();
-        assert!(v.iter().all(|&x| x == 4.0));
-        c.cost_model()
-    });
+    let cfg = Config {
+        timeout: Duration::from_secs(30),
+        calibrate: true,
+        ..Config::default()
+    };
+    let got = world_with(
+        4,
+        |r| format!("host{}", r / 2),
+        cfg,
+        |c| {
+            let mut v = vec![1.0f32; 70_001];
+            allreduce_f32(c, &mut v).unwrap();
+            assert!(v.iter().all(|&x| x == 4.0));
+            c.cost_model()
+        },
+    );
     let (model, at_start) = got[0].expect("a model measured at start-up");
     assert!(at_start);
     for link in [model.shm, model.tcp] {
@@ -293,15 +303,19 @@ fn start_up_calibration_gives_every_rank_the_same_model() {
 
 #[test]
 fn no_calibration_on_one_host_or_when_turned_off() {
-    let one_host = world(3, |_| "one-host".into(), Duration::from_secs(30), |c| {
-        c.cost_model()
-    });
-    assert!(one_host.iter().all(Option::is_none));
-    let cfg = Config {
+    let on = Config {
         timeout: Duration::from_secs(30),
-        calibrate: false,
+        calibrate: true,
         ..Config::default()
     };
-    let off = world_with(4, |r| format!("host{r}"), cfg, |c| c.cost_model());
+    let one_host = world_with(3, |_| "one-host".into(), on, |c| c.cost_model());
+    assert!(one_host.iter().all(Option::is_none));
+    // The default is off.
+    let off = world(
+        4,
+        |r| format!("host{r}"),
+        Duration::from_secs(30),
+        |c| c.cost_model(),
+    );
     assert!(off.iter().all(Option::is_none));
 }
