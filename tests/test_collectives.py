@@ -52,6 +52,7 @@ FORCED = [
     "allgather:recursive_doubling",
     "allgather:bruck;reduce_scatter:recursive_halving;broadcast:pipelined_chain;"
     "alltoall:bruck",
+    "allgather:hierarchical;reduce_scatter:hierarchical",
 ]
 
 

@@ -20,13 +20,29 @@
 //! Every element's final value is computed once (in stage 2, on one rank)
 //! and only copied from there, so all ranks hold the same bits.
 //!
+//! Allgather and reduce_scatter work on the ranks' blocks. A **column
+//! group** is the blocks of one column's ranks, host by host (scattered in
+//! the buffer):
+//! - allgather: each column allgathers its members' blocks around a ring
+//!   across the hosts (H-1 steps), then each host's local ring passes whole
+//!   column groups around (L-1 steps, one message per block);
+//! - reduce_scatter, the mirror image: each host's local ring reduce-scatters
+//!   the column groups (local rank ℓ ends with its host's partial sums of
+//!   column ℓ's blocks, packed in Scratch), then each column reduce-scatters
+//!   those across the hosts, finishing every block on its own rank.
+//!
+//! Either way a host's NIC carries the blocks of the other hosts' ranks once:
+//! (N-L) blocks, where a flat ring moves (N-1) through every rank.
+//!
 //! Needs a uniform topology (see [`super::applicable_on`]); with L = 1 it is
 //! a ring over the hosts, with H = 1 a ring inside the host.
 
 use super::ir::{Buf, Span};
 use super::plan::{Blocks, Plan};
 use super::recursive_doubling;
-use super::ring::{allgather_pass, reduce_scatter_pass, Ring};
+use super::ring::{
+    allgather_groups, allgather_pass, reduce_scatter_groups, reduce_scatter_pass, Ring,
+};
 use super::topology::Topology;
 
 /// Up to this many elements per column chunk, the columns allreduce by
@@ -68,4 +84,68 @@ pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
     if l > 1 {
         allgather_pass(plan, &local, &whole);
     }
+}
+
+/// Allgather: across hosts along the columns, then column groups inside
+/// each host (see the module comment).
+pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
+    let r = plan.rank;
+    let blocks = Blocks::of_counts(counts);
+    // The copy runs before the phase's sends, so the own block leaves from
+    // Output like every other.
+    plan.phase()
+        .copy(Span::input(0, counts[r]), blocks.span(Buf::Output, r));
+    let column = topo.column(topo.local_rank(r));
+    let cross = Ring::new(&column, r, topo);
+    allgather_groups(plan, &cross, &|x| vec![blocks.span(Buf::Output, x)]);
+    let local = Ring::new(topo.ranks_on(topo.host_of(r)), r, topo);
+    allgather_groups(plan, &local, &|x| {
+        column_group(topo, &blocks, Buf::Output, topo.local_rank(x))
+    });
+}
+
+/// Reduce-scatter: column groups inside each host, then across hosts along
+/// the columns (see the module comment).
+pub(crate) fn reduce_scatter(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
+    let r = plan.rank;
+    let blocks = Blocks::of_counts(counts);
+    let out = Span::output(0, counts[r]);
+    let column = topo.column(topo.local_rank(r));
+    let cross = Ring::new(&column, r, topo);
+    if topo.uniform_ranks_per_host().unwrap_or(0) < 2 {
+        // One rank per host: only the cross-host stage, from Input.
+        let own = |x: usize| vec![blocks.span(Buf::Input, x)];
+        reduce_scatter_groups(plan, &cross, &own, 0, &[out]);
+        return;
+    }
+    let local = Ring::new(topo.ranks_on(topo.host_of(r)), r, topo);
+    let own_local = |x: usize| column_group(topo, &blocks, Buf::Input, topo.local_rank(x));
+    if topo.nhosts() == 1 {
+        reduce_scatter_groups(plan, &local, &own_local, 0, &[out]);
+        return;
+    }
+    // The host's partial sums of this column's blocks, packed from Scratch 0
+    // in host order; the passes' slots come after them.
+    let mut at = 0;
+    let partial: Vec<Span> = column
+        .iter()
+        .map(|&x| {
+            let span = Span::scratch(at, counts[x]);
+            at += counts[x];
+            span
+        })
+        .collect();
+    plan.need_scratch(at);
+    reduce_scatter_groups(plan, &local, &own_local, at, &partial);
+    // `column` is in host order, so host h's member's block is partial[h].
+    let own_cross = |x: usize| vec![partial[topo.host_of(x)]];
+    reduce_scatter_groups(plan, &cross, &own_cross, at, &[out]);
+}
+
+/// The blocks of the ranks with local rank `local`, host by host.
+fn column_group(topo: &Topology, blocks: &Blocks, buf: Buf, local: usize) -> Vec<Span> {
+    topo.column(local)
+        .into_iter()
+        .map(|x| blocks.span(buf, x))
+        .collect()
 }

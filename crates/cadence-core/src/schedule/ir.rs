@@ -146,8 +146,8 @@ pub enum Algo {
     /// Allreduce over two complementary binary trees, each reducing then
     /// broadcasting half of the buffer, pipelined in segments.
     DoubleBinaryTree,
-    /// Allreduce on an X×Y grid of ranks: reduce-scatter along rows,
-    /// allreduce along columns, allgather along rows.
+    /// Allreduce on an X×Y grid of ranks: ring reduce-scatter along rows,
+    /// ring allreduce along columns, direct allgather along rows (one phase).
     Torus2d,
     /// Bruck: log2(n) rounds at distances 1, 2, 4, … (allgather, alltoall).
     Bruck,
@@ -155,10 +155,13 @@ pub enum Algo {
     RecursiveHalving,
     /// Broadcast down the chain root → root+1 → …, pipelined in segments.
     PipelinedChain,
+    /// [`Algo::Torus2d`] with a ring allgather along the rows in its last
+    /// stage: the seed study's "2d-torus(ring)".
+    Torus2dRing,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 16] = [
+    pub const ALL: [Algo; 17] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -175,6 +178,7 @@ impl Algo {
         Algo::Bruck,
         Algo::RecursiveHalving,
         Algo::PipelinedChain,
+        Algo::Torus2dRing,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -195,6 +199,7 @@ impl Algo {
             Algo::Bruck => "bruck",
             Algo::RecursiveHalving => "recursive_halving",
             Algo::PipelinedChain => "pipelined_chain",
+            Algo::Torus2dRing => "torus2d_ring",
         }
     }
 

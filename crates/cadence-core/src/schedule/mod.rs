@@ -89,12 +89,13 @@ pub fn algos_for(kind: CollKind) -> &'static [Algo] {
             Rabenseifner,
             DoubleBinaryTree,
             Torus2d,
+            Torus2dRing,
             Hierarchical,
         ],
         CollKind::Reduce => &[BinomialTree, ReduceScatterGather],
         CollKind::Broadcast => &[BinomialTree, ScatterAllgather, PipelinedChain],
-        CollKind::AllGather => &[Ring, Direct, RecursiveDoubling, Bruck],
-        CollKind::ReduceScatter => &[Ring, Direct, RecursiveHalving],
+        CollKind::AllGather => &[Ring, Direct, RecursiveDoubling, Bruck, Hierarchical],
+        CollKind::ReduceScatter => &[Ring, Direct, RecursiveHalving, Hierarchical],
         CollKind::AllToAll => &[Pairwise, Direct, Bruck],
         CollKind::Gather | CollKind::Scatter => &[Direct],
         CollKind::Barrier => &[Dissemination],
@@ -283,7 +284,12 @@ pub fn build_on(
         (CollKind::AllReduce, Algo::DoubleBinaryTree) => {
             double_binary_tree::allreduce(&mut plan, count)
         }
-        (CollKind::AllReduce, Algo::Torus2d) => torus2d::allreduce(&mut plan, count),
+        (CollKind::AllReduce, Algo::Torus2d) => {
+            torus2d::allreduce(&mut plan, count, torus2d::RowGather::Direct)
+        }
+        (CollKind::AllReduce, Algo::Torus2dRing) => {
+            torus2d::allreduce(&mut plan, count, torus2d::RowGather::Ring)
+        }
         (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, count, root),
         (CollKind::Reduce, Algo::ReduceScatterGather) => two_stage::reduce(&mut plan, count, root),
         (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
@@ -299,10 +305,16 @@ pub fn build_on(
             recursive_doubling::allgather(&mut plan, counts)
         }
         (CollKind::AllGather, Algo::Bruck) => bruck::allgather(&mut plan, counts),
+        (CollKind::AllGather, Algo::Hierarchical) => {
+            hierarchical::allgather(&mut plan, topo, counts)
+        }
         (CollKind::ReduceScatter, Algo::Ring) => ring::reduce_scatter(&mut plan, topo, counts),
         (CollKind::ReduceScatter, Algo::Direct) => direct::reduce_scatter(&mut plan, counts),
         (CollKind::ReduceScatter, Algo::RecursiveHalving) => {
             recursive_halving::reduce_scatter(&mut plan, counts)
+        }
+        (CollKind::ReduceScatter, Algo::Hierarchical) => {
+            hierarchical::reduce_scatter(&mut plan, topo, counts)
         }
         (CollKind::AllToAll, Algo::Pairwise) => alltoall::pairwise(&mut plan, counts),
         (CollKind::AllToAll, Algo::Direct) => alltoall::direct(&mut plan, counts),
@@ -409,7 +421,7 @@ mod tests {
             msg,
             "algorithm pairwise does not apply to allreduce \
              (it takes ring, recursive_doubling, direct, rabenseifner, \
-             double_binary_tree, torus2d, hierarchical)"
+             double_binary_tree, torus2d, torus2d_ring, hierarchical)"
         );
     }
 

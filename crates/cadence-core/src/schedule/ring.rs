@@ -108,7 +108,7 @@ impl<'a> Ring<'a> {
         self.members.len()
     }
     /// The member `k` positions after this one (k may be "negative" mod m).
-    fn at(&self, k: usize) -> usize {
+    pub fn at(&self, k: usize) -> usize {
         self.members[(self.pos + k) % self.len()]
     }
     fn next(&self) -> usize {
@@ -185,62 +185,106 @@ pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
     let r = plan.rank;
     let order = topo.ring_order();
     let ring = Ring::new(&order, r, topo);
-    let m = ring.len();
     let blocks = Blocks::of_counts(counts);
-    let own = Span::input(0, counts[r]);
-    // In step s this rank forwards the block of the member s positions back
-    // (its own, straight from Input, in step 0) and receives the block of the
-    // member s+1 back.
-    for s in 0..m - 1 {
-        let send_b = ring.at(m - s);
-        let recv_b = ring.at(2 * m - s - 1);
+    // Step 0's copy runs before its sends (local steps first), so this rank's
+    // block goes out from Output like the others.
+    plan.phase()
+        .copy(Span::input(0, counts[r]), blocks.span(Buf::Output, r));
+    allgather_groups(plan, &ring, &|x| vec![blocks.span(Buf::Output, x)]);
+}
+
+/// Allgather pass where member x's **group** is `group(x)`: spans of Output
+/// (the same number for every member, possibly scattered); every member
+/// starts with its own group and ends with all of them. Each span is its own
+/// message, so the receiver needs no unpacking.
+pub(crate) fn allgather_groups(plan: &mut Plan, ring: &Ring, group: &dyn Fn(usize) -> Vec<Span>) {
+    let m = ring.len();
+    // In step s this rank forwards the group of the member s positions back
+    // (its own in step 0) and receives the group of the member s+1 back.
+    for s in 0..m.saturating_sub(1) {
+        let send = group(ring.at(m - s));
+        let recv = group(ring.at(2 * m - s - 1));
+        debug_assert_eq!(send.len(), recv.len());
         let mut phase = plan.phase();
-        let src = if s == 0 {
-            phase.copy(own, blocks.span(Buf::Output, r));
-            own
-        } else {
-            blocks.span(Buf::Output, send_b)
-        };
-        let dst = blocks.span(Buf::Output, recv_b);
-        exchange(&mut phase, &ring, src, dst, None);
+        for (src, dst) in send.into_iter().zip(recv) {
+            exchange(&mut phase, ring, src, dst, None);
+        }
     }
 }
 
 /// Reduce-scatter: a reduce-scatter pass over the ranks' blocks of Input.
-///
-/// Partial results travel through two scratch **slots** of the largest block's
-/// size, alternating, because the block sent in a step cannot also be written
-/// in it; the last step reduces straight into Output.
 pub(crate) fn reduce_scatter(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
     let r = plan.rank;
     let order = topo.ring_order();
     let ring = Ring::new(&order, r, topo);
-    let n = ring.len();
     let blocks = Blocks::of_counts(counts);
-    let slot_size = blocks.max_len();
-    let slot = |s: usize, len: usize| Span::scratch((s % 2) * slot_size, len);
-    // Steps 0..n-3 write slots 0, 1, 0, …: at most two are live.
-    plan.need_scratch((n - 2).min(2) * slot_size);
-    // In step s this rank passes on the block of the member s+1 back and adds
-    // its Input to the block of the member s+2 back; in step n-2 that is its
-    // own block, finished into Output.
-    for s in 0..n - 1 {
-        let send_b = ring.at(2 * n - s - 1);
-        let recv_b = ring.at(2 * n - s - 2);
+    reduce_scatter_groups(
+        plan,
+        &ring,
+        &|x| vec![blocks.span(Buf::Input, x)],
+        0,
+        &[Span::output(0, counts[r])],
+    );
+}
+
+/// Reduce-scatter pass where member x's group is a list of segments and
+/// `own(x)` is this rank's contribution to them (spans of Input, or of
+/// Scratch below `slots`); the group of this rank is finished into `finish`
+/// (spans of the same lengths). Every member of the ring runs it with the
+/// same segment lengths.
+///
+/// Partial results travel through two scratch **slots** from `slots` on, each
+/// the largest group's size with its segments packed, alternating, because
+/// the group sent in a step cannot also be written in it; the last step
+/// reduces straight into `finish`. Scratch below `slots` is left alone.
+pub(crate) fn reduce_scatter_groups(
+    plan: &mut Plan,
+    ring: &Ring,
+    own: &dyn Fn(usize) -> Vec<Span>,
+    slots: usize,
+    finish: &[Span],
+) {
+    let m = ring.len();
+    if m < 2 {
+        return;
+    }
+    let total = |x: usize| own(x).iter().map(|s| s.len).sum::<usize>();
+    let slot_len = (0..m).map(|k| total(ring.at(k))).max().unwrap_or(0);
+    // Steps 0..m-3 write slots 0, 1, 0, …: at most two are live.
+    plan.need_scratch(slots + (m - 2).min(2) * slot_len);
+    // Member x's group packed into slot k.
+    let packed = |k: usize, x: usize| -> Vec<Span> {
+        let mut at = slots + (k % 2) * slot_len;
+        own(x)
+            .iter()
+            .map(|seg| {
+                let span = Span::scratch(at, seg.len);
+                at += seg.len;
+                span
+            })
+            .collect()
+    };
+    // In step s this rank passes on the group of the member s+1 back and adds
+    // its own contribution to the group of the member s+2 back; in step m-2
+    // that is its own group, finished into `finish`.
+    for s in 0..m - 1 {
+        let send_x = ring.at(2 * m - s - 1);
+        let recv_x = ring.at(2 * m - s - 2);
         let src = if s == 0 {
-            blocks.span(Buf::Input, send_b)
+            own(send_x)
         } else {
-            slot(s - 1, blocks.len(send_b))
+            packed(s - 1, send_x)
         };
-        let dst = if s == n - 2 {
-            Span::output(0, counts[r])
+        let dst = if s == m - 2 {
+            finish.to_vec()
         } else {
-            slot(s, blocks.len(recv_b))
+            packed(s, recv_x)
         };
-        plan.phase().send(ring.next(), src).recv_reduce(
-            ring.prev(),
-            dst,
-            blocks.span(Buf::Input, recv_b),
-        );
+        let with = own(recv_x);
+        debug_assert!(src.len() == dst.len() && dst.len() == with.len());
+        let mut phase = plan.phase();
+        for ((src, dst), with) in src.into_iter().zip(dst).zip(with) {
+            exchange(&mut phase, ring, src, dst, Some(with));
+        }
     }
 }

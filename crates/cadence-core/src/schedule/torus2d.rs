@@ -23,14 +23,22 @@
 //!    then an allgather pass over its Y pieces, (Y-1) steps each; every piece
 //!    is finished on one rank of the column. With X = 1 the rank's
 //!    contribution is still its Input, which the pass reads instead.
-//! 3. allgather of the owned chunks along the row: steps.
+//! 3. allgather of the owned chunks along the row, in one of two ways
+//!    ([`RowGather`]): **direct**, one phase in which every rank sends its
+//!    owned chunk to the X-1 others of its row (`torus2d`), or a **ring** of
+//!    steps (`torus2d_ring`, the seed study's "2d-torus(ring)", which it
+//!    found best from 512 nodes). The same bytes either way; direct pays one
+//!    latency instead of X-1, the ring sends one message per step, which
+//!    oversubscribes no link when X is large. With X ≤ 2 they are the same
+//!    schedule.
 //!
 //! Every element is finished on one rank and only copied from there, so all
 //! ranks hold the same bits.
 //!
-//! 2(X-1) + 2(Y-1) latencies instead of the ring's 2(n-1), and the full-buffer
-//! stages stay inside rows; each rank sends about 2(X-1)/X + 2(Y-1)/(XY) of
-//! the buffer, close to the ring's 2(n-1)/n.
+//! (X-1) + 2(Y-1) + 1 latencies (direct) or 2(X-1) + 2(Y-1) (ring) instead
+//! of the ring's 2(n-1), and the full-buffer stages stay inside rows; each
+//! rank sends about 2(X-1)/X + 2(Y-1)/(XY) of the buffer, close to the ring's
+//! 2(n-1)/n.
 
 use super::ir::{Buf, Span};
 use super::plan::{Blocks, Plan};
@@ -44,6 +52,14 @@ fn columns(n: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// How the last stage gathers the owned chunks along a row (see the module
+/// comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowGather {
+    Direct,
+    Ring,
+}
+
 /// A ring over some ranks: this rank's position and its neighbours.
 struct Ring {
     pos: usize,
@@ -52,7 +68,7 @@ struct Ring {
     prev: usize,
 }
 
-pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
+pub(crate) fn allreduce(plan: &mut Plan, count: usize, gather: RowGather) {
     let (r, n) = (plan.rank, plan.nranks);
     let x = columns(n);
     let (row, col) = (r / x, r % x);
@@ -95,7 +111,19 @@ pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
             .send(ring.next, piece(Buf::Output, send_p))
             .recv(ring.prev, piece(Buf::Output, recv_p));
     }
-    allgather(plan, &row_ring, &chunks);
+    match gather {
+        RowGather::Ring => allgather(plan, &row_ring, &chunks),
+        RowGather::Direct => {
+            // Column c owns chunk c+1: send ours to every other column of the
+            // row, receive each of theirs.
+            let mut phase = plan.phase();
+            for c in (0..x).filter(|&c| c != col) {
+                phase
+                    .send(row * x + c, chunks.span(Buf::Output, owned))
+                    .recv(row * x + c, chunks.span(Buf::Output, (c + 1) % x));
+            }
+        }
+    }
 }
 
 /// Ring reduce-scatter of Input over the ring's chunks into Output: position
@@ -131,6 +159,24 @@ fn allgather(plan: &mut Plan, ring: &Ring, chunks: &Blocks) {
 #[cfg(test)]
 mod tests {
     use super::columns;
+    use crate::schedule::{build, Algo, CollArgs};
+    use crate::types::CollKind;
+
+    #[test]
+    fn the_row_gather_is_one_phase_or_a_ring() {
+        let a = CollArgs {
+            kind: CollKind::AllReduce,
+            root: 0,
+            counts: vec![900],
+        };
+        let phases = |n: usize, algo| build(&a, 0, n, algo).unwrap().phases;
+        // 16 ranks: a 4×4 grid; direct gathers the row in 1 phase, not 3.
+        let (direct, ring) = (phases(16, Algo::Torus2d), phases(16, Algo::Torus2dRing));
+        assert_eq!((direct.len(), ring.len()), (3 + 6 + 1, 3 + 6 + 3));
+        assert_eq!(direct.last().unwrap().steps.len(), 2 * 3);
+        // 8 ranks: 2 columns, so both are the same schedule.
+        assert_eq!(phases(8, Algo::Torus2d), phases(8, Algo::Torus2dRing));
+    }
 
     #[test]
     fn grid_shapes() {

@@ -1469,6 +1469,40 @@ mod tests {
     }
 
     #[test]
+    fn hierarchical_gathers_cross_hosts_once_per_block() {
+        // 3 hosts × 2 ranks, interleaved: a host's NIC carries each block of
+        // the other hosts' ranks once (allgather: in, reduce_scatter: out, as
+        // partial sums), and only between ranks with the same local rank.
+        let topo = Topology::from_hosts(&[0, 1, 2, 0, 1, 2]);
+        let counts: Vec<usize> = (0..6).map(|r| 100 + r).collect();
+        for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+            let a = args(kind, 0, counts.clone());
+            let mut nic = [0usize; 3];
+            for r in 0..6 {
+                let s = build_on(&a, r, &topo, Algo::Hierarchical).unwrap();
+                for st in s.phases.iter().flat_map(|p| &p.steps) {
+                    if let Step::Send { peer, src } = st {
+                        if topo.host_of(*peer) != topo.host_of(r) {
+                            assert_eq!(topo.local_rank(*peer), topo.local_rank(r), "{kind}");
+                            let h = if kind == CollKind::AllGather {
+                                *peer
+                            } else {
+                                r
+                            };
+                            nic[topo.host_of(h)] += src.len;
+                        }
+                    }
+                }
+            }
+            for (h, carried) in nic.iter().enumerate() {
+                let own: usize = topo.ranks_on(h).iter().map(|&r| counts[r]).sum();
+                let others = counts.iter().sum::<usize>() - own;
+                assert_eq!(*carried, others, "{kind} host {h}");
+            }
+        }
+    }
+
+    #[test]
     fn allreduce_matrix() {
         verify_matrix(CollKind::AllReduce);
     }
