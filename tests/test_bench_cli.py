@@ -579,3 +579,19 @@ def test_cadence_algo_list_end_to_end(tmp_path):
     groups = next(line for line in output.splitlines() if "cadence:" in line).split()
     assert groups == ["cadence:direct", "cadence:auto"], output
     assert "cadence:ring" not in output
+
+
+def test_link_share_is_quoted_at_the_largest_size(monkeypatch):
+    """A tbf link passes its burst at line rate, so a mid-size message can
+    seem faster than the link: the share quoted is the largest size's."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(bench_cli.testbed, "link_states", lambda cluster: [])
+    cluster = SimpleNamespace(rate_bits=1_000_000_000, rate="1gbit", mtu=1500, hosts=(0,) * 4)
+    job = Job("allreduce", "float32", [1 << 20, 64 << 20], 8, 1, 0, 60.0, cluster=cluster)
+    # 1 MiB "faster than the link", 64 MiB at 80 % of it (busbw factor 1.5).
+    fast = Measure(1 << 20, 1 << 20, 1 << 18, (1 << 20) * 1.5 / 0.130e9 * 1e6, 0)
+    sustained = Measure(64 << 20, 64 << 20, 16 << 20, (64 << 20) * 1.5 / 0.100e9 * 1e6, 0)
+    out = Outcome("cadence", measures={1 << 20: fast, 64 << 20: sustained})
+    notes = bench_cli.link_notes(job, [out])
+    assert notes[1].endswith("cadence 0.100 (80.0%) at 64M"), notes
