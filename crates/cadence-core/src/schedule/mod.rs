@@ -216,24 +216,28 @@ pub fn default_algo(args: &CollArgs, nranks: usize, elem_size: usize) -> Algo {
     }
 }
 
-/// [`default_algo`] on a topology: across hosts, allreduce keeps TCP traffic
-/// to the cross-host columns (hierarchical) when hosts hold several ranks
-/// each, and otherwise prefers the host-ordered ring to `direct` from 32 KiB,
-/// whose n-1 concurrent flows per rank share one NIC.
+/// [`default_algo`] on a topology. Across hosts, when every host holds the
+/// same number (≥ 2) of ranks, the columns' TCP traffic plus shared memory
+/// (hierarchical) wins from a few KiB: allreduce and reduce_scatter from
+/// 8 KiB, allgather from 64 KiB (below, recursive doubling's log2(n) rounds).
+/// Measured on 4 emulated hosts × 2 at 1 Gbit/s (docs/benchmarks.md). With
+/// one rank per host, allreduce prefers the host-ordered ring to `direct`
+/// from 32 KiB, whose n-1 concurrent flows per rank share one NIC.
 pub fn default_algo_on(args: &CollArgs, topo: &Topology, elem_size: usize) -> Algo {
     const KIB: usize = 1 << 10;
     let flat = default_algo(args, topo.nranks(), elem_size);
-    if args.kind != CollKind::AllReduce || topo.nhosts() < 2 {
+    if topo.nhosts() < 2 {
         return flat;
     }
     let bytes = args.counts.iter().sum::<usize>().saturating_mul(elem_size);
-    let per_host = topo.uniform_ranks_per_host().unwrap_or(1);
-    if per_host > 1 && bytes >= 8 * KIB {
-        Algo::Hierarchical
-    } else if bytes >= 32 * KIB {
-        Algo::Ring
-    } else {
-        flat
+    let several = topo.uniform_ranks_per_host().is_some_and(|l| l > 1);
+    match args.kind {
+        CollKind::AllReduce | CollKind::ReduceScatter if several && bytes >= 8 * KIB => {
+            Algo::Hierarchical
+        }
+        CollKind::AllGather if several && bytes >= 64 * KIB => Algo::Hierarchical,
+        CollKind::AllReduce if !several && bytes >= 32 * KIB => Algo::Ring,
+        _ => flat,
     }
 }
 
@@ -452,6 +456,31 @@ mod tests {
             let a = args(kind, 0, vec![]);
             assert!(algos_for(kind).contains(&default_algo(&a, 4, 4)));
         }
+    }
+
+    #[test]
+    fn across_hosts_the_table_goes_hierarchical() {
+        let two_each = Topology::from_hosts(&[0, 0, 1, 1, 2, 2, 3, 3]);
+        let one_each = Topology::from_hosts(&[0, 1, 2, 3]);
+        let at = |kind, topo: &Topology, bytes: usize| {
+            let n = topo.nranks();
+            let counts = match kind {
+                CollKind::AllReduce => vec![bytes / 4],
+                _ => vec![bytes / 4 / n; n],
+            };
+            default_algo_on(&args(kind, 0, counts), topo, 4)
+        };
+        use Algo::*;
+        use CollKind::*;
+        assert_eq!(at(AllReduce, &two_each, 4096), RecursiveDoubling);
+        assert_eq!(at(AllReduce, &two_each, 8192), Hierarchical);
+        assert_eq!(at(ReduceScatter, &two_each, 8192), Hierarchical);
+        assert_eq!(at(AllGather, &two_each, 32 << 10), RecursiveDoubling);
+        assert_eq!(at(AllGather, &two_each, 64 << 10), Hierarchical);
+        assert_eq!(at(AllReduce, &one_each, 64 << 10), Ring);
+        assert_eq!(at(AllGather, &one_each, 64 << 20), Ring);
+        // Broadcast and the rest keep the flat table.
+        assert_eq!(at(Broadcast, &two_each, 64 << 20), ScatterAllgather);
     }
 
     #[test]
