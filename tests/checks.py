@@ -252,6 +252,14 @@ def check_algorithms(comm, counts):
     return failures[:30]
 
 
+def check_one_algorithm(comm, algo, count, cases):
+    """allreduce by `algo` at `count`, for each (dtype, op) of `cases`."""
+    failures = []
+    for dtype, op in cases:
+        check_reducing(comm, count, dtype, op, failures, algo=algo)
+    return failures[:30]
+
+
 def check_random_floats(comm, count):
     """Continuous random float32/float64 data: sums within tolerance, and
     bitwise identical on every rank (DDP needs identical replicas)."""

@@ -2,7 +2,7 @@
 for rank counts that are and are not powers of two."""
 
 import pytest
-from checks import check_algorithms, check_matrix, check_random_floats
+from checks import check_algorithms, check_matrix, check_one_algorithm, check_random_floats
 from harness import assert_all_ok, run_ranks
 
 SMALL = [0, 1, 7, 4097]
@@ -35,6 +35,16 @@ def test_mixed_hosts():
                                          (4, "mixed"), (5, "mixed")])
 def test_every_allreduce_algorithm(n, transport):
     _run(check_algorithms, n, transport, [0, 1, 7, 4097, 100003])
+
+
+@pytest.mark.parametrize("n", [4, 6])
+def test_pipelined_hierarchical_allreduce(n):
+    """From 2 Mi elements hierarchical allreduce runs segments in a pipeline
+    (local stages of one under the cross-host stage of another): 3 segments
+    of odd length, 2 or 3 hosts of 2 ranks, in and out of place."""
+    count = 3 * (1 << 20) + 7
+    _run(check_one_algorithm, n, "mixed", "hierarchical", count,
+         [("float32", "sum"), ("int32", "max")])
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

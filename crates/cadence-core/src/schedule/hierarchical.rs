@@ -14,6 +14,10 @@
 //!    scatter then allgather over H sub-chunks);
 //! 3. allgather inside each host.
 //!
+//! Large buffers are **pipelined** (see [`SEGMENT_MIN`]): cut into segments
+//! whose stages are laid over each other, so that one segment's local stages
+//! run while its neighbours' cross-host stage is on the wire.
+//!
 //! Each host's NIC carries 2(H-1)/H of the buffer, against 2(N-1)/N for a
 //! flat ring over all N = L·H ranks, and a small call takes 2(L-1) cheap
 //! local steps plus 2(H-1) cross-host ones instead of 2(N-1) that all cross.
@@ -54,13 +58,50 @@ use super::topology::Topology;
 /// decide (96 KiB vs 128 KiB).
 const CROSS_RING_MIN: usize = 8 * 1024;
 
+/// From this many elements per segment the allreduce is **pipelined**: the
+/// buffer is cut into up to [`MAX_SEGMENTS`] segments of at least this
+/// size, each run through the three stages, segment k+1's stage 1 and
+/// segment k-1's stage 3 (shared memory) in the same phases as segment k's
+/// stage 2 (TCP), so the local stages hide under the network's time instead
+/// of adding to it. Below it the stages of the whole buffer run once: the
+/// local stages are short there and more segments mean more latencies.
+const SEGMENT_MIN: usize = 1 << 20;
+const MAX_SEGMENTS: usize = 8;
+
 pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
-    let r = plan.rank;
     let l = topo.uniform_ranks_per_host().unwrap_or(0);
     debug_assert!(l > 0, "hierarchical schedules need a uniform topology");
+    let h = topo.nhosts();
+    // Pipelined segments must take the ring across (see below).
+    let k = if l > 1 && h > 1 && SEGMENT_MIN / l >= CROSS_RING_MIN {
+        (count / SEGMENT_MIN).clamp(1, MAX_SEGMENTS)
+    } else {
+        1
+    };
+    if k == 1 {
+        allreduce_region(plan, topo, 0, count);
+        return;
+    }
+    // Segment j starts 2(H-1) phases (one stage 2) after segment j-1, so
+    // the stages 2 follow each other and each segment's stages 1 and 3 fall
+    // in its neighbours' stage 2. Every segment has the same phase count on
+    // every rank (ring passes only: the segments are above CROSS_RING_MIN),
+    // so both ends of every message see the same merged phase and order.
+    let segments = Blocks::balanced(count, k);
+    for j in 0..k {
+        let mut seg = Plan::new(plan.rank, plan.nranks);
+        allreduce_region(&mut seg, topo, segments.off(j), segments.len(j));
+        plan.overlay(seg, j * 2 * (h - 1));
+    }
+}
+
+/// The three stages over the `len` elements from `off`.
+fn allreduce_region(plan: &mut Plan, topo: &Topology, off: usize, len: usize) {
+    let r = plan.rank;
+    let l = topo.uniform_ranks_per_host().unwrap_or(0);
     let host = topo.ranks_on(topo.host_of(r)).to_vec();
     let local = Ring::new(&host, r, topo);
-    let whole = Blocks::balanced(count, l);
+    let whole = Blocks::balanced_in(off, len, l);
     // Stage 1; with one rank per host the contribution stays in Input.
     let (own, chunk) = if l > 1 {
         (

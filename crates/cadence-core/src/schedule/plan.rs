@@ -52,6 +52,21 @@ impl Plan {
         self.scratch_len = self.scratch_len.max(len);
     }
 
+    /// Lays `other`'s phases over this plan's from phase `at` on: phase i
+    /// of `other` joins phase at+i (created if needed), its steps after the
+    /// ones already there. For software pipelines of independent pieces of
+    /// one call (disjoint memory); the caller makes every rank lay alike, so
+    /// both ends of a message still meet in the same phase and order.
+    pub fn overlay(&mut self, other: Plan, at: usize) {
+        for (i, phase) in other.phases.into_iter().enumerate() {
+            if self.phases.len() <= at + i {
+                self.phases.resize_with(at + i + 1, Phase::default);
+            }
+            self.phases[at + i].steps.extend(phase.steps);
+        }
+        self.need_scratch(other.scratch_len);
+    }
+
     pub fn finish(mut self, algo: Algo) -> Schedule {
         self.phases.retain(|p| !p.steps.is_empty());
         Schedule {

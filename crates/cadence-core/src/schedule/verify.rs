@@ -1469,6 +1469,29 @@ mod tests {
     }
 
     #[test]
+    fn pipelined_hierarchical_allreduce() {
+        // From 2 Mi elements the segments' stages are laid over each other:
+        // 2 and 3 segments (odd lengths), hosts contiguous and interleaved.
+        let seg = 1 << 20;
+        for topo in [
+            Topology::from_hosts(&[0, 0, 1, 1]),
+            Topology::from_hosts(&[0, 1, 2, 0, 1, 2]),
+        ] {
+            let (h, l) = (topo.nhosts(), 2);
+            for k in [2, 3] {
+                let count = k * seg + 5;
+                let a = args(CollKind::AllReduce, 0, vec![count]);
+                if let Err(e) = verify_on(&a, &topo, Algo::Hierarchical) {
+                    panic!("{e} on hosts {topo:?}, {k} segments");
+                }
+                // One stage 2 after another, the local stages beside them.
+                let s = build_on(&a, 0, &topo, Algo::Hierarchical).unwrap();
+                assert_eq!(s.phases.len(), k * 2 * (h - 1) + 2 * (l - 1));
+            }
+        }
+    }
+
+    #[test]
     fn hierarchical_gathers_cross_hosts_once_per_block() {
         // 3 hosts × 2 ranks, interleaved: a host's NIC carries each block of
         // the other hosts' ranks once (allgather: in, reduce_scatter: out, as
