@@ -86,6 +86,40 @@ def _outcome(algo, times, wrong=None):
     return o
 
 
+def test_boundary_probes_sit_halfway_between_different_winners():
+    winners = [(16, "rd"), (64, "rd"), (256, "direct"), (1024, "direct"), (2048, "ring")]
+    # 64 -> 256 switches 4x apart: probe 128; 1024 -> 2048 is only 2x apart.
+    assert tune.boundary_probes(winners) == {128: ("rd", "direct")}
+    assert tune.boundary_probes([(16, "a"), (256, "a")]) == {}
+
+
+def test_refine_adds_the_faster_of_the_pair_at_each_probe(monkeypatch):
+    job = Job(op="allreduce", dtype="float32", sizes=[64, 256], nranks=2, iters=1, warmup=0,
+              timeout=1, algos=["rd", "direct", "ring"])
+    res = tune.OpResult("allreduce", job.algos, [], [(64, "rd"), (256, "direct")], {})
+    ran = []
+
+    def fake_run(probe_job, backend, outdir, update):
+        ran.append((probe_job.sizes, probe_job.algos))
+        # ring is fastest at 128 but is not one of the pair: rd wins there.
+        return [_outcome("rd", {128: 2.0}), _outcome("direct", {128: 3.0}),
+                _outcome("ring", {128: 1.0})]
+
+    monkeypatch.setattr(tune, "run_backend", fake_run)
+
+    class Rep:
+        def grow(self, n): pass
+        def start(self, what): pass
+        def update(self, done): pass
+        def finish(self, outcome, n, label=None): pass
+
+    tune.refine(res, job, Path("/nonexistent"), Rep())
+    assert ran == [([128], ["rd", "direct"])]
+    assert res.winners == [(64, "rd"), (128, "rd"), (256, "direct")]
+    # The switch now sits between 128 and 256, not at sqrt(64*256) = 128.
+    assert tune.build_ranges(res.winners) == [(0, 180, "rd"), (181, None, "direct")]
+
+
 def test_judge_skips_wrong_results_and_reports_them():
     job = Job(
         op="allreduce", dtype="float32", sizes=[8, 64, 512], nranks=2, iters=1, warmup=0, timeout=1

@@ -170,6 +170,12 @@ class Reporter:
         if self.progress:
             self.progress.stop()
 
+    def grow(self, nunits: int) -> None:
+        """More work than announced (a follow-up job)."""
+        if self.progress:
+            total = self.progress.tasks[0].total or 0
+            self.progress.update(self.task, total=total + nunits)
+
     def start(self, backend: str) -> None:
         if self.progress:
             self.progress.update(self.task, description=backend)

@@ -4,9 +4,12 @@ For each collective of --ops, times every cadence algorithm that applies on
 this setting (not `auto`: it is what is being tuned) side by side in one job,
 as `cadence bench --algo all` does, at sizes -b, -b*f, ... <= -e bytes (the
 full buffer, as cadence bench and CADENCE_ALGO count it). At each size the
-fastest algorithm with no wrong element wins; the boundary between two
-measured sizes is their geometric mean, so the winners become byte ranges
-0..max, adjacent ranges with the same winner merged.
+fastest algorithm with no wrong element wins. Where two neighbouring sizes
+have different winners and lie 4x or more apart, the two are timed again at
+the size halfway between (geometrically), so the switch is placed on a
+measurement rather than a guess. The boundary between two measured sizes is
+their geometric mean, so the winners become byte ranges 0..max, adjacent
+ranges with the same winner merged.
 
 A small calibration job first measures the cost model that `auto` uses for
 what the table does not cover: α and β of shared memory and of TCP by
@@ -41,7 +44,7 @@ import os
 import shlex
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -142,6 +145,18 @@ def build_ranges(winners: list[tuple[int, str]]) -> list[tuple[int, int | None, 
         ranges.append((lo, hi, algo))
         lo = (hi or 0) + 1
     return ranges
+
+
+def boundary_probes(winners: list[tuple[int, str]]) -> dict[int, tuple[str, str]]:
+    """Sizes to time again, and the two algorithms to time there: halfway
+    (geometrically) between neighbouring measured sizes that are 4x or more
+    apart and have different winners."""
+    points = sorted(dict(winners).items())
+    probes = {}
+    for (lo, a), (hi, b) in zip(points, points[1:], strict=False):
+        if a != b and hi >= 4 * lo:
+            probes[round(math.sqrt(lo * hi))] = (a, b)
+    return probes
 
 
 def choices_of(op: str, ranges: list[tuple[int, int | None, str]]) -> list[dict]:
@@ -297,6 +312,28 @@ def judge(job: Job, op: str, algos: list[str], outcomes: list[Outcome]) -> OpRes
         if others and m.time_us > 0:
             res.lead[m.nbytes] = others[0] / m.time_us
     return res
+
+
+def refine(res: OpResult, job: Job, workdir: Path, rep: Reporter) -> None:
+    """Times the two algorithms of each boundary probe (see
+    `boundary_probes`) side by side and adds the faster as a winner."""
+    probes = boundary_probes(res.winners)
+    if not probes:
+        return
+    algos = [a for a in job.algos if any(a in pair for pair in probes.values())]
+    probe_job = replace(job, sizes=sorted(probes), algos=algos)
+    n = units(probe_job, "cadence")
+    rep.grow(n)
+    rep.start(f"{res.op} boundaries ({', '.join(format_size(s) for s in sorted(probes))})")
+    outcomes = run_backend(probe_job, "cadence", workdir, rep.update)
+    rep.finish(outcomes[0], n, label=f"{res.op} boundaries")
+    if any(o.error or o.na for o in outcomes):
+        return  # the sweep's winners stand
+    for size, pair in probes.items():
+        top = best([o for o in outcomes if o.algo in pair], size)
+        if top is not None:
+            res.winners.append((top.measures[size].nbytes, top.algo))
+    res.winners.sort()
 
 
 def calibrate(job: Job, ops: list[str], workdir: Path) -> dict:
@@ -458,6 +495,8 @@ def run(args: argparse.Namespace) -> int:
                 res = judge(job, op, job.algos, outcomes)
                 if res.error and outcomes[0].log_tail:
                     rep.say(f"--- {op} output (tail) ---\n{outcomes[0].log_tail}")
+                if not res.error:
+                    refine(res, job, workdir / f"{op}-probes", rep)
                 text = ", ".join(
                     f"{a} {format_size(lo) if lo else 0}-{'max' if hi is None else format_size(hi)}"
                     for lo, hi, a in res.ranges
