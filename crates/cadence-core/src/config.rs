@@ -323,8 +323,8 @@ pub struct Config {
     /// location when a file is there), with the hash of its text.
     pub tuning: Option<LoadedTuning>,
     /// Measure the cost model at start-up when a job spans hosts and no
-    /// tuning table gives one (`CADENCE_CALIBRATE=1`; off by default: see
-    /// `comm/calibrate.rs`; rank 0's value decides for everyone).
+    /// tuning table gives one (`CADENCE_CALIBRATE`, on by default; `0` turns
+    /// it off: see `comm/calibrate.rs`; rank 0's value decides for everyone).
     pub calibrate: bool,
 }
 
@@ -346,7 +346,7 @@ impl Default for Config {
             dump_dir: None,
             debug: DebugLevel::Warn,
             tuning: None,
-            calibrate: false,
+            calibrate: true,
         }
     }
 }

@@ -310,12 +310,12 @@ fn no_calibration_on_one_host_or_when_turned_off() {
     };
     let one_host = world_with(3, |_| "one-host".into(), on, |c| c.cost_model());
     assert!(one_host.iter().all(Option::is_none));
-    // The default is off.
-    let off = world(
-        4,
-        |r| format!("host{r}"),
-        Duration::from_secs(30),
-        |c| c.cost_model(),
-    );
+    assert!(Config::default().calibrate, "on by default");
+    let off = Config {
+        timeout: Duration::from_secs(30),
+        calibrate: false,
+        ..Config::default()
+    };
+    let off = world_with(4, |r| format!("host{r}"), off, |c| c.cost_model());
     assert!(off.iter().all(Option::is_none));
 }

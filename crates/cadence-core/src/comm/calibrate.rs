@@ -16,25 +16,29 @@
 //!   rate limiter's burst (a token bucket) rides under the first part of the
 //!   stream; at 2 MiB a 125 kB burst skews β by 6 %.
 //! - **γ**: one reduction of [`GAMMA_BYTES`] of float32, median of 3.
+//! - **α under load**: a ping-pong while the other ranks sleep measures an α
+//!   well below what a phase costs when every rank is busy (8 ranks on 2
+//!   cores: several times lower). So every rank then runs a tiny allreduce
+//!   by recursive doubling, [`LOADED_REPS`] times from a barrier, and both
+//!   α's are scaled by the one factor that makes the model's estimate of
+//!   that schedule equal rank 0's median time ([`fit_loaded_alpha`]).
 //!
 //! At 1 Gbit/s this takes about 60 ms; at 10 Gbit/s and above, a few ms.
 //! A tuning table's model for the setting always wins over this one.
 //!
-//! **Off by default** (`CADENCE_CALIBRATE=1`, as rank 0 reads it, turns it
-//! on). On the emulated cluster (4 hosts × 2 ranks on 2 cores, allreduce
-//! 16 B–64 MiB) auto chose within 10 % of the best algorithm at 9 of 12 sizes
-//! with this model against 11 of 12 with the size table: a ping-pong between
-//! two ranks while the others sleep measures an α well below what a phase
-//! costs when every rank is busy, so the model underrates schedules with more
-//! phases at 1–16 KiB. Measuring α under load (timing a small collective of
-//! every rank) is the next step; until then the model serves where it ranks
-//! well (64 KiB and up, where it matched the best within 3 %).
+//! **On by default** (`CADENCE_CALIBRATE=0`, as rank 0 reads it, turns it
+//! off). On the emulated cluster (4 hosts × 2 ranks on 2 cores, 16 B–64 MiB,
+//! `benchmarks/calibration_check.sh`) auto chose within 10 % of the best
+//! algorithm at 49 of 57 (collective, size) cells with this model against 37
+//! with the size table (allreduce 12/12 both). Without the loaded α it was
+//! 9 of 12 allreduce sizes: the model underrated schedules with more phases
+//! at 1–16 KiB.
 
 use super::{Comm, OpRequest};
 use crate::engine::Buffers;
 use crate::error::Result;
 use crate::reduce;
-use crate::schedule::{CostModel, LinkCost, Topology};
+use crate::schedule::{self, Algo, CollArgs, CostModel, LinkCost, Schedule, Topology};
 use crate::types::{CollKind, DType, ElemOp, RedOp};
 use std::time::Instant;
 
@@ -43,6 +47,12 @@ const STREAM_REPS: usize = 3;
 const WARMUP: usize = 2;
 const STREAM_BYTES: usize = 2 << 20;
 const GAMMA_BYTES: usize = 1 << 20;
+const LOADED_REPS: usize = 9;
+/// float32 elements of the loaded-α probe.
+const LOADED_ELEMS: usize = 2;
+/// The most α's are scaled up by (a sanity bound: a stalled probe must not
+/// make every message look like 100 ms).
+const LOADED_MAX_SCALE: f64 = 50.0;
 
 /// The peers rank 0 measures against: (shared-memory peer, TCP peer).
 pub(super) fn peers(topo: &Topology) -> (Option<usize>, Option<usize>) {
@@ -74,8 +84,10 @@ pub(super) fn run(comm: &Comm, wanted: bool) -> Result<Option<CostModel>> {
             echo_link(comm, 0)?;
         }
     }
+    let loaded = time_loaded(comm)?;
     if me == 0 {
         model.gamma = measure_gamma();
+        model = fit_loaded_alpha(&model, &topo, loaded);
     }
     let mut bytes = encode(&model);
     comm.run(broadcast(&mut bytes))?;
@@ -128,6 +140,60 @@ fn echo_link(comm: &Comm, lead: usize) -> Result<()> {
         comm.run(send(&small, lead))?;
     }
     Ok(())
+}
+
+/// Every rank: the loaded-α probe (see the module comment); rank 0's median
+/// seconds per call (the others' times are not used).
+fn time_loaded(comm: &Comm) -> Result<f64> {
+    let mut x = [0u8; LOADED_ELEMS * 4];
+    let mut times = Vec::with_capacity(LOADED_REPS);
+    for i in 0..WARMUP + LOADED_REPS {
+        comm.run(OpRequest::barrier())?;
+        let t0 = Instant::now();
+        comm.run(probe_allreduce(&mut x))?;
+        if i >= WARMUP {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(times))
+}
+
+/// `model` with both α's scaled by the factor (1 to [`LOADED_MAX_SCALE`])
+/// at which its estimate of the probe's schedule is `seconds`; unchanged if
+/// the probe was no slower than the ping-pong α's predict.
+pub(super) fn fit_loaded_alpha(model: &CostModel, topo: &Topology, seconds: f64) -> CostModel {
+    let args = CollArgs {
+        kind: CollKind::AllReduce,
+        root: 0,
+        counts: vec![LOADED_ELEMS],
+    };
+    let schedules: Vec<Schedule> = (0..topo.nranks())
+        .filter_map(|r| schedule::build_on(&args, r, topo, Algo::RecursiveDoubling).ok())
+        .collect();
+    let scaled = |s: f64| {
+        let mut m = *model;
+        m.shm.alpha *= s;
+        m.tcp.alpha *= s;
+        m
+    };
+    let estimate = |s: f64| scaled(s).estimate(&schedules, topo, 4);
+    if schedules.len() != topo.nranks() || estimate(1.0) >= seconds {
+        return *model;
+    }
+    if estimate(LOADED_MAX_SCALE) <= seconds {
+        return scaled(LOADED_MAX_SCALE);
+    }
+    // The estimate grows with the scale: bisect.
+    let (mut lo, mut hi) = (1.0, LOADED_MAX_SCALE);
+    for _ in 0..40 {
+        let mid = 0.5 * (lo + hi);
+        if estimate(mid) < seconds {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    scaled(0.5 * (lo + hi))
 }
 
 /// Seconds per byte of a float32 sum.
@@ -210,6 +276,21 @@ fn recv(data: &mut [u8], peer: usize) -> OpRequest {
     request(CollKind::Recv, peer, bufs, data.len())
 }
 
+/// The loaded-α probe: a float32 sum by recursive doubling, in place.
+fn probe_allreduce(data: &mut [u8]) -> OpRequest {
+    let bufs = Buffers {
+        input: data.as_ptr(),
+        input_bytes: data.len(),
+        output: data.as_mut_ptr(),
+        output_bytes: data.len(),
+    };
+    OpRequest {
+        dtype: DType::F32,
+        algo: Some(Algo::RecursiveDoubling),
+        ..request(CollKind::AllReduce, 0, bufs, data.len() / 4)
+    }
+}
+
 /// Rank 0's `data` into everyone's (in place).
 fn broadcast(data: &mut [u8]) -> OpRequest {
     let bufs = Buffers {
@@ -240,6 +321,41 @@ mod tests {
             ..CostModel::default()
         };
         assert_eq!(decode(&encode(&m), &CostModel::default()), m);
+    }
+
+    #[test]
+    fn loaded_alpha_is_fitted_to_the_probe() {
+        let topo = Topology::from_hosts(&[0, 0, 1, 1, 2, 2, 3, 3]);
+        let base = CostModel::default();
+        let truth = {
+            let mut m = base;
+            m.shm.alpha *= 3.0;
+            m.tcp.alpha *= 3.0;
+            m
+        };
+        let args = CollArgs {
+            kind: CollKind::AllReduce,
+            root: 0,
+            counts: vec![LOADED_ELEMS],
+        };
+        let scheds: Vec<Schedule> = (0..8)
+            .map(|r| schedule::build_on(&args, r, &topo, Algo::RecursiveDoubling).unwrap())
+            .collect();
+        let took = truth.estimate(&scheds, &topo, 4);
+        let fit = fit_loaded_alpha(&base, &topo, took);
+        assert!(
+            (fit.tcp.alpha / truth.tcp.alpha - 1.0).abs() < 1e-6,
+            "{fit:?}"
+        );
+        assert!(
+            (fit.shm.alpha / truth.shm.alpha - 1.0).abs() < 1e-6,
+            "{fit:?}"
+        );
+        assert_eq!(fit.tcp.beta, base.tcp.beta);
+        // Faster than the ping-pong predicts: unchanged; a stall: capped.
+        assert_eq!(fit_loaded_alpha(&base, &topo, took / 100.0), base);
+        let capped = fit_loaded_alpha(&base, &topo, 10.0);
+        assert_eq!(capped.tcp.alpha, base.tcp.alpha * LOADED_MAX_SCALE);
     }
 
     #[test]

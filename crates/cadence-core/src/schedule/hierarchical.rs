@@ -134,8 +134,8 @@ fn allreduce_region(plan: &mut Plan, topo: &Topology, off: usize, len: usize) {
 pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
     let r = plan.rank;
     let blocks = Blocks::of_counts(counts);
-    // The copy runs before the phase's sends, so the own block leaves from
-    // Output like every other.
+    // The own block is copied first, so it leaves from Output like every
+    // other.
     plan.phase()
         .copy(Span::input(0, counts[r]), blocks.span(Buf::Output, r));
     let column = topo.column(topo.local_rank(r));

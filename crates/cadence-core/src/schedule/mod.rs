@@ -218,9 +218,10 @@ pub fn default_algo(args: &CollArgs, nranks: usize, elem_size: usize) -> Algo {
 
 /// [`default_algo`] on a topology. Across hosts, when every host holds the
 /// same number (≥ 2) of ranks, the columns' TCP traffic plus shared memory
-/// (hierarchical) wins from a few KiB: allreduce and reduce_scatter from
-/// 8 KiB, allgather from 64 KiB (below, recursive doubling's log2(n) rounds).
-/// Measured on 4 emulated hosts × 2 at 1 Gbit/s (docs/benchmarks.md). With
+/// (hierarchical) wins from a few KiB: allreduce from 8 KiB, allgather and
+/// reduce_scatter from 64 KiB (below, recursive doubling's and recursive
+/// halving's log2(n) rounds). Measured on 4 emulated hosts × 2 at 1 Gbit/s
+/// (docs/benchmarks.md). With
 /// one rank per host, allreduce prefers the host-ordered ring to `direct`
 /// from 32 KiB, whose n-1 concurrent flows per rank share one NIC.
 pub fn default_algo_on(args: &CollArgs, topo: &Topology, elem_size: usize) -> Algo {
@@ -232,10 +233,11 @@ pub fn default_algo_on(args: &CollArgs, topo: &Topology, elem_size: usize) -> Al
     let bytes = args.counts.iter().sum::<usize>().saturating_mul(elem_size);
     let several = topo.uniform_ranks_per_host().is_some_and(|l| l > 1);
     match args.kind {
-        CollKind::AllReduce | CollKind::ReduceScatter if several && bytes >= 8 * KIB => {
+        CollKind::AllReduce if several && bytes >= 8 * KIB => Algo::Hierarchical,
+        CollKind::AllGather | CollKind::ReduceScatter if several && bytes >= 64 * KIB => {
             Algo::Hierarchical
         }
-        CollKind::AllGather if several && bytes >= 64 * KIB => Algo::Hierarchical,
+        CollKind::ReduceScatter if several => Algo::RecursiveHalving,
         CollKind::AllReduce if !several && bytes >= 32 * KIB => Algo::Ring,
         _ => flat,
     }
@@ -474,7 +476,8 @@ mod tests {
         use CollKind::*;
         assert_eq!(at(AllReduce, &two_each, 4096), RecursiveDoubling);
         assert_eq!(at(AllReduce, &two_each, 8192), Hierarchical);
-        assert_eq!(at(ReduceScatter, &two_each, 8192), Hierarchical);
+        assert_eq!(at(ReduceScatter, &two_each, 16 << 10), RecursiveHalving);
+        assert_eq!(at(ReduceScatter, &two_each, 64 << 10), Hierarchical);
         assert_eq!(at(AllGather, &two_each, 32 << 10), RecursiveDoubling);
         assert_eq!(at(AllGather, &two_each, 64 << 10), Hierarchical);
         assert_eq!(at(AllReduce, &one_each, 64 << 10), Ring);

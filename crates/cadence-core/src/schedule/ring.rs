@@ -186,8 +186,8 @@ pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
     let order = topo.ring_order();
     let ring = Ring::new(&order, r, topo);
     let blocks = Blocks::of_counts(counts);
-    // Step 0's copy runs before its sends (local steps first), so this rank's
-    // block goes out from Output like the others.
+    // The own block is copied first, so it goes out from Output like the
+    // others.
     plan.phase()
         .copy(Span::input(0, counts[r]), blocks.span(Buf::Output, r));
     allgather_groups(plan, &ring, &|x| vec![blocks.span(Buf::Output, x)]);
