@@ -275,15 +275,11 @@ fn start_up_calibration_gives_every_rank_the_same_model() {
     // Two hosts of two ranks: rank 0 measures shared memory with rank 1 and
     // TCP with rank 2; everyone gets its numbers, and `auto` then runs on
     // them (a different choice on some rank would hang or mismatch).
-    let cfg = Config {
-        timeout: Duration::from_secs(30),
-        calibrate: true,
-        ..Config::default()
-    };
-    let got = world_with(
+    // Calibration is on by default.
+    let got = world(
         4,
         |r| format!("host{}", r / 2),
-        cfg,
+        Duration::from_secs(30),
         |c| {
             let mut v = vec![1.0f32; 70_001];
             allreduce_f32(c, &mut v).unwrap();
@@ -303,14 +299,14 @@ fn start_up_calibration_gives_every_rank_the_same_model() {
 
 #[test]
 fn no_calibration_on_one_host_or_when_turned_off() {
-    let on = Config {
-        timeout: Duration::from_secs(30),
-        calibrate: true,
-        ..Config::default()
-    };
-    let one_host = world_with(3, |_| "one-host".into(), on, |c| c.cost_model());
-    assert!(one_host.iter().all(Option::is_none));
     assert!(Config::default().calibrate, "on by default");
+    let one_host = world(
+        3,
+        |_| "one-host".into(),
+        Duration::from_secs(30),
+        |c| c.cost_model(),
+    );
+    assert!(one_host.iter().all(Option::is_none));
     let off = Config {
         timeout: Duration::from_secs(30),
         calibrate: false,
