@@ -375,6 +375,13 @@ class Communicator:
         """Waits for queued operations and stops the progress thread."""
         self._c.close()
 
+    def abort(self, reason: str = "aborted by the application") -> None:
+        """Fails this communicator on purpose and tells every peer why: their
+        pending or next operation raises CommError naming this rank, with
+        `reason` in the message (cut to 2 KiB with a "[truncated]" mark).
+        Every later operation here raises at once."""
+        self._c.abort(reason)
+
     def _inject_garbage(self, peer: int) -> None:
         """Test hook: write bytes that are not a frame on the TCP link to `peer`."""
         self._c._inject_garbage(peer)

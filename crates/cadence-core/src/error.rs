@@ -34,8 +34,15 @@ pub enum ErrorKind {
     Aborted { origin: usize, detail: String },
     #[error("interrupted (a signal arrived while waiting)")]
     Interrupted,
+    /// The application aborted the communicator on this rank (`abort`).
+    #[error("aborted by the application: {0}")]
+    UserAbort(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A broken invariant inside cadence (a schedule or engine bug). The
+    /// communicator fails and tells its peers, as for any other failure.
+    #[error("internal error (a bug in cadence; please report it): {0}")]
+    Internal(String),
     #[error("communicator unusable after an earlier failure: {0}")]
     Failed(String),
     #[error("setup failed: {0}")]

@@ -3,7 +3,6 @@
 //! failure here points at the core.
 
 use cadence_core::comm::{Bootstrap, Comm, OpRequest, PeerInfo};
-use cadence_core::engine::Buffers;
 use cadence_core::{CollKind, Config, DType, ErrorKind, RedOp};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
@@ -71,24 +70,11 @@ fn rand_tag() -> u64 {
 }
 
 fn allreduce_f32(comm: &Comm, data: &mut [f32]) -> Result<(), cadence_core::CommError> {
-    let bytes = std::mem::size_of_val(data);
-    let p = data.as_mut_ptr() as *mut u8;
-    comm.run(OpRequest {
-        kind: CollKind::AllReduce,
-        dtype: DType::F32,
-        op: RedOp::Sum,
-        root: 0,
-        counts: vec![data.len()],
-        bufs: Buffers {
-            input: p,
-            input_bytes: bytes,
-            output: p,
-            output_bytes: bytes,
-        },
-        has_input: true,
-        has_output: true,
-        algo: None,
-    })
+    let n = data.len();
+    comm.run(
+        OpRequest::new(CollKind::AllReduce, DType::F32, RedOp::Sum, 0, vec![n])
+            .inout(bytemuck::cast_slice_mut(data)),
+    )
 }
 
 fn check_sum(n: usize, host: fn(usize) -> String) {

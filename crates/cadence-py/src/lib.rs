@@ -5,7 +5,6 @@ use cadence_core::comm::{
     Bootstrap as CoreBootstrap, Comm, Completion, InterruptCheck, OpRequest, PeerInfo,
     INTERRUPT_EVERY,
 };
-use cadence_core::engine::Buffers;
 use cadence_core::schedule::Algo;
 use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, RedOp};
 use pyo3::create_exception;
@@ -286,11 +285,14 @@ fn parse_algo(algo: Option<&str>) -> PyResult<Option<Algo>> {
 }
 
 /// An operation in flight. `wait()` returns the operation's result object.
+///
+/// The buffers are not held here: the request owns references to them
+/// (`OpRequest::raw_buffers`' keep-alive), which the communicator drops only
+/// after the operation finished. So dropping an unfinished Work, or never
+/// waiting on it, cannot free memory the progress thread still writes.
 #[pyclass(module = "cadence._core")]
 struct Work {
     done: Arc<Completion>,
-    /// Keeps the user's buffers alive until the operation finishes.
-    keep: Vec<PyObject>,
     result: PyObject,
 }
 
@@ -327,15 +329,6 @@ impl Work {
 
     fn is_completed(&self) -> bool {
         self.done.is_done()
-    }
-
-    fn __del__(&mut self, py: Python<'_>) {
-        // Dropping a Work must not free buffers the engine still uses.
-        if !self.done.is_done() {
-            let done = self.done.clone();
-            py.allow_threads(move || done.wait(None));
-        }
-        self.keep.clear();
     }
 }
 
@@ -401,40 +394,36 @@ impl PyComm {
             (None, None, Some(d)) => d,
             (None, None, None) => DType::U8,
         };
-        let req = OpRequest {
-            kind: c.kind,
-            dtype,
-            op: c.op,
-            root: c.root,
-            counts: c.counts,
-            bufs: Buffers {
-                input: inp
-                    .as_ref()
-                    .map_or(std::ptr::null(), |v| v.ptr as *const u8),
-                input_bytes: inp.as_ref().map_or(0, |v| v.bytes),
-                output: out.as_ref().map_or(std::ptr::null_mut(), |v| v.ptr),
-                output_bytes: out.as_ref().map_or(0, |v| v.bytes),
-            },
-            has_input: inp.is_some(),
-            has_output: out.is_some(),
-            algo: c.algo,
-        };
+        let input = inp.map(|v| (v.ptr as *const u8, v.bytes));
+        let output = out.map(|v| (v.ptr, v.bytes));
+        let plain = OpRequest::new(c.kind, dtype, c.op, c.root, c.counts).with_algo(c.algo);
         let comm = self.comm.clone();
         if c.async_op {
-            let done = comm.submit(req).map_err(|e| to_py_err(py, e))?;
-            let keep = c
+            // The request owns references to the buffer objects until the
+            // operation finished (dropped on the progress thread; pyo3 defers
+            // the decrement to the next time a thread holds the GIL).
+            let owners: Vec<PyObject> = c
                 .input
                 .into_iter()
                 .chain(c.output)
                 .map(|(b, _)| b.unbind())
                 .collect();
+            // SAFETY: `view` took each pointer from its object's buffer
+            // (numpy's data, or the buffer protocol), and `owners` holds those
+            // objects until the operation finished, so the memory stays
+            // allocated. Using it meanwhile is the caller's side of
+            // `async_op=True`, as with every CCL's asynchronous calls.
+            let req = unsafe { plain.raw_buffers(input, output, Some(Box::new(owners))) };
+            let done = comm.submit(req).map_err(|e| to_py_err(py, e))?;
             let w = Work {
                 done,
-                keep,
                 result: c.result,
             };
             return Ok(Py::new(py, w)?.into_any());
         }
+        // SAFETY: `c.input`/`c.output` hold the buffer objects for this whole
+        // (synchronous) call, which returns only after the operation finished.
+        let req = unsafe { plain.raw_buffers(input, output, None) };
         let check = self.interrupt.clone();
         let result = py.allow_threads(move || comm.run_interruptible(req, Some(check)));
         if let Err(e) = result {
@@ -627,6 +616,13 @@ impl PyComm {
     fn close(&self, py: Python<'_>) {
         let comm = self.comm.clone();
         py.allow_threads(move || comm.close())
+    }
+
+    /// Fails the communicator on purpose and tells every peer `reason`.
+    fn abort(&self, py: Python<'_>, reason: &str) {
+        let comm = self.comm.clone();
+        let reason = reason.to_string();
+        py.allow_threads(move || comm.abort(&reason))
     }
 
     /// Test hook: writes garbage bytes on the TCP link to `peer`.

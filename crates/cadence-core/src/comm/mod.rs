@@ -14,7 +14,7 @@ pub use bootstrap::{Bootstrap, PeerInfo};
 use p2p::{is_p2p, p2p_meta};
 
 use crate::config::{Config, DebugLevel};
-use crate::engine::{Buffers, Engine};
+use crate::engine::{Buffers, Cancel, Engine};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::monitor::{OpRecord, Recorder};
 use crate::reduce;
@@ -28,39 +28,168 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// One operation as the user asked for it.
-#[derive(Clone)]
-pub struct OpRequest {
+/// One operation as the user asked for it, with the memory it works on.
+///
+/// The lifetime `'a` is that of the borrowed buffers: a request made with
+/// [`OpRequest::input`], [`OpRequest::output`] or [`OpRequest::inout`] can
+/// only run synchronously ([`Comm::run`]) while those borrows last. An
+/// asynchronous operation ([`Comm::submit`]) needs an `OpRequest<'static>`:
+/// no buffers, or raw ones given through the `unsafe`
+/// [`OpRequest::raw_buffers`] together with an owner that keeps them alive,
+/// which the communicator drops only once the operation has finished.
+pub struct OpRequest<'a> {
     pub kind: CollKind,
     pub dtype: DType,
     pub op: RedOp,
     pub root: usize,
     pub counts: Vec<usize>,
-    pub bufs: Buffers,
-    /// Whether the caller passed an input / an output buffer at all.
-    pub has_input: bool,
-    pub has_output: bool,
     /// Algorithm forced by the caller (beats `CADENCE_ALGO`).
     pub algo: Option<Algo>,
+    bufs: Buffers,
+    /// Whether the caller passed an input / an output buffer at all.
+    has_input: bool,
+    has_output: bool,
+    /// Dropped after the operation finished (see [`OpRequest::raw_buffers`]).
+    keep_alive: Option<Box<dyn std::any::Any + Send>>,
+    _borrow: std::marker::PhantomData<&'a mut [u8]>,
 }
 
-impl OpRequest {
-    pub fn barrier() -> OpRequest {
+impl OpRequest<'static> {
+    /// A request with no buffers yet.
+    pub fn new(kind: CollKind, dtype: DType, op: RedOp, root: usize, counts: Vec<usize>) -> Self {
         OpRequest {
-            kind: CollKind::Barrier,
-            dtype: DType::U8,
-            op: RedOp::Sum,
-            root: 0,
-            counts: vec![],
-            bufs: Buffers {
-                input: std::ptr::null(),
-                input_bytes: 0,
-                output: std::ptr::null_mut(),
-                output_bytes: 0,
-            },
+            kind,
+            dtype,
+            op,
+            root,
+            counts,
+            algo: None,
+            bufs: Buffers::NONE,
             has_input: false,
             has_output: false,
-            algo: None,
+            keep_alive: None,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    pub fn barrier() -> Self {
+        OpRequest::new(CollKind::Barrier, DType::U8, RedOp::Sum, 0, vec![])
+    }
+}
+
+impl<'a> OpRequest<'a> {
+    /// Forces an algorithm (`None`: the communicator chooses).
+    pub fn with_algo(mut self, algo: Option<Algo>) -> Self {
+        self.algo = algo;
+        self
+    }
+
+    /// Reads the input from `data` (borrowed while the request lives).
+    pub fn input<'b>(mut self, data: &'b [u8]) -> OpRequest<'b>
+    where
+        'a: 'b,
+    {
+        self.bufs.input = data.as_ptr();
+        self.bufs.input_bytes = data.len();
+        self.has_input = true;
+        self.reborrow()
+    }
+
+    /// Writes the result into `data`.
+    pub fn output<'b>(mut self, data: &'b mut [u8]) -> OpRequest<'b>
+    where
+        'a: 'b,
+    {
+        self.bufs.output = data.as_mut_ptr();
+        self.bufs.output_bytes = data.len();
+        self.has_output = true;
+        self.reborrow()
+    }
+
+    /// Reads the input from `data` and writes the result over it (in place).
+    pub fn inout<'b>(mut self, data: &'b mut [u8]) -> OpRequest<'b>
+    where
+        'a: 'b,
+    {
+        self.bufs.input = data.as_ptr();
+        self.bufs.input_bytes = data.len();
+        self.bufs.output = data.as_mut_ptr();
+        self.bufs.output_bytes = data.len();
+        self.has_input = true;
+        self.has_output = true;
+        self.reborrow()
+    }
+
+    /// Gives the operation raw buffers (`None`: that buffer is not passed;
+    /// the communicator allocates an output it needs) and an owner,
+    /// `keep_alive`, that the communicator drops only after the operation
+    /// finished, on whichever thread ran it.
+    ///
+    /// # Safety
+    /// Until the operation has finished (its [`Comm::run`] returned, or its
+    /// [`Completion`] reports done; or, when `keep_alive` is given, until that
+    /// owner is dropped), the input must be valid for reads of its length
+    /// and not written by anyone, and the output valid for reads and writes
+    /// of its length and not accessed by anyone else. The output may be the
+    /// input (in place) or overlap it.
+    pub unsafe fn raw_buffers(
+        self,
+        input: Option<(*const u8, usize)>,
+        output: Option<(*mut u8, usize)>,
+        keep_alive: Option<Box<dyn std::any::Any + Send>>,
+    ) -> OpRequest<'static> {
+        let (ip, ib) = input.unwrap_or((std::ptr::null(), 0));
+        let (op, ob) = output.unwrap_or((std::ptr::null_mut(), 0));
+        OpRequest {
+            kind: self.kind,
+            dtype: self.dtype,
+            op: self.op,
+            root: self.root,
+            counts: self.counts,
+            algo: self.algo,
+            bufs: Buffers {
+                input: ip,
+                input_bytes: ib,
+                output: op,
+                output_bytes: ob,
+            },
+            has_input: input.is_some(),
+            has_output: output.is_some(),
+            keep_alive,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// The same request with its borrows' lifetime forgotten, to queue a
+    /// synchronous operation behind asynchronous ones.
+    ///
+    /// # Safety
+    /// The caller must not return (nor drop the borrowed buffers) before the
+    /// operation has finished.
+    unsafe fn detach(self) -> OpRequest<'static> {
+        self.reborrow_unchecked()
+    }
+
+    fn reborrow<'b>(self) -> OpRequest<'b>
+    where
+        'a: 'b,
+    {
+        self.reborrow_unchecked()
+    }
+
+    fn reborrow_unchecked<'b>(self) -> OpRequest<'b> {
+        OpRequest {
+            kind: self.kind,
+            dtype: self.dtype,
+            op: self.op,
+            root: self.root,
+            counts: self.counts,
+            algo: self.algo,
+            bufs: self.bufs,
+            has_input: self.has_input,
+            has_output: self.has_output,
+            keep_alive: self.keep_alive,
+            _borrow: std::marker::PhantomData,
         }
     }
 }
@@ -118,7 +247,7 @@ impl Completion {
 }
 
 struct Task {
-    req: OpRequest,
+    req: OpRequest<'static>,
     done: Arc<Completion>,
     enqueue_ns: u64,
 }
@@ -147,6 +276,10 @@ struct Shared {
     pending: AtomicUsize,
     /// Threads blocked until the progress thread finishes something.
     watchers: Arc<AtomicUsize>,
+    /// Set when a caller gave up on a queued operation or aborted the
+    /// communicator: the engine fails the operation at its next wait, and
+    /// the communicator with it.
+    cancel: Arc<Cancel>,
     /// Which ranks share a host (from their host names), and how to choose
     /// algorithms on it.
     auto: select::Auto,
@@ -194,9 +327,11 @@ impl Comm {
         rank: usize,
         nranks: usize,
         hosts: Vec<String>,
-        engine: Engine,
+        mut engine: Engine,
         cfg: Config,
     ) -> Comm {
+        let cancel: Arc<Cancel> = Arc::default();
+        engine.cancel = cancel.clone();
         let recorder = Recorder::new(cfg.flight_recorder);
         let auto = {
             let topo = Topology::from_hosts(&hosts);
@@ -227,6 +362,7 @@ impl Comm {
                 recorder: Mutex::new(recorder),
                 pending: AtomicUsize::new(0),
                 watchers: Arc::new(AtomicUsize::new(0)),
+                cancel,
                 auto,
                 chosen: Mutex::new(HashMap::new()),
                 choices: select::ChoiceLog::default(),
@@ -310,7 +446,7 @@ impl Comm {
 
     /// Runs an operation to completion. When no asynchronous operation is
     /// queued it runs inline on the caller's thread: no hand-off, no wake-up.
-    pub fn run(&self, req: OpRequest) -> Result<()> {
+    pub fn run(&self, req: OpRequest<'_>) -> Result<()> {
         self.run_interruptible(req, None)
     }
 
@@ -318,30 +454,43 @@ impl Comm {
     /// yield stages), `interrupted` is asked every 100 ms whether the caller
     /// wants to give up (e.g. Ctrl-C in Python). Giving up fails the operation
     /// (and the communicator: the peers cannot be left half-way) with
-    /// [`ErrorKind::Interrupted`].
+    /// [`ErrorKind::Interrupted`]. It returns only once the operation no
+    /// longer touches the caller's buffers.
     pub fn run_interruptible(
         &self,
-        req: OpRequest,
+        req: OpRequest<'_>,
         interrupted: Option<InterruptCheck>,
     ) -> Result<()> {
         if self.shared.pending.load(Ordering::Acquire) == 0 {
             // Inline: enqueued and started at once.
             return self.shared.execute(req, None, interrupted);
         }
-        let done = self.submit(req)?;
+        // SAFETY: this function waits below until the operation finished, on
+        // every path (an interrupt cancels it and still waits), so the
+        // borrowed buffers outlive its use. If `submit` fails, the request
+        // was never queued.
+        let done = self.submit(unsafe { req.detach() })?;
+        let mut cancelled = false;
         loop {
             if let Some(r) = done.wait(Some(INTERRUPT_EVERY)) {
-                return r;
+                return if cancelled {
+                    Err(self.shared.err(ErrorKind::Interrupted, None))
+                } else {
+                    r
+                };
             }
-            if interrupted.as_ref().is_some_and(|f| f()) {
-                return Err(self.shared.err(ErrorKind::Interrupted, None));
+            if !cancelled && interrupted.as_ref().is_some_and(|f| f()) {
+                // The progress thread gives up at its next wait; the
+                // communicator fails, as for an inline interrupt.
+                self.shared.cancel.set(ErrorKind::Interrupted);
+                cancelled = true;
             }
         }
     }
 
     /// Queues an operation on the progress thread; operations complete in
     /// the order they were issued.
-    pub fn submit(&self, req: OpRequest) -> Result<Arc<Completion>> {
+    pub fn submit(&self, req: OpRequest<'static>) -> Result<Arc<Completion>> {
         let done = Arc::new(Completion {
             state: Mutex::new(None),
             cv: Condvar::new(),
@@ -405,6 +554,25 @@ impl Comm {
                 .inject_garbage()
                 .map_err(|e| CommError::invalid(format!("inject: {e}"))),
             _ => Err(CommError::invalid(format!("no TCP link to rank {peer}"))),
+        }
+    }
+
+    /// Fails the communicator on purpose and tells every peer why: the
+    /// operation in flight (if any) gives up at its next wait, later ones
+    /// fail at once, and each peer's pending or next operation fails with an
+    /// error naming this rank and carrying `reason`. Returns once the peers
+    /// have been told (at most the running operation's own deadline).
+    pub fn abort(&self, reason: &str) {
+        self.shared
+            .cancel
+            .set(ErrorKind::UserAbort(reason.to_string()));
+        let mut inner = self.shared.inner.lock().unwrap();
+        if inner.failed.is_none() {
+            let e = self
+                .shared
+                .err(ErrorKind::UserAbort(reason.to_string()), None);
+            inner.failed = Some(e.clone());
+            inner.engine.broadcast_abort(&e);
         }
     }
 
@@ -531,6 +699,14 @@ impl Shared {
         let mut inner = self.inner.lock().unwrap();
         if let Some(f) = &inner.failed {
             return Err(self.err(ErrorKind::Failed(f.to_string()), None));
+        }
+        if let Some(why) = self.cancel.reason() {
+            // Aborted, or a caller gave up on an earlier operation that
+            // completed before it noticed; the peers may wait on this one.
+            let e = self.err(why, None);
+            inner.failed = Some(e.clone());
+            inner.engine.broadcast_abort(&e);
+            return Err(e);
         }
         inner.op_seq += 1;
         let seq = inner.op_seq;

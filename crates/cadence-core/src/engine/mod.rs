@@ -19,8 +19,8 @@ use crate::transport::{
     STALL_CHAIN_MAX,
 };
 use crate::types::{DType, ElemOp};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long to spin before yielding, and how long to yield before sleeping,
@@ -72,6 +72,33 @@ impl Default for Wait {
     }
 }
 
+/// A request, from another thread, that the running operation give up at
+/// its next wait (and every later one fail at once): Ctrl-C while a queued
+/// operation waits, or `Comm::abort`. The first reason given wins.
+#[derive(Default)]
+pub struct Cancel {
+    set: AtomicBool,
+    why: Mutex<Option<ErrorKind>>,
+}
+
+impl Cancel {
+    pub fn set(&self, why: ErrorKind) {
+        let mut w = self.why.lock().unwrap();
+        if w.is_none() {
+            *w = Some(why);
+        }
+        self.set.store(true, Ordering::Release);
+    }
+
+    /// Why the operation must give up, if it must (one atomic load when not).
+    pub fn reason(&self) -> Option<ErrorKind> {
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
+        self.why.lock().unwrap().clone()
+    }
+}
+
 /// The memory an operation works on. Pointers come from the user's buffers
 /// (kept alive by the caller until the operation completes).
 #[derive(Clone, Copy)]
@@ -82,9 +109,21 @@ pub struct Buffers {
     pub output_bytes: usize,
 }
 
-// SAFETY: the buffers are plain memory; the caller guarantees they stay valid
-// and untouched by others until the operation that uses them completes, which
-// may be on the communicator's progress thread.
+impl Buffers {
+    /// No buffers (barriers, or before a request gets its buffers).
+    pub const NONE: Buffers = Buffers {
+        input: std::ptr::null(),
+        input_bytes: 0,
+        output: std::ptr::null_mut(),
+        output_bytes: 0,
+    };
+}
+
+// SAFETY: the buffers are plain memory; whoever made the request they belong
+// to guaranteed (`OpRequest`'s borrows, or `OpRequest::raw_buffers`'
+// contract) that they stay valid and untouched by others until the operation
+// that uses them completes, which may be on the communicator's progress
+// thread.
 unsafe impl Send for Buffers {}
 
 pub struct Engine {
@@ -116,6 +155,9 @@ pub struct Engine {
     /// its core, so the wait takes the patient policy and soon sleeps;
     /// the doorbell or poll(2) still wakes it the moment data arrives.
     pub watchers: Option<Arc<AtomicUsize>>,
+    /// Set by the communicator when a caller gave up on a queued operation
+    /// or aborted the communicator: the wait fails with the reason given.
+    pub cancel: Arc<Cancel>,
     /// Spin and yield budgets (see `SPIN`).
     spin: Duration,
     yield_for: Duration,
@@ -142,6 +184,7 @@ impl Engine {
             diagnosis_grace: Duration::from_secs(3),
             interrupt: None,
             watchers: None,
+            cancel: Arc::default(),
             spin: SPIN,
             yield_for: YIELD,
         }
@@ -461,6 +504,10 @@ impl Engine {
                     l.post_stall(&notice);
                 }
                 wait.published = chain.clone();
+            } else {
+                for l in self.links.iter_mut().flatten() {
+                    l.flush_control();
+                }
             }
             if now.duration_since(stalled_at) > self.diagnosis_grace {
                 return Err(self.timeout_error(sends, recvs, wait.t0, &chain));
@@ -494,6 +541,9 @@ impl Engine {
         } else if waited < yield_for {
             std::thread::yield_now();
         } else {
+            if let Some(why) = self.cancel.reason() {
+                return Err(why);
+            }
             if let Some(check) = &self.interrupt {
                 if now.duration_since(wait.last_interrupt_check) >= crate::comm::INTERRUPT_EVERY {
                     wait.last_interrupt_check = now;
@@ -685,7 +735,7 @@ impl Engine {
 }
 
 fn internal(msg: &str) -> ErrorKind {
-    ErrorKind::InvalidArgument(format!("internal schedule error: {msg}"))
+    ErrorKind::Internal(format!("schedule/engine invariant: {msg}"))
 }
 
 fn no_link(peer: usize) -> ErrorKind {

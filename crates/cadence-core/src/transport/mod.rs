@@ -30,6 +30,12 @@ pub const FRAME_STALL: u8 = 3;
 /// Longest wait-for chain a stall notice carries.
 pub const STALL_CHAIN_MAX: usize = 6;
 
+/// Longest abort text (UTF-8 bytes) any transport carries; longer reasons
+/// are cut at a character boundary and end in [`TRUNCATED`].
+pub const ABORT_TEXT_MAX: usize = 2048;
+/// Marks an abort text that was cut to fit [`ABORT_TEXT_MAX`].
+pub const TRUNCATED: &str = " \u{2026}[truncated]";
+
 /// A rank stuck past its deadline tells its peers whom it waits on, as a
 /// chain `[self, waits_on, that rank's target, ...]` as far as it knows it.
 /// A rank that times out waiting on a peer which itself waits on a third
@@ -192,6 +198,21 @@ impl AbortNotice {
             detail,
             mismatch,
         }
+    }
+
+    /// The text as it goes on the wire: whole when it fits in
+    /// [`ABORT_TEXT_MAX`] bytes, else cut at a character boundary with a
+    /// [`TRUNCATED`] mark, so a receiver never sees half a character.
+    pub fn wire_text(&self) -> std::borrow::Cow<'_, str> {
+        let d = &self.detail;
+        if d.len() <= ABORT_TEXT_MAX {
+            return std::borrow::Cow::Borrowed(d);
+        }
+        let mut end = ABORT_TEXT_MAX - TRUNCATED.len();
+        while !d.is_char_boundary(end) {
+            end -= 1;
+        }
+        std::borrow::Cow::Owned(format!("{}{TRUNCATED}", &d[..end]))
     }
 
     /// The error a receiver raises, given the signature of its own call.
@@ -473,6 +494,13 @@ impl Link {
         match self {
             Link::Shm(l) => l.post_stall(notice),
             Link::Tcp(l) => l.post_stall(notice),
+        }
+    }
+    /// Writes what is left of queued control frames (stall notices), never
+    /// blocking.
+    pub fn flush_control(&mut self) {
+        if let Link::Tcp(l) = self {
+            l.flush_control();
         }
     }
     /// The last stall notice this peer sent, if any.
