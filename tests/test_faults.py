@@ -326,3 +326,60 @@ def test_ctrl_c_ends_a_blocked_collective(async_op):
     v = res[0][1]
     assert res[0][0] == "ok", res[0]
     assert v["raised"] == "KeyboardInterrupt" and v["elapsed"] < 2.5, v
+
+
+def _any_source(comm, async_op):
+    """Rank 0 receives from whoever sends first; the others send their rank,
+    then enter a barrier at once, so collective frames from early senders
+    reach rank 0 while it still waits for the late ones."""
+    n = comm.size
+    if comm.rank == 0:
+        got = {}
+        for _ in range(n - 1):
+            out = np.empty(100, dtype=np.int64)
+            if async_op:
+                w = comm.recv(out, async_op=True)
+                src = w.wait(timeout=30)
+                assert w.source == src
+            else:
+                src = comm.recv(out)
+            assert (out == src * 1000 + np.arange(100)).all(), (src, out[:5])
+            got[src] = got.get(src, 0) + 1
+        comm.barrier()
+        total = comm.allreduce(np.ones(3, dtype=np.float32))
+        return {"sources": sorted(got), "total": total.tolist()}
+    time.sleep(0.2 * (n - comm.rank))  # the highest rank sends first
+    comm.send(comm.rank * 1000 + np.arange(100, dtype=np.int64), 0)
+    comm.barrier()
+    comm.allreduce(np.ones(3, dtype=np.float32))
+    return True
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "mixed"])
+def test_recv_from_any_source(transport, async_op):
+    n = 4
+    res = run_ranks(_any_source, n, transport=transport, args=(async_op,), op_timeout=10.0,
+                    timeout=90)
+    assert all(res[r] == ("ok", True) for r in range(1, n)), res
+    assert res[0] == ("ok", {"sources": [1, 2, 3], "total": [4.0, 4.0, 4.0]}), res[0]
+
+
+def _nobody_sends(comm):
+    import cadence
+
+    if comm.rank == 1:
+        return None
+    t0 = time.monotonic()
+    try:
+        comm.recv(np.empty(4, dtype=np.float32))
+    except cadence.CommError as e:
+        return {"elapsed": time.monotonic() - t0, "msg": str(e)}
+    return {"elapsed": time.monotonic() - t0, "msg": "no error"}
+
+
+def test_recv_from_any_source_times_out_clearly():
+    res = run_ranks(_nobody_sends, 2, op_timeout=2.0, timeout=60)
+    v = res[0][1]
+    assert res[0][0] == "ok", res[0]
+    assert "any source" in v["msg"] and 1.5 < v["elapsed"] < 2.0 + SLACK, v

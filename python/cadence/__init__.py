@@ -19,7 +19,7 @@ import uuid
 import numpy as np
 
 from cadence import _buffers
-from cadence._core import Bootstrap, CommError, Work, algorithms
+from cadence._core import ANY_SOURCE, Bootstrap, CommError, Work, algorithms
 
 __all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_identity"]
 __version__ = "0.1.0"
@@ -341,9 +341,13 @@ class Communicator:
         return self._run("send", x, None, root=dst, counts=[_buffers.numel(x)],
                          async_op=async_op)
 
-    def recv(self, out, src, async_op=False):
-        """Receives into `out` from rank `src`. Returns `out`."""
-        return self._run("recv", None, out, root=src, counts=[_buffers.numel(out)],
+    def recv(self, out, src=None, async_op=False):
+        """Receives into `out` from rank `src`; returns `out`. With `src=None`,
+        from whichever rank sends to this one first (a send of `out`'s size);
+        returns that rank (with `async_op`, `wait()` returns it, and
+        `Work.source` holds it once known)."""
+        root = ANY_SOURCE if src is None else src
+        return self._run("recv", None, out, root=root, counts=[_buffers.numel(out)],
                          async_op=async_op, result=out)
 
     def split(self, color: int, key: int | None = None) -> Communicator | None:

@@ -14,6 +14,12 @@ pub enum ErrorKind {
         secs: f64,
         what: String,
     },
+    /// A receive from any source saw no matching send from any rank.
+    #[error(
+        "timed out after {secs:.1}s: no rank sent a message to this receive from any source \
+         ({bytes} bytes)"
+    )]
+    NoSender { secs: f64, bytes: usize },
     #[error("rank {peer} (pid {pid}) died")]
     PeerDied { peer: usize, pid: u32 },
     #[error("rank {peer} closed its connection ({detail})")]

@@ -2,7 +2,7 @@
 //! Python package (python/cadence) builds the friendly API on top.
 
 use cadence_core::comm::{
-    Bootstrap as CoreBootstrap, Comm, Completion, InterruptCheck, OpRequest, PeerInfo,
+    Bootstrap as CoreBootstrap, Comm, Completion, InterruptCheck, OpRequest, PeerInfo, ANY_SOURCE,
     INTERRUPT_EVERY,
 };
 use cadence_core::schedule::Algo;
@@ -293,7 +293,9 @@ fn parse_algo(algo: Option<&str>) -> PyResult<Option<Algo>> {
 #[pyclass(module = "cadence._core")]
 struct Work {
     done: Arc<Completion>,
-    result: PyObject,
+    /// What `wait()` returns; `None`: the sender's rank (a receive from any
+    /// source).
+    result: Option<PyObject>,
 }
 
 #[pymethods]
@@ -313,7 +315,12 @@ impl Work {
             };
             let done = self.done.clone();
             match py.allow_threads(move || done.wait(Some(slice))) {
-                Some(Ok(())) => return Ok(self.result.clone_ref(py)),
+                Some(Ok(())) => {
+                    return Ok(match &self.result {
+                        Some(r) => r.clone_ref(py),
+                        None => self.done.source().into_pyobject(py)?.into_any().unbind(),
+                    })
+                }
                 Some(Err(e)) => return Err(to_py_err(py, e)),
                 None => {}
             }
@@ -329,6 +336,13 @@ impl Work {
 
     fn is_completed(&self) -> bool {
         self.done.is_done()
+    }
+
+    /// For a receive from any source: the rank it received from, once known
+    /// (else None).
+    #[getter]
+    fn source(&self) -> Option<usize> {
+        self.done.source()
     }
 }
 
@@ -396,6 +410,7 @@ impl PyComm {
         };
         let input = inp.map(|v| (v.ptr as *const u8, v.bytes));
         let output = out.map(|v| (v.ptr, v.bytes));
+        let any_source = c.kind == CollKind::Recv && c.root == ANY_SOURCE;
         let plain = OpRequest::new(c.kind, dtype, c.op, c.root, c.counts).with_algo(c.algo);
         let comm = self.comm.clone();
         if c.async_op {
@@ -417,7 +432,7 @@ impl PyComm {
             let done = comm.submit(req).map_err(|e| to_py_err(py, e))?;
             let w = Work {
                 done,
-                result: c.result,
+                result: (!any_source).then_some(c.result),
             };
             return Ok(Py::new(py, w)?.into_any());
         }
@@ -426,16 +441,19 @@ impl PyComm {
         let req = unsafe { plain.raw_buffers(input, output, None) };
         let check = self.interrupt.clone();
         let result = py.allow_threads(move || comm.run_interruptible(req, Some(check)));
-        if let Err(e) = result {
-            if e.kind == ErrorKind::Interrupted {
-                // Re-raise what the signal handler raised (KeyboardInterrupt).
-                if let Some(err) = self.signal.lock().unwrap().take() {
-                    return Err(err);
+        match result {
+            Ok(Some(source)) if any_source => Ok(source.into_pyobject(py)?.into_any().unbind()),
+            Ok(_) => Ok(c.result),
+            Err(e) => {
+                if e.kind == ErrorKind::Interrupted {
+                    // Re-raise what the signal handler raised (KeyboardInterrupt).
+                    if let Some(err) = self.signal.lock().unwrap().take() {
+                        return Err(err);
+                    }
                 }
+                Err(to_py_err(py, e))
             }
-            return Err(to_py_err(py, e));
         }
-        Ok(c.result)
     }
 }
 
@@ -714,5 +732,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Bootstrap>()?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("ANY_SOURCE", ANY_SOURCE)?;
     Ok(())
 }

@@ -11,7 +11,8 @@ mod p2p;
 pub mod select;
 
 pub use bootstrap::{Bootstrap, PeerInfo};
-use p2p::{is_p2p, p2p_meta};
+pub use p2p::ANY_SOURCE;
+use p2p::{is_any_source, is_p2p, p2p_meta};
 
 use crate::config::{Config, DebugLevel};
 use crate::engine::{Buffers, Cancel, Engine};
@@ -198,6 +199,8 @@ impl<'a> OpRequest<'a> {
 pub struct Completion {
     state: Mutex<Option<Result<()>>>,
     cv: Condvar,
+    /// For a receive from any source: the sender, once matched.
+    source: AtomicUsize,
     /// The communicator's count of threads blocked in `wait` (see
     /// `Engine::watchers`).
     watchers: Arc<AtomicUsize>,
@@ -218,6 +221,21 @@ impl Drop for Watching<'_> {
 }
 
 impl Completion {
+    fn new(watchers: Arc<AtomicUsize>) -> Completion {
+        Completion {
+            state: Mutex::new(None),
+            cv: Condvar::new(),
+            source: AtomicUsize::new(ANY_SOURCE),
+            watchers,
+        }
+    }
+    fn set_source(&self, peer: usize) {
+        self.source.store(peer, Ordering::Release);
+    }
+    /// For a receive from any source: the rank it received from, once known.
+    pub fn source(&self) -> Option<usize> {
+        Some(self.source.load(Ordering::Acquire)).filter(|&s| s != ANY_SOURCE)
+    }
     fn finish(&self, r: Result<()>) {
         *self.state.lock().unwrap() = Some(r);
         self.cv.notify_all();
@@ -447,7 +465,7 @@ impl Comm {
     /// Runs an operation to completion. When no asynchronous operation is
     /// queued it runs inline on the caller's thread: no hand-off, no wake-up.
     pub fn run(&self, req: OpRequest<'_>) -> Result<()> {
-        self.run_interruptible(req, None)
+        self.run_interruptible(req, None).map(|_| ())
     }
 
     /// Like [`Comm::run`]; while the operation waits long (past the spin and
@@ -455,15 +473,18 @@ impl Comm {
     /// wants to give up (e.g. Ctrl-C in Python). Giving up fails the operation
     /// (and the communicator: the peers cannot be left half-way) with
     /// [`ErrorKind::Interrupted`]. It returns only once the operation no
-    /// longer touches the caller's buffers.
+    /// longer touches the caller's buffers. For a receive from
+    /// [`ANY_SOURCE`], returns the rank it received from.
     pub fn run_interruptible(
         &self,
         req: OpRequest<'_>,
         interrupted: Option<InterruptCheck>,
-    ) -> Result<()> {
-        if self.shared.pending.load(Ordering::Acquire) == 0 {
+    ) -> Result<Option<usize>> {
+        // A receive from any source waits on every peer at once, which only
+        // the point-to-point batch does.
+        if self.shared.pending.load(Ordering::Acquire) == 0 && !is_any_source(&req) {
             // Inline: enqueued and started at once.
-            return self.shared.execute(req, None, interrupted);
+            return self.shared.execute(req, None, interrupted).map(|_| None);
         }
         // SAFETY: this function waits below until the operation finished, on
         // every path (an interrupt cancels it and still waits), so the
@@ -476,7 +497,7 @@ impl Comm {
                 return if cancelled {
                     Err(self.shared.err(ErrorKind::Interrupted, None))
                 } else {
-                    r
+                    r.map(|_| done.source())
                 };
             }
             if !cancelled && interrupted.as_ref().is_some_and(|f| f()) {
@@ -491,11 +512,7 @@ impl Comm {
     /// Queues an operation on the progress thread; operations complete in
     /// the order they were issued.
     pub fn submit(&self, req: OpRequest<'static>) -> Result<Arc<Completion>> {
-        let done = Arc::new(Completion {
-            state: Mutex::new(None),
-            cv: Condvar::new(),
-            watchers: self.shared.watchers.clone(),
-        });
+        let done = Arc::new(Completion::new(self.shared.watchers.clone()));
         let enqueue_ns = self.shared.recorder.lock().unwrap().now_ns();
         let mut w = self.worker.lock().unwrap();
         if w.is_none() {
@@ -641,9 +658,18 @@ impl Shared {
     fn validate(&self, req: &OpRequest) -> std::result::Result<CollArgs, String> {
         let n = self.nranks;
         let k = req.kind;
+        let any_source = is_any_source(req);
+        if any_source && n < 2 {
+            return Err("recv from any source: no other rank in this communicator".into());
+        }
         let args = CollArgs {
             kind: k,
-            root: req.root,
+            // Checked as a receive from some other rank.
+            root: if any_source {
+                (self.rank + 1) % n
+            } else {
+                req.root
+            },
             counts: req.counts.clone(),
         };
         schedule::check_args(&args, n).map_err(|e| e.to_string())?;

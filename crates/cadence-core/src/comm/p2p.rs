@@ -7,7 +7,7 @@ use crate::config::DebugLevel;
 use crate::engine::Wait;
 use crate::error::{ErrorKind, Result};
 use crate::schedule::Algo;
-use crate::transport::{OpMeta, RecvJob, SendJob, Sink, SinkMode, Source};
+use crate::transport::{OpMeta, RecvJob, SendJob, Sink, SinkMode, Source, FRAME_DATA};
 use crate::types::{CollKind, ElemOp};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -25,7 +25,9 @@ impl Shared {
             seq: u64,
             kind: CollKind,
             deadline: Instant,
-            job: usize,
+            /// Index into `sends`/`recvs`; `None` for a receive from any
+            /// source not yet matched to a sender.
+            job: Option<usize>,
             finished: bool,
         }
         let mut inner = self.inner.lock().unwrap();
@@ -66,9 +68,20 @@ impl Shared {
                 }
                 inner.op_seq += 1;
                 let seq = inner.op_seq;
+                self.record_start(seq, &task.req, Algo::P2p, Some(task.enqueue_ns));
+                if is_any_source(&task.req) {
+                    active.push(Active {
+                        seq,
+                        kind: CollKind::Recv,
+                        deadline: Instant::now() + self.cfg.timeout,
+                        job: None,
+                        finished: false,
+                        task,
+                    });
+                    continue;
+                }
                 let meta = p2p_meta(&mut inner, self.rank, &task.req);
                 let req = &task.req;
-                self.record_start(seq, req, Algo::P2p, Some(task.enqueue_ns));
                 let es = req.dtype.size();
                 let n = req.counts[0] * es;
                 let job = if req.kind == CollKind::Send {
@@ -90,20 +103,54 @@ impl Shared {
                     seq,
                     kind: req.kind,
                     deadline: Instant::now() + self.cfg.timeout,
-                    job,
+                    job: Some(job),
                     finished: false,
                     task,
                 });
+            }
+            // Receives from any source, in issue order: each takes the first
+            // peer whose next message is a send to this rank. A peer with a
+            // receive of this batch still in flight is skipped (its messages
+            // arrive in order, and the earliest belongs to that receive).
+            let mut matched = false;
+            let mut peek_failed = None;
+            for a in active.iter_mut().filter(|a| a.job.is_none()) {
+                match self.match_any_source(&mut inner, &recvs) {
+                    Ok(Some(peer)) => {
+                        let req = &mut a.task.req;
+                        req.root = peer;
+                        let meta = p2p_meta(&mut inner, self.rank, req);
+                        let n = req.counts[0] * req.dtype.size();
+                        // SAFETY: as for the receives above.
+                        let sink = unsafe {
+                            Sink::new(req.bufs.output, n, SinkMode::Copy, req.dtype, ElemOp::Sum)
+                        };
+                        recvs.push((peer, RecvJob::new(meta, sink)));
+                        a.job = Some(recvs.len() - 1);
+                        a.task.done.set_source(peer);
+                        matched = true;
+                    }
+                    Ok(None) => {}
+                    Err(k) => {
+                        peek_failed = Some(k);
+                        break;
+                    }
+                }
+            }
+            if let Some(k) = peek_failed {
+                break Err(self.err(k, None));
             }
             let (progressed, pending) = match inner.engine.progress_round(&mut sends, &mut recvs) {
                 Ok(x) => x,
                 Err(k) => break Err(self.err(k, None)),
             };
+            let unmatched = active.iter().any(|a| a.job.is_none());
             for a in active.iter_mut().filter(|a| !a.finished) {
+                let Some(job) = a.job else { continue };
                 let done = if a.kind == CollKind::Send {
-                    sends[a.job].1.done
+                    sends[job].1.done
                 } else {
-                    recvs[a.job].1.done
+                    recvs[job].1.done
                 };
                 if done {
                     a.finished = true;
@@ -112,16 +159,26 @@ impl Shared {
                     a.task.done.finish(Ok(()));
                 }
             }
-            if !pending {
+            if !pending && !unmatched {
                 break Ok(());
             }
-            if progressed {
+            if progressed || matched {
                 wait.reset();
                 continue;
             }
+            let now = Instant::now();
+            if let Some(a) = active.iter().find(|a| a.job.is_none() && now > a.deadline) {
+                break Err(self.err(
+                    ErrorKind::NoSender {
+                        secs: self.cfg.timeout.as_secs_f64(),
+                        bytes: a.task.req.counts[0] * a.task.req.dtype.size(),
+                    },
+                    None,
+                ));
+            }
             let deadline = active
                 .iter()
-                .filter(|a| !a.finished)
+                .filter(|a| !a.finished && a.job.is_some())
                 .map(|a| a.deadline)
                 .min();
             let meta = sends
@@ -129,14 +186,14 @@ impl Shared {
                 .map(|s| s.1.meta)
                 .or(recvs.first().map(|r| r.1.meta));
             let (sig, seq) = meta.map_or((0, 0), |m| (m.sig, m.seq));
-            if let Err(k) = inner.engine.backoff(
-                &mut wait,
-                &sends,
-                &recvs,
-                deadline.unwrap_or_else(Instant::now),
-                sig,
-                seq,
-            ) {
+            // Only unmatched receives left: no transfer bounds the wait, the
+            // check above does.
+            let far = now + self.cfg.timeout;
+            if let Err(k) =
+                inner
+                    .engine
+                    .backoff(&mut wait, &sends, &recvs, deadline.unwrap_or(far), sig, seq)
+            {
                 break Err(self.err(k, None));
             }
         };
@@ -159,6 +216,47 @@ impl Shared {
         }
         stash
     }
+}
+
+impl Shared {
+    /// The first peer (from this rank upwards, wrapping, so no peer is always
+    /// served first) whose next message on its link is the next point-to-point
+    /// send to this rank, among peers with no receive of `recvs` unfinished.
+    fn match_any_source(
+        &self,
+        inner: &mut Inner,
+        recvs: &[(usize, RecvJob)],
+    ) -> std::result::Result<Option<usize>, ErrorKind> {
+        let n = self.nranks;
+        for k in 1..n {
+            let peer = (self.rank + k) % n;
+            if recvs.iter().any(|(p, j)| *p == peer && !j.done) {
+                continue;
+            }
+            let want_seq = inner.p2p_rx[peer] + 1;
+            let Some(link) = inner.engine.links[peer].as_mut() else {
+                continue;
+            };
+            let Some(h) = link.peek_header()? else {
+                continue;
+            };
+            if h.frame == FRAME_DATA
+                && h.coll == CollKind::Send.code()
+                && h.root as usize == self.rank
+                && h.seq == want_seq
+            {
+                return Ok(Some(peer));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Receives from any source carry this as their peer until matched.
+pub const ANY_SOURCE: usize = usize::MAX;
+
+pub(super) fn is_any_source(req: &OpRequest) -> bool {
+    req.kind == CollKind::Recv && req.root == ANY_SOURCE
 }
 
 /// The wire identity of a send or receive. Point-to-point messages have their

@@ -496,6 +496,16 @@ impl Link {
             Link::Tcp(l) => l.post_stall(notice),
         }
     }
+    /// The header of the next data frame from this peer, without taking it
+    /// (control frames ahead of it are consumed: a stall notice is noted, an
+    /// abort fails). `None` while none has arrived. Only valid between
+    /// receives: no receive from this peer may be in progress.
+    pub fn peek_header(&mut self) -> Result<Option<WireHeader>, ErrorKind> {
+        match self {
+            Link::Shm(l) => Ok(l.peek_header()),
+            Link::Tcp(l) => l.peek_header(),
+        }
+    }
     /// Writes what is left of queued control frames (stall notices), never
     /// blocking.
     pub fn flush_control(&mut self) {

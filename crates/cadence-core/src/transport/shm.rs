@@ -512,6 +512,18 @@ impl ShmLink {
     }
 
     /// Whether a receive from this peer could move now (a frame is published).
+    /// The header of the next frame in the ring, if one is published; the
+    /// frame stays there.
+    pub fn peek_header(&self) -> Option<WireHeader> {
+        if !self.rx_ready() {
+            return None;
+        }
+        let slot = self.rx.slot(self.rx.mine);
+        Some(bytemuck::pod_read_unaligned(
+            self.rx.region.read(slot, HEADER_BYTES),
+        ))
+    }
+
     pub fn rx_ready(&self) -> bool {
         self.rx.stamp(self.rx.mine).load(Ordering::Acquire) == self.rx.mine + 1
     }

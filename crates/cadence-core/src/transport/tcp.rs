@@ -474,6 +474,50 @@ impl TcpLink {
         Ok(progressed)
     }
 
+    /// The header of the next data frame on stream 0 (where every message's
+    /// first stripe travels), read with MSG_PEEK so it stays in the socket.
+    /// Control frames ahead of it are consumed as a receive would.
+    pub fn peek_header(&mut self) -> Result<Option<WireHeader>, ErrorKind> {
+        loop {
+            if self.rx_ctl[0].is_some() {
+                let Some(ctl) = self.read_ctl(0)? else {
+                    return Ok(None);
+                };
+                match decode_control(ctl) {
+                    (Ctl::Abort(notice), _) => return Err(notice.into_error(0)),
+                    (Ctl::Noted, Some(stall)) => self.stall = Some(stall),
+                    (Ctl::Noted, None) => {}
+                }
+                continue;
+            }
+            let mut buf = [0u8; HEADER_BYTES];
+            let n = match self.streams[0].peek(&mut buf) {
+                Ok(0) => return Err(self.closed()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.io_err(e)),
+            };
+            if n < HEADER_BYTES {
+                return Ok(None);
+            }
+            let h: WireHeader = bytemuck::pod_read_unaligned(&buf);
+            if h.magic != MAGIC || !matches!(h.frame, FRAME_ABORT | FRAME_STALL) {
+                return Ok(Some(h));
+            }
+            // A control frame: take its header for real (it is all there),
+            // then its payload.
+            let len = control_payload_len(&h, self.peer)?;
+            self.streams[0]
+                .read_exact(&mut buf)
+                .map_err(|e| self.io_err(e))?;
+            self.rx_ctl[0] = Some(CtlIn {
+                hdr: h,
+                payload: Vec::with_capacity(len),
+            });
+        }
+    }
+
     /// Reads the payload of the control frame pending on stream `s`, as far
     /// as the socket has it; `None` until it is complete.
     fn read_ctl(&mut self, s: usize) -> Result<Option<CtlIn>, ErrorKind> {
