@@ -77,8 +77,8 @@ impl ErrorKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommError {
     pub kind: ErrorKind,
-    /// Rank that observed the error.
-    pub rank: usize,
+    /// Rank that observed the error (unknown before bootstrap assigns one).
+    pub rank: Option<usize>,
     /// Operation: (collective, sequence number on this communicator).
     pub op: Option<(CollKind, u64)>,
     pub comm_id: String,
@@ -88,7 +88,7 @@ impl CommError {
     pub fn new(kind: ErrorKind) -> CommError {
         CommError {
             kind,
-            rank: usize::MAX,
+            rank: None,
             op: None,
             comm_id: String::new(),
         }
@@ -110,8 +110,8 @@ impl fmt::Display for CommError {
         if !self.comm_id.is_empty() {
             write!(f, " comm {}", self.comm_id)?;
         }
-        if self.rank != usize::MAX {
-            write!(f, " rank {}", self.rank)?;
+        if let Some(rank) = self.rank {
+            write!(f, " rank {rank}")?;
         }
         if let Some((kind, seq)) = self.op {
             write!(f, ", {kind} #{seq}")?;

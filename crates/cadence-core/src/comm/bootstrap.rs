@@ -111,7 +111,7 @@ impl Bootstrap {
         let (rank, n) = (self.rank, self.nranks);
         let fail = |m: String| {
             let mut e = CommError::setup(m);
-            e.rank = rank;
+            e.rank = Some(rank);
             e.comm_id = self.comm_id.clone();
             e
         };

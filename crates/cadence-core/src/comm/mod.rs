@@ -320,11 +320,7 @@ const SCHEDULE_CACHE_MAX: usize = 4096;
 type ChoiceKey = (usize, Option<Algo>);
 type Choice = (Algo, select::Why);
 
-/// Asked while an operation waits: should it give up?
-pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
-
-/// How often a long wait asks its [`InterruptCheck`].
-pub const INTERRUPT_EVERY: Duration = Duration::from_millis(100);
+pub use crate::engine::{InterruptCheck, INTERRUPT_EVERY};
 
 fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
     // FNV-1a-style over whole 64-bit words with a final avalanche: stable
@@ -609,7 +605,7 @@ impl Shared {
     fn err(&self, kind: ErrorKind, op: Option<(CollKind, u64)>) -> CommError {
         CommError {
             kind,
-            rank: self.rank,
+            rank: Some(self.rank),
             op,
             comm_id: self.id.clone(),
         }

@@ -72,6 +72,13 @@ impl Default for Wait {
     }
 }
 
+/// Asked while an operation waits: should it give up?
+pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a long wait asks its [`InterruptCheck`]: calling it costs a
+/// GIL acquisition from Python, too much for every round of a short wait.
+pub const INTERRUPT_EVERY: Duration = Duration::from_millis(100);
+
 /// A request, from another thread, that the running operation give up at
 /// its next wait (and every later one fail at once): Ctrl-C while a queued
 /// operation waits, or `Comm::abort`. The first reason given wins.
@@ -148,7 +155,7 @@ pub struct Engine {
     pub diagnosis_grace: Duration,
     /// Set while an inline operation runs for a caller that can be
     /// interrupted (see `Comm::run_interruptible`).
-    pub interrupt: Option<crate::comm::InterruptCheck>,
+    pub interrupt: Option<InterruptCheck>,
     /// Set while an operation runs on the progress thread: how many threads
     /// block waiting for that thread. While none does, the caller is busy
     /// (computing the next gradients, say) and a spinning wait would steal
@@ -545,7 +552,7 @@ impl Engine {
                 return Err(why);
             }
             if let Some(check) = &self.interrupt {
-                if now.duration_since(wait.last_interrupt_check) >= crate::comm::INTERRUPT_EVERY {
+                if now.duration_since(wait.last_interrupt_check) >= INTERRUPT_EVERY {
                     wait.last_interrupt_check = now;
                     if check() {
                         return Err(ErrorKind::Interrupted);
