@@ -7,7 +7,7 @@ use cadence_core::comm::{
 };
 use cadence_core::engine::Buffers;
 use cadence_core::schedule::Algo;
-use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, RedOp};
+use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, JobSecret, RedOp};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::ffi;
@@ -635,8 +635,10 @@ impl PyComm {
     }
 }
 
-/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout)` listens;
-/// publish `info()` through the store; `connect([info of every rank])`.
+/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout, secret=b)`
+/// listens; publish `info()` through the store; `connect([info of every
+/// rank])`. `secret` (the job secret, non-empty, the same on every rank)
+/// keys the handshake every TCP connection must pass.
 #[pyclass(module = "cadence._core")]
 struct Bootstrap {
     inner: Option<CoreBootstrap>,
@@ -645,7 +647,7 @@ struct Bootstrap {
 #[pymethods]
 impl Bootstrap {
     #[new]
-    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None))]
+    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None, *, secret))]
     fn new(
         py: Python<'_>,
         comm_id: &str,
@@ -654,7 +656,9 @@ impl Bootstrap {
         host: &str,
         ip: &str,
         timeout: Option<f64>,
+        secret: &[u8],
     ) -> PyResult<Bootstrap> {
+        let secret = JobSecret::new(secret).map_err(PyValueError::new_err)?;
         let mut cfg = Config::from_env().map_err(PyValueError::new_err)?;
         if let Some(t) = timeout {
             if !(t > 0.0 && t.is_finite()) {
@@ -667,8 +671,8 @@ impl Bootstrap {
         let ip: IpAddr = ip
             .parse()
             .map_err(|_| PyValueError::new_err(format!("bad IP address {ip:?}")))?;
-        let b =
-            CoreBootstrap::new(comm_id, rank, size, host, ip, cfg).map_err(|e| to_py_err(py, e))?;
+        let b = CoreBootstrap::new(comm_id, rank, size, host, ip, cfg, secret)
+            .map_err(|e| to_py_err(py, e))?;
         Ok(Bootstrap { inner: Some(b) })
     }
 
