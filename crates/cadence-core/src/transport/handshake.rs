@@ -257,14 +257,7 @@ impl Incoming {
     /// message once complete.
     fn take(&mut self, data: &[u8], size: usize, kind: u32) -> Result<Option<Vec<u8>>, Reject> {
         let want = size - self.buf.len();
-        if data.len() > want {
-            // Lock-step: the peer must wait for our answer before sending
-            // more, so surplus bytes mean it does not speak this protocol.
-            return Err(Reject::Oversize {
-                extra: data.len() - want,
-            });
-        }
-        self.buf.extend_from_slice(data);
+        self.buf.extend_from_slice(&data[..data.len().min(want)]);
         let b = &self.buf;
         let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         if b.len() >= 4 && word(0) != MAGIC {
@@ -272,6 +265,13 @@ impl Incoming {
         }
         if b.len() >= 8 && word(4) != kind {
             return Err(Reject::Garbage(hex_prefix(b)));
+        }
+        if data.len() > want {
+            // Lock-step: the peer must wait for our answer before sending
+            // more, so surplus bytes mean it does not speak this protocol.
+            return Err(Reject::Oversize {
+                extra: data.len() - want,
+            });
         }
         if b.len() < size {
             return Ok(None);

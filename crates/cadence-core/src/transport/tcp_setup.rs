@@ -39,6 +39,9 @@ pub fn connect(
     deadline: Instant,
 ) -> io::Result<TcpStream> {
     let mut last = String::new();
+    // Between handshake attempts the listener refused: it may refuse again
+    // (its log says why), so do not hammer it.
+    let mut backoff = Duration::from_millis(20);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -74,7 +77,8 @@ pub fn connect(
             // if it refused us.
             Err(Attempt::Retry(why)) => {
                 last = why;
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(1));
             }
             Err(Attempt::Fatal(e)) => return Err(e),
         }
@@ -330,11 +334,19 @@ pub fn accept_all(
             }
         }
     }
+    // Every expected member is in, so what is still pending is strangers
+    // (or duplicates): closed here, each named once.
+    for p in pending {
+        let why = if p.machine.partial() == 0 && p.out.is_empty() {
+            "sent nothing before set-up finished"
+        } else {
+            "did not complete the handshake before set-up finished"
+        };
+        rejected.drop_conn(p.from, why);
+    }
     if rejected.count > MAX_LOGGED {
         (rejected.warn)(format!("dropped {} connections in all", rejected.count));
     }
-    // Members whose handshakes are still pending cannot exist (every
-    // expected key is taken); the rest are strangers, closed on drop.
     Ok(got)
 }
 
