@@ -648,6 +648,7 @@ struct Bootstrap {
 impl Bootstrap {
     #[new]
     #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None, *, secret))]
+    #[allow(clippy::too_many_arguments)] // mirrors the Python signature
     fn new(
         py: Python<'_>,
         comm_id: &str,

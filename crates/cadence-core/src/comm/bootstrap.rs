@@ -59,7 +59,7 @@ pub struct Bootstrap {
     listener: TcpListener,
     cfg: Config,
     secret: JobSecret,
-    warn: Option<Box<dyn FnMut(String) + Send>>,
+    warn: Option<Box<dyn FnMut(String) + Send + Sync>>,
 }
 
 impl Bootstrap {
@@ -117,7 +117,7 @@ impl Bootstrap {
 
     /// Where set-up warnings go (dropped connections, ...) instead of
     /// stderr (which prints them at `CADENCE_DEBUG=WARN` and above).
-    pub fn on_warn(&mut self, f: impl FnMut(String) + Send + 'static) {
+    pub fn on_warn(&mut self, f: impl FnMut(String) + Send + Sync + 'static) {
         self.warn = Some(Box::new(f));
     }
 
