@@ -7,6 +7,7 @@
 #   make bench-cluster  build, then allreduce/allgather across an emulated 4-host cluster (root)
 #   make tune    build, then `cadence tune` with its defaults (writes ~/.cache/cadence/tuning.json)
 #   make lint    cargo fmt --check, cargo clippy -D warnings, ruff
+#   make fuzz    the wire fuzzer's properties with FUZZ_CASES cases each (cargo only)
 #   make clean   remove build outputs and .venv (the wheel cache stays)
 #
 # Python wheels are downloaded once into $(WHEEL_CACHE), outside the checkout and
@@ -41,7 +42,7 @@ RUN_ARGS ?= --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 50 -w 
 	--backends cadence,gloo,mpi
 BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 
-.PHONY: build run test bench bench-cluster tune lint clean clean-cache deps mpi iproute2
+.PHONY: build run test bench bench-cluster tune lint fuzz clean clean-cache deps mpi iproute2
 
 build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2
 
@@ -158,6 +159,12 @@ bench-cluster: build
 	$(VBIN)/cadence cluster down --name bench; exit $$status
 
 # All three run, whatever the first ones say; the target fails if any did.
+# The same properties `cargo test` runs with a small budget (handshake
+# machines; frames into a receiving TcpLink over loopback), many more cases.
+FUZZ_CASES ?= 100000
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test -p cadence-core --release --test fuzz_wire -- --nocapture
+
 lint: $(VENV)/.stamp-deps
 	status=0; \
 	cargo fmt --all --check || status=1; \

@@ -12,6 +12,7 @@ hanging (deadline: `CADENCE_TIMEOUT`, default 300 s).
 
 from __future__ import annotations
 
+import hmac
 import os
 import socket
 import uuid
@@ -137,15 +138,24 @@ def init(
     return _connect(store, f"cadence/{name}", rank, world_size, timeout, toward)
 
 
-def _connect(store, prefix, rank, size, timeout, toward) -> Communicator:
+def _connect(store, prefix, rank, size, timeout, toward, secret=None) -> Communicator:
+    """Sets up one communicator under the store keys `prefix/...`. Its job
+    secret (which keys the handshake every TCP connection must pass) is
+    `secret` when given (split derives one from the parent's), else 32
+    random bytes that rank 0 makes and shares under `prefix/secret`."""
     if rank == 0:
+        if secret is None:
+            store.set(f"{prefix}/secret", os.urandom(32))
         store.set(f"{prefix}/id", uuid.uuid4().hex[:16])
     comm_id = store.get(f"{prefix}/id").decode()
-    boot = Bootstrap(comm_id, rank, size, host_identity(), _local_ip(toward), timeout)
+    if secret is None:
+        secret = bytes(store.get(f"{prefix}/secret"))
+    boot = Bootstrap(comm_id, rank, size, host_identity(), _local_ip(toward), timeout,
+                     secret=secret)
     store.set(f"{prefix}/info/{rank}", boot.info())
     infos = [store.get(f"{prefix}/info/{r}").decode() for r in range(size)]
     core = boot.connect(infos)
-    return Communicator(core, store, prefix, timeout, toward)
+    return Communicator(core, store, prefix, timeout, toward, secret)
 
 
 def _algo(algo):
@@ -162,8 +172,9 @@ class Communicator:
     result; operations complete in the order they were issued.
     """
 
-    def __init__(self, core, store, prefix, timeout, toward):
+    def __init__(self, core, store, prefix, timeout, toward, secret):
         self._c = core
+        self._secret = secret  # memory only: sub-communicators derive theirs
         self._store = store
         self._prefix = prefix
         self._timeout = timeout
@@ -365,8 +376,11 @@ class Communicator:
             key=lambda r: (int(table[r, 1]), r),
         )
         prefix = f"{self._prefix}/split{self._nsplit}/c{int(color)}"
+        # Every member derives the same secret; strangers who only watch the
+        # store see no new one.
+        secret = hmac.digest(self._secret, prefix.encode(), "sha256")
         return _connect(self._store, prefix, members.index(self.rank), len(members),
-                        self._timeout, self._toward)
+                        self._timeout, self._toward, secret)
 
     def dump_records(self) -> dict:
         """The flight recorder: the last operations (with timings and status)

@@ -3,6 +3,7 @@
 //! failure here points at the core.
 
 use cadence_core::comm::{Bootstrap, Comm, OpRequest, PeerInfo};
+use cadence_core::JobSecret;
 use cadence_core::{CollKind, Config, DType, ErrorKind, RedOp};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
@@ -30,21 +31,23 @@ fn world_with<T: Send + 'static>(
     body: impl Fn(&Comm) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
     let id = format!("t{}x{}", std::process::id(), rand_tag());
+    let secret = JobSecret::random().unwrap();
     let infos: Arc<Mutex<Vec<Option<PeerInfo>>>> = Arc::new(Mutex::new(vec![None; n]));
     let barrier = Arc::new(Barrier::new(n));
     let body = Arc::new(body);
     let handles: Vec<_> = (0..n)
         .map(|r| {
-            let (id, infos, barrier, body, cfg) = (
+            let (id, infos, barrier, body, cfg, secret) = (
                 id.clone(),
                 infos.clone(),
                 barrier.clone(),
                 body.clone(),
                 cfg.clone(),
+                secret.clone(),
             );
             std::thread::spawn(move || {
-                let b =
-                    Bootstrap::new(&id, r, n, &host(r), "127.0.0.1".parse().unwrap(), cfg).unwrap();
+                let ip = "127.0.0.1".parse().unwrap();
+                let b = Bootstrap::new(&id, r, n, &host(r), ip, cfg, secret).unwrap();
                 infos.lock().unwrap()[r] = Some(b.info.clone());
                 barrier.wait();
                 let all: Vec<PeerInfo> = infos
@@ -165,8 +168,9 @@ fn a_stranger_sending_garbage_at_setup_is_ignored() {
         ..Config::default()
     };
     let ip = "127.0.0.1".parse().unwrap();
-    let b0 = Bootstrap::new(&id, 0, 2, "h0", ip, cfg()).unwrap();
-    let b1 = Bootstrap::new(&id, 1, 2, "h1", ip, cfg()).unwrap();
+    let secret = JobSecret::random().unwrap();
+    let b0 = Bootstrap::new(&id, 0, 2, "h0", ip, cfg(), secret.clone()).unwrap();
+    let b1 = Bootstrap::new(&id, 1, 2, "h1", ip, cfg(), secret).unwrap();
     let infos = vec![b0.info.clone(), b1.info.clone()];
     let mut stranger = std::net::TcpStream::connect(b0.info.addr.as_str()).unwrap();
     stranger.write_all(&[0x47u8; 200]).unwrap();

@@ -6,7 +6,7 @@ use cadence_core::comm::{
     INTERRUPT_EVERY,
 };
 use cadence_core::schedule::Algo;
-use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, RedOp};
+use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, JobSecret, RedOp};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::ffi;
@@ -649,8 +649,10 @@ impl PyComm {
     }
 }
 
-/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout)` listens;
-/// publish `info()` through the store; `connect([info of every rank])`.
+/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout, secret=b)`
+/// listens; publish `info()` through the store; `connect([info of every
+/// rank])`. `secret` (the job secret, non-empty, the same on every rank)
+/// keys the handshake every TCP connection must pass.
 #[pyclass(module = "cadence._core")]
 struct Bootstrap {
     inner: Option<CoreBootstrap>,
@@ -659,7 +661,8 @@ struct Bootstrap {
 #[pymethods]
 impl Bootstrap {
     #[new]
-    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None))]
+    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None, *, secret))]
+    #[allow(clippy::too_many_arguments)] // mirrors the Python signature
     fn new(
         py: Python<'_>,
         comm_id: &str,
@@ -668,7 +671,9 @@ impl Bootstrap {
         host: &str,
         ip: &str,
         timeout: Option<f64>,
+        secret: &[u8],
     ) -> PyResult<Bootstrap> {
+        let secret = JobSecret::new(secret).map_err(PyValueError::new_err)?;
         let mut cfg = Config::from_env().map_err(PyValueError::new_err)?;
         if let Some(t) = timeout {
             if !(t > 0.0 && t.is_finite()) {
@@ -681,8 +686,8 @@ impl Bootstrap {
         let ip: IpAddr = ip
             .parse()
             .map_err(|_| PyValueError::new_err(format!("bad IP address {ip:?}")))?;
-        let b =
-            CoreBootstrap::new(comm_id, rank, size, host, ip, cfg).map_err(|e| to_py_err(py, e))?;
+        let b = CoreBootstrap::new(comm_id, rank, size, host, ip, cfg, secret)
+            .map_err(|e| to_py_err(py, e))?;
         Ok(Bootstrap { inner: Some(b) })
     }
 

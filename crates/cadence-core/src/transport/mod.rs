@@ -11,8 +11,10 @@
 //! touching data, that the sender is running the same operation with the same
 //! arguments.
 
+pub mod handshake;
 pub mod shm;
 pub mod tcp;
+pub mod tcp_setup;
 
 use crate::error::ErrorKind;
 use crate::reduce;

@@ -32,6 +32,7 @@ use super::{
 use crate::error::ErrorKind;
 use memmap2::MmapRaw;
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -220,6 +221,7 @@ impl Inbox {
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600) // the owner only: other users must not read or write ranks' data
             .open(path)
             .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         file.set_len(size as u64)

@@ -11,18 +11,18 @@
 //! - **frame**: a stripe on the wire: a [`WireHeader`], then `len` bytes.
 //!
 //! Sockets are non-blocking; the engine calls `*_progress` and, when nothing
-//! moves, waits in `poll(2)` on the streams it needs.
+//! moves, waits in `poll(2)` on the streams it needs. Streams are set up (and
+//! authenticated) in `tcp_setup.rs`.
 
 use super::{
     AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, StripeCursor, WireHeader,
     ABORT_TEXT_MAX, FRAME_ABORT, FRAME_STALL, HEADER_BYTES, MAGIC, STALL_CHAIN_MAX,
 };
 use crate::error::ErrorKind;
-use bytemuck::{Pod, Zeroable};
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Messages smaller than this use one stream.
 pub const STRIPE_MIN: usize = 256 * 1024;
@@ -30,142 +30,6 @@ pub const STRIPE_MIN: usize = 256 * 1024;
 const STAGING: usize = 256 * 1024;
 /// Longest payload of a stall notice: its chain of u32 ranks.
 const STALL_PAYLOAD_MAX: usize = STALL_CHAIN_MAX * 4;
-
-/// First bytes on every new connection.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub struct Handshake {
-    pub magic: u32,
-    pub version: u32,
-    pub comm_id: [u8; 32],
-    pub rank: u32,
-    pub stream: u32,
-}
-
-pub const HANDSHAKE_VERSION: u32 = 1;
-
-pub fn comm_id_bytes(id: &str) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    let b = id.as_bytes();
-    let n = b.len().min(32);
-    out[..n].copy_from_slice(&b[..n]);
-    out
-}
-
-/// Connects to a peer's listener (retrying until it listens) and introduces
-/// this rank.
-pub fn connect(
-    addr: SocketAddr,
-    comm_id: &str,
-    my_rank: usize,
-    stream: usize,
-    deadline: Instant,
-) -> io::Result<TcpStream> {
-    let sock = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("connecting to {addr} timed out"),
-            ));
-        }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
-            Ok(s) => break s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut
-                ) =>
-            {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    sock.set_nodelay(true)?;
-    let hs = Handshake {
-        magic: MAGIC,
-        version: HANDSHAKE_VERSION,
-        comm_id: comm_id_bytes(comm_id),
-        rank: my_rank as u32,
-        stream: stream as u32,
-    };
-    (&sock).write_all(bytemuck::bytes_of(&hs))?;
-    Ok(sock)
-}
-
-/// (peer rank, stream index) of an accepted connection.
-pub type StreamKey = (usize, usize);
-
-/// Accepts connections until every `(peer, stream)` in `expected` has one.
-/// Connections that do not introduce themselves properly (wrong magic, wrong
-/// communicator, unexpected rank) are dropped with a warning, not fatal: a port
-/// scanner must not kill a job.
-pub fn accept_all(
-    listener: &TcpListener,
-    comm_id: &str,
-    expected: &[(usize, usize)],
-    deadline: Instant,
-    warn: &mut dyn FnMut(String),
-) -> Result<Vec<(StreamKey, TcpStream)>, String> {
-    let mut got: Vec<(StreamKey, TcpStream)> = Vec::new();
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("listener: {e}"))?;
-    let want_id = comm_id_bytes(comm_id);
-    while got.len() < expected.len() {
-        match listener.accept() {
-            Ok((sock, from)) => {
-                let _ = sock.set_nonblocking(false);
-                let _ = sock.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut buf = [0u8; std::mem::size_of::<Handshake>()];
-                if let Err(e) = (&sock).read_exact(&mut buf) {
-                    warn(format!(
-                        "dropped connection from {from}: no handshake ({e})"
-                    ));
-                    continue;
-                }
-                let hs: Handshake = bytemuck::pod_read_unaligned(&buf);
-                let key = (hs.rank as usize, hs.stream as usize);
-                if hs.magic != MAGIC || hs.version != HANDSHAKE_VERSION {
-                    warn(format!(
-                        "dropped connection from {from}: garbage handshake (magic {:#010x})",
-                        hs.magic
-                    ));
-                } else if hs.comm_id != want_id {
-                    warn(format!(
-                        "dropped connection from {from}: other communicator"
-                    ));
-                } else if !expected.contains(&key) || got.iter().any(|(k, _)| *k == key) {
-                    warn(format!(
-                        "dropped connection from {from}: unexpected rank {} stream {}",
-                        hs.rank, hs.stream
-                    ));
-                } else {
-                    let _ = sock.set_read_timeout(None);
-                    sock.set_nodelay(true).map_err(|e| e.to_string())?;
-                    got.push((key, sock));
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    let missing: Vec<String> = expected
-                        .iter()
-                        .filter(|k| !got.iter().any(|(g, _)| g == *k))
-                        .map(|(r, s)| format!("rank {r} stream {s}"))
-                        .collect();
-                    return Err(format!(
-                        "timed out waiting for connections from {}",
-                        missing.join(", ")
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(format!("accept: {e}")),
-        }
-    }
-    Ok(got)
-}
 
 /// All streams to one peer.
 pub struct TcpLink {
