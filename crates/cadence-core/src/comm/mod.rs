@@ -12,10 +12,10 @@ pub mod select;
 
 pub use bootstrap::{Bootstrap, PeerInfo};
 pub use p2p::ANY_SOURCE;
-use p2p::{is_any_source, is_p2p, p2p_meta};
+use p2p::{is_any_source, is_p2p, P2pSeqs};
 
 use crate::config::{Config, DebugLevel};
-use crate::engine::{Buffers, Cancel, Engine};
+use crate::engine::{Buffers, Cancel, Engine, OpCtx};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::monitor::{OpRecord, Recorder};
 use crate::reduce;
@@ -274,8 +274,7 @@ struct Inner {
     engine: Engine,
     coll_seq: u64,
     op_seq: u64,
-    p2p_tx: Vec<u64>,
-    p2p_rx: Vec<u64>,
+    p2p: P2pSeqs,
     failed: Option<CommError>,
     /// Built schedules by (arguments, algorithm); looked up by reference so a
     /// repeated call allocates nothing.
@@ -367,8 +366,7 @@ impl Comm {
                     engine,
                     coll_seq: 0,
                     op_seq: 0,
-                    p2p_tx: vec![0; nranks],
-                    p2p_rx: vec![0; nranks],
+                    p2p: P2pSeqs::new(nranks),
                     failed: None,
                     schedules: HashMap::new(),
                     last_schedule: None,
@@ -584,8 +582,7 @@ impl Comm {
             let e = self
                 .shared
                 .err(ErrorKind::UserAbort(reason.to_string()), None);
-            inner.failed = Some(e.clone());
-            inner.engine.broadcast_abort(&e);
+            self.shared.fail_locked(&mut inner, &e);
         }
     }
 
@@ -726,31 +723,28 @@ impl Shared {
             // Aborted, or a caller gave up on an earlier operation that
             // completed before it noticed; the peers may wait on this one.
             let e = self.err(why, None);
-            inner.failed = Some(e.clone());
-            inner.engine.broadcast_abort(&e);
+            self.fail_locked(&mut inner, &e);
             return Err(e);
         }
         inner.op_seq += 1;
         let seq = inner.op_seq;
         self.record_start(seq, &req, algo, enqueue_ns);
-        inner.engine.interrupt = interrupted;
-        // On the progress thread (enqueued), the caller may be busy elsewhere.
-        inner.engine.watchers = enqueue_ns.map(|_| self.watchers.clone());
-        let result = self.execute_locked(&mut inner, &req, &args, algo, seq);
-        inner.engine.interrupt = None;
-        inner.engine.watchers = None;
+        let ctx = OpCtx {
+            interrupt: interrupted.as_ref(),
+            // On the progress thread (enqueued), the caller may be busy
+            // elsewhere.
+            watchers: enqueue_ns.map(|_| &*self.watchers),
+        };
+        let result = self.execute_locked(&mut inner, &req, &args, algo, seq, ctx);
         if let Err(e) = &result {
             if !matches!(e.kind, ErrorKind::InvalidArgument(_)) {
-                inner.failed = Some(e.clone());
-                inner.engine.broadcast_abort(e);
+                self.fail_locked(&mut inner, e);
             }
         }
         drop(inner);
         self.record_end(seq, &result);
         if let Err(e) = &result {
-            if self.cfg.debug >= DebugLevel::Warn {
-                eprintln!("{e}");
-            }
+            self.warn_failed(e);
             self.dump_on_error();
         }
         result
@@ -763,13 +757,14 @@ impl Shared {
         args: &CollArgs,
         algo: Algo,
         seq: u64,
+        ctx: OpCtx,
     ) -> Result<()> {
         let n = self.nranks;
         let es = req.dtype.size();
         let (ni, no) = args.buffer_lens(self.rank, n);
         let opref = |kind: CollKind| Some((kind, seq));
         let meta = if matches!(req.kind, CollKind::Send | CollKind::Recv) {
-            p2p_meta(inner, self.rank, req)
+            inner.p2p.meta(self.rank, req)
         } else {
             inner.coll_seq += 1;
             let redop = if req.kind.reduces() { req.op.code() } else { 0 };
@@ -883,7 +878,7 @@ impl Shared {
         let deadline = Instant::now() + self.cfg.timeout;
         inner
             .engine
-            .run(&sched, &meta, req.op.elementwise(), bufs, deadline)
+            .run(&sched, &meta, req.op.elementwise(), bufs, deadline, ctx)
             .map_err(|k| self.err(k, opref(req.kind)))?;
 
         if req.op == RedOp::Avg
@@ -895,6 +890,21 @@ impl Shared {
             reduce::divide(req.dtype, out, n);
         }
         Ok(())
+    }
+
+    /// Fails the communicator after `e`: later operations fail at once,
+    /// and every peer is told why (the one failure path, for collectives and
+    /// point-to-point batches alike).
+    fn fail_locked(&self, inner: &mut Inner, e: &CommError) {
+        inner.failed = Some(e.clone());
+        inner.engine.broadcast_abort(e);
+    }
+
+    /// Prints a failed operation's error (`CADENCE_DEBUG` WARN and above).
+    fn warn_failed(&self, e: &CommError) {
+        if self.cfg.debug >= DebugLevel::Warn {
+            eprintln!("{e}");
+        }
     }
 
     fn record_start(&self, seq: u64, req: &OpRequest, algo: Algo, enqueue_ns: Option<u64>) {
