@@ -148,7 +148,7 @@ fn feed_server(
 }
 
 proptest! {
-    #![proptest_config(cases(512))]
+    #![proptest_config(cases(2000))]
 
     #[test]
     fn handshake_server_survives_random_bytes(
@@ -440,7 +440,7 @@ fn dtype() -> impl Strategy<Value = DType> {
 }
 
 proptest! {
-    #![proptest_config(cases(48))]
+    #![proptest_config(cases(256))]
 
     #[test]
     fn frames_random_bytes_end_cleanly(
