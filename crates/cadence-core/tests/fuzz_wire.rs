@@ -148,7 +148,7 @@ fn feed_server(
 }
 
 proptest! {
-    #![proptest_config(cases(512))]
+    #![proptest_config(cases(2000))]
 
     #[test]
     fn handshake_server_survives_random_bytes(
@@ -440,7 +440,7 @@ fn dtype() -> impl Strategy<Value = DType> {
 }
 
 proptest! {
-    #![proptest_config(cases(48))]
+    #![proptest_config(cases(256))]
 
     #[test]
     fn frames_random_bytes_end_cleanly(
@@ -472,11 +472,11 @@ proptest! {
             let n = bytes.len() + 1;
             bytes.truncate(t % n);
         }
-        let (out, data, _) = receive(vec![bytes], dt, len, reduce, chunk);
-        if out == Outcome::Done {
-            // Only a right data frame completes, and it delivers its bytes.
-            prop_assert!(data.iter().all(|&b| b == 0x11) || dt != DType::U8 || reduce);
-        }
+        // Any outcome is fine (a right data frame may complete, taking the
+        // bytes after it as payload); `receive` checks for hangs and stray
+        // writes, proptest for panics. Content is checked on valid messages
+        // below.
+        let _ = receive(vec![bytes], dt, len, reduce, chunk);
     }
 
     #[test]

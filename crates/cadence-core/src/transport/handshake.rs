@@ -778,6 +778,7 @@ mod tests {
         assert_eq!(s.feed(&hello), Err(Reject::Oversize { extra: 100 }));
         let mut big = vec![0u8; CHALLENGE_BYTES + 1];
         big[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        big[4..8].copy_from_slice(&KIND_CHALLENGE.to_le_bytes());
         assert_eq!(c.feed(&big), Err(Reject::Oversize { extra: 1 }));
         // After the handshake nothing more is accepted.
         let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
