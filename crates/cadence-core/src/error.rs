@@ -81,7 +81,8 @@ pub struct CommError {
     pub rank: Option<usize>,
     /// Operation: (collective, sequence number on this communicator).
     pub op: Option<(CollKind, u64)>,
-    pub comm_id: String,
+    /// Shared, not copied: errors are cloned to every operation they fail.
+    pub comm_id: std::sync::Arc<str>,
 }
 
 impl CommError {
@@ -90,7 +91,7 @@ impl CommError {
             kind,
             rank: None,
             op: None,
-            comm_id: String::new(),
+            comm_id: std::sync::Arc::from(""),
         }
     }
     pub fn invalid(msg: impl Into<String>) -> CommError {

@@ -128,7 +128,7 @@ impl Bootstrap {
         let fail = |m: String| {
             let mut e = CommError::setup(m);
             e.rank = Some(rank);
-            e.comm_id = self.comm_id.clone();
+            e.comm_id = self.comm_id.as_str().into();
             e
         };
         if infos.len() != n || infos.iter().enumerate().any(|(i, p)| p.rank != i) {

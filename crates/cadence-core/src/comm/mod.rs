@@ -18,7 +18,6 @@ use crate::config::{Config, DebugLevel};
 use crate::engine::{Buffers, Cancel, Engine, OpCtx};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::monitor::{OpRecord, Recorder};
-use crate::reduce;
 use crate::schedule::{self, Algo, CollArgs, CostModel, Schedule, Topology};
 use crate::transport::{Link, OpMeta};
 use crate::types::{CollKind, DType, RedOp};
@@ -604,7 +603,7 @@ impl Shared {
             kind,
             rank: Some(self.rank),
             op,
-            comm_id: self.id.clone(),
+            comm_id: self.id.as_str().into(),
         }
     }
 
@@ -788,50 +787,14 @@ impl Shared {
             }
         };
 
-        // Buffers: allocate what the caller did not pass, and separate input
-        // from output when they overlap in a way the schedule cannot take.
-        let mut bufs = req.bufs;
-        let mut tmp_out: Vec<u8> = Vec::new();
-        if !req.has_output && no > 0 {
-            tmp_out.resize(no * es, 0);
-            bufs.output = tmp_out.as_mut_ptr();
-            bufs.output_bytes = no * es;
-        }
-        let mut tmp_in: Vec<u8> = Vec::new();
-        let exact_inplace = std::ptr::eq(bufs.input, bufs.output)
-            && bufs.input_bytes == bufs.output_bytes
-            && matches!(req.kind, CollKind::AllReduce | CollKind::Reduce);
-        let allgather_inplace = req.kind == CollKind::AllGather && {
-            let displ: usize = args.counts[..self.rank].iter().sum();
-            std::ptr::eq(bufs.input, bufs.output.wrapping_add(displ * es))
+        // What the call needs besides its schedule (temporaries, scaling).
+        let own_block = match req.kind {
+            CollKind::AllGather => args.counts[..self.rank].iter().sum::<usize>() * es,
+            _ => 0,
         };
-        let overlap = {
-            let (a, b) = (bufs.input as usize, bufs.output as usize);
-            bufs.input_bytes > 0
-                && bufs.output_bytes > 0
-                && a < b + bufs.output_bytes
-                && b < a + bufs.input_bytes
-        };
-        let premul = match req.op {
-            RedOp::PremulSum(f) if req.kind.reduces() => Some(f),
-            _ => None,
-        };
-        if let (Some(f), true) = (premul, exact_inplace) {
-            // SAFETY: the caller guarantees the output buffer is valid and
-            // exclusively ours for the duration of the operation.
-            let out = unsafe { std::slice::from_raw_parts_mut(bufs.output, bufs.output_bytes) };
-            reduce::scale(req.dtype, out, f);
-        } else if premul.is_some() || (overlap && !exact_inplace && !allgather_inplace) {
-            // SAFETY: as above, for the input buffer (read-only here).
-            let inp = unsafe { slice_or_empty(bufs.input, bufs.input_bytes) };
-            tmp_in.resize(inp.len(), 0);
-            match premul {
-                Some(f) => reduce::scale_into(req.dtype, &mut tmp_in, inp, f),
-                None => tmp_in.copy_from_slice(inp),
-            }
-            bufs.input = tmp_in.as_ptr();
-        }
-        debug_assert_eq!(bufs.input_bytes, ni * es);
+        let layout = req.bufs.layout(req.kind, own_block, req.has_output);
+        let lowering = schedule::lower::lower(req.kind, req.op, req.root, self.rank, n, no, layout);
+        debug_assert_eq!(req.bufs.input_bytes, ni * es);
 
         let cached = match &inner.last_schedule {
             // A training loop repeats the same call: compare before hashing.
@@ -878,18 +841,16 @@ impl Shared {
         let deadline = Instant::now() + self.cfg.timeout;
         inner
             .engine
-            .run(&sched, &meta, req.op.elementwise(), bufs, deadline, ctx)
-            .map_err(|k| self.err(k, opref(req.kind)))?;
-
-        if req.op == RedOp::Avg
-            && req.kind.reduces()
-            && (req.kind != CollKind::Reduce || self.rank == req.root)
-        {
-            // SAFETY: output valid and exclusively ours until we return.
-            let out = unsafe { slice_mut_or_empty(bufs.output, bufs.output_bytes) };
-            reduce::divide(req.dtype, out, n);
-        }
-        Ok(())
+            .run_lowered(
+                &sched,
+                &lowering,
+                &meta,
+                req.op.elementwise(),
+                req.bufs,
+                deadline,
+                ctx,
+            )
+            .map_err(|k| self.err(k, opref(req.kind)))
     }
 
     /// Fails the communicator after `e`: later operations fail at once,
@@ -988,28 +949,5 @@ impl Shared {
                 eprintln!("cadence: could not write {}: {e}", path.display());
             }
         }
-    }
-}
-
-/// # Safety
-/// `p` must be valid for reads of `n` bytes (or `n == 0`).
-unsafe fn slice_or_empty<'a>(p: *const u8, n: usize) -> &'a [u8] {
-    if n == 0 {
-        &[]
-    } else {
-        // SAFETY: per the function's contract.
-        unsafe { std::slice::from_raw_parts(p, n) }
-    }
-}
-
-/// # Safety
-/// `p` must be valid for reads and writes of `n` bytes (or `n == 0`), with
-/// no other live reference to them.
-unsafe fn slice_mut_or_empty<'a>(p: *mut u8, n: usize) -> &'a mut [u8] {
-    if n == 0 {
-        &mut []
-    } else {
-        // SAFETY: per the function's contract.
-        unsafe { std::slice::from_raw_parts_mut(p, n) }
     }
 }

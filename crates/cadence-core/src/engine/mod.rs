@@ -11,6 +11,7 @@
 
 use crate::error::{CommError, ErrorKind};
 use crate::reduce;
+use crate::schedule::lower::{InputPrep, Layout, Lowering};
 use crate::schedule::{Buf, Schedule, Span, Step};
 use crate::transport::shm::Inbox;
 use crate::transport::tcp::poll_fds;
@@ -18,7 +19,7 @@ use crate::transport::{
     AbortNotice, Link, OpMeta, RecvJob, SendJob, Sink, SinkMode, Source, StallNotice,
     STALL_CHAIN_MAX,
 };
-use crate::types::{DType, ElemOp};
+use crate::types::{CollKind, DType, ElemOp};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -155,6 +156,27 @@ pub struct Buffers {
 }
 
 impl Buffers {
+    /// How input and output sit relative to each other, for [`lower`];
+    /// `own_block` is the byte offset of this rank's block in an allgather's
+    /// output.
+    ///
+    /// [`lower`]: crate::schedule::lower::lower
+    pub fn layout(&self, kind: CollKind, own_block: usize, has_output: bool) -> Layout {
+        let (a, b) = (self.input as usize, self.output as usize);
+        Layout {
+            exact_inplace: std::ptr::eq(self.input, self.output)
+                && self.input_bytes == self.output_bytes
+                && matches!(kind, CollKind::AllReduce | CollKind::Reduce),
+            allgather_inplace: kind == CollKind::AllGather
+                && std::ptr::eq(self.input, self.output.wrapping_add(own_block)),
+            overlap: self.input_bytes > 0
+                && self.output_bytes > 0
+                && a < b + self.output_bytes
+                && b < a + self.input_bytes,
+            has_output,
+        }
+    }
+
     /// No buffers (barriers, or before a request gets its buffers).
     pub const NONE: Buffers = Buffers {
         input: std::ptr::null(),
@@ -266,6 +288,59 @@ impl Engine {
         jobs.clear();
         self.jobs = jobs;
         result
+    }
+
+    /// Runs an operation as lowered (`schedule::lower`): prepares the input
+    /// (scaled, or copied away from an overlapping output), gives the
+    /// schedule a temporary output if the caller passed none, runs it, and
+    /// divides the output for an average.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_lowered(
+        &mut self,
+        sched: &Schedule,
+        low: &Lowering,
+        meta: &OpMeta,
+        elem_op: ElemOp,
+        mut bufs: Buffers,
+        deadline: Instant,
+        ctx: OpCtx,
+    ) -> Result<(), ErrorKind> {
+        let dtype = meta.dtype;
+        let mut tmp_out: Vec<u8> = Vec::new();
+        if let Some(n) = low.temp_output {
+            tmp_out.resize(n * dtype.size(), 0);
+            bufs.output = tmp_out.as_mut_ptr();
+            bufs.output_bytes = tmp_out.len();
+        }
+        let mut tmp_in: Vec<u8> = Vec::new();
+        match low.input {
+            InputPrep::AsIs => {}
+            InputPrep::ScaleInPlace(f) => {
+                // SAFETY: the request's contract: the output is valid and
+                // exclusively this operation's until it completes (here the
+                // input is the same bytes).
+                let out = unsafe { slice_mut_or_empty(bufs.output, bufs.output_bytes) };
+                reduce::scale(dtype, out, f);
+            }
+            InputPrep::Copy | InputPrep::ScaleCopy(_) => {
+                // SAFETY: the request's contract: the input is valid for
+                // reads until the operation completes.
+                let inp = unsafe { slice_or_empty(bufs.input, bufs.input_bytes) };
+                tmp_in.resize(inp.len(), 0);
+                match low.input {
+                    InputPrep::ScaleCopy(f) => reduce::scale_into(dtype, &mut tmp_in, inp, f),
+                    _ => tmp_in.copy_from_slice(inp),
+                }
+                bufs.input = tmp_in.as_ptr();
+            }
+        }
+        self.run(sched, meta, elem_op, bufs, deadline, ctx)?;
+        if let Some(n) = low.divide_by {
+            // SAFETY: as above, for the output.
+            let out = unsafe { slice_mut_or_empty(bufs.output, bufs.output_bytes) };
+            reduce::divide(dtype, out, n);
+        }
+        Ok(())
     }
 
     /// The phases in order, with a one-phase lookahead: while phase p's
@@ -801,6 +876,29 @@ impl Engine {
             .flatten()
             .map(|l| l.stats().clone())
             .collect()
+    }
+}
+
+/// # Safety
+/// `p` must be valid for reads of `n` bytes (or `n == 0`).
+unsafe fn slice_or_empty<'a>(p: *const u8, n: usize) -> &'a [u8] {
+    if n == 0 {
+        &[]
+    } else {
+        // SAFETY: per the function's contract.
+        unsafe { std::slice::from_raw_parts(p, n) }
+    }
+}
+
+/// # Safety
+/// `p` must be valid for reads and writes of `n` bytes (or `n == 0`), with
+/// no other live reference to them.
+unsafe fn slice_mut_or_empty<'a>(p: *mut u8, n: usize) -> &'a mut [u8] {
+    if n == 0 {
+        &mut []
+    } else {
+        // SAFETY: per the function's contract.
+        unsafe { std::slice::from_raw_parts_mut(p, n) }
     }
 }
 

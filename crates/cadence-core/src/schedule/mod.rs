@@ -22,6 +22,7 @@ mod direct;
 mod double_binary_tree;
 mod hierarchical;
 pub mod ir;
+pub mod lower;
 mod p2p;
 mod pipelined_chain;
 mod plan;
