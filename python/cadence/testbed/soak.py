@@ -331,6 +331,8 @@ class Soak:
         if self.job is not None:
             self.job.kill()
             self.job._finish()
+            if self.job.record.outcome == "ok":
+                self.job.record.outcome = "interrupted"
             self.records.append(self.job.record)
             self.job = None
         if self.active is not None:
