@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     # The ranks run in sessions of their own: a SIGTERM (a CI deadline, `kill`)
     # unwinds like Ctrl-C, so that they, the faults and the cluster are cleaned up.
+    # (SIGINT too: a shell's background job may have inherited it ignored.)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
     try:
