@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"cadence soak: {'OK' if summary['ok'] else 'FAILED'} (full summary: "
-          f"{cfg.out / 'summary.json'})")
+    verdict = "INTERRUPTED" if summary["interrupted"] else ("OK" if summary["ok"] else "FAILED")
+    print(f"cadence soak: {verdict} (full summary: {cfg.out / 'summary.json'})")
     if summary["interrupted"]:
         return 130
     return 0 if summary["ok"] else 1
