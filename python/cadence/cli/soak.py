@@ -94,13 +94,20 @@ def run(args: argparse.Namespace) -> int:
     except testbed.TestbedError as e:
         print(f"cadence soak: {e}", file=sys.stderr)
         return 2
-    brief = {k: v for k, v in summary.items() if k not in ("fault_log", "job_log", "wrong")}
+    lists = ("fault_log", "job_log", "wrong", "unexplained", "hung", "crashed")
+    brief = {k: v for k, v in summary.items() if k not in lists}
     print(json.dumps(brief, indent=1))
     if summary["wrong"]:
         print("wrong results (first ones):", file=sys.stderr)
         for w in summary["wrong"][:10]:
             print(f"  job {w['job']} rank {w['rank']} step {w['step']}: {w['detail']}",
                   file=sys.stderr)
+    for key, what in (("unexplained", "failures no cut explains"), ("hung", "hangs"),
+                      ("crashed", "crashes")):  # fmt: skip
+        if summary[key]:
+            print(f"{what}:", file=sys.stderr)
+            for item in summary[key][:10]:
+                print(f"  {json.dumps(item)[:600]}", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
     verdict = "INTERRUPTED" if summary["interrupted"] else ("OK" if summary["ok"] else "FAILED")

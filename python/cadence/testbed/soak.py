@@ -429,6 +429,13 @@ class Soak:
                     rec.explained_by = f.id
                     f.outcome = f"failed job {rec.id}"
                     break
+        if rec.outcome == "failed" and rec.explained_by is None:
+            during = [f for f in self.faults if f.start <= rec.first_failure
+                      and (f.end is None or rec.first_failure <= f.end)]  # fmt: skip
+            rec.note = "not under a cut" + "".join(
+                f"; during {f.kind} fault {f.id} (host {f.host}{', ' + f.rate if f.rate else ''})"
+                for f in during
+            )
         for f in self.faults:  # cuts under this job that it rode out
             if f.kind == "cut" and f.job == rec.id and not f.outcome:
                 f.outcome = "ridden out" if rec.explained_by != f.id else f.outcome
@@ -578,6 +585,12 @@ class Soak:
             "fault_log": [asdict(f) for f in self.faults],
             "job_log": [self._job_json(r) for r in recs],
             "wrong": self.wrong[:50],
+            "unexplained": [
+                {"job": r.id, "note": r.note, "errors": r.errors[:3]}
+                for r in recs if r.outcome == "failed" and r.explained_by is None
+            ],  # fmt: skip
+            "hung": [{"job": r.id, "ranks": r.hung_ranks} for r in recs if r.hung_ranks],
+            "crashed": [{"job": r.id, "ranks": r.crashed_ranks} for r in recs if r.crashed_ranks],
             "replay": self.replay_hint(),
         }
         return s
