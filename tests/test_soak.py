@@ -53,6 +53,9 @@ def test_soak_smoke_with_a_cut(tmp_path, why_not):
     cmd = [sys.executable, "-m", "cadence.cli.main", "soak", "--duration", str(SMOKE_SECONDS),
            "--seed", "1", "--hosts", "3", "--ranks-per-host", "2", "--timeout", str(OP_TIMEOUT),
            "--first-cut", "3", "--fault-every", "15", "--progress", "10",
+           # Not slower: a communicator's start-up calibration streams 8 MiB
+           # under the timeout, which a slower link can exceed (docs/soak.md).
+           "--slow-rates", "100mbit,200mbit",
            "--out", str(tmp_path)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
     t0 = time.monotonic()

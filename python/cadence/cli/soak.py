@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-cut", type=float, default=None, metavar="SECONDS",
                    help="make the first fault a cut past the timeout, this long after the "
                    "first job is running")
+    p.add_argument("--slow-rates", default=",".join(d.slow_rates),
+                   help=f"rates a slowed link runs at, one drawn per fault "
+                   f"({','.join(d.slow_rates)})")  # fmt: skip
     p.add_argument("--max-count", type=_positive, default=d.max_count,
                    help=f"elements in an operation's largest buffer ({d.max_count})")
     p.add_argument("--out", type=Path, default=d.out,
@@ -80,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         nics=args.nics, rate=args.rate, cluster=args.cluster, timeout=args.timeout,
         margin=args.margin, startup=args.startup, fault_every=args.fault_every,
         first_cut=args.first_cut, max_count=args.max_count, out=args.out,
+        slow_rates=tuple(r.strip() for r in args.slow_rates.split(",") if r.strip()),
         progress=args.progress,
     )  # fmt: skip
     # The ranks run in sessions of their own: a SIGTERM (a CI deadline, `kill`)

@@ -48,6 +48,7 @@ from typing import TextIO
 
 from cadence.testbed import cluster as tb
 from cadence.testbed import jobs
+from cadence.testbed.rates import parse_rate
 
 SLOW_RATES = ("20mbit", "50mbit", "200mbit")
 
@@ -68,6 +69,7 @@ class Config:
     # The first fault: a cut past the timeout, this many s into a running job.
     first_cut: float | None = None
     max_count: int = 1 << 18
+    slow_rates: tuple[str, ...] = SLOW_RATES  # what a slowed link runs at
     out: Path = Path("soak-results")
     progress: float = 5.0  # seconds between progress lines
     master_port: int = 29600
@@ -312,6 +314,13 @@ class Soak:
 
     def setup(self) -> None:
         cfg = self.cfg
+        for rate in cfg.slow_rates:
+            try:
+                parse_rate(rate)
+            except ValueError as e:
+                raise tb.TestbedError(f"--slow-rates: {e}") from None
+        if not cfg.slow_rates:
+            raise tb.TestbedError("--slow-rates: give at least one rate")
         cfg.out.mkdir(parents=True, exist_ok=True)
         if cfg.cluster:
             self.cluster = tb.require(cfg.cluster)
@@ -357,7 +366,7 @@ class Soak:
             rate = None
         else:
             planned = self.rng.uniform(5.0, 20.0)
-            rate = self.rng.choice(SLOW_RATES)
+            rate = self.rng.choice(self.cfg.slow_rates)
         f = Fault(len(self.faults), kind, host, nic, time.time(), round(planned, 2), rate,
                   job=self.job.record.id if self.job else None)  # fmt: skip
         if kind == "cut":
