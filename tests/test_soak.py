@@ -117,3 +117,74 @@ def test_references_match_a_direct_computation():
     assert list(ref.scatter(np.arange(6), [1, 0, 5], 2)) == [1, 2, 3, 4, 5]
     counts = ref.split_counts(4, 17, (1, 2))
     assert sum(counts) == 17 and len(counts) == 4
+
+
+def _fake_job(tmp_path, scripts, **cfg):
+    """A soak Job over local processes (no cluster): what poll() makes of them."""
+    import threading
+
+    from cadence.testbed import soak
+
+    s = soak.Soak(soak.Config(out=tmp_path, **cfg), out=open(os.devnull, "w"))  # noqa: SIM115
+    job = object.__new__(soak.Job)
+    job.soak, job.record = s, soak.JobRecord(0, time.time())
+    job.started, job.failed_at, job.running_at = time.monotonic(), None, None
+    job.log, job.log_lock, job.readers = open(tmp_path / "log", "w"), threading.Lock(), []  # noqa: SIM115
+    job.ranks = {
+        r: soak.RankState(r, subprocess.Popen(["sh", "-c", sc], start_new_session=True),
+                          time.monotonic(), ready=True)
+        for r, sc in enumerate(scripts)
+    }  # fmt: skip
+    job.running_at = time.monotonic()
+    job.record.nranks = len(scripts)
+    s.job = job
+    return s, job
+
+
+def _poll_until_over(job, limit=20.0):
+    end = time.monotonic() + limit
+    while not job.poll():
+        assert time.monotonic() < end, "the job never ended"
+        time.sleep(0.05)
+    return job.record
+
+
+def test_a_silent_rank_is_a_hang_and_is_killed(tmp_path):
+    _, job = _fake_job(tmp_path, ["sleep 30", "sleep 30"], timeout=0.3, margin=0.3)
+    t0 = time.monotonic()
+    rec = _poll_until_over(job)
+    assert rec.outcome == "hang" and len(rec.hung_ranks) == 2
+    assert time.monotonic() - t0 < 10
+    assert all(st.proc.poll() is not None for st in job.ranks.values())
+
+
+def test_a_rank_that_outlives_a_failure_is_a_hang(tmp_path):
+    _, job = _fake_job(tmp_path, ["exit 3", "sleep 30"], timeout=0.3, margin=0.3)
+    job.on_event(0, {"ev": "error", "kind": "CommError", "culprit": 1, "t": time.time()})
+    rec = _poll_until_over(job)
+    assert rec.outcome == "hang" and [h["rank"] for h in rec.hung_ranks] == [1]
+
+
+def test_a_rank_dying_without_an_error_is_a_crash(tmp_path):
+    _, job = _fake_job(tmp_path, ["kill -SEGV $$", "exit 3"], timeout=5, margin=5)
+    job.on_event(1, {"ev": "error", "kind": "CommError", "culprit": 0, "t": time.time()})
+    rec = _poll_until_over(job)
+    assert rec.outcome == "crash" and rec.crashed_ranks[0]["rank"] == 0
+    assert "SIGSEGV" in rec.crashed_ranks[0]["exit"]
+
+
+def test_a_failure_is_explained_only_under_a_cut(tmp_path):
+    from cadence.testbed import soak
+
+    for kind, explained in (("cut", True), ("slow", False)):
+        s, job = _fake_job(tmp_path, ["exit 3", "exit 3"], timeout=5, margin=5)
+        now = time.time()
+        s.faults = [soak.Fault(0, kind, 1, 0, now - 2, 5.0, end=now - 1, job=0)]
+        for r in (0, 1):
+            job.on_event(r, {"ev": "error", "kind": "CommError", "culprit": 1 - r, "t": now})
+        _poll_until_over(job)
+        s._job_over()
+        summary = s.summary()
+        assert summary["unexplained_failures"] == (0 if explained else 1), summary
+        assert summary["ok"] == explained
+        assert summary["jobs"]["failed_every_rank_naming_a_culprit"] == 1

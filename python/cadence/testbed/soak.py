@@ -110,7 +110,8 @@ class JobRecord:
     id: int
     start: float
     end: float | None = None
-    outcome: str = "running"  # ok, failed, hang, crash
+    nranks: int = 0
+    outcome: str = "running"  # ok, failed, hang, crash, interrupted
     explained_by: int | None = None  # fault id
     first_failure: float | None = None
     ops: int = 0
@@ -153,6 +154,7 @@ class Job:
             t = threading.Thread(target=self._read, args=(place.rank, proc.stdout), daemon=True)
             t.start()
             self.readers.append(t)
+        self.record.nranks = len(self.ranks)
 
     def _read(self, rank: int, stream) -> None:
         with stream:
@@ -543,8 +545,8 @@ class Soak:
             return mine != theirs
 
         failed = [r for r in recs if r.outcome == "failed"]
-        named = [r for r in failed if r.errors and all(e["culprit"] is not None for e in r.errors)
-                 and len(r.errors) == len(self.job_ranks())]  # fmt: skip
+        named = [r for r in failed if len(r.errors) == r.nranks
+                 and all(e["culprit"] is not None for e in r.errors)]  # fmt: skip
         latency = [e["t"] - self.faults[r.explained_by].start for r in failed
                    if r.explained_by is not None for e in r.errors if e.get("t")]  # fmt: skip
         cuts = [f for f in self.faults if f.kind == "cut"]
@@ -603,10 +605,6 @@ class Soak:
             "replay": self.replay_hint(),
         }
         return s
-
-    def job_ranks(self) -> list[int]:
-        return list(range(len(self.cluster.hosts) * self.cfg.ranks_per_host)) \
-            if self.cluster else []  # fmt: skip
 
     def _job_json(self, r: JobRecord) -> dict:
         d = asdict(r)
