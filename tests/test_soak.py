@@ -137,6 +137,7 @@ def _fake_job(tmp_path, scripts, **cfg):
     }  # fmt: skip
     job.running_at = time.monotonic()
     job.record.nranks = len(scripts)
+    job.store = subprocess.Popen(["true"])
     s.job = job
     return s, job
 

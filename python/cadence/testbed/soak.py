@@ -22,8 +22,9 @@ is cut. What is expected today (multipath and failover are future work):
 - nothing hangs: a rank that neither reports progress nor ends within the
   timeout + margin is a hang (the job is then killed), as is a job whose ranks
   are not all up within the start-up limit;
-- a job fails only when a cut explains it (it failed between the cut and its
-  restore + timeout + margin); anything else (and any crash) is unexplained.
+- a job fails only when a cut explains it (a cut made while the job ran, and
+  the job failed between the cut and its restore + timeout + margin);
+  anything else (and any crash) is unexplained.
 
 After a failed job a fresh one starts (with the next job number: the seed
 and job number fix its operations). At the end a summary (JSON) says what
@@ -51,6 +52,7 @@ from cadence.testbed import jobs
 from cadence.testbed.rates import parse_rate
 
 SLOW_RATES = ("20mbit", "50mbit", "200mbit")
+CUT_SHARE = 0.6  # of the faults that come while a job runs
 
 
 @dataclass
@@ -143,7 +145,11 @@ class Job:
                "--max-count", str(cfg.max_count)]  # fmt: skip
         self.cmd = cmd
         port = cfg.master_port + jid % 200  # a fresh store port: no TIME_WAIT leftovers
-        for place in jobs.placements(soak.cluster, cfg.ranks_per_host):
+        places = jobs.placements(soak.cluster, cfg.ranks_per_host)
+        self.store = self._serve_store(places[0], port, env)
+        self.started = time.monotonic()  # the start-up limit is the ranks'
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        for place in places:
             proc = subprocess.Popen(
                 jobs.in_host(place.host, cmd),
                 env=jobs.rank_env(soak.cluster, place, cfg.ranks_per_host, port, env),
@@ -155,6 +161,38 @@ class Job:
             t.start()
             self.readers.append(t)
         self.record.nranks = len(self.ranks)
+
+    def _serve_store(self, place, port: int, env: dict) -> subprocess.Popen:
+        """The job's store on host 0, in a process of its own (as torchrun's
+        agent serves it): a failing rank 0 does not take it along. Waits
+        (up to the start-up limit) until it listens."""
+        cfg = self.soak.cfg
+        cmd = [sys.executable, "-m", "cadence.testbed.soak_rank", "--seed", str(cfg.seed),
+               "--serve-store"]  # fmt: skip
+        proc = subprocess.Popen(
+            jobs.in_host(place.host, cmd),
+            env=jobs.rank_env(self.soak.cluster, place, cfg.ranks_per_host, port, env),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        up = threading.Event()
+
+        def read():
+            with proc.stdout:
+                for raw in iter(proc.stdout.readline, b""):
+                    line = raw.decode(errors="replace").rstrip("\n")
+                    with self.log_lock:
+                        self.log.write(f"[store] {line}\n")
+                    if line.startswith('{"ev": "store"'):
+                        up.set()
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        self.readers.append(t)
+        if not up.wait(cfg.startup):
+            with self.log_lock:
+                self.log.write(f"[driver] the store is not up after {cfg.startup:g} s\n")
+        return proc
 
     def _read(self, rank: int, stream) -> None:
         with stream:
@@ -244,7 +282,7 @@ class Job:
         return False
 
     def kill(self) -> None:
-        jobs.terminate([st.proc for st in self.ranks.values()])
+        jobs.terminate([st.proc for st in self.ranks.values()] + [self.store])
         for st in self.ranks.values():
             if st.exit is None:
                 st.proc.wait()
@@ -253,6 +291,7 @@ class Job:
                 st.killed = True
 
     def _finish(self) -> None:
+        jobs.terminate([self.store])
         for t in self.readers:
             t.join(timeout=1.0)
         self.soak.drain()  # the last events of this job
@@ -410,7 +449,7 @@ class Soak:
             return
         # Links are cut only under a running job (a cut during start-up would
         # fail the store's rendezvous, which is not cadence's to report).
-        if job is not None and job.running and self.rng.random() < 0.5:
+        if job is not None and job.running and self.rng.random() < CUT_SHARE:
             self._inject("cut")
         else:
             self._inject("slow")
@@ -436,7 +475,7 @@ class Soak:
         self.job = None
         if rec.outcome == "failed":
             for start, end, f in self._cut_windows():
-                if start <= rec.first_failure <= end:
+                if f.job == rec.id and start <= rec.first_failure <= end:
                     rec.explained_by = f.id
                     f.outcome = f"failed job {rec.id}"
                     break

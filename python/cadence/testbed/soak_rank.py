@@ -4,7 +4,9 @@ collectives, every result checked against a numpy reference.
     python -m cadence.testbed.soak_rank --seed S --job J [--stop-at T] [--max-steps N]
 
 Started by `cadence soak` on every rank of an emulated cluster (torchrun's
-environment), or by hand under `cadence cluster run` to replay a job: the
+environment; the store is served by a process of its own, `--serve-store`,
+and the ranks get TORCHELASTIC_USE_AGENT_STORE=True), or by hand under
+`cadence cluster run` to replay a job (rank 0 then serves the store): the
 sequence depends only on (seed, job) and the world's hosts, so the same
 arguments give the same operations.
 
@@ -486,6 +488,10 @@ class Job:
         for g in self.groups[1:]:
             if g.comm is not None:
                 g.comm.close()
+        # Together to the end: no rank leaves while another still works.
+        self.current = Spec("barrier", self.groups[0], 0, "int64", "sum", 0.0, 0, ())
+        self.world.barrier()
+        self.current = None
         emit(ev="done", steps=self.step, ops=self.ops, checks=self.checks)
 
 
@@ -498,11 +504,33 @@ def parse_args(argv):
     p.add_argument("--max-count", type=int, default=1 << 18,
                    help="elements in an operation's largest buffer (262144)")  # fmt: skip
     p.add_argument("--sync-every", type=int, default=16)
+    p.add_argument("--serve-store", action="store_true",
+                   help="serve the job's TCPStore at MASTER_ADDR:MASTER_PORT until killed "
+                   "(as torchrun's agent does), instead of running a rank")  # fmt: skip
     return p.parse_args(argv)
+
+
+def serve_store() -> int:
+    """The job's store, in a process of its own (torchrun's agent store): a
+    rank that fails, rank 0 included, does not take the store with it, so
+    the others still meet in `split` and fail with cadence's error."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=300))  # fmt: skip
+    emit(ev="store", port=store.port)
+    while True:
+        time.sleep(3600)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.serve_store:
+        return serve_store()
     import cadence
 
     job = None
