@@ -5,7 +5,7 @@ one after the other on an emulated cluster, and from outside the jobs
 injects faults at random times:
 
 - **cut**: a host's link goes down (`ip link set ... down` on its switch
-  port) for a short while (shorter than the operation timeout: TCP may ride it
+  port) for a short while (1 s up to the operation timeout: TCP may ride it
   out) or a long one (past the timeout: the job must fail);
 - **slow**: a host's link is throttled (tbf) to a low rate for a while.
 
@@ -403,7 +403,7 @@ class Soak:
             # Short (TCP may ride it out) or past the timeout (the job must fail).
             if long is None:
                 long = self.rng.random() < 0.5
-            planned = self.rng.uniform(t + 1, t + 5) if long else self.rng.uniform(1.0, t / 2)
+            planned = self.rng.uniform(t + 1, t + 5) if long else self.rng.uniform(1.0, t)
             rate = None
         else:
             planned = self.rng.uniform(5.0, 20.0)
