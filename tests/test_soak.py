@@ -159,6 +159,14 @@ def test_a_silent_rank_is_a_hang_and_is_killed(tmp_path):
     assert all(st.proc.poll() is not None for st in job.ranks.values())
 
 
+def test_a_rank_that_does_not_exit_after_done_is_a_hang(tmp_path):
+    _, job = _fake_job(tmp_path, ["exit 0", "sleep 30"], timeout=0.3, margin=0.3)
+    for r in (0, 1):
+        job.on_event(r, {"ev": "done", "steps": 1, "ops": 1, "checks": 1})
+    rec = _poll_until_over(job)
+    assert rec.outcome == "hang" and [h["rank"] for h in rec.hung_ranks] == [1]
+
+
 def test_a_rank_that_outlives_a_failure_is_a_hang(tmp_path):
     _, job = _fake_job(tmp_path, ["exit 3", "sleep 30"], timeout=0.3, margin=0.3)
     job.on_event(0, {"ev": "error", "kind": "CommError", "culprit": 1, "t": time.time()})

@@ -261,8 +261,10 @@ class Job:
                 hung = [st for st in live if not st.ready]
                 why = f"not up {cfg.startup:g} s after the job started"
         else:
-            hung = [st for st in live if now - st.last > limit and st.done is None]
-            why = f"no progress for {limit:g} s"
+            # (A rank that said "done" but does not exit counts too: its
+            # communicator's close() would be what hangs.)
+            hung = [st for st in live if now - st.last > limit]
+            why = f"no progress (or no exit after 'done') for {limit:g} s"
             done = [st for st in self.ranks.values() if st.done is not None]
             if done and not hung:
                 # Ranks that finished wait for nobody: the rest must follow soon.
