@@ -223,7 +223,11 @@ class Job:
             st.step, st.ops, st.checks = ev["steps"], ev["ops"], ev["checks"]
         elif kind == "wrong":
             self.record.wrong += 1
-            self.soak.wrong.append({"job": self.record.id, "rank": rank, **ev})
+            self.soak.wrong.append({
+                "job": self.record.id, "rank": rank, **ev,
+                "replay_args": f"--seed {self.soak.cfg.seed} --job {self.record.id} "
+                               f"--max-steps {int(ev.get('step') or 0) + 1}",
+            })  # fmt: skip
             self.soak.say(f"WRONG RESULT job {self.record.id} rank {rank} step {ev['step']}: "
                           f"{ev['detail']}")  # fmt: skip
         elif kind == "error":
