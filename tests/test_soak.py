@@ -197,3 +197,33 @@ def test_a_failure_is_explained_only_under_a_cut(tmp_path):
         assert summary["unexplained_failures"] == (0 if explained else 1), summary
         assert summary["ok"] == explained
         assert summary["jobs"]["failed_every_rank_naming_a_culprit"] == 1
+
+
+class _OneRankComm:
+    """A communicator of one rank in numpy; `broken` adds 1 to each result."""
+
+    def __init__(self, broken):
+        self.broken = broken
+
+    def algorithms(self, kind):
+        return ["ring"]
+
+    def allreduce(self, x, out=None, op="sum", factor=None, algo=None, async_op=False):
+        dst = x if out is None else out
+        dst[...] = np.asarray(x) * (factor or 1) + (1 if self.broken else 0)
+        return dst
+
+    def allgather(self, x, algo=None, async_op=False):
+        return np.asarray(x).reshape(1, -1) + (1 if self.broken else 0)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_wrong_result_is_caught(broken):
+    comm = _OneRankComm(broken)
+    group = soak_rank.Group("world", [0], comm)
+    for kind in ("allreduce", "allgather"):
+        spec = soak_rank.Spec(kind, group, 17, "int32", "sum", 0.0, 0, (1, 2, 3))
+        handle, check = soak_rank._issue(spec, 0, False)
+        fails = []
+        check(handle, fails)
+        assert bool(fails) == broken, fails
