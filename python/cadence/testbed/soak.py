@@ -53,6 +53,7 @@ from cadence.testbed.rates import parse_rate
 
 SLOW_RATES = ("20mbit", "50mbit", "200mbit")
 CUT_SHARE = 0.6  # of the faults that come while a job runs
+LAST_START = 15.0  # seconds before the end after which no new job starts
 
 
 @dataclass
@@ -517,7 +518,8 @@ class Soak:
                     self._job_over()
                 cut = self.active is not None and self.active.kind == "cut"
                 if self.job is None and not cut:
-                    if stopping:
+                    # A job started in the last seconds would only start and stop.
+                    if stopping or (jid > 0 and end - now < LAST_START):
                         break
                     self.job = Job(self, jid)
                     jid += 1
