@@ -188,9 +188,116 @@ def _noop(comm):
 
 def test_no_shared_memory_left_behind():
     before = set(glob.glob("/dev/shm/cadence-*"))
-    run_ranks(_noop, 3, transport="shm", timeout=60)
-    run_ranks(_die_mid_training, 3, transport="shm", args=(1,), op_timeout=2.0, timeout=60)
+    clean = run_ranks(_noop, 3, transport="shm", timeout=60)
+    assert all(clean[r] == ("ok", True) for r in range(3)), clean
+    crashed = run_ranks(_die_mid_training, 3, transport="shm", args=(1,), op_timeout=2.0,
+                        timeout=60)
+    assert crashed[1][0] != "ok", crashed[1]
+    for r in (0, 2):
+        assert crashed[r][0] == "ok" and crashed[r][1]["culprit"] == 1, crashed[r]
     assert set(glob.glob("/dev/shm/cadence-*")) - before == set()
+
+
+ABORT_TEXT_MAX = 2048  # bytes of reason any transport carries (transport::ABORT_TEXT_MAX)
+TRUNCATED = " \u2026[truncated]"
+
+
+def _expected_detail(text: str, rank: int) -> str:
+    """What every survivor must print: the reporting rank's text, or its
+    first bytes cut at a character boundary plus the truncation mark."""
+    detail = f"rank {rank} reported: aborted by the application: {text}"
+    raw = detail.encode()
+    if len(raw) <= ABORT_TEXT_MAX:
+        return detail
+    cut = raw[: ABORT_TEXT_MAX - len(TRUNCATED.encode())]
+    return cut.decode("utf-8", errors="ignore") + TRUNCATED
+
+
+def _abort_with(comm, text, aborter):
+    import cadence
+
+    comm.barrier()
+    if comm.rank == aborter:
+        time.sleep(0.3)  # the others are inside the allreduce by now
+        comm.abort(text)
+        return None
+    try:
+        comm.allreduce(np.ones(1 << 12, dtype=np.float32))
+    except cadence.CommError as e:
+        return {"msg": str(e), "culprit": e.culprit}
+    return {"msg": "no error", "culprit": None}
+
+
+_PREFIX = len("rank 1 reported: aborted by the application: ")
+_REASONS = {
+    "short": "disk full",
+    "at_limit": "a" * (ABORT_TEXT_MAX - _PREFIX),
+    "one_over": "b" * (ABORT_TEXT_MAX - _PREFIX + 1),
+    "long": "step 812: loss is nan; " * 300,
+    # Multi-byte characters that straddle the limit: the cut must not split one.
+    "non_ascii": "é日本語🚀" * 400,
+    "non_ascii_short": "Prüfung fehlgeschlagen: 日本語 🚀",
+}
+
+
+@pytest.mark.parametrize("reason", sorted(_REASONS))
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_relayed_reason_is_byte_exact(reason, transport):
+    """A failure reason reaches every survivor as the reporting rank wrote it
+    (or cut with a clear mark), directly or relayed, with no NUL bytes."""
+    text, aborter = _REASONS[reason], 1
+    res = run_ranks(_abort_with, 3, transport=transport, args=(text, aborter),
+                    op_timeout=10.0, timeout=90)
+    want = f"aborted because of rank {aborter}: {_expected_detail(text, aborter)}"
+    for r in (0, 2):
+        status, v = res[r]
+        assert status == "ok", f"rank {r}: {status} {v}"
+        assert v["culprit"] == aborter, v
+        msg = v["msg"]
+        assert "\x00" not in msg and "\ufffd" not in msg, repr(msg[:200])
+        body = msg[msg.index("aborted because of"):].removesuffix(f" [culprit: rank {aborter}]")
+        assert body == want, f"rank {r}:\n got {body[:120]!r}...{body[-60:]!r}\nwant " \
+            f"{want[:120]!r}...{want[-60:]!r}"
+
+
+def _drop_unwaited(comm):
+    import gc
+    import weakref
+
+    n = 1 << 16
+    if comm.rank == 1:
+        time.sleep(0.3)  # rank 0 drops its handle while this rank is late
+        x = np.full(n, 1.0, dtype=np.float32)
+        out = comm.allgather(x)
+        assert (out[0] == 0.0).all() and (out[1] == 1.0).all()
+    else:
+        x = np.zeros(n, dtype=np.float32)
+        out = np.empty(2 * n, dtype=np.float32)
+        alive = weakref.ref(out)
+        comm.allgather(x, out=out, async_op=True)  # the Work is dropped at once
+        del x, out
+        gc.collect()
+        kept = alive() is not None  # the operation still owns its output
+        # Reuse freed memory: had the buffers been released, the progress
+        # thread would now write into these (or into malloc's bookkeeping).
+        junk = [np.full(2 * n, 7.0, dtype=np.float32) for _ in range(64)]
+    comm.barrier()  # the dropped allgather finished before this (issue order)
+    for _ in range(5):
+        y = comm.allgather(np.full(1000, comm.rank + 0.5, dtype=np.float32))
+        assert np.array_equal(y.reshape(-1), np.repeat([0.5, 1.5], 1000).astype(np.float32))
+    if comm.rank == 1:
+        return True
+    gc.collect()
+    assert all((j == 7.0).all() for j in junk)
+    return {"kept": kept, "released": alive() is None}
+
+
+def test_dropped_work_keeps_its_buffers_alive():
+    """Dropping an unfinished async Work must not free the buffers the
+    progress thread is still using; they are released once it finished."""
+    res = run_ranks(_drop_unwaited, 2, transport="shm", op_timeout=10.0, timeout=60)
+    assert res[1] == ("ok", True), res[1]
+    assert res[0] == ("ok", {"kept": True, "released": True}), res[0]
 
 
 def _interrupted(comm, async_op):
@@ -219,3 +326,60 @@ def test_ctrl_c_ends_a_blocked_collective(async_op):
     v = res[0][1]
     assert res[0][0] == "ok", res[0]
     assert v["raised"] == "KeyboardInterrupt" and v["elapsed"] < 2.5, v
+
+
+def _any_source(comm, async_op):
+    """Rank 0 receives from whoever sends first; the others send their rank,
+    then enter a barrier at once, so collective frames from early senders
+    reach rank 0 while it still waits for the late ones."""
+    n = comm.size
+    if comm.rank == 0:
+        got = {}
+        for _ in range(n - 1):
+            out = np.empty(100, dtype=np.int64)
+            if async_op:
+                w = comm.recv(out, async_op=True)
+                src = w.wait(timeout=30)
+                assert w.source == src
+            else:
+                src = comm.recv(out)
+            assert (out == src * 1000 + np.arange(100)).all(), (src, out[:5])
+            got[src] = got.get(src, 0) + 1
+        comm.barrier()
+        total = comm.allreduce(np.ones(3, dtype=np.float32))
+        return {"sources": sorted(got), "total": total.tolist()}
+    time.sleep(0.2 * (n - comm.rank))  # the highest rank sends first
+    comm.send(comm.rank * 1000 + np.arange(100, dtype=np.int64), 0)
+    comm.barrier()
+    comm.allreduce(np.ones(3, dtype=np.float32))
+    return True
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "mixed"])
+def test_recv_from_any_source(transport, async_op):
+    n = 4
+    res = run_ranks(_any_source, n, transport=transport, args=(async_op,), op_timeout=10.0,
+                    timeout=90)
+    assert all(res[r] == ("ok", True) for r in range(1, n)), res
+    assert res[0] == ("ok", {"sources": [1, 2, 3], "total": [4.0, 4.0, 4.0]}), res[0]
+
+
+def _nobody_sends(comm):
+    import cadence
+
+    if comm.rank == 1:
+        return None
+    t0 = time.monotonic()
+    try:
+        comm.recv(np.empty(4, dtype=np.float32))
+    except cadence.CommError as e:
+        return {"elapsed": time.monotonic() - t0, "msg": str(e)}
+    return {"elapsed": time.monotonic() - t0, "msg": "no error"}
+
+
+def test_recv_from_any_source_times_out_clearly():
+    res = run_ranks(_nobody_sends, 2, op_timeout=2.0, timeout=60)
+    v = res[0][1]
+    assert res[0][0] == "ok", res[0]
+    assert "any source" in v["msg"] and 1.5 < v["elapsed"] < 2.0 + SLACK, v

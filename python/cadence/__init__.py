@@ -12,6 +12,7 @@ hanging (deadline: `CADENCE_TIMEOUT`, default 300 s).
 
 from __future__ import annotations
 
+import hmac
 import os
 import socket
 import uuid
@@ -19,7 +20,7 @@ import uuid
 import numpy as np
 
 from cadence import _buffers
-from cadence._core import Bootstrap, CommError, Work, algorithms
+from cadence._core import ANY_SOURCE, Bootstrap, CommError, Work, algorithms
 
 __all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_identity"]
 __version__ = "0.1.0"
@@ -137,15 +138,24 @@ def init(
     return _connect(store, f"cadence/{name}", rank, world_size, timeout, toward)
 
 
-def _connect(store, prefix, rank, size, timeout, toward) -> Communicator:
+def _connect(store, prefix, rank, size, timeout, toward, secret=None) -> Communicator:
+    """Sets up one communicator under the store keys `prefix/...`. Its job
+    secret (which keys the handshake every TCP connection must pass) is
+    `secret` when given (split derives one from the parent's), else 32
+    random bytes that rank 0 makes and shares under `prefix/secret`."""
     if rank == 0:
+        if secret is None:
+            store.set(f"{prefix}/secret", os.urandom(32))
         store.set(f"{prefix}/id", uuid.uuid4().hex[:16])
     comm_id = store.get(f"{prefix}/id").decode()
-    boot = Bootstrap(comm_id, rank, size, host_identity(), _local_ip(toward), timeout)
+    if secret is None:
+        secret = bytes(store.get(f"{prefix}/secret"))
+    boot = Bootstrap(comm_id, rank, size, host_identity(), _local_ip(toward), timeout,
+                     secret=secret)
     store.set(f"{prefix}/info/{rank}", boot.info())
     infos = [store.get(f"{prefix}/info/{r}").decode() for r in range(size)]
     core = boot.connect(infos)
-    return Communicator(core, store, prefix, timeout, toward)
+    return Communicator(core, store, prefix, timeout, toward, secret)
 
 
 def _algo(algo):
@@ -162,8 +172,9 @@ class Communicator:
     result; operations complete in the order they were issued.
     """
 
-    def __init__(self, core, store, prefix, timeout, toward):
+    def __init__(self, core, store, prefix, timeout, toward, secret):
         self._c = core
+        self._secret = secret  # memory only: sub-communicators derive theirs
         self._store = store
         self._prefix = prefix
         self._timeout = timeout
@@ -341,9 +352,13 @@ class Communicator:
         return self._run("send", x, None, root=dst, counts=[_buffers.numel(x)],
                          async_op=async_op)
 
-    def recv(self, out, src, async_op=False):
-        """Receives into `out` from rank `src`. Returns `out`."""
-        return self._run("recv", None, out, root=src, counts=[_buffers.numel(out)],
+    def recv(self, out, src=None, async_op=False):
+        """Receives into `out` from rank `src`; returns `out`. With `src=None`,
+        from whichever rank sends to this one first (a send of `out`'s size);
+        returns that rank (with `async_op`, `wait()` returns it, and
+        `Work.source` holds it once known)."""
+        root = ANY_SOURCE if src is None else src
+        return self._run("recv", None, out, root=root, counts=[_buffers.numel(out)],
                          async_op=async_op, result=out)
 
     def split(self, color: int, key: int | None = None) -> Communicator | None:
@@ -361,8 +376,11 @@ class Communicator:
             key=lambda r: (int(table[r, 1]), r),
         )
         prefix = f"{self._prefix}/split{self._nsplit}/c{int(color)}"
+        # Every member derives the same secret; strangers who only watch the
+        # store see no new one.
+        secret = hmac.digest(self._secret, prefix.encode(), "sha256")
         return _connect(self._store, prefix, members.index(self.rank), len(members),
-                        self._timeout, self._toward)
+                        self._timeout, self._toward, secret)
 
     def dump_records(self) -> dict:
         """The flight recorder: the last operations (with timings and status)
@@ -374,6 +392,13 @@ class Communicator:
     def close(self) -> None:
         """Waits for queued operations and stops the progress thread."""
         self._c.close()
+
+    def abort(self, reason: str = "aborted by the application") -> None:
+        """Fails this communicator on purpose and tells every peer why: their
+        pending or next operation raises CommError naming this rank, with
+        `reason` in the message (cut to 2 KiB with a "[truncated]" mark).
+        Every later operation here raises at once."""
+        self._c.abort(reason)
 
     def _inject_garbage(self, peer: int) -> None:
         """Test hook: write bytes that are not a frame on the TCP link to `peer`."""

@@ -14,6 +14,12 @@ pub enum ErrorKind {
         secs: f64,
         what: String,
     },
+    /// A receive from any source saw no matching send from any rank.
+    #[error(
+        "timed out after {secs:.1}s: no rank sent a message to this receive from any source \
+         ({bytes} bytes)"
+    )]
+    NoSender { secs: f64, bytes: usize },
     #[error("rank {peer} (pid {pid}) died")]
     PeerDied { peer: usize, pid: u32 },
     #[error("rank {peer} closed its connection ({detail})")]
@@ -34,8 +40,15 @@ pub enum ErrorKind {
     Aborted { origin: usize, detail: String },
     #[error("interrupted (a signal arrived while waiting)")]
     Interrupted,
+    /// The application aborted the communicator on this rank (`abort`).
+    #[error("aborted by the application: {0}")]
+    UserAbort(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A broken invariant inside cadence (a schedule or engine bug). The
+    /// communicator fails and tells its peers, as for any other failure.
+    #[error("internal error (a bug in cadence; please report it): {0}")]
+    Internal(String),
     #[error("communicator unusable after an earlier failure: {0}")]
     Failed(String),
     #[error("setup failed: {0}")]
@@ -64,8 +77,8 @@ impl ErrorKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommError {
     pub kind: ErrorKind,
-    /// Rank that observed the error.
-    pub rank: usize,
+    /// Rank that observed the error (unknown before bootstrap assigns one).
+    pub rank: Option<usize>,
     /// Operation: (collective, sequence number on this communicator).
     pub op: Option<(CollKind, u64)>,
     pub comm_id: String,
@@ -75,7 +88,7 @@ impl CommError {
     pub fn new(kind: ErrorKind) -> CommError {
         CommError {
             kind,
-            rank: usize::MAX,
+            rank: None,
             op: None,
             comm_id: String::new(),
         }
@@ -97,8 +110,8 @@ impl fmt::Display for CommError {
         if !self.comm_id.is_empty() {
             write!(f, " comm {}", self.comm_id)?;
         }
-        if self.rank != usize::MAX {
-            write!(f, " rank {}", self.rank)?;
+        if let Some(rank) = self.rank {
+            write!(f, " rank {rank}")?;
         }
         if let Some((kind, seq)) = self.op {
             write!(f, ", {kind} #{seq}")?;

@@ -21,4 +21,5 @@ pub mod types;
 pub use comm::{Bootstrap, Comm, Completion, OpRequest, PeerInfo};
 pub use config::Config;
 pub use error::{CommError, ErrorKind};
+pub use transport::handshake::JobSecret;
 pub use types::{CollKind, DType, RedOp};

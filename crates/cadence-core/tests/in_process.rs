@@ -3,7 +3,7 @@
 //! failure here points at the core.
 
 use cadence_core::comm::{Bootstrap, Comm, OpRequest, PeerInfo};
-use cadence_core::engine::Buffers;
+use cadence_core::JobSecret;
 use cadence_core::{CollKind, Config, DType, ErrorKind, RedOp};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
@@ -31,21 +31,23 @@ fn world_with<T: Send + 'static>(
     body: impl Fn(&Comm) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
     let id = format!("t{}x{}", std::process::id(), rand_tag());
+    let secret = JobSecret::random().unwrap();
     let infos: Arc<Mutex<Vec<Option<PeerInfo>>>> = Arc::new(Mutex::new(vec![None; n]));
     let barrier = Arc::new(Barrier::new(n));
     let body = Arc::new(body);
     let handles: Vec<_> = (0..n)
         .map(|r| {
-            let (id, infos, barrier, body, cfg) = (
+            let (id, infos, barrier, body, cfg, secret) = (
                 id.clone(),
                 infos.clone(),
                 barrier.clone(),
                 body.clone(),
                 cfg.clone(),
+                secret.clone(),
             );
             std::thread::spawn(move || {
-                let b =
-                    Bootstrap::new(&id, r, n, &host(r), "127.0.0.1".parse().unwrap(), cfg).unwrap();
+                let ip = "127.0.0.1".parse().unwrap();
+                let b = Bootstrap::new(&id, r, n, &host(r), ip, cfg, secret).unwrap();
                 infos.lock().unwrap()[r] = Some(b.info.clone());
                 barrier.wait();
                 let all: Vec<PeerInfo> = infos
@@ -71,24 +73,11 @@ fn rand_tag() -> u64 {
 }
 
 fn allreduce_f32(comm: &Comm, data: &mut [f32]) -> Result<(), cadence_core::CommError> {
-    let bytes = std::mem::size_of_val(data);
-    let p = data.as_mut_ptr() as *mut u8;
-    comm.run(OpRequest {
-        kind: CollKind::AllReduce,
-        dtype: DType::F32,
-        op: RedOp::Sum,
-        root: 0,
-        counts: vec![data.len()],
-        bufs: Buffers {
-            input: p,
-            input_bytes: bytes,
-            output: p,
-            output_bytes: bytes,
-        },
-        has_input: true,
-        has_output: true,
-        algo: None,
-    })
+    let n = data.len();
+    comm.run(
+        OpRequest::new(CollKind::AllReduce, DType::F32, RedOp::Sum, 0, vec![n])
+            .inout(bytemuck::cast_slice_mut(data)),
+    )
 }
 
 fn check_sum(n: usize, host: fn(usize) -> String) {
@@ -179,8 +168,9 @@ fn a_stranger_sending_garbage_at_setup_is_ignored() {
         ..Config::default()
     };
     let ip = "127.0.0.1".parse().unwrap();
-    let b0 = Bootstrap::new(&id, 0, 2, "h0", ip, cfg()).unwrap();
-    let b1 = Bootstrap::new(&id, 1, 2, "h1", ip, cfg()).unwrap();
+    let secret = JobSecret::random().unwrap();
+    let b0 = Bootstrap::new(&id, 0, 2, "h0", ip, cfg(), secret.clone()).unwrap();
+    let b1 = Bootstrap::new(&id, 1, 2, "h1", ip, cfg(), secret).unwrap();
     let infos = vec![b0.info.clone(), b1.info.clone()];
     let mut stranger = std::net::TcpStream::connect(b0.info.addr.as_str()).unwrap();
     stranger.write_all(&[0x47u8; 200]).unwrap();

@@ -2,12 +2,11 @@
 //! Python package (python/cadence) builds the friendly API on top.
 
 use cadence_core::comm::{
-    Bootstrap as CoreBootstrap, Comm, Completion, InterruptCheck, OpRequest, PeerInfo,
+    Bootstrap as CoreBootstrap, Comm, Completion, InterruptCheck, OpRequest, PeerInfo, ANY_SOURCE,
     INTERRUPT_EVERY,
 };
-use cadence_core::engine::Buffers;
 use cadence_core::schedule::Algo;
-use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, RedOp};
+use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, JobSecret, RedOp};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::ffi;
@@ -286,12 +285,17 @@ fn parse_algo(algo: Option<&str>) -> PyResult<Option<Algo>> {
 }
 
 /// An operation in flight. `wait()` returns the operation's result object.
+///
+/// The buffers are not held here: the request owns references to them
+/// (`OpRequest::raw_buffers`' keep-alive), which the communicator drops only
+/// after the operation finished. So dropping an unfinished Work, or never
+/// waiting on it, cannot free memory the progress thread still writes.
 #[pyclass(module = "cadence._core")]
 struct Work {
     done: Arc<Completion>,
-    /// Keeps the user's buffers alive until the operation finishes.
-    keep: Vec<PyObject>,
-    result: PyObject,
+    /// What `wait()` returns; `None`: the sender's rank (a receive from any
+    /// source).
+    result: Option<PyObject>,
 }
 
 #[pymethods]
@@ -311,7 +315,12 @@ impl Work {
             };
             let done = self.done.clone();
             match py.allow_threads(move || done.wait(Some(slice))) {
-                Some(Ok(())) => return Ok(self.result.clone_ref(py)),
+                Some(Ok(())) => {
+                    return Ok(match &self.result {
+                        Some(r) => r.clone_ref(py),
+                        None => self.done.source().into_pyobject(py)?.into_any().unbind(),
+                    })
+                }
                 Some(Err(e)) => return Err(to_py_err(py, e)),
                 None => {}
             }
@@ -329,13 +338,11 @@ impl Work {
         self.done.is_done()
     }
 
-    fn __del__(&mut self, py: Python<'_>) {
-        // Dropping a Work must not free buffers the engine still uses.
-        if !self.done.is_done() {
-            let done = self.done.clone();
-            py.allow_threads(move || done.wait(None));
-        }
-        self.keep.clear();
+    /// For a receive from any source: the rank it received from, once known
+    /// (else None).
+    #[getter]
+    fn source(&self) -> Option<usize> {
+        self.done.source()
     }
 }
 
@@ -401,52 +408,52 @@ impl PyComm {
             (None, None, Some(d)) => d,
             (None, None, None) => DType::U8,
         };
-        let req = OpRequest {
-            kind: c.kind,
-            dtype,
-            op: c.op,
-            root: c.root,
-            counts: c.counts,
-            bufs: Buffers {
-                input: inp
-                    .as_ref()
-                    .map_or(std::ptr::null(), |v| v.ptr as *const u8),
-                input_bytes: inp.as_ref().map_or(0, |v| v.bytes),
-                output: out.as_ref().map_or(std::ptr::null_mut(), |v| v.ptr),
-                output_bytes: out.as_ref().map_or(0, |v| v.bytes),
-            },
-            has_input: inp.is_some(),
-            has_output: out.is_some(),
-            algo: c.algo,
-        };
+        let input = inp.map(|v| (v.ptr as *const u8, v.bytes));
+        let output = out.map(|v| (v.ptr, v.bytes));
+        let any_source = c.kind == CollKind::Recv && c.root == ANY_SOURCE;
+        let plain = OpRequest::new(c.kind, dtype, c.op, c.root, c.counts).with_algo(c.algo);
         let comm = self.comm.clone();
         if c.async_op {
-            let done = comm.submit(req).map_err(|e| to_py_err(py, e))?;
-            let keep = c
+            // The request owns references to the buffer objects until the
+            // operation finished (dropped on the progress thread; pyo3 defers
+            // the decrement to the next time a thread holds the GIL).
+            let owners: Vec<PyObject> = c
                 .input
                 .into_iter()
                 .chain(c.output)
                 .map(|(b, _)| b.unbind())
                 .collect();
+            // SAFETY: `view` took each pointer from its object's buffer
+            // (numpy's data, or the buffer protocol), and `owners` holds those
+            // objects until the operation finished, so the memory stays
+            // allocated. Using it meanwhile is the caller's side of
+            // `async_op=True`, as with every CCL's asynchronous calls.
+            let req = unsafe { plain.raw_buffers(input, output, Some(Box::new(owners))) };
+            let done = comm.submit(req).map_err(|e| to_py_err(py, e))?;
             let w = Work {
                 done,
-                keep,
-                result: c.result,
+                result: (!any_source).then_some(c.result),
             };
             return Ok(Py::new(py, w)?.into_any());
         }
+        // SAFETY: `c.input`/`c.output` hold the buffer objects for this whole
+        // (synchronous) call, which returns only after the operation finished.
+        let req = unsafe { plain.raw_buffers(input, output, None) };
         let check = self.interrupt.clone();
         let result = py.allow_threads(move || comm.run_interruptible(req, Some(check)));
-        if let Err(e) = result {
-            if e.kind == ErrorKind::Interrupted {
-                // Re-raise what the signal handler raised (KeyboardInterrupt).
-                if let Some(err) = self.signal.lock().unwrap().take() {
-                    return Err(err);
+        match result {
+            Ok(Some(source)) if any_source => Ok(source.into_pyobject(py)?.into_any().unbind()),
+            Ok(_) => Ok(c.result),
+            Err(e) => {
+                if e.kind == ErrorKind::Interrupted {
+                    // Re-raise what the signal handler raised (KeyboardInterrupt).
+                    if let Some(err) = self.signal.lock().unwrap().take() {
+                        return Err(err);
+                    }
                 }
+                Err(to_py_err(py, e))
             }
-            return Err(to_py_err(py, e));
         }
-        Ok(c.result)
     }
 }
 
@@ -629,14 +636,23 @@ impl PyComm {
         py.allow_threads(move || comm.close())
     }
 
+    /// Fails the communicator on purpose and tells every peer `reason`.
+    fn abort(&self, py: Python<'_>, reason: &str) {
+        let comm = self.comm.clone();
+        let reason = reason.to_string();
+        py.allow_threads(move || comm.abort(&reason))
+    }
+
     /// Test hook: writes garbage bytes on the TCP link to `peer`.
     fn _inject_garbage(&self, py: Python<'_>, peer: usize) -> PyResult<()> {
         self.comm.inject_garbage(peer).map_err(|e| to_py_err(py, e))
     }
 }
 
-/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout)` listens;
-/// publish `info()` through the store; `connect([info of every rank])`.
+/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout, secret=b)`
+/// listens; publish `info()` through the store; `connect([info of every
+/// rank])`. `secret` (the job secret, non-empty, the same on every rank)
+/// keys the handshake every TCP connection must pass.
 #[pyclass(module = "cadence._core")]
 struct Bootstrap {
     inner: Option<CoreBootstrap>,
@@ -645,7 +661,8 @@ struct Bootstrap {
 #[pymethods]
 impl Bootstrap {
     #[new]
-    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None))]
+    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None, *, secret))]
+    #[allow(clippy::too_many_arguments)] // mirrors the Python signature
     fn new(
         py: Python<'_>,
         comm_id: &str,
@@ -654,7 +671,9 @@ impl Bootstrap {
         host: &str,
         ip: &str,
         timeout: Option<f64>,
+        secret: &[u8],
     ) -> PyResult<Bootstrap> {
+        let secret = JobSecret::new(secret).map_err(PyValueError::new_err)?;
         let mut cfg = Config::from_env().map_err(PyValueError::new_err)?;
         if let Some(t) = timeout {
             if !(t > 0.0 && t.is_finite()) {
@@ -667,8 +686,8 @@ impl Bootstrap {
         let ip: IpAddr = ip
             .parse()
             .map_err(|_| PyValueError::new_err(format!("bad IP address {ip:?}")))?;
-        let b =
-            CoreBootstrap::new(comm_id, rank, size, host, ip, cfg).map_err(|e| to_py_err(py, e))?;
+        let b = CoreBootstrap::new(comm_id, rank, size, host, ip, cfg, secret)
+            .map_err(|e| to_py_err(py, e))?;
         Ok(Bootstrap { inner: Some(b) })
     }
 
@@ -718,5 +737,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Bootstrap>()?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("ANY_SOURCE", ANY_SOURCE)?;
     Ok(())
 }

@@ -1,13 +1,17 @@
 //! Bootstrap: every rank listens, publishes where (through the caller's
 //! store), then connects to every peer: shared-memory inboxes with same-host
-//! ranks, TCP streams with the others.
+//! ranks, TCP streams with the others. Every TCP stream proves, in a
+//! handshake keyed by the job secret (`transport/handshake.rs`), that it
+//! belongs to the communicator.
 
 use super::{Comm, OpRequest};
 use crate::config::{Config, DebugLevel};
 use crate::engine::Engine;
 use crate::error::{CommError, Result};
+use crate::transport::handshake::JobSecret;
 use crate::transport::shm::{open_peer_inbox, Inbox, ShmLink};
-use crate::transport::tcp::{accept_all, connect, TcpLink};
+use crate::transport::tcp::TcpLink;
+use crate::transport::tcp_setup::{accept_all, connect};
 use crate::transport::Link;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -54,6 +58,8 @@ pub struct Bootstrap {
     pub info: PeerInfo,
     listener: TcpListener,
     cfg: Config,
+    secret: JobSecret,
+    warn: Option<Box<dyn FnMut(String) + Send + Sync>>,
 }
 
 impl Bootstrap {
@@ -64,6 +70,7 @@ impl Bootstrap {
         host: &str,
         ip: IpAddr,
         cfg: Config,
+        secret: JobSecret,
     ) -> Result<Bootstrap> {
         if nranks == 0 || rank >= nranks {
             return Err(CommError::invalid(format!(
@@ -103,15 +110,24 @@ impl Bootstrap {
             },
             listener,
             cfg,
+            secret,
+            warn: None,
         })
     }
 
+    /// Where set-up warnings go (dropped connections, ...) instead of
+    /// stderr (which prints them at `CADENCE_DEBUG=WARN` and above).
+    pub fn on_warn(&mut self, f: impl FnMut(String) + Send + Sync + 'static) {
+        self.warn = Some(Box::new(f));
+    }
+
     /// Connects to every peer, given every rank's published [`PeerInfo`].
-    pub fn connect(self, infos: Vec<PeerInfo>) -> Result<Comm> {
+    pub fn connect(mut self, infos: Vec<PeerInfo>) -> Result<Comm> {
         let (rank, n) = (self.rank, self.nranks);
+        let mut sink = self.warn.take();
         let fail = |m: String| {
             let mut e = CommError::setup(m);
-            e.rank = rank;
+            e.rank = Some(rank);
             e.comm_id = self.comm_id.clone();
             e
         };
@@ -186,7 +202,7 @@ impl Bootstrap {
             })?;
             let mut v = Vec::new();
             for s in 0..nstreams {
-                let sock = connect(addr, &self.comm_id, rank, s, deadline)
+                let sock = connect(addr, &self.secret, &self.comm_id, rank, s, peer, deadline)
                     .map_err(|e| fail(format!("connecting to rank {peer} at {addr}: {e}")))?;
                 v.push(Some(sock));
             }
@@ -197,14 +213,16 @@ impl Bootstrap {
             .flat_map(|p| (0..nstreams).map(move |s| (p, s)))
             .collect();
         let debug = self.cfg.debug;
-        let mut warn = |m: String| {
-            if debug >= DebugLevel::Warn {
-                eprintln!("cadence rank {rank}: WARN {m}");
-            }
+        let mut warn = |m: String| match &mut sink {
+            Some(f) => f(m),
+            None if debug >= DebugLevel::Warn => eprintln!("cadence rank {rank}: WARN {m}"),
+            None => {}
         };
         for ((peer, s), sock) in accept_all(
             &self.listener,
+            &self.secret,
             &self.comm_id,
+            rank,
             &expected,
             deadline,
             &mut warn,

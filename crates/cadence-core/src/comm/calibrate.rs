@@ -35,7 +35,6 @@
 //! at 1–16 KiB.
 
 use super::{Comm, OpRequest};
-use crate::engine::Buffers;
 use crate::error::Result;
 use crate::reduce;
 use crate::schedule::{self, Algo, CollArgs, CostModel, LinkCost, Schedule, Topology};
@@ -242,64 +241,34 @@ fn decode(b: &[u8; FIELDS * 8], rest: &CostModel) -> CostModel {
     }
 }
 
-fn request(kind: CollKind, root: usize, bufs: Buffers, len: usize) -> OpRequest {
-    OpRequest {
-        kind,
-        dtype: DType::U8,
-        op: RedOp::Sum,
-        root,
-        counts: vec![len],
-        has_input: !bufs.input.is_null(),
-        has_output: !bufs.output.is_null(),
-        bufs,
-        algo: None,
-    }
+fn request(kind: CollKind, root: usize, len: usize) -> OpRequest<'static> {
+    OpRequest::new(kind, DType::U8, RedOp::Sum, root, vec![len])
 }
 
-fn send(data: &[u8], peer: usize) -> OpRequest {
-    let bufs = Buffers {
-        input: data.as_ptr(),
-        input_bytes: data.len(),
-        output: std::ptr::null_mut(),
-        output_bytes: 0,
-    };
-    request(CollKind::Send, peer, bufs, data.len())
+fn send(data: &[u8], peer: usize) -> OpRequest<'_> {
+    request(CollKind::Send, peer, data.len()).input(data)
 }
 
-fn recv(data: &mut [u8], peer: usize) -> OpRequest {
-    let bufs = Buffers {
-        input: std::ptr::null(),
-        input_bytes: 0,
-        output: data.as_mut_ptr(),
-        output_bytes: data.len(),
-    };
-    request(CollKind::Recv, peer, bufs, data.len())
+fn recv(data: &mut [u8], peer: usize) -> OpRequest<'_> {
+    request(CollKind::Recv, peer, data.len()).output(data)
 }
 
 /// The loaded-α probe: a float32 sum by recursive doubling, in place.
-fn probe_allreduce(data: &mut [u8]) -> OpRequest {
-    let bufs = Buffers {
-        input: data.as_ptr(),
-        input_bytes: data.len(),
-        output: data.as_mut_ptr(),
-        output_bytes: data.len(),
-    };
-    OpRequest {
-        dtype: DType::F32,
-        algo: Some(Algo::RecursiveDoubling),
-        ..request(CollKind::AllReduce, 0, bufs, data.len() / 4)
-    }
+fn probe_allreduce(data: &mut [u8]) -> OpRequest<'_> {
+    OpRequest::new(
+        CollKind::AllReduce,
+        DType::F32,
+        RedOp::Sum,
+        0,
+        vec![data.len() / 4],
+    )
+    .with_algo(Some(Algo::RecursiveDoubling))
+    .inout(data)
 }
 
 /// Rank 0's `data` into everyone's (in place).
-fn broadcast(data: &mut [u8]) -> OpRequest {
-    let bufs = Buffers {
-        input: std::ptr::null(),
-        input_bytes: 0,
-        output: data.as_mut_ptr(),
-        output_bytes: data.len(),
-    };
-    request(CollKind::Broadcast, 0, bufs, data.len())
+fn broadcast(data: &mut [u8]) -> OpRequest<'_> {
+    request(CollKind::Broadcast, 0, data.len()).output(data)
 }
 
 #[cfg(test)]

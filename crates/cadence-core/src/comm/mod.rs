@@ -11,10 +11,11 @@ mod p2p;
 pub mod select;
 
 pub use bootstrap::{Bootstrap, PeerInfo};
-use p2p::{is_p2p, p2p_meta};
+pub use p2p::ANY_SOURCE;
+use p2p::{is_any_source, is_p2p, P2pSeqs};
 
 use crate::config::{Config, DebugLevel};
-use crate::engine::{Buffers, Engine};
+use crate::engine::{Buffers, Cancel, Engine, OpCtx};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::monitor::{OpRecord, Recorder};
 use crate::reduce;
@@ -28,39 +29,168 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// One operation as the user asked for it.
-#[derive(Clone)]
-pub struct OpRequest {
+/// One operation as the user asked for it, with the memory it works on.
+///
+/// The lifetime `'a` is that of the borrowed buffers: a request made with
+/// [`OpRequest::input`], [`OpRequest::output`] or [`OpRequest::inout`] can
+/// only run synchronously ([`Comm::run`]) while those borrows last. An
+/// asynchronous operation ([`Comm::submit`]) needs an `OpRequest<'static>`:
+/// no buffers, or raw ones given through the `unsafe`
+/// [`OpRequest::raw_buffers`] together with an owner that keeps them alive,
+/// which the communicator drops only once the operation has finished.
+pub struct OpRequest<'a> {
     pub kind: CollKind,
     pub dtype: DType,
     pub op: RedOp,
     pub root: usize,
     pub counts: Vec<usize>,
-    pub bufs: Buffers,
-    /// Whether the caller passed an input / an output buffer at all.
-    pub has_input: bool,
-    pub has_output: bool,
     /// Algorithm forced by the caller (beats `CADENCE_ALGO`).
     pub algo: Option<Algo>,
+    bufs: Buffers,
+    /// Whether the caller passed an input / an output buffer at all.
+    has_input: bool,
+    has_output: bool,
+    /// Dropped after the operation finished (see [`OpRequest::raw_buffers`]).
+    keep_alive: Option<Box<dyn std::any::Any + Send>>,
+    _borrow: std::marker::PhantomData<&'a mut [u8]>,
 }
 
-impl OpRequest {
-    pub fn barrier() -> OpRequest {
+impl OpRequest<'static> {
+    /// A request with no buffers yet.
+    pub fn new(kind: CollKind, dtype: DType, op: RedOp, root: usize, counts: Vec<usize>) -> Self {
         OpRequest {
-            kind: CollKind::Barrier,
-            dtype: DType::U8,
-            op: RedOp::Sum,
-            root: 0,
-            counts: vec![],
-            bufs: Buffers {
-                input: std::ptr::null(),
-                input_bytes: 0,
-                output: std::ptr::null_mut(),
-                output_bytes: 0,
-            },
+            kind,
+            dtype,
+            op,
+            root,
+            counts,
+            algo: None,
+            bufs: Buffers::NONE,
             has_input: false,
             has_output: false,
-            algo: None,
+            keep_alive: None,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    pub fn barrier() -> Self {
+        OpRequest::new(CollKind::Barrier, DType::U8, RedOp::Sum, 0, vec![])
+    }
+}
+
+impl<'a> OpRequest<'a> {
+    /// Forces an algorithm (`None`: the communicator chooses).
+    pub fn with_algo(mut self, algo: Option<Algo>) -> Self {
+        self.algo = algo;
+        self
+    }
+
+    /// Reads the input from `data` (borrowed while the request lives).
+    pub fn input<'b>(mut self, data: &'b [u8]) -> OpRequest<'b>
+    where
+        'a: 'b,
+    {
+        self.bufs.input = data.as_ptr();
+        self.bufs.input_bytes = data.len();
+        self.has_input = true;
+        self.reborrow()
+    }
+
+    /// Writes the result into `data`.
+    pub fn output<'b>(mut self, data: &'b mut [u8]) -> OpRequest<'b>
+    where
+        'a: 'b,
+    {
+        self.bufs.output = data.as_mut_ptr();
+        self.bufs.output_bytes = data.len();
+        self.has_output = true;
+        self.reborrow()
+    }
+
+    /// Reads the input from `data` and writes the result over it (in place).
+    pub fn inout<'b>(mut self, data: &'b mut [u8]) -> OpRequest<'b>
+    where
+        'a: 'b,
+    {
+        self.bufs.input = data.as_ptr();
+        self.bufs.input_bytes = data.len();
+        self.bufs.output = data.as_mut_ptr();
+        self.bufs.output_bytes = data.len();
+        self.has_input = true;
+        self.has_output = true;
+        self.reborrow()
+    }
+
+    /// Gives the operation raw buffers (`None`: that buffer is not passed;
+    /// the communicator allocates an output it needs) and an owner,
+    /// `keep_alive`, that the communicator drops only after the operation
+    /// finished, on whichever thread ran it.
+    ///
+    /// # Safety
+    /// Until the operation has finished (its [`Comm::run`] returned, or its
+    /// [`Completion`] reports done; or, when `keep_alive` is given, until that
+    /// owner is dropped), the input must be valid for reads of its length
+    /// and not written by anyone, and the output valid for reads and writes
+    /// of its length and not accessed by anyone else. The output may be the
+    /// input (in place) or overlap it.
+    pub unsafe fn raw_buffers(
+        self,
+        input: Option<(*const u8, usize)>,
+        output: Option<(*mut u8, usize)>,
+        keep_alive: Option<Box<dyn std::any::Any + Send>>,
+    ) -> OpRequest<'static> {
+        let (ip, ib) = input.unwrap_or((std::ptr::null(), 0));
+        let (op, ob) = output.unwrap_or((std::ptr::null_mut(), 0));
+        OpRequest {
+            kind: self.kind,
+            dtype: self.dtype,
+            op: self.op,
+            root: self.root,
+            counts: self.counts,
+            algo: self.algo,
+            bufs: Buffers {
+                input: ip,
+                input_bytes: ib,
+                output: op,
+                output_bytes: ob,
+            },
+            has_input: input.is_some(),
+            has_output: output.is_some(),
+            keep_alive,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// The same request with its borrows' lifetime forgotten, to queue a
+    /// synchronous operation behind asynchronous ones.
+    ///
+    /// # Safety
+    /// The caller must not return (nor drop the borrowed buffers) before the
+    /// operation has finished.
+    unsafe fn detach(self) -> OpRequest<'static> {
+        self.reborrow_unchecked()
+    }
+
+    fn reborrow<'b>(self) -> OpRequest<'b>
+    where
+        'a: 'b,
+    {
+        self.reborrow_unchecked()
+    }
+
+    fn reborrow_unchecked<'b>(self) -> OpRequest<'b> {
+        OpRequest {
+            kind: self.kind,
+            dtype: self.dtype,
+            op: self.op,
+            root: self.root,
+            counts: self.counts,
+            algo: self.algo,
+            bufs: self.bufs,
+            has_input: self.has_input,
+            has_output: self.has_output,
+            keep_alive: self.keep_alive,
+            _borrow: std::marker::PhantomData,
         }
     }
 }
@@ -69,6 +199,8 @@ impl OpRequest {
 pub struct Completion {
     state: Mutex<Option<Result<()>>>,
     cv: Condvar,
+    /// For a receive from any source: the sender, once matched.
+    source: AtomicUsize,
     /// The communicator's count of threads blocked in `wait` (see
     /// `Engine::watchers`).
     watchers: Arc<AtomicUsize>,
@@ -89,6 +221,21 @@ impl Drop for Watching<'_> {
 }
 
 impl Completion {
+    fn new(watchers: Arc<AtomicUsize>) -> Completion {
+        Completion {
+            state: Mutex::new(None),
+            cv: Condvar::new(),
+            source: AtomicUsize::new(ANY_SOURCE),
+            watchers,
+        }
+    }
+    fn set_source(&self, peer: usize) {
+        self.source.store(peer, Ordering::Release);
+    }
+    /// For a receive from any source: the rank it received from, once known.
+    pub fn source(&self) -> Option<usize> {
+        Some(self.source.load(Ordering::Acquire)).filter(|&s| s != ANY_SOURCE)
+    }
     fn finish(&self, r: Result<()>) {
         *self.state.lock().unwrap() = Some(r);
         self.cv.notify_all();
@@ -118,7 +265,7 @@ impl Completion {
 }
 
 struct Task {
-    req: OpRequest,
+    req: OpRequest<'static>,
     done: Arc<Completion>,
     enqueue_ns: u64,
 }
@@ -127,8 +274,7 @@ struct Inner {
     engine: Engine,
     coll_seq: u64,
     op_seq: u64,
-    p2p_tx: Vec<u64>,
-    p2p_rx: Vec<u64>,
+    p2p: P2pSeqs,
     failed: Option<CommError>,
     /// Built schedules by (arguments, algorithm); looked up by reference so a
     /// repeated call allocates nothing.
@@ -147,6 +293,10 @@ struct Shared {
     pending: AtomicUsize,
     /// Threads blocked until the progress thread finishes something.
     watchers: Arc<AtomicUsize>,
+    /// Set when a caller gave up on a queued operation or aborted the
+    /// communicator: the engine fails the operation at its next wait, and
+    /// the communicator with it.
+    cancel: Arc<Cancel>,
     /// Which ranks share a host (from their host names), and how to choose
     /// algorithms on it.
     auto: select::Auto,
@@ -169,11 +319,7 @@ const SCHEDULE_CACHE_MAX: usize = 4096;
 type ChoiceKey = (usize, Option<Algo>);
 type Choice = (Algo, select::Why);
 
-/// Asked while an operation waits: should it give up?
-pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
-
-/// How often a long wait asks its [`InterruptCheck`].
-pub const INTERRUPT_EVERY: Duration = Duration::from_millis(100);
+pub use crate::engine::{InterruptCheck, INTERRUPT_EVERY};
 
 fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
     // FNV-1a-style over whole 64-bit words with a final avalanche: stable
@@ -194,9 +340,11 @@ impl Comm {
         rank: usize,
         nranks: usize,
         hosts: Vec<String>,
-        engine: Engine,
+        mut engine: Engine,
         cfg: Config,
     ) -> Comm {
+        let cancel: Arc<Cancel> = Arc::default();
+        engine.cancel = cancel.clone();
         let recorder = Recorder::new(cfg.flight_recorder);
         let auto = {
             let topo = Topology::from_hosts(&hosts);
@@ -218,8 +366,7 @@ impl Comm {
                     engine,
                     coll_seq: 0,
                     op_seq: 0,
-                    p2p_tx: vec![0; nranks],
-                    p2p_rx: vec![0; nranks],
+                    p2p: P2pSeqs::new(nranks),
                     failed: None,
                     schedules: HashMap::new(),
                     last_schedule: None,
@@ -227,6 +374,7 @@ impl Comm {
                 recorder: Mutex::new(recorder),
                 pending: AtomicUsize::new(0),
                 watchers: Arc::new(AtomicUsize::new(0)),
+                cancel,
                 auto,
                 chosen: Mutex::new(HashMap::new()),
                 choices: select::ChoiceLog::default(),
@@ -310,43 +458,55 @@ impl Comm {
 
     /// Runs an operation to completion. When no asynchronous operation is
     /// queued it runs inline on the caller's thread: no hand-off, no wake-up.
-    pub fn run(&self, req: OpRequest) -> Result<()> {
-        self.run_interruptible(req, None)
+    pub fn run(&self, req: OpRequest<'_>) -> Result<()> {
+        self.run_interruptible(req, None).map(|_| ())
     }
 
     /// Like [`Comm::run`]; while the operation waits long (past the spin and
     /// yield stages), `interrupted` is asked every 100 ms whether the caller
     /// wants to give up (e.g. Ctrl-C in Python). Giving up fails the operation
     /// (and the communicator: the peers cannot be left half-way) with
-    /// [`ErrorKind::Interrupted`].
+    /// [`ErrorKind::Interrupted`]. It returns only once the operation no
+    /// longer touches the caller's buffers. For a receive from
+    /// [`ANY_SOURCE`], returns the rank it received from.
     pub fn run_interruptible(
         &self,
-        req: OpRequest,
+        req: OpRequest<'_>,
         interrupted: Option<InterruptCheck>,
-    ) -> Result<()> {
-        if self.shared.pending.load(Ordering::Acquire) == 0 {
+    ) -> Result<Option<usize>> {
+        // A receive from any source waits on every peer at once, which only
+        // the point-to-point batch does.
+        if self.shared.pending.load(Ordering::Acquire) == 0 && !is_any_source(&req) {
             // Inline: enqueued and started at once.
-            return self.shared.execute(req, None, interrupted);
+            return self.shared.execute(req, None, interrupted).map(|_| None);
         }
-        let done = self.submit(req)?;
+        // SAFETY: this function waits below until the operation finished, on
+        // every path (an interrupt cancels it and still waits), so the
+        // borrowed buffers outlive its use. If `submit` fails, the request
+        // was never queued.
+        let done = self.submit(unsafe { req.detach() })?;
+        let mut cancelled = false;
         loop {
             if let Some(r) = done.wait(Some(INTERRUPT_EVERY)) {
-                return r;
+                return if cancelled {
+                    Err(self.shared.err(ErrorKind::Interrupted, None))
+                } else {
+                    r.map(|_| done.source())
+                };
             }
-            if interrupted.as_ref().is_some_and(|f| f()) {
-                return Err(self.shared.err(ErrorKind::Interrupted, None));
+            if !cancelled && interrupted.as_ref().is_some_and(|f| f()) {
+                // The progress thread gives up at its next wait; the
+                // communicator fails, as for an inline interrupt.
+                self.shared.cancel.set(ErrorKind::Interrupted);
+                cancelled = true;
             }
         }
     }
 
     /// Queues an operation on the progress thread; operations complete in
     /// the order they were issued.
-    pub fn submit(&self, req: OpRequest) -> Result<Arc<Completion>> {
-        let done = Arc::new(Completion {
-            state: Mutex::new(None),
-            cv: Condvar::new(),
-            watchers: self.shared.watchers.clone(),
-        });
+    pub fn submit(&self, req: OpRequest<'static>) -> Result<Arc<Completion>> {
+        let done = Arc::new(Completion::new(self.shared.watchers.clone()));
         let enqueue_ns = self.shared.recorder.lock().unwrap().now_ns();
         let mut w = self.worker.lock().unwrap();
         if w.is_none() {
@@ -408,6 +568,24 @@ impl Comm {
         }
     }
 
+    /// Fails the communicator on purpose and tells every peer why: the
+    /// operation in flight (if any) gives up at its next wait, later ones
+    /// fail at once, and each peer's pending or next operation fails with an
+    /// error naming this rank and carrying `reason`. Returns once the peers
+    /// have been told (at most the running operation's own deadline).
+    pub fn abort(&self, reason: &str) {
+        self.shared
+            .cancel
+            .set(ErrorKind::UserAbort(reason.to_string()));
+        let mut inner = self.shared.inner.lock().unwrap();
+        if inner.failed.is_none() {
+            let e = self
+                .shared
+                .err(ErrorKind::UserAbort(reason.to_string()), None);
+            self.shared.fail_locked(&mut inner, &e);
+        }
+    }
+
     /// Whether the communicator failed (and why).
     pub fn failure(&self) -> Option<CommError> {
         self.shared.inner.lock().unwrap().failed.clone()
@@ -424,7 +602,7 @@ impl Shared {
     fn err(&self, kind: ErrorKind, op: Option<(CollKind, u64)>) -> CommError {
         CommError {
             kind,
-            rank: self.rank,
+            rank: Some(self.rank),
             op,
             comm_id: self.id.clone(),
         }
@@ -473,9 +651,18 @@ impl Shared {
     fn validate(&self, req: &OpRequest) -> std::result::Result<CollArgs, String> {
         let n = self.nranks;
         let k = req.kind;
+        let any_source = is_any_source(req);
+        if any_source && n < 2 {
+            return Err("recv from any source: no other rank in this communicator".into());
+        }
         let args = CollArgs {
             kind: k,
-            root: req.root,
+            // Checked as a receive from some other rank.
+            root: if any_source {
+                (self.rank + 1) % n
+            } else {
+                req.root
+            },
             counts: req.counts.clone(),
         };
         schedule::check_args(&args, n).map_err(|e| e.to_string())?;
@@ -532,27 +719,32 @@ impl Shared {
         if let Some(f) = &inner.failed {
             return Err(self.err(ErrorKind::Failed(f.to_string()), None));
         }
+        if let Some(why) = self.cancel.reason() {
+            // Aborted, or a caller gave up on an earlier operation that
+            // completed before it noticed; the peers may wait on this one.
+            let e = self.err(why, None);
+            self.fail_locked(&mut inner, &e);
+            return Err(e);
+        }
         inner.op_seq += 1;
         let seq = inner.op_seq;
         self.record_start(seq, &req, algo, enqueue_ns);
-        inner.engine.interrupt = interrupted;
-        // On the progress thread (enqueued), the caller may be busy elsewhere.
-        inner.engine.watchers = enqueue_ns.map(|_| self.watchers.clone());
-        let result = self.execute_locked(&mut inner, &req, &args, algo, seq);
-        inner.engine.interrupt = None;
-        inner.engine.watchers = None;
+        let ctx = OpCtx {
+            interrupt: interrupted.as_ref(),
+            // On the progress thread (enqueued), the caller may be busy
+            // elsewhere.
+            watchers: enqueue_ns.map(|_| &*self.watchers),
+        };
+        let result = self.execute_locked(&mut inner, &req, &args, algo, seq, ctx);
         if let Err(e) = &result {
             if !matches!(e.kind, ErrorKind::InvalidArgument(_)) {
-                inner.failed = Some(e.clone());
-                inner.engine.broadcast_abort(e);
+                self.fail_locked(&mut inner, e);
             }
         }
         drop(inner);
         self.record_end(seq, &result);
         if let Err(e) = &result {
-            if self.cfg.debug >= DebugLevel::Warn {
-                eprintln!("{e}");
-            }
+            self.warn_failed(e);
             self.dump_on_error();
         }
         result
@@ -565,13 +757,14 @@ impl Shared {
         args: &CollArgs,
         algo: Algo,
         seq: u64,
+        ctx: OpCtx,
     ) -> Result<()> {
         let n = self.nranks;
         let es = req.dtype.size();
         let (ni, no) = args.buffer_lens(self.rank, n);
         let opref = |kind: CollKind| Some((kind, seq));
         let meta = if matches!(req.kind, CollKind::Send | CollKind::Recv) {
-            p2p_meta(inner, self.rank, req)
+            inner.p2p.meta(self.rank, req)
         } else {
             inner.coll_seq += 1;
             let redop = if req.kind.reduces() { req.op.code() } else { 0 };
@@ -685,7 +878,7 @@ impl Shared {
         let deadline = Instant::now() + self.cfg.timeout;
         inner
             .engine
-            .run(&sched, &meta, req.op.elementwise(), bufs, deadline)
+            .run(&sched, &meta, req.op.elementwise(), bufs, deadline, ctx)
             .map_err(|k| self.err(k, opref(req.kind)))?;
 
         if req.op == RedOp::Avg
@@ -697,6 +890,21 @@ impl Shared {
             reduce::divide(req.dtype, out, n);
         }
         Ok(())
+    }
+
+    /// Fails the communicator after `e`: later operations fail at once,
+    /// and every peer is told why (the one failure path, for collectives and
+    /// point-to-point batches alike).
+    fn fail_locked(&self, inner: &mut Inner, e: &CommError) {
+        inner.failed = Some(e.clone());
+        inner.engine.broadcast_abort(e);
+    }
+
+    /// Prints a failed operation's error (`CADENCE_DEBUG` WARN and above).
+    fn warn_failed(&self, e: &CommError) {
+        if self.cfg.debug >= DebugLevel::Warn {
+            eprintln!("{e}");
+        }
     }
 
     fn record_start(&self, seq: u64, req: &OpRequest, algo: Algo, enqueue_ns: Option<u64>) {

@@ -1,17 +1,79 @@
 //! Point-to-point operations queued on the progress thread run together, like
 //! a group call, so that `irecv` then `send` (or a ring of them) cannot
-//! deadlock behind one another.
+//! deadlock behind one another. They run through the engine's one loop
+//! ([`Engine::drive`]); this file only decides which transfers exist.
 
 use super::{fnv1a, Inner, OpRequest, Shared, Task};
-use crate::config::DebugLevel;
-use crate::engine::Wait;
-use crate::error::{ErrorKind, Result};
+use crate::engine::{Engine, Moving, OpCtx, Turn};
+use crate::error::ErrorKind;
 use crate::schedule::Algo;
-use crate::transport::{OpMeta, RecvJob, SendJob, Sink, SinkMode, Source};
+use crate::transport::{OpMeta, RecvJob, SendJob, Sink, SinkMode, Source, FRAME_DATA};
 use crate::types::{CollKind, ElemOp};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Instant;
+
+/// Receives from any source carry this as their peer until matched.
+pub const ANY_SOURCE: usize = usize::MAX;
+
+pub(super) fn is_p2p(req: &OpRequest) -> bool {
+    matches!(req.kind, CollKind::Send | CollKind::Recv)
+}
+
+pub(super) fn is_any_source(req: &OpRequest) -> bool {
+    req.kind == CollKind::Recv && req.root == ANY_SOURCE
+}
+
+/// Point-to-point messages have their own sequence per (source,
+/// destination) pair, so ranks that take no part do not have to count them
+/// (and collectives' numbering is not shifted by them).
+pub(super) struct P2pSeqs {
+    sent: Vec<u64>,
+    received: Vec<u64>,
+}
+
+impl P2pSeqs {
+    pub(super) fn new(nranks: usize) -> P2pSeqs {
+        P2pSeqs {
+            sent: vec![0; nranks],
+            received: vec![0; nranks],
+        }
+    }
+
+    /// The wire identity of the next send to, or receive from, `req.root`;
+    /// both sides describe the message as a send.
+    pub(super) fn meta(&mut self, rank: usize, req: &OpRequest) -> OpMeta {
+        let send = req.kind == CollKind::Send;
+        let (src, dst, counter) = if send {
+            (rank, req.root, &mut self.sent[req.root])
+        } else {
+            (req.root, rank, &mut self.received[req.root])
+        };
+        *counter += 1;
+        let count = req.counts[0] as u64;
+        OpMeta {
+            coll: CollKind::Send,
+            dtype: req.dtype,
+            redop: 0,
+            root: dst as u32,
+            seq: *counter,
+            sig: fnv1a([99, req.dtype.code() as u64, count, src as u64, dst as u64]),
+            count,
+        }
+    }
+}
+
+/// One queued operation of the batch.
+struct Active {
+    task: Task,
+    seq: u64,
+    kind: CollKind,
+    deadline: Instant,
+    /// Index into `sends`/`recvs`; `None` for a receive from any source not
+    /// yet matched to a sender.
+    job: Option<usize>,
+    finished: bool,
+}
 
 impl Shared {
     /// Runs queued sends and receives together, like a group call: each
@@ -20,23 +82,38 @@ impl Shared {
     /// receives queued while the batch runs join it; the first queued
     /// collective ends the batch and is returned, to run after it.
     pub(super) fn execute_p2p_batch(&self, first: Task, rx: &mpsc::Receiver<Task>) -> Option<Task> {
-        struct Active {
-            task: Task,
-            seq: u64,
-            kind: CollKind,
-            deadline: Instant,
-            job: usize,
-            finished: bool,
-        }
-        let mut inner = self.inner.lock().unwrap();
-        inner.engine.watchers = Some(self.watchers.clone());
+        let mut guard = self.inner.lock().unwrap();
+        let Inner {
+            engine,
+            p2p,
+            failed,
+            op_seq,
+            ..
+        } = &mut *guard;
         let mut sends: Vec<(usize, SendJob)> = Vec::new();
         let mut recvs: Vec<(usize, RecvJob)> = Vec::new();
         let mut active: Vec<Active> = Vec::new();
         let mut stash: Option<Task> = None;
         let mut incoming = Some(first);
-        let mut wait = Wait::new();
-        let result: Result<()> = loop {
+        let ctx = OpCtx {
+            interrupt: None,
+            watchers: Some(&self.watchers),
+        };
+        let result = engine.drive(&mut sends, &mut recvs, ctx, |eng, sends, recvs| {
+            // Finish what completed.
+            for a in active.iter_mut().filter(|a| !a.finished) {
+                let done = match (a.kind, a.job) {
+                    (_, None) => false,
+                    (CollKind::Send, Some(j)) => sends[j].1.done,
+                    (_, Some(j)) => recvs[j].1.done,
+                };
+                if done {
+                    a.finished = true;
+                    self.record_end(a.seq, &Ok(()));
+                    self.pending.fetch_sub(1, Ordering::AcqRel);
+                    a.task.done.finish(Ok(()));
+                }
+            }
             // Take in every operation queued so far.
             while stash.is_none() {
                 let task = match incoming.take() {
@@ -54,8 +131,7 @@ impl Shared {
                     .validate(&task.req)
                     .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None));
                 let refused = checked.err().or_else(|| {
-                    inner
-                        .failed
+                    failed
                         .as_ref()
                         .map(|f| self.err(ErrorKind::Failed(f.to_string()), None))
                 });
@@ -64,94 +140,84 @@ impl Shared {
                     task.done.finish(Err(e));
                     continue;
                 }
-                inner.op_seq += 1;
-                let seq = inner.op_seq;
-                let meta = p2p_meta(&mut inner, self.rank, &task.req);
-                let req = &task.req;
-                self.record_start(seq, req, Algo::P2p, Some(task.enqueue_ns));
-                let es = req.dtype.size();
-                let n = req.counts[0] * es;
-                let job = if req.kind == CollKind::Send {
-                    // SAFETY: the caller keeps the input alive and unmodified
-                    // until this operation completes (Work holds it).
-                    let src = unsafe { Source::new(req.bufs.input, n) };
-                    sends.push((req.root, SendJob::new(meta, src)));
-                    sends.len() - 1
+                *op_seq += 1;
+                let seq = *op_seq;
+                self.record_start(seq, &task.req, Algo::P2p, Some(task.enqueue_ns));
+                let job = if is_any_source(&task.req) {
+                    None
                 } else {
-                    // SAFETY: the caller keeps the output alive and untouched
-                    // by others until this operation completes.
-                    let sink = unsafe {
-                        Sink::new(req.bufs.output, n, SinkMode::Copy, req.dtype, ElemOp::Sum)
-                    };
-                    recvs.push((req.root, RecvJob::new(meta, sink)));
-                    recvs.len() - 1
+                    Some(add_job(
+                        p2p.meta(self.rank, &task.req),
+                        &task.req,
+                        sends,
+                        recvs,
+                    ))
                 };
                 active.push(Active {
                     seq,
-                    kind: req.kind,
+                    kind: task.req.kind,
                     deadline: Instant::now() + self.cfg.timeout,
                     job,
                     finished: false,
                     task,
                 });
             }
-            let (progressed, pending) = match inner.engine.progress_round(&mut sends, &mut recvs) {
-                Ok(x) => x,
-                Err(k) => break Err(self.err(k, None)),
-            };
-            for a in active.iter_mut().filter(|a| !a.finished) {
-                let done = if a.kind == CollKind::Send {
-                    sends[a.job].1.done
-                } else {
-                    recvs[a.job].1.done
-                };
-                if done {
-                    a.finished = true;
-                    self.record_end(a.seq, &Ok(()));
-                    self.pending.fetch_sub(1, Ordering::AcqRel);
-                    a.task.done.finish(Ok(()));
+            // Receives from any source, in issue order, each matched to the
+            // first peer whose next message is a send to this rank.
+            let mut matched = false;
+            for a in active.iter_mut().filter(|a| a.job.is_none()) {
+                if let Some(peer) = match_any_source(eng, p2p, self.rank, recvs)? {
+                    a.task.req.root = peer;
+                    let meta = p2p.meta(self.rank, &a.task.req);
+                    a.job = Some(add_job(meta, &a.task.req, sends, recvs));
+                    a.task.done.set_source(peer);
+                    matched = true;
                 }
             }
-            if !pending {
-                break Ok(());
+            if matched {
+                return Ok(Turn::Again);
             }
-            if progressed {
-                wait.reset();
-                continue;
+            if active.iter().all(|a| a.finished) {
+                return Ok(Turn::Finished);
             }
+            let now = Instant::now();
+            let unmatched = active.iter().filter(|a| a.job.is_none());
+            if let Some(a) = unmatched.clone().find(|a| now > a.deadline) {
+                return Err(ErrorKind::NoSender {
+                    secs: self.cfg.timeout.as_secs_f64(),
+                    bytes: a.task.req.counts[0] * a.task.req.dtype.size(),
+                });
+            }
+            let outside = unmatched.count() > 0;
             let deadline = active
                 .iter()
-                .filter(|a| !a.finished)
+                .filter(|a| !a.finished && a.job.is_some())
                 .map(|a| a.deadline)
-                .min();
+                .min()
+                // Only unmatched receives left: the check above bounds them.
+                .unwrap_or(now + self.cfg.timeout);
             let meta = sends
-                .first()
+                .iter()
+                .find(|s| !s.1.done)
                 .map(|s| s.1.meta)
-                .or(recvs.first().map(|r| r.1.meta));
+                .or(recvs.iter().find(|r| !r.1.done).map(|r| r.1.meta));
             let (sig, seq) = meta.map_or((0, 0), |m| (m.sig, m.seq));
-            if let Err(k) = inner.engine.backoff(
-                &mut wait,
-                &sends,
-                &recvs,
-                deadline.unwrap_or_else(Instant::now),
+            Ok(Turn::Move(Moving {
+                deadline,
                 sig,
                 seq,
-            ) {
-                break Err(self.err(k, None));
-            }
-        };
-        inner.engine.watchers = None;
-        if let Err(e) = result {
-            inner.failed = Some(e.clone());
-            inner.engine.broadcast_abort(&e);
-            drop(inner);
+                outside,
+            }))
+        });
+        if let Err(k) = result {
+            let e = self.err(k, None);
+            self.fail_locked(&mut guard, &e);
+            drop(guard);
             for a in active.into_iter().filter(|a| !a.finished) {
                 let mut e = e.clone();
                 e.op = Some((a.kind, a.seq));
                 self.record_end(a.seq, &Err(e.clone()));
-                if self.cfg.debug >= DebugLevel::Warn {
-                    eprintln!("{e}");
-                }
+                self.warn_failed(&e);
                 self.pending.fetch_sub(1, Ordering::AcqRel);
                 a.task.done.finish(Err(e));
             }
@@ -161,34 +227,60 @@ impl Shared {
     }
 }
 
-/// The wire identity of a send or receive. Point-to-point messages have their
-/// own sequence per (source, destination) pair, so ranks that take no part do
-/// not have to count them; both sides describe the message as a send.
-pub(super) fn p2p_meta(inner: &mut Inner, rank: usize, req: &OpRequest) -> OpMeta {
-    let send = req.kind == CollKind::Send;
-    let (src, dst) = if send {
-        (rank, req.root)
+/// Adds the transfer of a send or (matched) receive; returns its index in
+/// `sends` or `recvs`.
+fn add_job(
+    meta: OpMeta,
+    req: &OpRequest,
+    sends: &mut Vec<(usize, SendJob)>,
+    recvs: &mut Vec<(usize, RecvJob)>,
+) -> usize {
+    let n = req.counts[0] * req.dtype.size();
+    if req.kind == CollKind::Send {
+        // SAFETY: the request's buffers stay valid and unwritten until this
+        // operation completes (`OpRequest`'s borrows or its keep-alive), and
+        // the task holding the request outlives the batch.
+        let src = unsafe { Source::new(req.bufs.input, n) };
+        sends.push((req.root, SendJob::new(meta, src)));
+        sends.len() - 1
     } else {
-        (req.root, rank)
-    };
-    let counter = if send {
-        &mut inner.p2p_tx[req.root]
-    } else {
-        &mut inner.p2p_rx[req.root]
-    };
-    *counter += 1;
-    let count = req.counts[0] as u64;
-    OpMeta {
-        coll: CollKind::Send,
-        dtype: req.dtype,
-        redop: 0,
-        root: dst as u32,
-        seq: *counter,
-        sig: fnv1a([99, req.dtype.code() as u64, count, src as u64, dst as u64]),
-        count,
+        // SAFETY: as above, for the output, which nothing else touches.
+        let sink = unsafe { Sink::new(req.bufs.output, n, SinkMode::Copy, req.dtype, ElemOp::Sum) };
+        recvs.push((req.root, RecvJob::new(meta, sink)));
+        recvs.len() - 1
     }
 }
 
-pub(super) fn is_p2p(req: &OpRequest) -> bool {
-    matches!(req.kind, CollKind::Send | CollKind::Recv)
+/// The first peer (from this rank upwards, wrapping, so no peer is always
+/// served first) whose next message on its link is the next point-to-point
+/// send to this rank. A peer with a receive of this batch still in flight is
+/// skipped: its messages arrive in order, and the earliest belongs to that
+/// receive.
+fn match_any_source(
+    engine: &mut Engine,
+    seqs: &P2pSeqs,
+    rank: usize,
+    recvs: &[(usize, RecvJob)],
+) -> Result<Option<usize>, ErrorKind> {
+    let n = engine.nranks;
+    for k in 1..n {
+        let peer = (rank + k) % n;
+        if recvs.iter().any(|(p, j)| *p == peer && !j.done) {
+            continue;
+        }
+        let Some(link) = engine.links[peer].as_mut() else {
+            continue;
+        };
+        let Some(h) = link.peek_header()? else {
+            continue;
+        };
+        if h.frame == FRAME_DATA
+            && h.coll == CollKind::Send.code()
+            && h.root as usize == rank
+            && h.seq == seqs.received[peer] + 1
+        {
+            return Ok(Some(peer));
+        }
+    }
+    Ok(None)
 }

@@ -19,8 +19,8 @@ use crate::transport::{
     STALL_CHAIN_MAX,
 };
 use crate::types::{DType, ElemOp};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long to spin before yielding, and how long to yield before sleeping,
@@ -72,6 +72,78 @@ impl Default for Wait {
     }
 }
 
+/// What the communicator tells the engine about the caller of one
+/// operation: passed to [`Engine::run`] / [`Engine::drive`], never stored.
+#[derive(Clone, Copy, Default)]
+pub struct OpCtx<'a> {
+    /// Asked every [`INTERRUPT_EVERY`] during long waits, for a caller that
+    /// can be interrupted (see `Comm::run_interruptible`).
+    pub interrupt: Option<&'a InterruptCheck>,
+    /// When the operation runs on the progress thread: how many threads
+    /// block waiting for that thread. While none does, the caller is busy
+    /// (computing the next gradients, say) and a spinning wait would steal
+    /// its core, so the wait takes the patient policy and soon sleeps; the
+    /// doorbell or poll(2) still wakes it the moment data arrives.
+    pub watchers: Option<&'a AtomicUsize>,
+}
+
+/// What the driver of [`Engine::drive`] decides before each round.
+pub enum Turn {
+    /// Everything is done.
+    Finished,
+    /// The driver changed the job lists (admitted or retired work): ask
+    /// again before moving anything.
+    Again,
+    /// Move the transfers, and wait if nothing moves.
+    Move(Moving),
+}
+
+/// How to wait when a round moves nothing.
+pub struct Moving {
+    /// The deadline of the oldest unfinished transfer.
+    pub deadline: Instant,
+    /// The operation being waited on, for stall notices.
+    pub sig: u64,
+    pub seq: u64,
+    /// Something not yet in the job lists may arrive (a receive from any
+    /// source, not yet matched): wait even when no transfer is pending.
+    pub outside: bool,
+}
+
+/// Asked while an operation waits: should it give up?
+pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a long wait asks its [`InterruptCheck`]: calling it costs a
+/// GIL acquisition from Python, too much for every round of a short wait.
+pub const INTERRUPT_EVERY: Duration = Duration::from_millis(100);
+
+/// A request, from another thread, that the running operation give up at
+/// its next wait (and every later one fail at once): Ctrl-C while a queued
+/// operation waits, or `Comm::abort`. The first reason given wins.
+#[derive(Default)]
+pub struct Cancel {
+    set: AtomicBool,
+    why: Mutex<Option<ErrorKind>>,
+}
+
+impl Cancel {
+    pub fn set(&self, why: ErrorKind) {
+        let mut w = self.why.lock().unwrap();
+        if w.is_none() {
+            *w = Some(why);
+        }
+        self.set.store(true, Ordering::Release);
+    }
+
+    /// Why the operation must give up, if it must (one atomic load when not).
+    pub fn reason(&self) -> Option<ErrorKind> {
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
+        self.why.lock().unwrap().clone()
+    }
+}
+
 /// The memory an operation works on. Pointers come from the user's buffers
 /// (kept alive by the caller until the operation completes).
 #[derive(Clone, Copy)]
@@ -82,9 +154,21 @@ pub struct Buffers {
     pub output_bytes: usize,
 }
 
-// SAFETY: the buffers are plain memory; the caller guarantees they stay valid
-// and untouched by others until the operation that uses them completes, which
-// may be on the communicator's progress thread.
+impl Buffers {
+    /// No buffers (barriers, or before a request gets its buffers).
+    pub const NONE: Buffers = Buffers {
+        input: std::ptr::null(),
+        input_bytes: 0,
+        output: std::ptr::null_mut(),
+        output_bytes: 0,
+    };
+}
+
+// SAFETY: the buffers are plain memory; whoever made the request they belong
+// to guaranteed (`OpRequest`'s borrows, or `OpRequest::raw_buffers`'
+// contract) that they stay valid and untouched by others until the operation
+// that uses them completes, which may be on the communicator's progress
+// thread.
 unsafe impl Send for Buffers {}
 
 pub struct Engine {
@@ -107,15 +191,9 @@ pub struct Engine {
     /// How long a rank past its deadline keeps waiting to learn whom its
     /// peers wait on, before it fails (a quarter of the timeout, 0.5–3 s).
     pub diagnosis_grace: Duration,
-    /// Set while an inline operation runs for a caller that can be
-    /// interrupted (see `Comm::run_interruptible`).
-    pub interrupt: Option<crate::comm::InterruptCheck>,
-    /// Set while an operation runs on the progress thread: how many threads
-    /// block waiting for that thread. While none does, the caller is busy
-    /// (computing the next gradients, say) and a spinning wait would steal
-    /// its core, so the wait takes the patient policy and soon sleeps;
-    /// the doorbell or poll(2) still wakes it the moment data arrives.
-    pub watchers: Option<Arc<AtomicUsize>>,
+    /// Set by the communicator when a caller gave up on a queued operation
+    /// or aborted the communicator: the wait fails with the reason given.
+    pub cancel: Arc<Cancel>,
     /// Spin and yield budgets (see `SPIN`).
     spin: Duration,
     yield_for: Duration,
@@ -140,8 +218,7 @@ impl Engine {
             shm_waits: Vec::new(),
             jobs: Jobs::default(),
             diagnosis_grace: Duration::from_secs(3),
-            interrupt: None,
-            watchers: None,
+            cancel: Arc::default(),
             spin: SPIN,
             yield_for: YIELD,
         }
@@ -169,6 +246,7 @@ impl Engine {
         elem_op: ElemOp,
         bufs: Buffers,
         deadline: Instant,
+        ctx: OpCtx,
     ) -> Result<(), ErrorKind> {
         let dtype = meta.dtype;
         let esize = dtype.size();
@@ -184,7 +262,7 @@ impl Engine {
         };
         let mut jobs = std::mem::take(&mut self.jobs);
         jobs.clear();
-        let result = self.run_phases(&sched.phases, meta, elem_op, &mem, deadline, &mut jobs);
+        let result = self.run_phases(&sched.phases, meta, elem_op, &mem, deadline, ctx, &mut jobs);
         jobs.clear();
         self.jobs = jobs;
         result
@@ -200,6 +278,7 @@ impl Engine {
     /// byte's round trip. Phases stay the unit of the schedule's semantics
     /// (the verifier's model); lookahead only starts work earlier that the
     /// phase order already allowed to be in flight.
+    #[allow(clippy::too_many_arguments)]
     fn run_phases(
         &mut self,
         phases: &[crate::schedule::Phase],
@@ -207,6 +286,7 @@ impl Engine {
         elem_op: ElemOp,
         mem: &Memory,
         deadline: Instant,
+        ctx: OpCtx,
         jobs: &mut Jobs,
     ) -> Result<(), ErrorKind> {
         let Jobs {
@@ -220,11 +300,10 @@ impl Engine {
         let dtype = meta.dtype;
         let mut cur = 0; // the oldest phase with unfinished transfers
         let mut next = 0; // the next phase to admit
-        let mut wait = Wait::new();
         let mut phase_t0 = Instant::now();
         // Held jobs of the lookahead phase (an upper bound: its step count).
         let mut held_left = 0usize;
-        loop {
+        let result = self.drive(sends, recvs, ctx, |eng, sends, recvs| {
             // Admit: the current phase always (its local steps run now, all
             // earlier phases being complete); the one after it only if it
             // has no local steps.
@@ -304,7 +383,7 @@ impl Engine {
             // the current one and nothing holds its jobs back any more.
             let mut retired = false;
             while cur < next && phase_done(cur, sends, recvs, first_send, first_recv) {
-                self.account_phase(sends, recvs, first_send, first_recv, cur, phase_t0);
+                eng.account_phase(sends, recvs, first_send, first_recv, cur, phase_t0);
                 phase_t0 = Instant::now();
                 cur += 1;
                 retired = true;
@@ -316,12 +395,11 @@ impl Engine {
                 }
             }
             if cur == phases.len() {
-                return Ok(());
+                return Ok(Turn::Finished);
             }
             if retired {
                 // Admit what may follow before moving anything.
-                wait.reset();
-                continue;
+                return Ok(Turn::Again);
             }
             if next == cur + 2 && held_left > 0 {
                 held_left -= release_held(
@@ -334,23 +412,61 @@ impl Engine {
                     cur,
                 );
             }
+            Ok(Turn::Move(Moving {
+                deadline,
+                sig: meta.sig,
+                seq: meta.seq,
+                outside: false,
+            }))
+        });
+        result.map_err(|e| match e {
+            ErrorKind::Timeout { peer, secs, what } => ErrorKind::Timeout {
+                peer,
+                secs,
+                what: format!("{what}, in phase {cur}"),
+            },
+            e => e,
+        })
+    }
+
+    /// The engine's one loop, for schedules (`run`) and point-to-point
+    /// batches alike: before each round `turn` admits and retires work and
+    /// says how to go on; then every transfer moves as far as it can, and
+    /// when none moved the wait backs off (spin, yield, sleep), checking the
+    /// deadline, abort notices, dead peers and interrupts.
+    pub fn drive<F>(
+        &mut self,
+        sends: &mut Vec<(usize, SendJob)>,
+        recvs: &mut Vec<(usize, RecvJob)>,
+        ctx: OpCtx,
+        mut turn: F,
+    ) -> Result<(), ErrorKind>
+    where
+        F: FnMut(
+            &mut Engine,
+            &mut Vec<(usize, SendJob)>,
+            &mut Vec<(usize, RecvJob)>,
+        ) -> Result<Turn, ErrorKind>,
+    {
+        let mut wait = Wait::new();
+        loop {
+            let moving = match turn(self, sends, recvs)? {
+                Turn::Finished => return Ok(()),
+                Turn::Again => {
+                    wait.reset();
+                    continue;
+                }
+                Turn::Move(m) => m,
+            };
             let (progressed, pending) = self.progress_round(sends, recvs)?;
             if progressed {
                 wait.reset();
                 continue;
             }
-            if !pending {
+            if !pending && !moving.outside {
                 continue;
             }
-            self.backoff(&mut wait, sends, recvs, deadline, meta.sig, meta.seq)
-                .map_err(|e| match e {
-                    ErrorKind::Timeout { peer, secs, what } => ErrorKind::Timeout {
-                        peer,
-                        secs,
-                        what: format!("{what}, in phase {cur}"),
-                    },
-                    e => e,
-                })?;
+            self.backoff(&mut wait, sends, recvs, &moving, ctx)?;
         }
     }
 
@@ -429,15 +545,15 @@ impl Engine {
     /// Called when a round moved nothing: checks what can end the wait (an
     /// abort notice, the deadline, a dead peer), then spins, yields or sleeps
     /// depending on how long the wait has lasted.
-    pub fn backoff(
+    fn backoff(
         &mut self,
         wait: &mut Wait,
         sends: &[(usize, SendJob)],
         recvs: &[(usize, RecvJob)],
-        deadline: Instant,
-        my_sig: u64,
-        my_seq: u64,
+        moving: &Moving,
+        ctx: OpCtx,
     ) -> Result<(), ErrorKind> {
+        let (deadline, my_sig, my_seq) = (moving.deadline, moving.sig, moving.seq);
         let now = Instant::now();
         let since = *wait.idle_since.get_or_insert(now);
         if let Some(inbox) = &self.inbox {
@@ -461,6 +577,10 @@ impl Engine {
                     l.post_stall(&notice);
                 }
                 wait.published = chain.clone();
+            } else {
+                for l in self.links.iter_mut().flatten() {
+                    l.flush_control();
+                }
             }
             if now.duration_since(stalled_at) > self.diagnosis_grace {
                 return Err(self.timeout_error(sends, recvs, wait.t0, &chain));
@@ -480,10 +600,7 @@ impl Engine {
             }
         }
         let waited = now.duration_since(since);
-        let unwatched = self
-            .watchers
-            .as_ref()
-            .is_some_and(|w| w.load(Ordering::Relaxed) == 0);
+        let unwatched = ctx.watchers.is_some_and(|w| w.load(Ordering::Relaxed) == 0);
         let (spin, yield_for) = if unwatched {
             (SPIN_OVERSUBSCRIBED, YIELD_OVERSUBSCRIBED)
         } else {
@@ -494,8 +611,11 @@ impl Engine {
         } else if waited < yield_for {
             std::thread::yield_now();
         } else {
-            if let Some(check) = &self.interrupt {
-                if now.duration_since(wait.last_interrupt_check) >= crate::comm::INTERRUPT_EVERY {
+            if let Some(why) = self.cancel.reason() {
+                return Err(why);
+            }
+            if let Some(check) = ctx.interrupt {
+                if now.duration_since(wait.last_interrupt_check) >= INTERRUPT_EVERY {
                     wait.last_interrupt_check = now;
                     if check() {
                         return Err(ErrorKind::Interrupted);
@@ -685,7 +805,7 @@ impl Engine {
 }
 
 fn internal(msg: &str) -> ErrorKind {
-    ErrorKind::InvalidArgument(format!("internal schedule error: {msg}"))
+    ErrorKind::Internal(format!("schedule/engine invariant: {msg}"))
 }
 
 fn no_link(peer: usize) -> ErrorKind {

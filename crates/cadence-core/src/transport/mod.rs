@@ -11,8 +11,10 @@
 //! touching data, that the sender is running the same operation with the same
 //! arguments.
 
+pub mod handshake;
 pub mod shm;
 pub mod tcp;
+pub mod tcp_setup;
 
 use crate::error::ErrorKind;
 use crate::reduce;
@@ -29,6 +31,12 @@ pub const FRAME_STALL: u8 = 3;
 
 /// Longest wait-for chain a stall notice carries.
 pub const STALL_CHAIN_MAX: usize = 6;
+
+/// Longest abort text (UTF-8 bytes) any transport carries; longer reasons
+/// are cut at a character boundary and end in [`TRUNCATED`].
+pub const ABORT_TEXT_MAX: usize = 2048;
+/// Marks an abort text that was cut to fit [`ABORT_TEXT_MAX`].
+pub const TRUNCATED: &str = " \u{2026}[truncated]";
 
 /// A rank stuck past its deadline tells its peers whom it waits on, as a
 /// chain `[self, waits_on, that rank's target, ...]` as far as it knows it.
@@ -192,6 +200,21 @@ impl AbortNotice {
             detail,
             mismatch,
         }
+    }
+
+    /// The text as it goes on the wire: whole when it fits in
+    /// [`ABORT_TEXT_MAX`] bytes, else cut at a character boundary with a
+    /// [`TRUNCATED`] mark, so a receiver never sees half a character.
+    pub fn wire_text(&self) -> std::borrow::Cow<'_, str> {
+        let d = &self.detail;
+        if d.len() <= ABORT_TEXT_MAX {
+            return std::borrow::Cow::Borrowed(d);
+        }
+        let mut end = ABORT_TEXT_MAX - TRUNCATED.len();
+        while !d.is_char_boundary(end) {
+            end -= 1;
+        }
+        std::borrow::Cow::Owned(format!("{}{TRUNCATED}", &d[..end]))
     }
 
     /// The error a receiver raises, given the signature of its own call.
@@ -473,6 +496,23 @@ impl Link {
         match self {
             Link::Shm(l) => l.post_stall(notice),
             Link::Tcp(l) => l.post_stall(notice),
+        }
+    }
+    /// The header of the next data frame from this peer, without taking it
+    /// (control frames ahead of it are consumed: a stall notice is noted, an
+    /// abort fails). `None` while none has arrived. Only valid between
+    /// receives: no receive from this peer may be in progress.
+    pub fn peek_header(&mut self) -> Result<Option<WireHeader>, ErrorKind> {
+        match self {
+            Link::Shm(l) => Ok(l.peek_header()),
+            Link::Tcp(l) => l.peek_header(),
+        }
+    }
+    /// Writes what is left of queued control frames (stall notices), never
+    /// blocking.
+    pub fn flush_control(&mut self) {
+        if let Link::Tcp(l) = self {
+            l.flush_control();
         }
     }
     /// The last stall notice this peer sent, if any.

@@ -26,12 +26,13 @@
 //! it with a release store of `tail`.
 
 use super::{
-    AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, WireHeader, HEADER_BYTES,
-    STALL_CHAIN_MAX,
+    AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, WireHeader, ABORT_TEXT_MAX,
+    HEADER_BYTES, STALL_CHAIN_MAX,
 };
 use crate::error::ErrorKind;
 use memmap2::MmapRaw;
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,6 +40,9 @@ use std::time::{Duration, Instant};
 
 const INBOX_MAGIC: u64 = 0x5842_4e49_4e44_4443; // "CDNINBX" + tag
 const HDR_SIZE: usize = 4096;
+// The inbox header's layout. Every field is listed in `HEADER_FIELDS` below,
+// and a compile-time check proves no two of them overlap (a doorbell once sat
+// inside the abort text, and every wake-up wrote four bytes over the reason).
 const OFF_MAGIC: usize = 0;
 const OFF_PID: usize = 8;
 const OFF_NRINGS: usize = 16;
@@ -51,20 +55,55 @@ const OFF_ABORT_MISMATCH: usize = 76; // u32: 1 when the three fields below are 
 const OFF_ABORT_BLAMED_SIG: usize = 80;
 const OFF_ABORT_DETECTOR_SIG: usize = 88;
 const OFF_ABORT_DETECTOR: usize = 96;
-const OFF_ABORT_MSG: usize = 128;
 /// Doorbell: a futex word peers bump (and wake) after publishing something
 /// this rank may be sleeping on, and the flag saying it sleeps. On its own
 /// cache line: peers read the flag after every publish, and it only changes
 /// when this rank goes to sleep, so the read is a cache hit.
-const OFF_DOORBELL: usize = 192;
-const OFF_SLEEPING: usize = 196;
+const OFF_DOORBELL: usize = 128;
+const OFF_SLEEPING: usize = 132;
+/// The abort notice's text (UTF-8, `OFF_ABORT_LEN` bytes).
+const OFF_ABORT_MSG: usize = 256;
+const ABORT_MSG_MAX: usize = ABORT_TEXT_MAX;
 /// Stall table: one slot per same-host sender (by local index), each
 /// `[len u32 (0 = empty; written last), pad u32, seq u64, chain u32 × 6]`.
 const OFF_STALL: usize = 2304;
 const STALL_SLOT: usize = 48;
 const STALL_SLOTS: usize = (HDR_SIZE - OFF_STALL) / STALL_SLOT;
-const ABORT_MSG_MAX: usize = 2048;
-const _: () = assert!(OFF_ABORT_MSG + ABORT_MSG_MAX <= OFF_STALL);
+
+/// (offset, bytes) of every header field, in address order.
+const HEADER_FIELDS: [(usize, usize); 16] = [
+    (OFF_MAGIC, 8),
+    (OFF_PID, 4),
+    (OFF_NRINGS, 4),
+    (OFF_SLOT_BYTES, 4),
+    (OFF_NSLOTS, 4),
+    (OFF_ABORT_FLAG, 4),
+    (OFF_ABORT_ORIGIN, 4),
+    (OFF_ABORT_LEN, 4),
+    (OFF_ABORT_MISMATCH, 4),
+    (OFF_ABORT_BLAMED_SIG, 8),
+    (OFF_ABORT_DETECTOR_SIG, 8),
+    (OFF_ABORT_DETECTOR, 4),
+    (OFF_DOORBELL, 4),
+    (OFF_SLEEPING, 4),
+    (OFF_ABORT_MSG, ABORT_MSG_MAX),
+    (OFF_STALL, STALL_SLOTS * STALL_SLOT),
+];
+
+/// Each field ends before the next begins, and the last within the header.
+const fn header_fields_disjoint() -> bool {
+    let mut i = 1;
+    while i < HEADER_FIELDS.len() {
+        let (prev_off, prev_len) = HEADER_FIELDS[i - 1];
+        if prev_off + prev_len > HEADER_FIELDS[i].0 {
+            return false;
+        }
+        i += 1;
+    }
+    let (last_off, last_len) = HEADER_FIELDS[HEADER_FIELDS.len() - 1];
+    last_off + last_len <= HDR_SIZE
+}
+const _: () = assert!(header_fields_disjoint(), "inbox header fields overlap");
 /// Ring control: the receiver's `tail`, alone on its cache line.
 const RING_CTL: usize = 64;
 /// A slot's first cache line: the frame header (48 bytes), the slot's stamp
@@ -182,6 +221,7 @@ impl Inbox {
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600) // the owner only: other users must not read or write ranks' data
             .open(path)
             .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         file.set_len(size as u64)
@@ -474,6 +514,18 @@ impl ShmLink {
     }
 
     /// Whether a receive from this peer could move now (a frame is published).
+    /// The header of the next frame in the ring, if one is published; the
+    /// frame stays there.
+    pub fn peek_header(&self) -> Option<WireHeader> {
+        if !self.rx_ready() {
+            return None;
+        }
+        let slot = self.rx.slot(self.rx.mine);
+        Some(bytemuck::pod_read_unaligned(
+            self.rx.region.read(slot, HEADER_BYTES),
+        ))
+    }
+
     pub fn rx_ready(&self) -> bool {
         self.rx.stamp(self.rx.mine).load(Ordering::Acquire) == self.rx.mine + 1
     }
@@ -543,11 +595,8 @@ pub fn post_abort(inbox: &Region, n: &AbortNotice) {
         .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
     {
-        let mut end = n.detail.len().min(ABORT_MSG_MAX);
-        while !n.detail.is_char_boundary(end) {
-            end -= 1;
-        }
-        let bytes = &n.detail.as_bytes()[..end];
+        let text = n.wire_text();
+        let bytes = text.as_bytes();
         inbox.write(OFF_ABORT_MSG, bytes);
         inbox
             .atomic_u32(OFF_ABORT_ORIGIN)

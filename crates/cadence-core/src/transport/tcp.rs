@@ -11,160 +11,25 @@
 //! - **frame**: a stripe on the wire: a [`WireHeader`], then `len` bytes.
 //!
 //! Sockets are non-blocking; the engine calls `*_progress` and, when nothing
-//! moves, waits in `poll(2)` on the streams it needs.
+//! moves, waits in `poll(2)` on the streams it needs. Streams are set up (and
+//! authenticated) in `tcp_setup.rs`.
 
 use super::{
-    AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, StripeCursor, WireHeader, FRAME_ABORT,
-    FRAME_STALL, HEADER_BYTES, MAGIC, STALL_CHAIN_MAX,
+    AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, StripeCursor, WireHeader,
+    ABORT_TEXT_MAX, FRAME_ABORT, FRAME_STALL, HEADER_BYTES, MAGIC, STALL_CHAIN_MAX,
 };
 use crate::error::ErrorKind;
-use bytemuck::{Pod, Zeroable};
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Messages smaller than this use one stream.
 pub const STRIPE_MIN: usize = 256 * 1024;
 /// Receive staging for reducing receives (bytes per stream).
 const STAGING: usize = 256 * 1024;
-const ABORT_MSG_MAX: u64 = 4096;
-
-/// First bytes on every new connection.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub struct Handshake {
-    pub magic: u32,
-    pub version: u32,
-    pub comm_id: [u8; 32],
-    pub rank: u32,
-    pub stream: u32,
-}
-
-pub const HANDSHAKE_VERSION: u32 = 1;
-
-pub fn comm_id_bytes(id: &str) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    let b = id.as_bytes();
-    let n = b.len().min(32);
-    out[..n].copy_from_slice(&b[..n]);
-    out
-}
-
-/// Connects to a peer's listener (retrying until it listens) and introduces
-/// this rank.
-pub fn connect(
-    addr: SocketAddr,
-    comm_id: &str,
-    my_rank: usize,
-    stream: usize,
-    deadline: Instant,
-) -> io::Result<TcpStream> {
-    let sock = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("connecting to {addr} timed out"),
-            ));
-        }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
-            Ok(s) => break s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut
-                ) =>
-            {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    sock.set_nodelay(true)?;
-    let hs = Handshake {
-        magic: MAGIC,
-        version: HANDSHAKE_VERSION,
-        comm_id: comm_id_bytes(comm_id),
-        rank: my_rank as u32,
-        stream: stream as u32,
-    };
-    (&sock).write_all(bytemuck::bytes_of(&hs))?;
-    Ok(sock)
-}
-
-/// (peer rank, stream index) of an accepted connection.
-pub type StreamKey = (usize, usize);
-
-/// Accepts connections until every `(peer, stream)` in `expected` has one.
-/// Connections that do not introduce themselves properly (wrong magic, wrong
-/// communicator, unexpected rank) are dropped with a warning, not fatal: a port
-/// scanner must not kill a job.
-pub fn accept_all(
-    listener: &TcpListener,
-    comm_id: &str,
-    expected: &[(usize, usize)],
-    deadline: Instant,
-    warn: &mut dyn FnMut(String),
-) -> Result<Vec<(StreamKey, TcpStream)>, String> {
-    let mut got: Vec<(StreamKey, TcpStream)> = Vec::new();
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("listener: {e}"))?;
-    let want_id = comm_id_bytes(comm_id);
-    while got.len() < expected.len() {
-        match listener.accept() {
-            Ok((sock, from)) => {
-                let _ = sock.set_nonblocking(false);
-                let _ = sock.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut buf = [0u8; std::mem::size_of::<Handshake>()];
-                if let Err(e) = (&sock).read_exact(&mut buf) {
-                    warn(format!(
-                        "dropped connection from {from}: no handshake ({e})"
-                    ));
-                    continue;
-                }
-                let hs: Handshake = bytemuck::pod_read_unaligned(&buf);
-                let key = (hs.rank as usize, hs.stream as usize);
-                if hs.magic != MAGIC || hs.version != HANDSHAKE_VERSION {
-                    warn(format!(
-                        "dropped connection from {from}: garbage handshake (magic {:#010x})",
-                        hs.magic
-                    ));
-                } else if hs.comm_id != want_id {
-                    warn(format!(
-                        "dropped connection from {from}: other communicator"
-                    ));
-                } else if !expected.contains(&key) || got.iter().any(|(k, _)| *k == key) {
-                    warn(format!(
-                        "dropped connection from {from}: unexpected rank {} stream {}",
-                        hs.rank, hs.stream
-                    ));
-                } else {
-                    let _ = sock.set_read_timeout(None);
-                    sock.set_nodelay(true).map_err(|e| e.to_string())?;
-                    got.push((key, sock));
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    let missing: Vec<String> = expected
-                        .iter()
-                        .filter(|k| !got.iter().any(|(g, _)| g == *k))
-                        .map(|(r, s)| format!("rank {r} stream {s}"))
-                        .collect();
-                    return Err(format!(
-                        "timed out waiting for connections from {}",
-                        missing.join(", ")
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(format!("accept: {e}")),
-        }
-    }
-    Ok(got)
-}
+/// Longest payload of a stall notice: its chain of u32 ranks.
+const STALL_PAYLOAD_MAX: usize = STALL_CHAIN_MAX * 4;
 
 /// All streams to one peer.
 pub struct TcpLink {
@@ -172,12 +37,81 @@ pub struct TcpLink {
     streams: Vec<TcpStream>,
     rx_hdr: Vec<[u8; HEADER_BYTES]>,
     staging: Vec<Vec<u8>>,
-    /// Whether a frame is partly written on a stream (an abort frame must not
-    /// be spliced into it).
+    /// Whether a data frame is partly written on a stream (a control frame
+    /// must not be spliced into it).
     tx_mid_frame: Vec<bool>,
+    /// Control frames (stall notices) waiting to go on stream 0, whole
+    /// frames only, and how many of their bytes are written. A data frame
+    /// starts on stream 0 only once this is empty, and a control frame only
+    /// between data frames, so neither is ever spliced into the other.
+    tx_ctl: Vec<u8>,
+    tx_ctl_done: usize,
+    /// Per stream: a control frame whose header has arrived and whose
+    /// payload is being read (non-blocking, like everything else).
+    rx_ctl: Vec<Option<CtlIn>>,
     /// The last stall notice the peer sent.
     pub stall: Option<StallNotice>,
     pub stats: LinkStats,
+}
+
+/// A control frame being received: its header and the payload so far.
+struct CtlIn {
+    hdr: WireHeader,
+    payload: Vec<u8>,
+}
+
+/// What a finished control frame means for the receive in progress.
+enum Ctl {
+    /// Noted (a stall notice); go on reading frames.
+    Noted,
+    /// The peer failed.
+    Abort(AbortNotice),
+}
+
+/// Checks a control frame's header before its payload is read: the length
+/// must be what that kind of frame can carry, or the stream is garbage.
+fn control_payload_len(h: &WireHeader, peer: usize) -> Result<usize, ErrorKind> {
+    let max = match h.frame {
+        FRAME_STALL => STALL_PAYLOAD_MAX,
+        FRAME_ABORT => ABORT_TEXT_MAX,
+        _ => unreachable!("only control frames are checked here"),
+    };
+    if h.len > max as u64 || (h.frame == FRAME_STALL && !h.len.is_multiple_of(4)) {
+        return Err(ErrorKind::Garbage {
+            peer,
+            detail: format!(
+                "control frame {} with a {}-byte payload (at most {max})",
+                h.frame, h.len
+            ),
+        });
+    }
+    Ok(h.len as usize)
+}
+
+/// Interprets a complete control frame.
+fn decode_control(c: CtlIn) -> (Ctl, Option<StallNotice>) {
+    let h = c.hdr;
+    match h.frame {
+        FRAME_ABORT => (
+            // The header carries the blamed rank in `root` and, for
+            // mismatches (`redop == 1`), the blamed signature in `seq`, the
+            // detector's in `sig` and the detector's rank in `count`.
+            Ctl::Abort(AbortNotice {
+                origin: h.root as usize,
+                detail: String::from_utf8_lossy(&c.payload).into_owned(),
+                mismatch: (h.redop == 1).then_some((h.seq, h.count as usize, h.sig)),
+            }),
+            None,
+        ),
+        _ => {
+            let chain = c
+                .payload
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (Ctl::Noted, Some(StallNotice { seq: h.seq, chain }))
+        }
+    }
 }
 
 fn plan(total: usize, elem: usize, nstreams: usize) -> Vec<StripeCursor> {
@@ -220,6 +154,9 @@ impl TcpLink {
             rx_hdr: vec![[0u8; HEADER_BYTES]; n],
             staging: vec![Vec::new(); n],
             tx_mid_frame: vec![false; n],
+            tx_ctl: Vec::new(),
+            tx_ctl_done: 0,
+            rx_ctl: (0..n).map(|_| None).collect(),
             stall: None,
             stats: LinkStats {
                 peer,
@@ -230,19 +167,7 @@ impl TcpLink {
     }
 
     fn io_err(&self, e: io::Error) -> ErrorKind {
-        match e.kind() {
-            io::ErrorKind::ConnectionReset
-            | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::UnexpectedEof
-            | io::ErrorKind::ConnectionAborted => ErrorKind::PeerClosed {
-                peer: self.peer,
-                detail: e.to_string(),
-            },
-            _ => ErrorKind::Io {
-                peer: self.peer,
-                detail: e.to_string(),
-            },
-        }
+        io_error(self.peer, e)
     }
 
     fn closed(&self) -> ErrorKind {
@@ -260,6 +185,14 @@ impl TcpLink {
         let mut progressed = false;
         let mut all_done = true;
         for st in job.stripes.iter_mut() {
+            if st.stream == 0 && st.hdr_done == 0 && !self.tx_ctl.is_empty() {
+                // A control frame goes first; this frame starts after it.
+                progressed |= self.flush_ctl()?;
+                if !self.tx_ctl.is_empty() {
+                    all_done = false;
+                    continue;
+                }
+            }
             loop {
                 let hdr = job.meta.header(st.len);
                 let hdr_bytes = bytemuck::bytes_of(&hdr);
@@ -316,6 +249,18 @@ impl TcpLink {
         for st in job.stripes.iter_mut() {
             let s = st.stream;
             loop {
+                if self.rx_ctl[s].is_some() {
+                    let Some(ctl) = self.read_ctl(s)? else {
+                        break;
+                    };
+                    progressed = true;
+                    match decode_control(ctl) {
+                        (Ctl::Abort(notice), _) => return Err(notice.into_error(job.meta.sig)),
+                        (Ctl::Noted, Some(stall)) => self.stall = Some(stall),
+                        (Ctl::Noted, None) => {}
+                    }
+                    continue;
+                }
                 if st.hdr_done < HEADER_BYTES {
                     let res = self.streams[s].read(&mut self.rx_hdr[s][st.hdr_done..]);
                     match res {
@@ -325,19 +270,14 @@ impl TcpLink {
                             st.hdr_done += n;
                             if st.hdr_done == HEADER_BYTES {
                                 let h: WireHeader = bytemuck::pod_read_unaligned(&self.rx_hdr[s]);
-                                if h.magic == MAGIC && h.frame == FRAME_ABORT {
-                                    return Err(self.read_abort(s, &h).into_error(job.meta.sig));
-                                }
-                                if h.magic == MAGIC && h.frame == FRAME_STALL {
-                                    // Out-of-band: remember it, then read the
+                                if h.magic == MAGIC && matches!(h.frame, FRAME_ABORT | FRAME_STALL)
+                                {
+                                    // Out of band: read its payload, then the
                                     // next header.
-                                    let chain = self.read_small(s, h.len.min(64) as usize);
-                                    self.stall = Some(StallNotice {
-                                        seq: h.seq,
-                                        chain: chain
-                                            .chunks_exact(4)
-                                            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                                            .collect(),
+                                    let len = control_payload_len(&h, self.peer)?;
+                                    self.rx_ctl[s] = Some(CtlIn {
+                                        hdr: h,
+                                        payload: Vec::with_capacity(len),
                                     });
                                     st.hdr_done = 0;
                                     continue;
@@ -398,43 +338,113 @@ impl TcpLink {
         Ok(progressed)
     }
 
-    /// Reads an abort frame's text (small; bounded wait). The header carries
-    /// the blamed rank in `root` and, for mismatches (`redop == 1`), the
-    /// blamed signature in `seq`, the detector's in `sig` and the detector's
-    /// rank in `count`.
-    fn read_abort(&mut self, s: usize, h: &WireHeader) -> AbortNotice {
-        let msg = self.read_small(s, h.len.min(ABORT_MSG_MAX) as usize);
-        AbortNotice {
-            origin: h.root as usize,
-            detail: String::from_utf8_lossy(&msg).into_owned(),
-            mismatch: (h.redop == 1).then_some((h.seq, h.count as usize, h.sig)),
+    /// The header of the next data frame on stream 0 (where every message's
+    /// first stripe travels), read with MSG_PEEK so it stays in the socket.
+    /// Control frames ahead of it are consumed as a receive would.
+    pub fn peek_header(&mut self) -> Result<Option<WireHeader>, ErrorKind> {
+        loop {
+            if self.rx_ctl[0].is_some() {
+                let Some(ctl) = self.read_ctl(0)? else {
+                    return Ok(None);
+                };
+                match decode_control(ctl) {
+                    (Ctl::Abort(notice), _) => return Err(notice.into_error(0)),
+                    (Ctl::Noted, Some(stall)) => self.stall = Some(stall),
+                    (Ctl::Noted, None) => {}
+                }
+                continue;
+            }
+            let mut buf = [0u8; HEADER_BYTES];
+            let n = match self.streams[0].peek(&mut buf) {
+                Ok(0) => return Err(self.closed()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.io_err(e)),
+            };
+            if n < HEADER_BYTES {
+                return Ok(None);
+            }
+            let h: WireHeader = bytemuck::pod_read_unaligned(&buf);
+            if h.magic != MAGIC || !matches!(h.frame, FRAME_ABORT | FRAME_STALL) {
+                return Ok(Some(h));
+            }
+            // A control frame: take its header for real (it is all there),
+            // then its payload.
+            let len = control_payload_len(&h, self.peer)?;
+            self.streams[0]
+                .read_exact(&mut buf)
+                .map_err(|e| self.io_err(e))?;
+            self.rx_ctl[0] = Some(CtlIn {
+                hdr: h,
+                payload: Vec::with_capacity(len),
+            });
         }
     }
 
-    /// Reads a short control payload that follows a header (bounded wait).
-    fn read_small(&mut self, s: usize, len: usize) -> Vec<u8> {
-        let mut msg = vec![0u8; len];
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut got = 0;
-        while got < len && Instant::now() < deadline {
-            match self.streams[s].read(&mut msg[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(1))
+    /// Reads the payload of the control frame pending on stream `s`, as far
+    /// as the socket has it; `None` until it is complete.
+    fn read_ctl(&mut self, s: usize) -> Result<Option<CtlIn>, ErrorKind> {
+        let peer = self.peer;
+        let (Some(c), stream) = (self.rx_ctl[s].as_mut(), &mut self.streams[s]) else {
+            return Ok(None);
+        };
+        let want = c.hdr.len as usize;
+        let mut buf = [0u8; 512];
+        while c.payload.len() < want {
+            let k = (want - c.payload.len()).min(buf.len());
+            match stream.read(&mut buf[..k]) {
+                Ok(0) => {
+                    return Err(ErrorKind::PeerClosed {
+                        peer,
+                        detail: "end of stream inside a control frame".into(),
+                    })
                 }
-                Err(_) => break,
+                Ok(n) => c.payload.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error(peer, e)),
             }
         }
-        msg.truncate(got);
-        msg
+        Ok(self.rx_ctl[s].take())
     }
 
-    /// Sends a stall notice on stream 0 unless a frame is half-written there.
-    pub fn post_stall(&mut self, n: &StallNotice) {
-        if self.tx_mid_frame[0] {
-            return;
+    /// Writes queued control bytes on stream 0 as far as the socket takes
+    /// them, unless a data frame is half-written there. Returns whether any
+    /// byte moved.
+    fn flush_ctl(&mut self) -> Result<bool, ErrorKind> {
+        if self.tx_ctl.is_empty() || self.tx_mid_frame[0] {
+            return Ok(false);
         }
+        let mut moved = false;
+        while self.tx_ctl_done < self.tx_ctl.len() {
+            match self.streams[0].write(&self.tx_ctl[self.tx_ctl_done..]) {
+                Ok(0) => return Err(self.closed()),
+                Ok(n) => {
+                    self.tx_ctl_done += n;
+                    moved = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(moved),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.io_err(e)),
+            }
+        }
+        self.tx_ctl.clear();
+        self.tx_ctl_done = 0;
+        Ok(moved)
+    }
+
+    /// Sends what is left of queued control frames (the engine calls this
+    /// while it waits; a stall notice must reach the peer even when no data
+    /// goes that way). Errors surface on the next data transfer.
+    pub fn flush_control(&mut self) {
+        let _ = self.flush_ctl();
+    }
+
+    /// Queues a stall notice on stream 0 and writes what the socket takes
+    /// now, never blocking: the rest goes out between data frames. A newer
+    /// notice replaces one not yet started.
+    pub fn post_stall(&mut self, n: &StallNotice) {
         let payload: Vec<u8> = n
             .chain
             .iter()
@@ -448,18 +458,21 @@ impl TcpLink {
             len: payload.len() as u64,
             ..Default::default()
         };
-        let sock = &mut self.streams[0];
-        let _ = sock.set_nonblocking(false);
-        let _ = sock.set_write_timeout(Some(Duration::from_millis(200)));
-        let _ = sock.write_all(bytemuck::bytes_of(&hdr));
-        let _ = sock.write_all(&payload);
-        let _ = sock.set_nonblocking(true);
+        if self.tx_ctl_done == 0 {
+            self.tx_ctl.clear();
+        }
+        self.tx_ctl.extend_from_slice(bytemuck::bytes_of(&hdr));
+        self.tx_ctl.extend_from_slice(&payload);
+        let _ = self.flush_ctl();
     }
 
-    /// Sends an abort frame on every stream that is between frames; shuts the
-    /// others down so the peer sees the end of stream instead of waiting.
+    /// Sends an abort frame on every stream that is between frames, without
+    /// blocking. A stream where a frame is half-written, or where the socket
+    /// does not take the whole abort frame at once, is shut down instead: the
+    /// peer then sees the end of the stream rather than waiting, and never a
+    /// frame cut by another. The link is not used after this.
     pub fn send_abort(&mut self, n: &AbortNotice) {
-        let text = &n.detail.as_bytes()[..n.detail.len().min(ABORT_MSG_MAX as usize)];
+        let text = n.wire_text();
         let (flag, blamed_sig, detector, detector_sig) = match n.mismatch {
             Some((b, d, ds)) => (1, b, d as u64, ds),
             None => (0, 0, 0, 0),
@@ -475,16 +488,14 @@ impl TcpLink {
             len: text.len() as u64,
             ..Default::default()
         };
+        let mut frame = bytemuck::bytes_of(&hdr).to_vec();
+        frame.extend_from_slice(text.as_bytes());
+        let ctl_mid = self.tx_ctl_done > 0;
         for (i, sock) in self.streams.iter_mut().enumerate() {
-            if self.tx_mid_frame[i] {
+            let mid = self.tx_mid_frame[i] || (i == 0 && ctl_mid);
+            if mid || !write_all_now(sock, &frame) {
                 let _ = sock.shutdown(Shutdown::Both);
-                continue;
             }
-            let _ = sock.set_nonblocking(false);
-            let _ = sock.set_write_timeout(Some(Duration::from_millis(500)));
-            let _ = sock.write_all(bytemuck::bytes_of(&hdr));
-            let _ = sock.write_all(text);
-            let _ = sock.set_nonblocking(true);
         }
     }
 
@@ -500,6 +511,38 @@ impl TcpLink {
         let _ = self.streams[0].set_nonblocking(true);
         r
     }
+}
+
+/// The error an I/O failure on a link to `peer` means.
+fn io_error(peer: usize, e: io::Error) -> ErrorKind {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionAborted => ErrorKind::PeerClosed {
+            peer,
+            detail: e.to_string(),
+        },
+        _ => ErrorKind::Io {
+            peer,
+            detail: e.to_string(),
+        },
+    }
+}
+
+/// Writes `bytes` whole if the socket takes them without blocking; `false`
+/// when it took only part (or failed).
+fn write_all_now(sock: &mut TcpStream, bytes: &[u8]) -> bool {
+    let mut done = 0;
+    while done < bytes.len() {
+        match sock.write(&bytes[done..]) {
+            Ok(0) => return false,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Waits until one of `fds` is ready for `events` or `timeout` passes.

@@ -1,0 +1,406 @@
+//! Setting up TCP streams: the thin socket loops that drive the handshake
+//! machines of `handshake.rs`.
+//!
+//! - [`connect`] (the higher rank) is a blocking loop: connect, HELLO,
+//!   CHALLENGE, PROOF, WELCOME, each read bounded by the bootstrap deadline.
+//! - [`accept_all`] (the lower rank) accepts without blocking and drives every
+//!   half-open handshake at once, each with its own [`HANDSHAKE_TIMEOUT`], so
+//!   a stranger that connects and says nothing (or says garbage) costs the
+//!   job nothing: members keep getting through around it.
+
+use super::handshake::{fresh_nonce, Acceptor, Connector, JobSecret, Reject, Step, StreamKey};
+use super::tcp::poll_fds;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// How long an accepted connection may take to complete its handshake. A
+/// member answers within a round trip (its HELLO is sent with the connect);
+/// this only bounds what a stranger can hold.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Half-open handshakes held at once; more connections are refused until
+/// some finish (a flood must not exhaust file descriptors).
+const MAX_PENDING: usize = 256;
+/// Rejections logged one by one; beyond that they are counted.
+const MAX_LOGGED: usize = 64;
+
+/// Connects to a peer's listener (retrying until it listens and until the
+/// handshake completes) and proves this rank's membership. Fails at once if
+/// the listener cannot prove its own.
+#[allow(clippy::too_many_arguments)]
+pub fn connect(
+    addr: SocketAddr,
+    secret: &JobSecret,
+    comm_id: &str,
+    my_rank: usize,
+    stream: usize,
+    peer_rank: usize,
+    deadline: Instant,
+) -> io::Result<TcpStream> {
+    let mut last = String::new();
+    // Between handshake attempts the listener refused: it may refuse again
+    // (its log says why), so do not hammer it.
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let why = if last.is_empty() {
+                String::new()
+            } else {
+                format!(" (last attempt: {last})")
+            };
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connecting to {addr} timed out{why}"),
+            ));
+        }
+        let sock = match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(s) => s,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut
+                ) =>
+            {
+                last = e.to_string();
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        sock.set_nodelay(true)?;
+        match client_handshake(&sock, secret, comm_id, my_rank, stream, peer_rank, deadline) {
+            Ok(()) => return Ok(sock),
+            // The listener dropped us before deciding (e.g. it held us past
+            // its handshake timeout while busy): try again. Its log says why
+            // if it refused us.
+            Err(Attempt::Retry(why)) => {
+                last = why;
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(Attempt::Fatal(e)) => return Err(e),
+        }
+    }
+}
+
+enum Attempt {
+    Retry(String),
+    Fatal(io::Error),
+}
+
+fn client_handshake(
+    mut sock: &TcpStream,
+    secret: &JobSecret,
+    comm_id: &str,
+    my_rank: usize,
+    stream: usize,
+    peer_rank: usize,
+    deadline: Instant,
+) -> Result<(), Attempt> {
+    let fatal = |kind, m: String| Attempt::Fatal(io::Error::new(kind, m));
+    let retry_io = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => fatal(
+            io::ErrorKind::TimedOut,
+            format!("rank {peer_rank} did not complete the handshake in time"),
+        ),
+        _ => Attempt::Retry(format!("handshake interrupted: {e}")),
+    };
+    let nonce = fresh_nonce().map_err(|e| fatal(io::ErrorKind::Other, e))?;
+    let (mut m, hello) = Connector::new(secret, comm_id, my_rank, stream, peer_rank, nonce);
+    let until_deadline = || {
+        Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        )
+    };
+    sock.set_write_timeout(until_deadline()).map_err(retry_io)?;
+    sock.write_all(&hello).map_err(retry_io)?;
+    let mut buf = [0u8; 128];
+    loop {
+        // Exactly what the machine wants: after WELCOME come frames.
+        let want = m.wants().min(buf.len());
+        sock.set_read_timeout(until_deadline()).map_err(retry_io)?;
+        let n = match sock.read(&mut buf[..want]) {
+            Ok(0) => {
+                return Err(Attempt::Retry(format!(
+                    "rank {peer_rank} closed the connection during the handshake"
+                )))
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(retry_io(e)),
+        };
+        match m.feed(&buf[..n]) {
+            Ok(Step::NeedMore) => {}
+            Ok(Step::Send(b)) => {
+                sock.set_write_timeout(until_deadline()).map_err(retry_io)?;
+                sock.write_all(&b).map_err(retry_io)?;
+            }
+            Ok(Step::Done { .. }) => {
+                let _ = sock.set_read_timeout(None);
+                let _ = sock.set_write_timeout(None);
+                return Ok(());
+            }
+            Err(r @ Reject::BadProof) => {
+                return Err(fatal(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the listener failed to prove it belongs to this job \
+                         (a different job secret: another job's process, or a stale address): {r}"
+                    ),
+                ))
+            }
+            Err(r) => {
+                return Err(fatal(
+                    io::ErrorKind::InvalidData,
+                    format!("bad handshake answer: {r}"),
+                ))
+            }
+        }
+    }
+}
+
+/// One accepted connection whose handshake is under way.
+struct Pending<'a> {
+    sock: TcpStream,
+    from: SocketAddr,
+    machine: Acceptor<'a>,
+    /// Bytes to send, and how many are sent.
+    out: Vec<u8>,
+    out_done: usize,
+    /// Set once the client proved itself; the connection is handed over once
+    /// WELCOME is out.
+    key: Option<StreamKey>,
+    expires: Instant,
+}
+
+/// Counts and logs rejected connections (each once, the first
+/// [`MAX_LOGGED`] by address and reason).
+struct Rejections<'w> {
+    warn: &'w mut dyn FnMut(String),
+    count: usize,
+}
+
+impl Rejections<'_> {
+    fn drop_conn(&mut self, from: SocketAddr, why: &str) {
+        self.count += 1;
+        if self.count <= MAX_LOGGED {
+            (self.warn)(format!("dropped connection from {from}: {why}"));
+        }
+        if self.count == MAX_LOGGED {
+            (self.warn)("more connections are being dropped; counting them from now on".into());
+        }
+    }
+}
+
+/// Accepts connections until every `(peer, stream)` in `expected` has one
+/// that proved its membership. Connections that fail the handshake
+/// (strangers, other jobs, replays, garbage, silence past
+/// [`HANDSHAKE_TIMEOUT`]) are dropped with a warning naming the address and
+/// the reason; they are never fatal and never hold up members: a port
+/// scanner must not kill or slow a job.
+pub fn accept_all(
+    listener: &TcpListener,
+    secret: &JobSecret,
+    comm_id: &str,
+    my_rank: usize,
+    expected: &[StreamKey],
+    deadline: Instant,
+    warn: &mut dyn FnMut(String),
+) -> Result<Vec<(StreamKey, TcpStream)>, String> {
+    let mut got: Vec<(StreamKey, TcpStream)> = Vec::new();
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut rejected = Rejections { warn, count: 0 };
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listener: {e}"))?;
+    let mut buf = [0u8; 512];
+    while got.len() < expected.len() {
+        let now = Instant::now();
+        if now > deadline {
+            let missing: Vec<String> = expected
+                .iter()
+                .filter(|k| !got.iter().any(|(g, _)| g == *k))
+                .map(|(r, s)| format!("rank {r} stream {s}"))
+                .collect();
+            if rejected.count > MAX_LOGGED {
+                (rejected.warn)(format!("dropped {} connections in all", rejected.count));
+            }
+            return Err(format!(
+                "timed out waiting for connections from {}",
+                missing.join(", ")
+            ));
+        }
+        // Wait for a new connection, bytes from a pending one, room to send,
+        // or the next expiry.
+        let mut fds = Vec::with_capacity(pending.len() + 1);
+        fds.push(libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for p in &pending {
+            let out = p.out_done < p.out.len();
+            fds.push(libc::pollfd {
+                fd: p.sock.as_raw_fd(),
+                events: if out { libc::POLLOUT } else { libc::POLLIN },
+                revents: 0,
+            });
+        }
+        let next = pending
+            .iter()
+            .map(|p| p.expires)
+            .chain([deadline])
+            .min()
+            .unwrap_or(deadline);
+        let wait = next
+            .saturating_duration_since(now)
+            .clamp(Duration::from_millis(1), Duration::from_millis(100));
+        poll_fds(&mut fds, wait);
+
+        // New connections.
+        loop {
+            match listener.accept() {
+                Ok((sock, from)) => {
+                    if pending.len() >= MAX_PENDING {
+                        rejected.drop_conn(from, "too many handshakes under way");
+                        continue;
+                    }
+                    if let Err(e) = sock.set_nonblocking(true) {
+                        rejected.drop_conn(from, &format!("socket: {e}"));
+                        continue;
+                    }
+                    let nonce = fresh_nonce()?;
+                    pending.push(Pending {
+                        sock,
+                        from,
+                        machine: Acceptor::new(secret, comm_id, my_rank, expected, nonce),
+                        out: Vec::new(),
+                        out_done: 0,
+                        key: None,
+                        expires: Instant::now() + HANDSHAKE_TIMEOUT,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // A connection reset before we took it, or fds exhausted:
+                // neither is a reason to fail the job; wait and go on.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                    ) || e.raw_os_error() == Some(libc::EMFILE)
+                        || e.raw_os_error() == Some(libc::ENFILE) =>
+                {
+                    break
+                }
+                Err(e) => return Err(format!("accept: {e}")),
+            }
+        }
+
+        // Progress every pending handshake; keep the ones still under way.
+        let now = Instant::now();
+        let mut i = 0;
+        while i < pending.len() {
+            match drive(&mut pending[i], &mut buf, &got) {
+                Ok(false) if now < pending[i].expires => i += 1,
+                Ok(false) => {
+                    let p = pending.swap_remove(i);
+                    let got_bytes = p.machine.partial();
+                    let why = if p.key.is_some() {
+                        "could not be sent its welcome in time".to_string()
+                    } else if got_bytes == 0 && p.out.is_empty() {
+                        format!("sent nothing within {:?}", HANDSHAKE_TIMEOUT)
+                    } else {
+                        format!(
+                            "did not complete the handshake within {:?}",
+                            HANDSHAKE_TIMEOUT
+                        )
+                    };
+                    rejected.drop_conn(p.from, &why);
+                }
+                Ok(true) => {
+                    let p = pending.swap_remove(i);
+                    let _ = p.sock.set_nodelay(true);
+                    got.push((p.key.expect("finished handshakes have a key"), p.sock));
+                }
+                Err(why) => {
+                    let p = pending.swap_remove(i);
+                    rejected.drop_conn(p.from, &why);
+                }
+            }
+        }
+    }
+    // Every expected member is in, so what is still pending is strangers
+    // (or duplicates): closed here, each named once.
+    for p in pending {
+        let why = if p.machine.partial() == 0 && p.out.is_empty() {
+            "sent nothing before set-up finished"
+        } else {
+            "did not complete the handshake before set-up finished"
+        };
+        rejected.drop_conn(p.from, why);
+    }
+    if rejected.count > MAX_LOGGED {
+        (rejected.warn)(format!("dropped {} connections in all", rejected.count));
+    }
+    Ok(got)
+}
+
+/// Moves one handshake forward without blocking: `Ok(true)` when it is done
+/// and its WELCOME is sent, `Ok(false)` while under way, `Err(reason)` to
+/// drop it.
+fn drive(p: &mut Pending, buf: &mut [u8], got: &[(StreamKey, TcpStream)]) -> Result<bool, String> {
+    loop {
+        // Send what is queued first: the client waits for it.
+        while p.out_done < p.out.len() {
+            match p.sock.write(&p.out[p.out_done..]) {
+                Ok(0) => return Err("closed the connection during the handshake".into()),
+                Ok(n) => p.out_done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("handshake interrupted: {e}")),
+            }
+        }
+        if p.key.is_some() {
+            return Ok(true);
+        }
+        // Read a little more than the message, so a peer that does not wait
+        // its turn is caught (the machine refuses surplus bytes).
+        let want = (p.machine.wants() + 1).min(buf.len());
+        let n = match p.sock.read(&mut buf[..want]) {
+            Ok(0) if p.machine.partial() == 0 && p.out.is_empty() => {
+                return Err("closed the connection without a handshake".into())
+            }
+            Ok(0) => return Err("closed the connection during the handshake".into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("handshake interrupted: {e}")),
+        };
+        match p.machine.feed(&buf[..n]) {
+            Ok(Step::NeedMore) => {}
+            Ok(Step::Send(b)) => {
+                p.out = b;
+                p.out_done = 0;
+            }
+            Ok(Step::Done { key, send }) => {
+                if got.iter().any(|(k, _)| *k == key) {
+                    // Only a holder of the secret gets here: a member that
+                    // connected twice (a bug), never a stranger.
+                    return Err(format!(
+                        "second connection for rank {} stream {}",
+                        key.0, key.1
+                    ));
+                }
+                p.key = Some(key);
+                p.out = send;
+                p.out_done = 0;
+            }
+            Err(r) => return Err(r.to_string()),
+        }
+    }
+}
