@@ -168,13 +168,13 @@ SOAK_ARGS ?= --duration 1800
 soak: build
 	$(VBIN)/cadence soak --out soak-results $(SOAK_ARGS)
 
-# All three run, whatever the first ones say; the target fails if any did.
 # The same properties `cargo test` runs with a small budget (handshake
 # machines; frames into a receiving TcpLink over loopback), many more cases.
 FUZZ_CASES ?= 100000
 fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test -p cadence-core --release --test fuzz_wire -- --nocapture
 
+# All three run, whatever the first ones say; the target fails if any did.
 lint: $(VENV)/.stamp-deps
 	status=0; \
 	cargo fmt --all --check || status=1; \
