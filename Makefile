@@ -6,6 +6,7 @@
 #   make bench   build, then every collective at 4 ranks (JSON in bench-results/)
 #   make bench-cluster  build, then allreduce/allgather across an emulated 4-host cluster (root)
 #   make tune    build, then `cadence tune` with its defaults (writes ~/.cache/cadence/tuning.json)
+#   make soak    build, then 30 minutes of random collectives on an emulated cluster under link faults (root)
 #   make lint    cargo fmt --check, cargo clippy -D warnings, ruff
 #   make fuzz    the wire fuzzer's properties with FUZZ_CASES cases each (cargo only)
 #   make clean   remove build outputs and .venv (the wheel cache stays)
@@ -42,7 +43,7 @@ RUN_ARGS ?= --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 50 -w 
 	--backends cadence,gloo,mpi
 BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 
-.PHONY: build run test bench bench-cluster tune lint fuzz clean clean-cache deps mpi iproute2
+.PHONY: build run test bench bench-cluster tune soak lint fuzz clean clean-cache deps mpi iproute2
 
 build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2
 
@@ -158,13 +159,22 @@ bench-cluster: build
 	done; done; \
 	$(VBIN)/cadence cluster down --name bench; exit $$status
 
-# All three run, whatever the first ones say; the target fails if any did.
+# Random collectives (every kind, size, dtype, op, algorithm, sub-communicators,
+# async batches) on an emulated 3-host x 2-rank cluster while links are cut
+# and slowed, every result checked (needs root; docs/soak.md). Fails on a wrong
+# result, a hang, a crash or a failure no fault explains. Logs and
+# summary.json in soak-results/. SOAK_ARGS="--duration 300 --seed 7" to change.
+SOAK_ARGS ?= --duration 1800
+soak: build
+	$(VBIN)/cadence soak --out soak-results $(SOAK_ARGS)
+
 # The same properties `cargo test` runs with a small budget (handshake
 # machines; frames into a receiving TcpLink over loopback), many more cases.
 FUZZ_CASES ?= 100000
 fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test -p cadence-core --release --test fuzz_wire -- --nocapture
 
+# All three run, whatever the first ones say; the target fails if any did.
 lint: $(VENV)/.stamp-deps
 	status=0; \
 	cargo fmt --all --check || status=1; \

@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from cadence.cli import bench, cluster, tune
+from cadence.cli import bench, cluster, soak, tune
 
-COMMANDS = (bench, tune, cluster)
+COMMANDS = (bench, tune, cluster, soak)
 
 
 def build_parser() -> argparse.ArgumentParser:
