@@ -161,6 +161,7 @@ def _fail_then_reuse(comm, dump_dir):
         comm.allreduce(np.ones(10, dtype=np.float32))
     except cadence.CommError as e:
         out["second"] = str(e)
+        out["second_culprit"] = e.culprit
     out["second_elapsed"] = time.monotonic() - t0
     out["records"] = comm.dump_records()
     return out
@@ -173,6 +174,7 @@ def test_failed_communicator_fails_fast_and_dumps(tmp_path):
     assert res[0][0] == "ok", res[0]
     assert "rank 1" in v["first"]
     assert "unusable" in v["second"] and v["second_elapsed"] < 0.5
+    assert v["second_culprit"] == 1, v["second"]  # later errors still name the culprit
     ops = v["records"]["ops"]
     assert ops[-1]["collective"] == "allreduce" and "rank 1" in ops[-1]["status"]
     files = glob.glob(os.path.join(tmp_path, "cadence-*-rank0.json"))

@@ -49,8 +49,13 @@ pub enum ErrorKind {
     /// communicator fails and tells its peers, as for any other failure.
     #[error("internal error (a bug in cadence; please report it): {0}")]
     Internal(String),
-    #[error("communicator unusable after an earlier failure: {0}")]
-    Failed(String),
+    /// An earlier operation failed the communicator; `culprit` is the rank
+    /// that failure blamed, so every later error still names it.
+    #[error("communicator unusable after an earlier failure: {detail}")]
+    Failed {
+        detail: String,
+        culprit: Option<usize>,
+    },
     #[error("setup failed: {0}")]
     Setup(String),
     #[error("i/o error with rank {peer}: {detail}")]
@@ -68,7 +73,19 @@ impl ErrorKind {
             | ErrorKind::Garbage { peer, .. }
             | ErrorKind::Io { peer, .. } => Some(*peer),
             ErrorKind::Aborted { origin, .. } => Some(*origin),
+            ErrorKind::Failed { culprit, .. } => *culprit,
             _ => None,
+        }
+    }
+}
+
+impl ErrorKind {
+    /// The error of an operation refused because `earlier` failed the
+    /// communicator: it carries that failure's text and culprit.
+    pub fn failed_after(earlier: &CommError) -> ErrorKind {
+        ErrorKind::Failed {
+            detail: earlier.to_string(),
+            culprit: earlier.culprit(),
         }
     }
 }

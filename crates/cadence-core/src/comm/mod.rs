@@ -536,9 +536,10 @@ impl Comm {
         };
         if w.as_ref().unwrap().0.send(task).is_err() {
             self.shared.pending.fetch_sub(1, Ordering::AcqRel);
-            return Err(CommError::new(ErrorKind::Failed(
-                "progress thread is gone".into(),
-            )));
+            return Err(CommError::new(ErrorKind::Failed {
+                detail: "progress thread is gone".into(),
+                culprit: None,
+            }));
         }
         Ok(done)
     }
@@ -716,7 +717,7 @@ impl Shared {
         let algo = self.choose_algo(&req, &args)?;
         let mut inner = self.inner.lock().unwrap();
         if let Some(f) = &inner.failed {
-            return Err(self.err(ErrorKind::Failed(f.to_string()), None));
+            return Err(self.err(ErrorKind::failed_after(f), None));
         }
         if let Some(why) = self.cancel.reason() {
             // Aborted, or a caller gave up on an earlier operation that

@@ -133,7 +133,7 @@ impl Shared {
                 let refused = checked.err().or_else(|| {
                     failed
                         .as_ref()
-                        .map(|f| self.err(ErrorKind::Failed(f.to_string()), None))
+                        .map(|f| self.err(ErrorKind::failed_after(f), None))
                 });
                 if let Some(e) = refused {
                     self.pending.fetch_sub(1, Ordering::AcqRel);
