@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 RO = dist.ReduceOp
 
-# What torch itself allows a Python backend, by release (docs/torch.md). The
+# What torch itself allows a Python backend, by release (README.md, "torch versions"). The
 # tests hold each release to what it allows: where a feature is impossible,
 # the check is that it fails cleanly instead.
 TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])

@@ -663,13 +663,15 @@ class _GroupProbe(dist.ProcessGroup):
 
 
 # What this torch allows a third-party backend written in Python (measured
-# on every release from 2.6 to 2.15; docs/torch.md has the table):
+# on every release from 2.6 to 2.15; README.md, "torch versions"):
 # - a Python subclass of c10d.Backend is constructible from 2.14 on
 #   ("No constructor defined" before): needed for a backend that serves one
 #   device of a group ("cpu:cadence,cuda:nccl") and for split_group;
 # - a Python subclass of ProcessGroup is constructible with (rank, size) on
-#   every release, with (store, rank, size) on 2.6-2.10 and from 2.14 on
-#   (2.11-2.13: "returned holder-wrapped instance is not an alias instance").
+#   every release (torch's own "threaded" test backend does that), with
+#   (store, rank, size) on 2.6 and from 2.14 on (2.7-2.13: "returned
+#   holder-wrapped instance is not an alias instance");
+# - the creator gets the group being built (`opts.process_group`) from 2.14 on.
 PY_BACKEND = _probe_constructible(_BackendProbe, 0, 1)
 PG_TAKES_STORE = _probe_constructible(_GroupProbe, dist.HashStore(), 0, 1)
 
