@@ -744,6 +744,23 @@ class ProcessGroupCadence(_Collectives, dist.ProcessGroup):
         self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
 
     if not PY_BACKEND:
+        # torch's C++ ProcessGroup keeps its name and description in its
+        # device backends ("ProcessGroup name not set" without one); torch
+        # sets and reads them from Python, so the group keeps them itself.
+        def _set_group_name(self, name: str) -> None:
+            self._cadence_name = name
+
+        def _set_group_desc(self, desc: str) -> None:
+            self._cadence_desc = desc
+
+        @property
+        def group_name(self) -> str:
+            return getattr(self, "_cadence_name", "")
+
+        @property
+        def group_desc(self) -> str:
+            return getattr(self, "_cadence_desc", "")
+
         def _get_backend(self, device):
             """torch's Python code asks a group for its device backend
             (device_id binding, FSDP2's allocator, splitting); with no C++
