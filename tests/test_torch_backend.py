@@ -81,6 +81,28 @@ def test_import_cadence_registers_backend_without_importing_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_waits_from_torch_cpp_reach_cadence():
+    """torch's C++ waits on our Work itself at DDP's start (parameter shapes
+    checked by an allgather, module states broadcast). torch 2.6 does not
+    forward such a wait to a Python Work that Python no longer holds; cadence
+    keeps its Works alive for it. One rank, so a hang is the only failure."""
+    code = (
+        "import gc, cadence, torch, torch.distributed as dist\n"
+        "dist.init_process_group('cadence', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "pg = dist.distributed_c10d._get_default_group()\n"
+        "t = torch.arange(4.0)\n"
+        "dist._broadcast_coalesced(pg, [t], 1 << 20, 0)\n"
+        "gc.collect()\n"
+        "dist._verify_params_across_processes(pg, [t])\n"
+        "assert torch.equal(t, torch.arange(4.0))\n"
+        "dist.destroy_process_group()\n"
+    )
+    try:
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"torch {torch.__version__}: a wait() from torch's C++ hung")
+
+
 def _check_ddp(out, n):
     for run in ("cadence", "gloo", "hook"):
         params = [out[r][run][1] for r in range(n)]
