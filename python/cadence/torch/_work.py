@@ -71,7 +71,7 @@ class Completer:
 
 def _wait_forwarded() -> bool:
     """Whether torch's C++ reaches a Python Work's wait() once Python holds
-    the Work no more. Before torch 2.14 (measured: 2.6) it does not: C++
+    the Work no more. torch 2.6 does not (2.15 does; measured): C++
     keeps only the C++ half of what a Python ProcessGroup returned, whose
     wait() then waits forever for a completion nobody signals (DDP's start,
     `_broadcast_coalesced`, the reducer's bucket order broadcast). The probe
@@ -96,9 +96,9 @@ def _wait_forwarded() -> bool:
 WAIT_FORWARDED = _wait_forwarded()
 
 # Where C++ does not forward, every CadenceWork stays alive here (so C++
-# calls reach it) until its first wait() or get_future(): C++ callers make
-# exactly one of those calls, right after the operation returns. A Work
-# that nobody waits for and whose future nobody takes stays until exit.
+# calls reach it) until a wait() that did not time out, or get_future():
+# C++ callers make one of those calls, right after the operation returns.
+# A Work that nobody waits for and whose future nobody takes stays until exit.
 _alive: set = set()
 _alive_lock = threading.Lock()
 
@@ -172,7 +172,6 @@ class CadenceWork(dist.Work):
                 _alive.discard(self)
 
     def wait(self, timeout=None) -> bool:
-        self._release()
         secs = _seconds(timeout)
         try:
             self._complete(secs)
@@ -181,6 +180,7 @@ class CadenceWork(dist.Work):
                 f"cadence: {self._name} did not finish within Work.wait's {secs:g} s "
                 "(it is still running)"
             ) from None
+        self._release()
         if self._error is not None:
             raise self._error
         return True
