@@ -2,7 +2,8 @@
 #
 #   make build   .venv with the pinned dependencies + the extension (maturin develop --release)
 #   make run     build, then the main benchmark (cadence vs gloo vs Open MPI, allreduce)
-#   make test    build, then cargo test and pytest
+#   make test    build, then cargo test and pytest, then the torch backend's tests
+#                again on the oldest supported torch (make test-torch-oldest)
 #   make bench   build, then every collective at 4 ranks (JSON in bench-results/)
 #   make bench-cluster  build, then allreduce/allgather across an emulated 4-host cluster (root)
 #   make tune    build, then `cadence tune` with its defaults (writes ~/.cache/cadence/tuning.json)
@@ -43,7 +44,8 @@ RUN_ARGS ?= --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 50 -w 
 	--backends cadence,gloo,mpi
 BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 
-.PHONY: build run test bench bench-cluster tune soak lint fuzz clean clean-cache deps mpi iproute2
+.PHONY: build run test test-torch-oldest bench bench-cluster tune soak lint fuzz clean clean-cache \
+	deps mpi iproute2
 
 build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2
 
@@ -114,6 +116,28 @@ $(VENV)/.stamp-iproute2: | $(VENV)/bin/python
 	fi; \
 	touch $@
 
+# The oldest supported torch (2.6) in its own venv, for test-torch-oldest.
+# Same scheme: wheels downloaded once, keyed by the requirements file, then
+# installed offline; --no-deps because the file lists every package (it
+# leaves out the CUDA libraries that CPU use never loads).
+OLDEST := .venv-torch-oldest
+OLDEST_REQ := requirements-torch-oldest.txt
+OLDEST_CACHE ?= $(HOME)/.cache/cadence/wheels/$(shell sha256sum $(OLDEST_REQ) | cut -d' ' -f1)
+
+$(OLDEST)/.stamp: $(OLDEST_REQ)
+	rm -rf $(OLDEST)
+	$(PYTHON) -m venv $(OLDEST)
+	@if [ ! -f "$(OLDEST_CACHE)/.complete" ]; then \
+	  echo "make: downloading the oldest torch once into $(OLDEST_CACHE)"; \
+	  mkdir -p "$(OLDEST_CACHE)"; \
+	  $(OLDEST)/bin/python -m pip download --quiet --no-deps --only-binary=:all: \
+	    --dest "$(OLDEST_CACHE)" -r $(OLDEST_REQ); \
+	  touch "$(OLDEST_CACHE)/.complete"; \
+	fi
+	$(OLDEST)/bin/python -m pip install --quiet --no-index --no-deps \
+	  --find-links "$(OLDEST_CACHE)" -r $(OLDEST_REQ)
+	touch $@
+
 # --- the extension ----------------------------------------------------------
 
 $(EXT): $(RUST_SRC) pyproject.toml $(VENV)/.stamp-deps
@@ -130,6 +154,15 @@ run: build
 test: build
 	$(CARGO_ENV) cargo test --workspace $(CARGO_TEST_FLAGS)
 	$(VBIN)/pytest -q --timeout=$(PYTEST_TIMEOUT) tests
+	$(MAKE) --no-print-directory test-torch-oldest
+
+# The torch backend's tests on the oldest supported torch, cadence from the
+# source tree (the abi3 extension that `make build` put in python/cadence).
+test-torch-oldest: $(EXT) $(OLDEST)/.stamp
+	PYTHONPATH=$(CURDIR)/python $(OLDEST)/bin/python -c \
+	  'import cadence, torch; assert cadence.__file__.startswith("$(CURDIR)/python/"); print("torch", torch.__version__)'
+	PYTHONPATH=$(CURDIR)/python $(OLDEST)/bin/pytest -q --timeout=$(PYTEST_TIMEOUT) \
+	  tests/test_torch_backend.py
 
 bench: build
 	mkdir -p bench-results
@@ -184,7 +217,7 @@ lint: $(VENV)/.stamp-deps
 
 clean:
 	cargo clean
-	rm -rf $(VENV) $(EXT) bench-results .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST) $(EXT) bench-results .pytest_cache .ruff_cache
 	find python tests -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # The downloaded wheels live outside the checkout; this forgets them too.

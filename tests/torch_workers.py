@@ -27,6 +27,38 @@ import torch.nn.functional as F
 
 RO = dist.ReduceOp
 
+# What torch itself allows a Python backend, by release (README.md, "torch versions"). The
+# tests hold each release to what it allows: where a feature is impossible,
+# the check is that it fails cleanly instead.
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+# A Python subclass of c10d.Backend is constructible: cadence can serve one
+# device of a group ("cpu:cadence,cuda:nccl").
+PY_BACKEND = TORCH >= (2, 14)
+# init_process_group(device_id=torch.device("cpu", 0)); before: accelerators only.
+CPU_DEVICE_ID = TORCH >= (2, 15)
+# split_group of a cadence world on CPU: needs a Python Backend and, before
+# 2.15, a world bound to an accelerator (2.6/2.7: NCCL only).
+SPLIT_GROUP = TORCH >= (2, 15)
+# dist.monitored_barrier on a non-gloo group; before, torch refuses any
+# backend not named gloo, and only the group's own method can be called.
+MONITORED_BARRIER = TORCH >= (2, 14)
+# FSDP2 (fully_shard) on CPU tensors, whatever the backend: torch 2.6's FSDP2
+# calls torch.cpu.Stream.record_event, which torch added in 2.7
+# (pytorch/pytorch#145935); on 2.6 it fails with gloo too (measured).
+FSDP2_CPU = TORCH >= (2, 7)
+
+
+def monitored_barrier(c, group=None, **kwargs):
+    """dist.monitored_barrier, or where torch refuses it (checked), the
+    group's own monitored_barrier: the same code in cadence."""
+    if MONITORED_BARRIER:
+        return dist.monitored_barrier(group=group, **kwargs)
+    c.raises("dist.monitored_barrier refused by torch", ValueError, "GLOO",
+             lambda: dist.monitored_barrier(group=group, **kwargs))
+    g = group if group is not None else dist.distributed_c10d._get_default_group()
+    return g.monitored_barrier(kwargs.get("timeout"),
+                               wait_all_ranks=kwargs.get("wait_all_ranks", False))
+
 # Element types torch can compute a reference for on CPU, per kind of op.
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
@@ -116,7 +148,12 @@ def ops_for(dtype) -> list:
 
 
 def _torch_op(op, factor):
-    return RO.PREMUL_SUM(factor) if op == RO.PREMUL_SUM else op
+    if op != RO.PREMUL_SUM:
+        return op
+    try:
+        return RO.PREMUL_SUM(factor)
+    except TypeError:  # torch 2.6: ReduceOp.PREMUL_SUM is not callable
+        return dist._make_nccl_premul_sum(factor)
 
 
 class Checker:
@@ -373,7 +410,7 @@ def check_async(c: Checker, group, n: int, me: int, shape_is_pg: bool) -> None:
     w = dist.barrier(async_op=True, group=group)
     w.wait()
     dist.barrier(group=group)
-    dist.monitored_barrier(group=group, timeout=timedelta(seconds=30))
+    monitored_barrier(c, group=group, timeout=timedelta(seconds=30))
 
 
 def _transport(rank: int, transport: str) -> None:
@@ -455,14 +492,21 @@ def ops_worker(rank, n, outdir, backend="cadence", transport="shm", device_id=No
         check_moves(c, sub, len(members), me)
     # split_group: {0, 1} and the rest.
     parts = [[0, 1]] + ([list(range(2, n))] if n > 2 else [])
-    split = dist.split_group(split_ranks=parts)
-    mine = next(p for p in parts if rank in p)
-    x = torch.full((5,), float(rank))
-    dist.all_reduce(x, group=split)
-    c.eq("split_group all_reduce", x, torch.full((5,), float(sum(mine))))
-    y = torch.empty(len(mine) * 2)
-    dist.all_gather_into_tensor(y, torch.full((2,), float(rank)), group=split)
-    c.eq("split_group all_gather", y, torch.tensor([float(r) for r in mine for _ in (0, 1)]))
+    if SPLIT_GROUP:
+        split = dist.split_group(split_ranks=parts)
+        mine = next(p for p in parts if rank in p)
+        x = torch.full((5,), float(rank))
+        dist.all_reduce(x, group=split)
+        c.eq("split_group all_reduce", x, torch.full((5,), float(sum(mine))))
+        y = torch.empty(len(mine) * 2)
+        dist.all_gather_into_tensor(y, torch.full((2,), float(rank)), group=split)
+        c.eq("split_group all_gather", y,
+             torch.tensor([float(r) for r in mine for _ in (0, 1)]))
+    else:  # torch refuses before creating anything: no rank is left waiting
+        c.raises(f"split_group on torch {torch.__version__}", RuntimeError,
+                 "not safe to split",
+                 lambda: dist.split_group(split_ranks=parts))
+        dist.barrier()
 
     check_deprecated_and_new_apis(c, n, rank, is_pg)
     check_group_timeout(c, n, rank)
@@ -470,8 +514,19 @@ def ops_worker(rank, n, outdir, backend="cadence", transport="shm", device_id=No
     # Errors that leave the group usable.
     c.raises("recv without src", RuntimeError, "pass src=", lambda: dist.recv(torch.empty(1)))
     if is_pg:
-        c.raises("set_timeout", RuntimeError, "fixed",
-                 lambda: dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5)))
+        # torch routes _set_pg_timeout to the group's set_timeout (refused), or
+        # (before 2.14) only to gloo and nccl backends, warning it did nothing.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5))
+                err = None
+            except RuntimeError as e:
+                err = e
+        ignored = any("only supported for either nccl or gloo" in str(m.message)
+                      for m in caught)
+        c.true(f"set_timeout refused ({err}) or ignored by torch ({ignored})",
+               (err is not None and "fixed" in str(err)) or (err is None and ignored))
     c.raises("all_reduce MIN on complex", ValueError, "complex",
              lambda: dist.distributed_c10d._get_default_group().allreduce(
                  [torch.ones(2, dtype=torch.complex64)], RO.MIN))
@@ -482,19 +537,36 @@ def ops_worker(rank, n, outdir, backend="cadence", transport="shm", device_id=No
     if rank == 0:
         c.raises("monitored_barrier with a late rank", RuntimeError,
                  f"Rank {late} failed to pass monitoredBarrier",
-                 lambda: dist.monitored_barrier(timeout=timedelta(seconds=0.5),
+                 lambda: monitored_barrier(c, timeout=timedelta(seconds=0.5),
                                                 wait_all_ranks=True))
     elif rank == late:
         c.raises("monitored_barrier after rank 0 gave up", RuntimeError, "did not release",
-                 lambda: dist.monitored_barrier(timeout=timedelta(seconds=0.5)))
+                 lambda: monitored_barrier(c, timeout=timedelta(seconds=0.5)))
     else:
         c.raises("monitored_barrier after rank 0 gave up", RuntimeError, "did not release",
-                 lambda: dist.monitored_barrier(timeout=timedelta(seconds=3)))
+                 lambda: monitored_barrier(c, timeout=timedelta(seconds=3)))
     x = torch.ones(3)
     dist.all_reduce(x)
     c.eq("all_reduce after the error paths", x, torch.full((3,), float(n)))
     dist.destroy_process_group()
     return {"failures": c.failures, "checks": c.count}
+
+
+def mixed_refused_worker(rank, n, outdir):
+    """On a torch without Python c10d.Backend constructors: what
+    init_process_group("cpu:cadence,cuda:gloo") raises, and that plain
+    "cadence" still works in the same process afterwards."""
+    import cadence  # noqa: F401
+
+    try:
+        dist.init_process_group("cpu:cadence,cuda:gloo", rank=rank, world_size=n,
+                                timeout=timedelta(seconds=60))
+        err = None
+    except RuntimeError as e:
+        err = str(e)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return {"error": err}
 
 
 # -- training --------------------------------------------------------------
@@ -614,7 +686,14 @@ def fsdp_worker(rank, n, outdir, steps=10, divide_factor=None):
         x = torch.randn(n * per_rank, 6, 32, generator=gen)
         y = torch.randn(n * per_rank, 6, 1, generator=gen)
         mine = slice(rank * per_rank, (rank + 1) * per_rank)
-        loss = F.mse_loss(model(x[mine]), y[mine])
+        try:
+            out = model(x[mine])
+        except AttributeError as e:
+            if FSDP2_CPU:
+                raise
+            dist.destroy_process_group()
+            return {"torch_refused": str(e)}
+        loss = F.mse_loss(out, y[mine])
         opt.zero_grad()
         loss.backward()
         opt.step()

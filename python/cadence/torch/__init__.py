@@ -6,7 +6,15 @@
     # DDP, FSDP2 (fully_shard), new_group, split_group and the dist.* calls work unchanged.
 
 `init_process_group("cpu:cadence,cuda:nccl")` puts cadence on CPU tensors
-only. Alone, cadence also takes CUDA tensors, staged through host memory.
+only (torch 2.14 on; older torch cannot construct a Python `c10d.Backend`,
+and such a group is refused with an error that says so). Alone, cadence
+also takes CUDA tensors, staged through host memory.
+
+Supported: torch 2.6 to 2.15. What differs on torch before 2.14 is torch's
+doing, not cadence's: `split_group` is refused (it needs a bound device and a
+Python Backend), `dist.monitored_barrier` accepts only gloo (call the
+group's own `monitored_barrier`), and `_set_pg_timeout` is ignored with a
+warning. Before 2.15, `device_id` must be an accelerator's.
 The group's timeout (`timeout=` of `init_process_group`/`new_group`) is
 every operation's deadline. Failures raise `torch.distributed.DistBackendError`
 with cadence's message, which names the operation and the rank to blame

@@ -14,13 +14,14 @@ below translate them into calls on one `cadence.Communicator` and return a
   that forwards `wait()` and `get_future()` but not `is_completed()`.
 
 Ops run inline on the caller's thread when torch asks for a synchronous
-operation (`opts.asyncOp` false: the common `dist.all_reduce(t)`), and on
+operation (`_async(opts)` false: the common `dist.all_reduce(t)`), and on
 cadence's progress thread otherwise.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from datetime import timedelta
 
@@ -119,6 +120,12 @@ def _options(opts, cls):
     return opts
 
 
+def _async(opts) -> bool:
+    """Whether torch will wait for the Work itself. Options carry `asyncOp`
+    from torch 2.7 on; before, torch always waits (so: run async)."""
+    return getattr(opts, "asyncOp", True)
+
+
 def _one(tensors, what: str) -> torch.Tensor:
     if isinstance(tensors, torch.Tensor):
         return tensors
@@ -169,7 +176,7 @@ class _Collectives:
         opts = _options(opts, c10d.AllreduceOptions)
         t = _one(tensors, "allreduce")
         red = Reduction(opts.reduceOp)
-        a = opts.asyncOp
+        a = _async(opts)
         if red.kind in BITWISE:
             return self._bitwise("allreduce", [t], [t], red, a,
                                  lambda folded: unpack(folded, [t], [folded.numel()]))
@@ -183,7 +190,7 @@ class _Collectives:
         """One allreduce per element type over the tensors laid end to end."""
         opts = _options(opts, c10d.AllreduceCoalescedOptions)
         red = Reduction(opts.reduceOp)
-        a = opts.asyncOp
+        a = _async(opts)
         tensors = list(tensors)
         if red.kind in BITWISE:
             nbytes = [t.numel() * t.element_size() for t in tensors]
@@ -211,7 +218,7 @@ class _Collectives:
         opts = _options(opts, c10d.ReduceOptions)
         t = _one(tensors, "reduce")
         red = Reduction(opts.reduceOp)
-        root, a = opts.rootRank, opts.asyncOp
+        root, a = opts.rootRank, _async(opts)
         at_root = self._g.comm.rank == root
         if red.kind in BITWISE:
             def write(folded):
@@ -231,7 +238,7 @@ class _Collectives:
         out = _one(output_tensors, "reduce_scatter")
         ins = list(_one(input_tensors, "reduce_scatter"))
         red = Reduction(opts.reduceOp)
-        a = opts.asyncOp
+        a = _async(opts)
         comm = self._g.comm
         if len(ins) != comm.size:
             raise ValueError(f"cadence: reduce_scatter needs {comm.size} input tensors, "
@@ -277,7 +284,7 @@ class _Collectives:
     @_translated
     def reduce_scatter_single(self, output, input, opts=None):
         opts = _options(opts, c10d.ReduceScatterOptions)
-        red, a = Reduction(opts.reduceOp), opts.asyncOp
+        red, a = Reduction(opts.reduceOp), _async(opts)
         return self._combine("reduce_scatter_tensor", [output], a,
                              self._reduce_scatter_one(output, input, red, a))
 
@@ -286,7 +293,7 @@ class _Collectives:
     @_translated
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = _options(opts, c10d.ReduceScatterOptions)
-        red, a = Reduction(opts.reduceOp), opts.asyncOp
+        red, a = Reduction(opts.reduceOp), _async(opts)
         parts = []
         for o, i in zip(outputs, inputs, strict=True):
             parts += self._reduce_scatter_one(o, i, red, a)
@@ -333,7 +340,7 @@ class _Collectives:
     def broadcast(self, tensors, opts=None):
         opts = _options(opts, c10d.BroadcastOptions)
         t = _one(tensors, "broadcast")
-        root, a = opts.rootRank, opts.asyncOp
+        root, a = opts.rootRank, _async(opts)
         at_root = self._g.comm.rank == root
         s = stage(t, reduce=False, read=at_root)
         w = self._g.comm.broadcast(core(s.buf), root, async_op=a)
@@ -358,8 +365,8 @@ class _Collectives:
         counts = [elements(o, reduce=False) for o in outs]
         flat = flat_buffer(inp, sum(o.numel() for o in outs), reduce=False)
         src = stage(inp, reduce=False).buf.reshape(-1)
-        w = comm.allgatherv(core(src), counts, out=core(flat), async_op=opts.asyncOp)
-        return self._g.work("allgather", outs, opts.asyncOp, [w],
+        w = comm.allgatherv(core(src), counts, out=core(flat), async_op=_async(opts))
+        return self._g.work("allgather", outs, _async(opts), [w],
                             functools.partial(unpack, flat, outs, counts))
 
     @_translated
@@ -373,7 +380,7 @@ class _Collectives:
             raise ValueError(f"cadence: allgather_coalesced needs {comm.size} output lists")
         flat = torch.cat([_bytes(t) for t in ins])
         out = torch.empty((comm.size, flat.numel()), dtype=torch.uint8)
-        w = comm.allgather(core(flat), out=core(out), async_op=opts.asyncOp)
+        w = comm.allgather(core(flat), out=core(out), async_op=_async(opts))
         nbytes = [t.numel() * t.element_size() for t in ins]
 
         def finish():
@@ -381,7 +388,7 @@ class _Collectives:
                 unpack(out[r], list(output_lists[r]), nbytes)
 
         outputs = [t for lst in output_lists for t in lst]
-        return self._g.work("allgather_coalesced", outputs, opts.asyncOp, [w], finish)
+        return self._g.work("allgather_coalesced", outputs, _async(opts), [w], finish)
 
     def _allgather_one(self, output, input, a):
         comm = self._g.comm
@@ -401,15 +408,15 @@ class _Collectives:
     @_translated
     def all_gather_single(self, output, input, opts=None):
         opts = _options(opts, c10d.AllgatherOptions)
-        w, finish = self._allgather_one(output, input, opts.asyncOp)
-        return self._g.work("all_gather_into_tensor", [output], opts.asyncOp, [w], finish)
+        w, finish = self._allgather_one(output, input, _async(opts))
+        return self._g.work("all_gather_into_tensor", [output], _async(opts), [w], finish)
 
     _allgather_base = all_gather_single
 
     @_translated
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = _options(opts, c10d.AllgatherOptions)
-        a = opts.asyncOp
+        a = _async(opts)
         parts = [self._allgather_one(o, i, a) for o, i in zip(outputs, inputs, strict=True)]
         return self._combine("all_gather_into_tensor_coalesced", list(outputs), a, parts)
 
@@ -429,8 +436,8 @@ class _Collectives:
         recv = [elements(t, reduce=False) for t in outs]
         flat_in = concat(ins, reduce=False)
         flat_out = flat_buffer(ins[0], sum(t.numel() for t in outs), reduce=False)
-        w = comm.alltoallv(core(flat_in), send, recv, out=core(flat_out), async_op=opts.asyncOp)
-        return self._g.work("alltoall", outs, opts.asyncOp, [w],
+        w = comm.alltoallv(core(flat_in), send, recv, out=core(flat_out), async_op=_async(opts))
+        return self._g.work("alltoall", outs, _async(opts), [w],
                             functools.partial(unpack, flat_out, outs, recv))
 
     @_translated
@@ -440,7 +447,7 @@ class _Collectives:
         pass none (equal blocks, one all-to-all); with them the ranks exchange
         their counts first, so a disagreement is reported, not corrupted."""
         opts = _options(opts, c10d.AllToAllOptions)
-        comm, a = self._g.comm, opts.asyncOp
+        comm, a = self._g.comm, _async(opts)
         if input.dtype != output.dtype:
             raise ValueError(f"cadence: all_to_all_single: input is {input.dtype}, "
                              f"output {output.dtype}")
@@ -468,7 +475,7 @@ class _Collectives:
     @_translated
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = _options(opts, c10d.GatherOptions)
-        comm, a, root = self._g.comm, opts.asyncOp, opts.rootRank
+        comm, a, root = self._g.comm, _async(opts), opts.rootRank
         inp = _one(input_tensors, "gather")
         src = core(stage(inp, reduce=False).buf.reshape(-1))
         if comm.rank != root:
@@ -490,7 +497,7 @@ class _Collectives:
     @_translated
     def gather_single(self, output, input, opts=None):
         opts = _options(opts, c10d.GatherOptions)
-        comm, a, root = self._g.comm, opts.asyncOp, opts.rootRank
+        comm, a, root = self._g.comm, _async(opts), opts.rootRank
         src = core(stage(input, reduce=False).buf.reshape(-1))
         if comm.rank != root:
             return self._g.work("gather_single", [], a, [comm.gather(src, root, async_op=a)])
@@ -506,7 +513,7 @@ class _Collectives:
     @_translated
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = _options(opts, c10d.ScatterOptions)
-        comm, a, root = self._g.comm, opts.asyncOp, opts.rootRank
+        comm, a, root = self._g.comm, _async(opts), opts.rootRank
         out = _one(output_tensors, "scatter")
         src = None
         if comm.rank == root:
@@ -553,8 +560,8 @@ class _Collectives:
     @_translated
     def barrier(self, opts=None):
         opts = _options(opts, c10d.BarrierOptions)
-        w = self._g.comm.barrier(async_op=opts.asyncOp)
-        return self._g.work("barrier", [], opts.asyncOp, [w])
+        w = self._g.comm.barrier(async_op=_async(opts))
+        return self._g.work("barrier", [], _async(opts), [w])
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """A barrier that names the ranks that did not arrive in time. It goes
@@ -639,6 +646,36 @@ def _split_counts(t, splits, elems, size, what) -> list[int]:
     return [s * per_row for s in splits]
 
 
+def _probe_constructible(cls, *args) -> bool:
+    try:
+        cls(*args)
+    except TypeError:  # pybind11: "No constructor defined", "not an alias instance"
+        return False
+    return True
+
+
+class _BackendProbe(c10d.Backend):
+    pass
+
+
+class _GroupProbe(dist.ProcessGroup):
+    pass
+
+
+# What this torch allows a third-party backend written in Python (measured
+# on every release from 2.6 to 2.15; README.md, "torch versions"):
+# - a Python subclass of c10d.Backend is constructible from 2.14 on
+#   ("No constructor defined" before): needed for a backend that serves one
+#   device of a group ("cpu:cadence,cuda:nccl") and for split_group;
+# - a Python subclass of ProcessGroup is constructible with (rank, size) on
+#   every release (torch's own "threaded" test backend does that), with
+#   (store, rank, size) on 2.6 and from 2.14 on (2.7-2.13: "returned
+#   holder-wrapped instance is not an alias instance");
+# - the creator gets the group being built (`opts.process_group`) from 2.14 on.
+PY_BACKEND = _probe_constructible(_BackendProbe, 0, 1)
+PG_TAKES_STORE = _probe_constructible(_GroupProbe, dist.HashStore(), 0, 1)
+
+
 class BackendCadence(_Collectives, c10d.Backend):
     """cadence as one device's backend inside a torch ProcessGroup."""
 
@@ -687,32 +724,133 @@ class BackendCadence(_Collectives, c10d.Backend):
 class ProcessGroupCadence(_Collectives, dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on cadence.
 
-    It also registers a `BackendCadence` (same communicator) for cpu and cuda,
+    Where torch can construct a Python `c10d.Backend` (`PY_BACKEND`), it
+    also registers a `BackendCadence` (same communicator) for cpu and cuda,
     which torch consults for device checks (monitored_barrier,
-    batch_isend_irecv) and to split the group."""
+    batch_isend_irecv) and to split the group. Elsewhere `_get_backend`
+    answers those checks itself (`_DeviceFacts`)."""
 
     def __init__(self, store, group: _Group) -> None:
-        super().__init__(store, group.comm.rank, group.comm.size)
+        if PG_TAKES_STORE:
+            super().__init__(store, group.comm.rank, group.comm.size)
+        else:
+            super().__init__(group.comm.rank, group.comm.size)
         self._g = group
-        self._backend = BackendCadence(group)
-        for device in ("cpu", "cuda"):
-            self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM,
-                                   self._backend)
+        self._backend = BackendCadence(group) if PY_BACKEND else None
+        if self._backend is not None:
+            for device in ("cpu", "cuda"):
+                self._register_backend(torch.device(device),
+                                       dist.ProcessGroup.BackendType.CUSTOM, self._backend)
         self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+
+    if not PY_BACKEND:
+        # torch's C++ ProcessGroup keeps its name and description in its
+        # device backends ("ProcessGroup name not set" without one); torch
+        # sets and reads them from Python, so the group keeps them itself.
+        def _set_group_name(self, name: str) -> None:
+            self._cadence_name = name
+
+        def _set_group_desc(self, desc: str) -> None:
+            self._cadence_desc = desc
+
+        @property
+        def group_name(self) -> str:
+            return getattr(self, "_cadence_name", "")
+
+        @property
+        def group_desc(self) -> str:
+            return getattr(self, "_cadence_desc", "")
+
+        def _get_backend(self, device):
+            """torch's Python code asks a group for its device backend
+            (device_id binding, FSDP2's allocator, splitting); with no C++
+            Backend to register, the group answers for itself."""
+            return _DeviceFacts(self)
 
     def __repr__(self) -> str:
         c = self._g.comm
         return f"<ProcessGroupCadence {c.id} rank {c.rank}/{c.size}>"
 
 
+class _DeviceFacts:
+    """What torch asks of a device's backend, for a `ProcessGroupCadence` on
+    a torch that cannot hold a Python `c10d.Backend`: no splitting, no
+    coalescing manager, no custom allocation, no time estimates."""
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+    _supports_time_estimate = False
+
+    def __init__(self, pg: ProcessGroupCadence) -> None:
+        self._pg = pg
+
+    def name(self) -> str:
+        return BACKEND
+
+    def rank(self) -> int:
+        return self._pg.rank()
+
+    def size(self) -> int:
+        return self._pg.size()
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
+    def eager_connect_single_device(self, device) -> None:
+        """cadence connects when the group is created."""
+
+    def perform_nocolor_split(self, device) -> None:
+        """Sub-groups are built by a members-only rendezvous: nothing to do."""
+
+    def _set_default_timeout(self, timeout) -> None:
+        self._pg.set_timeout(timeout)
+
+
+def _caller_device_backends() -> dict | None:
+    """The {device: backend name} map of the group torch is creating, read
+    from torch's `_new_process_group_helper` frame: torch before 2.14 does
+    not pass the group (`opts.process_group`) to the creator, and nothing
+    else tells "cadence" alone from "cpu:cadence,cuda:nccl". None if the
+    frame is not where it was in those (frozen) releases."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        config = frame.f_locals.get("backend_config")
+        if config is not None and hasattr(config, "get_device_backend_map"):
+            return dict(config.get_device_backend_map())
+        frame = frame.f_back
+    return None
+
+
+def _alone(opts) -> bool:
+    """Whether cadence is the group's only backend (plain "cadence")."""
+    pg = getattr(opts, "process_group", None)
+    if pg is not None:
+        # torch gave the group the CUSTOM default type and no other device
+        # has a backend yet.
+        return not list(pg._device_types) and pg.name() == "custom"
+    backends = _caller_device_backends()
+    return backends is None or set(backends.values()) == {BACKEND}
+
+
 def create_backend(opts, backend_options):
     """torch's creator hook (`extended_api=True`): called on every member of
-    a new group with its store, rank, size, timeout and name."""
+    a new group with its store, rank, size, timeout and name. Returns a
+    `ProcessGroupCadence` when cadence is the group's only backend (and on
+    every torch that cannot construct a Python `c10d.Backend`), else a
+    `BackendCadence` for torch's own ProcessGroup."""
+    alone = _alone(opts)
+    if not alone and not PY_BACKEND:
+        raise RuntimeError(
+            f"cadence: torch {torch.__version__} cannot give cadence one device of a group "
+            "(\"cpu:cadence,cuda:...\"): a Python c10d.Backend has no constructor before "
+            "torch 2.14. Use init_process_group(\"cadence\"): cadence then serves every "
+            "device (CUDA tensors staged through host memory)."
+        )
     group = _Group(opts.store, opts.group_rank, opts.group_size,
                    opts.timeout.total_seconds(), opts.group_id)
-    pg = opts.process_group
-    # Alone (plain "cadence"): torch gave the group the CUSTOM default type and
-    # no other device has a backend yet. Then the whole group is ours.
-    if pg is not None and not list(pg._device_types) and pg.name() == "custom":
+    if alone or not PY_BACKEND:
         return ProcessGroupCadence(opts.store, group)
     return BackendCadence(group)

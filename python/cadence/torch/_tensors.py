@@ -46,6 +46,14 @@ BITWISE = frozenset({_R.BAND, _R.BOR, _R.BXOR})
 _COMPLEX_OK = frozenset({_R.SUM, _R.AVG, _R.PREMUL_SUM})
 
 
+def _premul_factor(op: ReduceOp):
+    """PREMUL_SUM's factor: `op.factor` from torch 2.7 on; before, only its
+    pickled state (op, factor) carries it."""
+    if hasattr(op, "factor"):
+        return op.factor
+    return op.__getstate__()[1]
+
+
 class Reduction:
     """A torch ReduceOp, read once: its kind and, for PREMUL_SUM, the factor."""
 
@@ -54,7 +62,7 @@ class Reduction:
     def __init__(self, op) -> None:
         if isinstance(op, ReduceOp):
             self.kind = op.op
-            f = op.factor if self.kind == _R.PREMUL_SUM else None
+            f = _premul_factor(op) if self.kind == _R.PREMUL_SUM else None
             self.factor = float(f) if f is not None else None
         else:
             self.kind = ReduceOp(op).op

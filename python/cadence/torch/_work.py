@@ -14,6 +14,7 @@ import queue
 import threading
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.futures import Future
 
@@ -68,11 +69,48 @@ class Completer:
                 self._thread = None
 
 
+def _wait_forwarded() -> bool:
+    """Whether torch's C++ reaches a Python Work's wait() once Python holds
+    the Work no more. torch 2.6 does not (2.15 does; measured): C++
+    keeps only the C++ half of what a Python ProcessGroup returned, whose
+    wait() then waits forever for a completion nobody signals (DDP's start,
+    `_broadcast_coalesced`, the reducer's bucket order broadcast). The probe
+    returns a Work through C++ and waits on it with 1 ms: a forwarding torch
+    calls our wait(), the other times out."""
+
+    class Probe(dist.Work):
+        def wait(self, timeout=None) -> bool:
+            return True
+
+    class Group(dist.ProcessGroup):
+        def broadcast(self, tensors, opts=None):
+            return Probe()
+
+    work = dist.ProcessGroup.broadcast(Group(0, 1), [torch.zeros(1)])
+    try:
+        return bool(work.wait(timedelta(milliseconds=1)))
+    except RuntimeError:  # "Operation timed out!": the C++ half's own wait
+        return False
+
+
+WAIT_FORWARDED = _wait_forwarded()
+
+# Where C++ does not forward, every CadenceWork stays alive here (so C++
+# calls reach it) until a wait() that did not time out, or get_future():
+# C++ callers make one of those calls, right after the operation returns.
+# A Work that nobody waits for and whose future nobody takes stays until exit.
+_alive: set = set()
+_alive_lock = threading.Lock()
+
+
 class CadenceWork(dist.Work):
     """The handle torch.distributed returns for an operation on a cadence group."""
 
     def __init__(self, name, outputs, pending=(), finish=None, completer=None, source_rank=-1):
         super().__init__()
+        if not WAIT_FORWARDED:
+            with _alive_lock:
+                _alive.add(self)
         self._name = name
         self._outputs = list(outputs)
         self._pending = list(pending)
@@ -128,6 +166,11 @@ class CadenceWork(dist.Work):
             raise self._error
         return self._outputs
 
+    def _release(self) -> None:
+        if not WAIT_FORWARDED:
+            with _alive_lock:
+                _alive.discard(self)
+
     def wait(self, timeout=None) -> bool:
         secs = _seconds(timeout)
         try:
@@ -137,6 +180,7 @@ class CadenceWork(dist.Work):
                 f"cadence: {self._name} did not finish within Work.wait's {secs:g} s "
                 "(it is still running)"
             ) from None
+        self._release()
         if self._error is not None:
             raise self._error
         return True
