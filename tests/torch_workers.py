@@ -511,8 +511,21 @@ def ops_worker(rank, n, outdir, backend="cadence", transport="shm", device_id=No
     check_deprecated_and_new_apis(c, n, rank, is_pg)
     check_group_timeout(c, n, rank)
 
+    # Receive from any source: every other rank sends its rank to rank 0,
+    # which learns each sender from dist.recv's return value.
+    if rank == 0:
+        got = set()
+        for _ in range(n - 1):
+            t = torch.empty(3)
+            src = dist.recv(t)
+            c.eq(f"recv from any source (sender {src})", t, torch.full((3,), float(src)))
+            got.add(src)
+        c.true("recv from any source: every sender once", got == set(range(1, n)))
+    else:
+        dist.send(torch.full((3,), float(rank)), 0)
+    dist.barrier()
+
     # Errors that leave the group usable.
-    c.raises("recv without src", RuntimeError, "pass src=", lambda: dist.recv(torch.empty(1)))
     if is_pg:
         # torch routes _set_pg_timeout to the group's set_timeout (refused), or
         # (before 2.14) only to gloo and nccl backends, warning it did nothing.

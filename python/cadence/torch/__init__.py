@@ -21,7 +21,8 @@ with cadence's message, which names the operation and the rank to blame
 (also in the exception's `culprit` attribute).
 
 What differs from gloo: send/recv tags are not matched (a pair's messages
-arrive in the order they were sent); `recv` needs `src`; `set_timeout` is
+arrive in the order they were sent); `recv` without `src` takes the first
+rank that sends to this one; `set_timeout` is
 refused (the deadline is fixed at creation); ReduceOp.BAND/BOR/BXOR work by
 gathering every rank's data.
 """

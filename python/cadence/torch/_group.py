@@ -549,11 +549,15 @@ class _Collectives:
         return self._g.work("recv", [t], True, [w], s.restore if s.copied else None,
                             source_rank=src_rank)
 
+    @_translated
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError(
-            "cadence: recv from any source (dist.recv/irecv without src) is not supported: "
-            "cadence matches each receive to one peer, in order; pass src="
-        )
+        # The first rank whose next message to this one is a send of this
+        # size; the Work's source_rank() names it once matched.
+        t = _one(tensors, "recv")
+        s = stage(t, reduce=False, read=False)
+        w = self._g.comm.recv(core(s.buf.reshape(-1)), None, async_op=True)
+        return self._g.work("recv", [t], True, [w], s.restore if s.copied else None,
+                            source_rank=w)
 
     # -- synchronization ---------------------------------------------------
 

@@ -116,7 +116,7 @@ class CadenceWork(dist.Work):
         self._pending = list(pending)
         self._finish = finish
         self._completer = completer
-        self._source_rank = source_rank
+        self._peer = source_rank
         self._lock = threading.Lock()
         self._done = False
         self._error: BaseException | None = None
@@ -204,7 +204,16 @@ class CadenceWork(dist.Work):
         return self._outputs
 
     def source_rank(self) -> int:
-        return self._source_rank
+        """The peer of a receive; for a receive from any source (given the
+        cadence Work), the rank it matched, or -1 until then."""
+        s = self._peer
+        if isinstance(s, int):
+            return s
+        return -1 if s.source is None else s.source
+
+    # torch.distributed.recv asks `work._source_rank()`, which pybind does
+    # not forward to a Python override of `source_rank`.
+    _source_rank = source_rank
 
     def synchronize(self) -> None:
         """CUDA tensors are staged through synchronous host copies: nothing to order."""
