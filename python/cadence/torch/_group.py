@@ -659,11 +659,11 @@ def _probe_constructible(cls, *args) -> bool:
 
 
 class _BackendProbe(c10d.Backend):
-    pass
+    """An empty Python subclass: whether torch lets one be constructed."""
 
 
 class _GroupProbe(dist.ProcessGroup):
-    pass
+    """An empty Python subclass: which constructors torch allows it."""
 
 
 # What this torch allows a third-party backend written in Python (measured
