@@ -47,7 +47,7 @@ BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 .PHONY: build run test test-torch-oldest bench bench-cluster tune soak lint fuzz clean clean-cache \
 	deps mpi iproute2
 
-build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2
+build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2 $(VENV)/.stamp-tools
 
 # --- Python environment -----------------------------------------------------
 
@@ -64,7 +64,24 @@ $(VENV)/.stamp-deps: requirements.txt | $(VENV)/bin/python
 	$(PIP_OFFLINE) -r requirements.txt
 	touch $@
 
-deps: $(VENV)/.stamp-deps $(VENV)/.stamp-mpi
+deps: $(VENV)/.stamp-deps $(VENV)/.stamp-mpi $(VENV)/.stamp-tools
+
+# Reporting tools (matplotlib for `cadence bench --plot`): their own file and
+# cache key, so that adding one does not download torch again.
+TOOLS_REQ := requirements-tools.txt
+TOOLS_CACHE ?= $(HOME)/.cache/cadence/wheels/tools-$(shell sha256sum $(TOOLS_REQ) | cut -d' ' -f1)
+
+$(VENV)/.stamp-tools: $(TOOLS_REQ) $(VENV)/.stamp-deps
+	@if [ ! -f "$(TOOLS_CACHE)/.complete" ]; then \
+	  echo "make: downloading the reporting tools once into $(TOOLS_CACHE)"; \
+	  mkdir -p "$(TOOLS_CACHE)"; \
+	  $(VBIN)/python -m pip download --quiet --no-deps --only-binary=:all: \
+	    --dest "$(TOOLS_CACHE)" -r $(TOOLS_REQ); \
+	  touch "$(TOOLS_CACHE)/.complete"; \
+	fi
+	$(VBIN)/python -m pip install --quiet --no-index --no-deps \
+	  --find-links "$(TOOLS_CACHE)" -r $(TOOLS_REQ)
+	touch $@
 
 # Open MPI (apt) and mpi4py, for the `mpi` benchmark backend. Without Open MPI,
 # and without root to install it, everything else still builds and tests. No

@@ -41,8 +41,8 @@ from cadence.cli.launch import Job, Measure, Outcome, error_line, worker_command
 from cadence.cli.report import build_table, json_records, render_plain
 
 RECORD_KEYS = {
-    "backend", "op", "dtype", "bytes", "nranks", "algo", "chosen", "time_us", "algbw", "busbw",
-    "wrong",
+    "backend", "op", "dtype", "bytes", "nranks", "algo", "chosen", "time_us", "p99_us",
+    "algbw", "busbw", "wrong",
 }  # fmt: skip
 
 
@@ -200,33 +200,35 @@ def _job(**kw) -> Job:
 
 def _outcome(
     backend: str, times_us: dict[int, float], wrong: int = 0, algo: str | None = None,
-    chosen: str | None = None,
+    chosen: str | None = None, p99_us: dict[int, float] | None = None,
 ) -> Outcome:
     o = Outcome(backend, algo=algo, label=f"{backend}:{algo}" if algo else "")
     for size, t in times_us.items():
-        o.measures[size] = Measure(size, size, size // 4, t, wrong, chosen or algo)
+        p99 = (p99_us or {}).get(size)
+        o.measures[size] = Measure(size, size, size // 4, t, wrong, chosen or algo, p99)
     return o
 
 
 def test_table_columns_ratios_and_notes():
     job = _job()
     outcomes = [
-        _outcome("cadence", {8: 10.0, 1 << 20: 500.0}),
+        _outcome("cadence", {8: 10.0, 1 << 20: 500.0}, p99_us={1 << 20: 1234.5}),
         _outcome("gloo", {8: 20.0, 1 << 20: 1000.0}),
         Outcome("mpi", error="rank 1 exited with status 1: RuntimeError: boom"),
     ]
     table = build_table(job, outcomes, copy_gbps=10.0)
     titles = [c.title for c in table.columns]
     assert titles[:4] == ["size", "count", "type", "redop"]
-    assert titles[4:8] == ["time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+    assert titles[4:9] == ["time(us)", "p99(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
     assert titles[-2:] == ["cadence/gloo", "cadence/mpi"]
-    assert [c.group for c in table.columns[4:16:4]] == ["cadence", "gloo", "mpi"]
+    assert [c.group for c in table.columns[4:19:5]] == ["cadence", "gloo", "mpi"]
     first, second = table.rows
     assert first[:4] == ["8", "2", "float32", "sum"]
     # 1 MiB in 500 us: algbw 2.10 GB/s, busbw x 2*3/4 = 3.15 GB/s
-    assert second[4:8] == ["500.0", "2.10", "3.15", "0"]
+    assert second[4:9] == ["500.0", "1234.5", "2.10", "3.15", "0"]
+    assert first[5] == "-"  # no p99 in the records: a dash, not a made-up number
     assert second[-2:] == ["2x", "-"]
-    assert first[12:16] == ["error", "-", "-", "-"]
+    assert first[14:19] == ["error", "-", "-", "-", "-"]
     text = render_plain(table)
     lines = text.splitlines()
     assert "cadence" in lines[0] and "gloo" in lines[0] and "mpi" in lines[0]
@@ -245,7 +247,7 @@ def test_table_without_cadence_has_no_ratio_and_marks_na():
     assert not any(c.title.startswith("cadence/") for c in table.columns)
     assert len(table.rows) == 1  # 4 bytes of float16 cannot be split over 4 ranks
     assert table.rows[0][:4] == ["64", "32", "float16", "none"]
-    assert table.rows[0][4:] == ["3.00", "0.02", "0.02", "2", "n/a", "n/a", "n/a", "n/a"]
+    assert table.rows[0][4:] == ["3.00", "-", "0.02", "0.02", "2"] + ["n/a"] * 5
     assert "# mpi: n/a: no float16" in render_plain(table)
     assert "# #wrong total: 2" in render_plain(table)
 
@@ -281,14 +283,14 @@ def test_table_with_several_algorithms():
     outcomes = _algo_outcomes()
     outcomes[0].measures[1 << 20].chosen = "ring"
     table = build_table(_job(algos=["auto", "ring", "direct"]), outcomes)
-    groups = [c.group for c in table.columns[4:20:4]]
+    groups = [c.group for c in table.columns[4:24:5]]
     assert groups == ["cadence:auto", "cadence:ring", "cadence:direct", "gloo"]
     titles = [c.title for c in table.columns]
-    assert titles[20:] == ["cadence/gloo", "chosen", "best", "auto/best"]
+    assert titles[24:] == ["cadence/gloo", "chosen", "best", "auto/best"]
     small, large = table.rows
     # The ratio to gloo is auto's; best is the fastest column, auto/best <= 1.
-    assert small[20:] == ["2x", "recursive_doubling", "auto", "1.00"]
-    assert large[20:] == ["1.25x", "ring", "direct", "0.50"]
+    assert small[24:] == ["2x", "recursive_doubling", "auto", "1.00"]
+    assert large[24:] == ["1.25x", "ring", "direct", "0.50"]
     text = render_plain(table)
     assert "cadence:auto" in text.splitlines()[0] and "cadence:direct" in text.splitlines()[0]
     assert "# cadence/gloo (cadence:auto): geomean" in text
@@ -313,7 +315,7 @@ def test_table_without_auto_has_best_but_no_auto_columns():
     outcomes = _algo_outcomes()[1:]
     table = build_table(_job(algos=["ring", "direct"]), outcomes)
     titles = [c.title for c in table.columns]
-    assert titles[16:] == ["cadence/gloo", "best"]
+    assert titles[19:] == ["cadence/gloo", "best"]
     assert [row[-1] for row in table.rows] == ["direct", "direct"]
     assert not any(n.startswith("auto within") for n in table.notes)
     assert any(n.startswith("cadence/gloo (cadence:ring)") for n in table.notes)
@@ -324,7 +326,7 @@ def test_one_cadence_failure_is_noted_once():
                 for a in ("auto", "ring")]  # fmt: skip
     table = build_table(_job(algos=["auto", "ring"]), outcomes)
     assert table.notes.count("cadence: FAILED: rank 0 exited") == 1
-    assert table.rows[0][4:12] == ["error", "-", "-", "-"] * 2
+    assert table.rows[0][4:14] == ["error", "-", "-", "-", "-"] * 2
 
 
 def test_turns_give_every_algorithm_every_position():
@@ -462,6 +464,7 @@ def _assert_clean(rc, output, records, backends, op, sizes, nalgos=1):
         assert r["op"] == op and r["nranks"] == 2
         assert r["wrong"] == 0, output
         assert r["time_us"] > 0 and r["algbw"] > 0
+        assert r["p99_us"] >= r["time_us"]  # the tail is never below the median
     per_backend = [nalgos if b == "cadence" else 1 for b in backends]
     assert len(records) == sum(per_backend) * sizes
 
@@ -528,8 +531,12 @@ def test_cadence_end_to_end(tmp_path):
     rc, output, records = _bench(
         tmp_path, "--nranks", "2", "--op", "allreduce", "-b", "8", "-e", "1M", "-f", "32",
         "-n", "3", "-w", "1", "--backends", ",".join(backends),
+        *(["--plot", str(tmp_path / "run.png")] if _has("matplotlib") else []),
     )  # fmt: skip
     _assert_clean(rc, output, records, backends, "allreduce", sizes=4)
+    if _has("matplotlib"):
+        assert f"# plot: {tmp_path / 'run.png'}" in output
+        assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
     assert "cadence/gloo" in output
     cad = [r for r in records if r["backend"] == "cadence"]
     assert {r["algo"] for r in cad} == {"auto"}  # the default choice, named
@@ -595,3 +602,41 @@ def test_link_share_is_quoted_at_the_largest_size(monkeypatch):
     out = Outcome("cadence", measures={1 << 20: fast, 64 << 20: sustained})
     notes = bench_cli.link_notes(job, [out])
     assert notes[1].endswith("cadence 0.100 (80.0%) at 64M"), notes
+
+
+# ------------------------------------------------------------------ --plot
+
+
+def test_plot_series_skip_wrong_sizes_and_compute_busbw():
+    from cadence.cli import plot
+
+    job = _job()
+    o = _outcome("cadence", {8: 10.0, 1 << 20: 500.0, 4 << 20: 900.0}, p99_us={8: 30.0})
+    o.measures[4 << 20].wrong = 1  # a wrong result is not plotted as a speed
+    xs, med, p99, bus = plot.series(job, o)
+    assert xs == [8, 1 << 20]
+    assert med == [10.0, 500.0]
+    assert p99 == [30.0, 500.0]  # no p99 recorded: the band collapses onto the median
+    assert bus[1] == pytest.approx((1 << 20) / 500e-6 / 1e9 * 1.5)
+
+
+def test_plot_draws_a_png_and_refuses_nothing(tmp_path):
+    pytest.importorskip("matplotlib")
+    from cadence.cli import plot
+
+    job = _job()
+    outcomes = _algo_outcomes()
+    path = plot.plot(job, outcomes, tmp_path / "b.png", "title", 10.0, "copy rate")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1430, 550)  # two panels, 13 x 5 in at 110 dpi
+    with pytest.raises(plot.PlotError, match="nothing to plot"):
+        plot.plot(job, [Outcome("mpi", error="boom")], tmp_path / "c.png", "t")
+
+
+def test_plot_path_is_checked_before_the_sweep(capsys):
+    rc = cli_main.main(["bench", "--nranks", "2", "--backends", "gloo", "-b", "8", "-e", "8",
+                        "--plot", "/no/such/dir/x.png"])  # fmt: skip
+    assert rc == 2
+    assert "--plot: directory /no/such/dir does not exist" in capsys.readouterr().err

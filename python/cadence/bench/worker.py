@@ -325,6 +325,13 @@ def time_ops(
     return times
 
 
+def p99(samples: list[float]) -> float:
+    """The 99th percentile of the samples (linear interpolation between the
+    two nearest, numpy's default): with the default 20 samples it sits
+    between the largest two, so one stalled sample shows."""
+    return float(np.percentile(samples, 99))
+
+
 def batch_calls(nbytes: int) -> int:
     """Calls per timed sample: enough that small messages run ~16 deep, so the
     barrier's exit skew (one message latency) is a small share of a sample;
@@ -377,6 +384,7 @@ def run_size(
             "bytes": lay.nbytes,
             "count": lay.count,
             "time_us": statistics.median(times) * 1e6,
+            "p99_us": p99(times) * 1e6,
             "min_us": min(times) * 1e6,
             "wrong": wrong,
         }

@@ -49,6 +49,7 @@ from cadence.bench.common import (
     parse_size,
     size_sweep,
 )
+from cadence.cli import plot
 from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, run_backend, units
 from cadence.cli.report import algbw, build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import format_rate, payload_share
@@ -127,6 +128,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "auto (cadence's choice) or all (auto and every algorithm of --op)",
     )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON records")
+    p.add_argument(
+        "--plot", metavar="FILE.png",
+        help="also draw time (median, p99 shaded) and busbw against size, one line per "
+        "backend or algorithm (matplotlib)",
+    )  # fmt: skip
     p.add_argument(
         "--timeout", type=float, default=600.0,
         help="seconds one backend may take for the whole sweep before it is killed (600)",
@@ -283,6 +289,19 @@ def resolve_algos(text: str | None, op: str, backends: list[str]) -> list[str] |
     return list(dict.fromkeys(algos))
 
 
+def plot_problem(path: str) -> str | None:
+    """Why `--plot path` could not be written, checked before the sweep runs
+    (a bad path should not cost a whole benchmark)."""
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        return f"directory {parent} does not exist"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "matplotlib is not installed (`make build` installs it, or pip install matplotlib)"
+    return None
+
+
 def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
     """How close each backend came to the link rate, and any link that is not
     as the cluster was brought up (throttled or cut since)."""
@@ -333,6 +352,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
+    if args.plot:
+        problem = plot_problem(args.plot)
+        if problem:
+            print(f"cadence bench: --plot: {problem}", file=sys.stderr)
+            return 2
     cluster, nranks = None, args.nranks or 2
     if args.ranks_per_host != 1 and not args.cluster:
         print("cadence bench: --ranks-per-host needs --cluster", file=sys.stderr)
@@ -373,12 +397,14 @@ def run(args: argparse.Namespace) -> int:
         f"({job.warmup} warm-up), {format_size(sizes[0])}..{format_size(sizes[-1])} "
         f"x{args.stepfactor}" + (f", cadence algos {','.join(algos)}" if algos else "")
     )
+    copy_gbps = None
     if cluster:
         # Across hosts the limit is the link rate, not memory bandwidth.
         table = build_table(job, outcomes)
         table.notes[-1:-1] = link_notes(job, outcomes)
     else:
-        table = build_table(job, outcomes, copy_rate_gbps(min(sizes[-1], 64 << 20)))
+        copy_gbps = copy_rate_gbps(min(sizes[-1], 64 << 20))
+        table = build_table(job, outcomes, copy_gbps)
     if sys.stdout.isatty():
         print_rich(table, title)
     else:
@@ -394,6 +420,17 @@ def run(args: argparse.Namespace) -> int:
                     link_bits=cluster.rate_bits,
                 )
         Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    if args.plot:
+        if cluster:
+            limit, label = cluster.rate_bits / 8e9, f"link rate ({cluster.rate})"
+        else:
+            limit, label = copy_gbps, "one core's memory copy rate"
+        try:
+            out = plot.plot(job, outcomes, args.plot, title, limit, label)
+            print(f"# plot: {out}", flush=True)
+        except plot.PlotError as e:
+            print(f"cadence bench: --plot: {e}", file=sys.stderr)
+            return 1
     failed = any(o.error for o in outcomes)
     wrong = any(m.wrong for o in outcomes for m in o.measures.values())
     return 1 if failed or wrong else 0

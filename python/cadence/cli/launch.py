@@ -47,6 +47,9 @@ class Measure:
     time_us: float  # max over ranks of each rank's median
     wrong: int  # summed over ranks
     chosen: str | None = None  # cadence: the algorithm the timed calls ran (rank 0's word)
+    # Max over ranks of each rank's 99th percentile of its samples (None: the
+    # records did not say, e.g. written by an older worker).
+    p99_us: float | None = None
 
 
 @dataclass
@@ -327,6 +330,7 @@ def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
                 time_us=max(r["time_us"] for r in recs),
                 wrong=sum(r["wrong"] for r in recs),
                 chosen=recs[0].get("chosen"),
+                p99_us=max((r["p99_us"] for r in recs if "p99_us" in r), default=None),
             )
 
 

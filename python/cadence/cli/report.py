@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from cadence.bench.common import DTYPES, REDUCING_OPS, busbw_factor, format_size, layout
 from cadence.cli.launch import Job, Measure, Outcome
 
-BACKEND_COLUMNS = ("time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong")
+# time: the median sample (a sample: the mean of a batch of back-to-back
+# calls, see cadence.bench.worker); p99: the 99th percentile of the samples,
+# the tail a training step would feel. Both the slowest rank's.
+BACKEND_COLUMNS = ("time(us)", "p99(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong")
 # auto counts as close to the best when auto/best, as the table shows it (two
 # decimals), is at least this: within 10% of the best algorithm's speed.
 NEAR_BEST = 0.90
@@ -106,12 +109,14 @@ def backend_cells(job: Job, outcome: Outcome, size: int) -> list[str]:
     if m is not None:
         bw = algbw(m.nbytes, m.time_us)
         busbw = bw * busbw_factor(job.op, job.nranks)
-        return [fmt_time(m.time_us), fmt_bw(bw), fmt_bw(busbw), str(m.wrong)]
+        p99 = "-" if m.p99_us is None else fmt_time(m.p99_us)
+        return [fmt_time(m.time_us), p99, fmt_bw(bw), fmt_bw(busbw), str(m.wrong)]
+    width = len(BACKEND_COLUMNS)
     if outcome.na:
-        return ["n/a"] * 4
+        return ["n/a"] * width
     if outcome.error:
-        return ["error", "-", "-", "-"]
-    return ["-"] * 4
+        return ["error"] + ["-"] * (width - 1)
+    return ["-"] * width
 
 
 def build_table(job: Job, outcomes: list[Outcome], copy_gbps: float | None = None) -> Table:
@@ -330,6 +335,7 @@ def json_records(job: Job, outcomes: list[Outcome]) -> list[dict]:
                 "algo": o.algo,
                 "chosen": m.chosen,
                 "time_us": m.time_us,
+                "p99_us": m.p99_us,
                 "algbw": bw,
                 "busbw": bw * factor,
                 "wrong": m.wrong,
