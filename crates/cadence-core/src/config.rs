@@ -326,6 +326,11 @@ pub struct Config {
     /// tuning table gives one (`CADENCE_CALIBRATE`, on by default; `0` turns
     /// it off: see `comm/calibrate.rs`; rank 0's value decides for everyone).
     pub calibrate: bool,
+    /// `CADENCE_SPIN_US` / `CADENCE_YIELD_US`: how long an idle wait spins,
+    /// then yields, before it sleeps; unset: the engine's policy (which
+    /// depends on whether ranks outnumber cores). For measuring a machine.
+    pub spin: Option<Duration>,
+    pub yield_for: Option<Duration>,
 }
 
 #[derive(Clone, Debug)]
@@ -347,6 +352,8 @@ impl Default for Config {
             debug: DebugLevel::Warn,
             tuning: None,
             calibrate: true,
+            spin: None,
+            yield_for: None,
         }
     }
 }
@@ -396,6 +403,12 @@ impl Config {
             if !v.is_empty() {
                 c.dump_dir = Some(PathBuf::from(v));
             }
+        }
+        if let Some(v) = get("CADENCE_SPIN_US") {
+            c.spin = Some(Duration::from_micros(num("CADENCE_SPIN_US", &v)?));
+        }
+        if let Some(v) = get("CADENCE_YIELD_US") {
+            c.yield_for = Some(Duration::from_micros(num("CADENCE_YIELD_US", &v)?));
         }
         if let Some(v) = get("CADENCE_CALIBRATE") {
             c.calibrate = match v.trim().to_ascii_lowercase().as_str() {

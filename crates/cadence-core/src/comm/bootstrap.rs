@@ -249,6 +249,7 @@ impl Bootstrap {
         // emulate.
         let my_machine = &infos[rank].machine;
         let on_machine = infos.iter().filter(|p| p.machine == *my_machine).count();
+        engine.override_wait(self.cfg.spin, self.cfg.yield_for);
         engine.set_local_ranks(on_machine.max(local.len()));
         engine.diagnosis_grace =
             (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));

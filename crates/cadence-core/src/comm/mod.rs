@@ -916,10 +916,10 @@ impl Shared {
     }
 
     fn dump_records(&self) -> String {
-        let links = self
+        let (links, waits) = self
             .inner
             .try_lock()
-            .map(|mut i| i.engine.link_stats())
+            .map(|mut i| (i.engine.link_stats(), Some(i.engine.wait_stats)))
             .unwrap_or_default();
         let rec = self.recorder.lock().unwrap();
         let ops: Vec<serde_json::Value> = rec
@@ -938,6 +938,7 @@ impl Shared {
             "total_ops": rec.total_ops,
             "ops": ops,
             "links": links,
+            "waits": waits,
         })
         .to_string()
     }

@@ -518,12 +518,13 @@ mod tests {
             ranges_text(t),
             "recursive_doubling:0-32767,direct:32K-1M,ring:1048577-max"
         );
-        // With 16 ranks the medium range goes to the ring.
+        // With 16 ranks the medium range goes to rabenseifner.
         assert_eq!(
             default_table(CollKind::AllReduce, 16),
             vec![
                 (0, 32 * 1024 - 1, Algo::RecursiveDoubling),
-                (32 * 1024, u64::MAX, Algo::Ring)
+                (32 * 1024, 1 << 20, Algo::Rabenseifner),
+                ((1 << 20) + 1, u64::MAX, Algo::Ring)
             ]
         );
         assert_eq!(

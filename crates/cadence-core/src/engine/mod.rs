@@ -37,6 +37,22 @@ const SPIN_OVERSUBSCRIBED: Duration = Duration::from_micros(2);
 const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 
+/// How this engine's waits went, for `dump_records()` ("waits"): a missed
+/// wake-up shows as a `late_wakeup`, a stall as a long `longest_idle_us`.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct WaitStats {
+    /// Sleeps on the shared-memory doorbell.
+    pub naps: u64,
+    /// Naps that ended by their timeout, not by a doorbell.
+    pub nap_timeouts: u64,
+    /// Naps that ended by their timeout although what they waited on was
+    /// ready: a publish whose doorbell never rang (a missed wake-up), or a
+    /// publisher descheduled between its publish and its doorbell.
+    pub late_wakeups: u64,
+    /// The longest stretch in which nothing moved (µs), over all operations.
+    pub longest_idle_us: u64,
+}
+
 /// How long a wait has lasted, for the backoff policy and the timeout text.
 pub struct Wait {
     t0: Instant,
@@ -219,6 +235,10 @@ pub struct Engine {
     /// Spin and yield budgets (see `SPIN`).
     spin: Duration,
     yield_for: Duration,
+    /// `CADENCE_SPIN_US` / `CADENCE_YIELD_US`, when set: fixed budgets that
+    /// replace the policy (for measuring wait policies on a new machine).
+    wait_override: (Option<Duration>, Option<Duration>),
+    pub wait_stats: WaitStats,
 }
 
 impl Engine {
@@ -243,7 +263,17 @@ impl Engine {
             cancel: Arc::default(),
             spin: SPIN,
             yield_for: YIELD,
+            wait_override: (None, None),
+            wait_stats: WaitStats::default(),
         }
+    }
+
+    /// Fixed spin and yield budgets instead of the policy of
+    /// [`Engine::set_local_ranks`] (each `None`: the policy's).
+    pub fn override_wait(&mut self, spin: Option<Duration>, yield_for: Option<Duration>) {
+        self.wait_override = (spin, yield_for);
+        self.spin = spin.unwrap_or(self.spin);
+        self.yield_for = yield_for.unwrap_or(self.yield_for);
     }
 
     /// Tells the engine how many ranks share this machine's cores (emulated
@@ -251,13 +281,13 @@ impl Engine {
     /// core, hand the core over when they do not.
     pub fn set_local_ranks(&mut self, local: usize) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if local > cores {
-            self.spin = SPIN_OVERSUBSCRIBED;
-            self.yield_for = YIELD_OVERSUBSCRIBED;
+        let (spin, yield_for) = if local > cores {
+            (SPIN_OVERSUBSCRIBED, YIELD_OVERSUBSCRIBED)
         } else {
-            self.spin = SPIN;
-            self.yield_for = YIELD;
-        }
+            (SPIN, YIELD)
+        };
+        self.spin = self.wait_override.0.unwrap_or(spin);
+        self.yield_for = self.wait_override.1.unwrap_or(yield_for);
     }
 
     /// Executes one rank's schedule. `deadline` bounds every wait.
@@ -535,6 +565,11 @@ impl Engine {
             };
             let (progressed, pending) = self.progress_round(sends, recvs)?;
             if progressed {
+                if let Some(since) = wait.idle_since {
+                    let idle = since.elapsed().as_micros() as u64;
+                    let longest = &mut self.wait_stats.longest_idle_us;
+                    *longest = (*longest).max(idle);
+                }
                 wait.reset();
                 continue;
             }
@@ -773,7 +808,17 @@ impl Engine {
         } else {
             Duration::from_millis(5)
         };
-        inbox.sleep(seen, nap);
+        self.wait_stats.naps += 1;
+        if inbox.sleep(seen, nap) {
+            self.wait_stats.nap_timeouts += 1;
+            let ready = self
+                .shm_waits
+                .iter()
+                .any(|&(p, is_send)| self.links[p].as_ref().is_some_and(|l| l.shm_ready(is_send)));
+            if ready {
+                self.wait_stats.late_wakeups += 1;
+            }
+        }
     }
 
     /// `[self, the peer we wait on, whom that peer waits on, ...]`, from the

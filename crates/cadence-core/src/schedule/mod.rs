@@ -191,6 +191,12 @@ pub fn default_algo(args: &CollArgs, nranks: usize, elem_size: usize) -> Algo {
         // Medium: two phases of n-1 concurrent messages each; with few ranks
         // the concurrent messages do not oversubscribe a rank's links.
         K::AllReduce if bytes <= MIB && nranks <= 8 => Direct,
+        // Beyond 8 ranks, direct's n-1 concurrent messages flood each rank,
+        // and the ring's 2(n-1) steps cost latency: Rabenseifner moves the
+        // ring's bytes in 2·log2(n) rounds. Measured on one 16-core host at
+        // 12 and 16 ranks (issue 11): the ring was 1.3–2.5× slower than
+        // rabenseifner or torus2d at 32 KiB and 256 KiB, and fine at 2 MiB.
+        K::AllReduce if bytes <= MIB => Rabenseifner,
         // Large: bandwidth-bound; the ring keeps every link busy with 1/n of
         // the buffer per step and sends the minimum 2(n-1)/n per rank.
         K::AllReduce => Ring,
@@ -438,7 +444,9 @@ mod tests {
         assert_eq!(default_algo(&ar(1000), 8, 4), Algo::RecursiveDoubling);
         assert_eq!(default_algo(&ar(8192), 8, 4), Algo::Direct);
         assert_eq!(default_algo(&ar(1 << 18), 8, 4), Algo::Direct);
-        assert_eq!(default_algo(&ar(8192), 16, 4), Algo::Ring);
+        assert_eq!(default_algo(&ar(8192), 16, 4), Algo::Rabenseifner);
+        assert_eq!(default_algo(&ar(1 << 18), 12, 4), Algo::Rabenseifner);
+        assert_eq!(default_algo(&ar(1 << 19), 16, 4), Algo::Ring);
         assert_eq!(default_algo(&ar(1 << 20), 4, 4), Algo::Ring);
         let bc = |count| args(CollKind::Broadcast, 0, vec![count]);
         assert_eq!(default_algo(&bc(1000), 8, 4), Algo::BinomialTree);

@@ -39,7 +39,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const INBOX_MAGIC: u64 = 0x5842_4e49_4e44_4443; // "CDNINBX" + tag
-const HDR_SIZE: usize = 4096;
+/// The smallest header (one page); a file shorter than this is not an inbox yet.
+const MIN_HDR_SIZE: usize = 4096;
 // The inbox header's layout. Every field is listed in `HEADER_FIELDS` below,
 // and a compile-time check proves no two of them overlap (a doorbell once sat
 // inside the abort text, and every wake-up wrote four bytes over the reason).
@@ -64,14 +65,22 @@ const OFF_SLEEPING: usize = 132;
 /// The abort notice's text (UTF-8, `OFF_ABORT_LEN` bytes).
 const OFF_ABORT_MSG: usize = 256;
 const ABORT_MSG_MAX: usize = ABORT_TEXT_MAX;
-/// Stall table: one slot per same-host sender (by local index), each
+/// Stall table: one slot per ring, i.e. per same-host sender by local index
+/// (the header grows with the number of rings: see [`header_size`]), each
 /// `[len u32 (0 = empty; written last), pad u32, seq u64, chain u32 × 6]`.
 const OFF_STALL: usize = 2304;
 const STALL_SLOT: usize = 48;
-const STALL_SLOTS: usize = (HDR_SIZE - OFF_STALL) / STALL_SLOT;
 
-/// (offset, bytes) of every header field, in address order.
-const HEADER_FIELDS: [(usize, usize); 16] = [
+/// The header's size for `nrings` rings: the fixed fields, then one stall
+/// slot per ring, rounded up to a page (one page up to 37 rings).
+fn header_size(nrings: usize) -> usize {
+    (OFF_STALL + nrings * STALL_SLOT)
+        .next_multiple_of(4096)
+        .max(MIN_HDR_SIZE)
+}
+
+/// (offset, bytes) of every fixed header field, in address order.
+const HEADER_FIELDS: [(usize, usize); 15] = [
     (OFF_MAGIC, 8),
     (OFF_PID, 4),
     (OFF_NRINGS, 4),
@@ -87,10 +96,9 @@ const HEADER_FIELDS: [(usize, usize); 16] = [
     (OFF_DOORBELL, 4),
     (OFF_SLEEPING, 4),
     (OFF_ABORT_MSG, ABORT_MSG_MAX),
-    (OFF_STALL, STALL_SLOTS * STALL_SLOT),
 ];
 
-/// Each field ends before the next begins, and the last within the header.
+/// Each field ends before the next begins, and the last before the stall table.
 const fn header_fields_disjoint() -> bool {
     let mut i = 1;
     while i < HEADER_FIELDS.len() {
@@ -101,7 +109,7 @@ const fn header_fields_disjoint() -> bool {
         i += 1;
     }
     let (last_off, last_len) = HEADER_FIELDS[HEADER_FIELDS.len() - 1];
-    last_off + last_len <= HDR_SIZE
+    last_off + last_len <= OFF_STALL
 }
 const _: () = assert!(header_fields_disjoint(), "inbox header fields overlap");
 /// Ring control: the receiver's `tail`, alone on its cache line.
@@ -210,13 +218,14 @@ impl Drop for Region {
 pub struct Inbox {
     pub region: Arc<Region>,
     pub cfg: ShmConfig,
+    nrings: usize,
 }
 
 impl Inbox {
     /// Creates the inbox file with `nrings` rings (one per same-host rank,
     /// indexed by local rank; the own one is unused).
     pub fn create(path: &Path, nrings: usize, cfg: ShmConfig) -> Result<Inbox, String> {
-        let size = HDR_SIZE + nrings * ring_size(&cfg);
+        let size = header_size(nrings) + nrings * ring_size(&cfg);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -251,6 +260,7 @@ impl Inbox {
         Ok(Inbox {
             region: Arc::new(region),
             cfg,
+            nrings,
         })
     }
 
@@ -284,15 +294,22 @@ impl Inbox {
         self.region
             .atomic_u32(OFF_SLEEPING)
             .store(1, Ordering::SeqCst);
+        // The flag store must be ordered before the caller's re-check of its
+        // rings (a store then a load: only a full fence orders them), pairing
+        // with the fence in `ring_doorbell` between a publish and the flag
+        // read: then either the waker sees the flag or we see its publish.
+        std::sync::atomic::fence(Ordering::SeqCst);
         bell
     }
 
-    /// Sleeps until the doorbell moves past `seen` or `timeout` passes.
-    pub fn sleep(&self, seen: u32, timeout: Duration) {
-        futex_wait(self.region.atomic_u32(OFF_DOORBELL), seen, timeout);
+    /// Sleeps until the doorbell moves past `seen` or `timeout` passes;
+    /// true when the timeout ended the sleep (no doorbell rang).
+    pub fn sleep(&self, seen: u32, timeout: Duration) -> bool {
+        let timed_out = futex_wait(self.region.atomic_u32(OFF_DOORBELL), seen, timeout);
         self.region
             .atomic_u32(OFF_SLEEPING)
             .store(0, Ordering::Relaxed);
+        timed_out
     }
 
     /// Cancels a [`Inbox::prepare_sleep`] (something was ready after all).
@@ -332,7 +349,7 @@ pub fn open_peer_inbox(path: &Path, deadline: Instant) -> Result<(Arc<Region>, u
 
 fn try_map_initialised(file: &File, path: &Path) -> Result<Option<(Arc<Region>, u32)>, String> {
     let len = file.metadata().map(|m| m.len() as usize).unwrap_or(0);
-    if len < HDR_SIZE {
+    if len < MIN_HDR_SIZE {
         return Ok(None);
     }
     let map = MmapRaw::map_raw(file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
@@ -350,7 +367,7 @@ fn try_map_initialised(file: &File, path: &Path) -> Result<Option<(Arc<Region>, 
         nslots: region.atomic_u32(OFF_NSLOTS).load(Ordering::Relaxed) as usize,
     };
     let nrings = region.atomic_u32(OFF_NRINGS).load(Ordering::Relaxed) as usize;
-    if region.map.len() < HDR_SIZE + nrings * ring_size(&cfg) {
+    if region.map.len() < header_size(nrings) + nrings * ring_size(&cfg) {
         return Ok(None);
     }
     let pid = region.atomic_u32(OFF_PID).load(Ordering::Relaxed);
@@ -388,6 +405,9 @@ pub struct ShmLink {
     pub peer: usize,
     my_local: usize,
     peer_local: usize,
+    /// Rings (= stall slots) in each inbox.
+    my_nrings: usize,
+    peer_nrings: usize,
     my_inbox: Arc<Region>,
     peer_pid: u32,
     tx: RingEnd,
@@ -413,16 +433,17 @@ impl ShmLink {
                 .load(Ordering::Relaxed) as usize,
             nslots: peer_inbox.atomic_u32(OFF_NSLOTS).load(Ordering::Relaxed) as usize,
         };
+        let peer_nrings = peer_inbox.atomic_u32(OFF_NRINGS).load(Ordering::Relaxed) as usize;
         let tx = RingEnd {
             region: peer_inbox.clone(),
-            base: HDR_SIZE + my_local * ring_size(&peer_cfg),
+            base: header_size(peer_nrings) + my_local * ring_size(&peer_cfg),
             cfg: peer_cfg,
             mine: 0,
             theirs: 0,
         };
         let rx = RingEnd {
             region: my_inbox.region.clone(),
-            base: HDR_SIZE + peer_local * ring_size(&my_inbox.cfg),
+            base: header_size(my_inbox.nrings) + peer_local * ring_size(&my_inbox.cfg),
             cfg: my_inbox.cfg,
             mine: 0,
             theirs: 0,
@@ -431,6 +452,8 @@ impl ShmLink {
             peer,
             my_local,
             peer_local,
+            my_nrings: my_inbox.nrings,
+            peer_nrings,
             my_inbox: my_inbox.region.clone(),
             peer_pid,
             tx,
@@ -549,8 +572,8 @@ impl ShmLink {
 
     /// Writes this rank's stall notice into the peer's stall table.
     pub fn post_stall(&mut self, n: &StallNotice) {
-        if self.my_local >= STALL_SLOTS {
-            return;
+        if self.my_local >= self.peer_nrings {
+            return; // not a sender the peer's inbox has a ring for
         }
         let base = OFF_STALL + self.my_local * STALL_SLOT;
         let r = &self.peer_inbox;
@@ -566,7 +589,7 @@ impl ShmLink {
 
     /// The peer's stall notice, from this rank's own stall table.
     pub fn read_stall(&self) -> Option<StallNotice> {
-        if self.peer_local >= STALL_SLOTS {
+        if self.peer_local >= self.my_nrings {
             return None;
         }
         let base = OFF_STALL + self.peer_local * STALL_SLOT;
@@ -635,7 +658,9 @@ fn ring_doorbell(inbox: &Region) {
     }
 }
 
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+/// True when the wait ended by its timeout (not by a wake-up, a changed
+/// value or a signal).
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) -> bool {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -643,15 +668,16 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     // SAFETY: `word` is a valid, aligned u32 in a shared mapping that outlives
     // the call; FUTEX_WAIT (shared, not PRIVATE, since other processes wake
     // it) only reads it and sleeps while it equals `expected`, up to `ts`.
-    unsafe {
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT,
             expected,
             &ts as *const libc::timespec,
-        );
-    }
+        )
+    };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT)
 }
 
 fn futex_wake(word: &AtomicU32) {
@@ -679,5 +705,96 @@ pub fn pid_alive(pid: u32) -> bool {
             !matches!(state, Some('Z') | Some('X'))
         }
         Err(_) => rc == 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{OpMeta, Sink, SinkMode, Source};
+    use crate::types::{CollKind, DType, ElemOp};
+
+    /// Two inboxes of `nrings` rings in a private directory, linked as local
+    /// ranks `a` and `b`: (a's link to b, b's link to a).
+    fn pair(dir: &Path, nrings: usize, a: usize, b: usize) -> (ShmLink, ShmLink, Inbox, Inbox) {
+        let cfg = ShmConfig {
+            slot_bytes: 4096,
+            nslots: 4,
+        };
+        let ia = Inbox::create(&dir.join("a"), nrings, cfg).unwrap();
+        let ib = Inbox::create(&dir.join("b"), nrings, cfg).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (rb, pid_b) = open_peer_inbox(&dir.join("b"), deadline).unwrap();
+        let (ra, pid_a) = open_peer_inbox(&dir.join("a"), deadline).unwrap();
+        let la = ShmLink::new(b, &ia, rb, pid_b, a, b);
+        let lb = ShmLink::new(a, &ib, ra, pid_a, b, a);
+        (la, lb, ia, ib)
+    }
+
+    fn meta(count: u64) -> OpMeta {
+        OpMeta {
+            coll: CollKind::AllGather,
+            dtype: DType::U8,
+            redop: 0,
+            root: 0,
+            seq: 7,
+            sig: 42,
+            count,
+        }
+    }
+
+    #[test]
+    fn the_header_grows_with_the_rings() {
+        assert_eq!(header_size(1), 4096);
+        assert_eq!(header_size(37), 4096); // 2304 + 37 * 48 = 4080
+        assert_eq!(header_size(38), 8192);
+        assert_eq!(header_size(128), 12288); // 2304 + 128 * 48 = 8448
+        for n in 1..300 {
+            assert!(OFF_STALL + n * STALL_SLOT <= header_size(n));
+        }
+    }
+
+    /// Local ranks past the old one-page stall table (37 slots) post and read
+    /// stall notices, and their rings start past the grown header: a message
+    /// from local rank 63 to local rank 1 arrives intact.
+    #[test]
+    fn many_local_ranks_post_stalls_and_move_data() {
+        let dir = std::env::temp_dir().join(format!("cadence-shm-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut la, mut lb, _ia, _ib) = pair(&dir, 64, 63, 1);
+        let notice = StallNotice {
+            seq: 99,
+            chain: vec![63, 1, 5],
+        };
+        la.post_stall(&notice);
+        let got = lb
+            .read_stall()
+            .expect("the notice of local rank 63 arrives");
+        assert_eq!((got.seq, got.chain), (99, vec![63, 1, 5]));
+        assert!(la.read_stall().is_none());
+
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut out = vec![0u8; data.len()];
+        // SAFETY: `data` and `out` outlive the jobs and nothing else touches them.
+        let src = unsafe { Source::new(data.as_ptr(), data.len()) };
+        let sink = unsafe {
+            Sink::new(
+                out.as_mut_ptr(),
+                out.len(),
+                SinkMode::Copy,
+                DType::U8,
+                ElemOp::Sum,
+            )
+        };
+        let mut send = SendJob::new(meta(data.len() as u64), src);
+        let mut recv = RecvJob::new(meta(data.len() as u64), sink);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(send.done && recv.done) {
+            la.send_progress(&mut send).unwrap();
+            lb.recv_progress(&mut recv).unwrap();
+            assert!(Instant::now() < deadline, "transfer did not finish");
+        }
+        assert_eq!(out, data);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
