@@ -56,8 +56,13 @@ pub enum ErrorKind {
         detail: String,
         culprit: Option<usize>,
     },
-    #[error("setup failed: {0}")]
-    Setup(String),
+    /// Creating the communicator failed; `culprit` is the rank it could
+    /// not reach or that never connected, when one is to blame.
+    #[error("setup failed: {detail}")]
+    Setup {
+        detail: String,
+        culprit: Option<usize>,
+    },
     #[error("i/o error with rank {peer}: {detail}")]
     Io { peer: usize, detail: String },
 }
@@ -73,7 +78,7 @@ impl ErrorKind {
             | ErrorKind::Garbage { peer, .. }
             | ErrorKind::Io { peer, .. } => Some(*peer),
             ErrorKind::Aborted { origin, .. } => Some(*origin),
-            ErrorKind::Failed { culprit, .. } => *culprit,
+            ErrorKind::Failed { culprit, .. } | ErrorKind::Setup { culprit, .. } => *culprit,
             _ => None,
         }
     }
@@ -115,7 +120,10 @@ impl CommError {
         CommError::new(ErrorKind::InvalidArgument(msg.into()))
     }
     pub fn setup(msg: impl Into<String>) -> CommError {
-        CommError::new(ErrorKind::Setup(msg.into()))
+        CommError::new(ErrorKind::Setup {
+            detail: msg.into(),
+            culprit: None,
+        })
     }
     pub fn culprit(&self) -> Option<usize> {
         self.kind.culprit()

@@ -157,6 +157,46 @@ fn an_absent_peer_times_out_with_its_name() {
     assert!(matches!(e.kind, ErrorKind::Timeout { peer: 1, .. }), "{e}");
 }
 
+/// A peer that published its address but never connects (it died, or its
+/// link went down during set-up) fails the others' set-up with its name as
+/// the culprit, over TCP (rank 2 never dials rank 0 and 1) and over shared
+/// memory (rank 1 never creates its inbox).
+#[test]
+fn set_up_failures_name_the_peer_that_never_came() {
+    let id = format!("s{}x{}", std::process::id(), rand_tag());
+    let cfg = || Config {
+        timeout: Duration::from_millis(800),
+        ..Config::default()
+    };
+    let ip = "127.0.0.1".parse().unwrap();
+    let secret = JobSecret::random().unwrap();
+    // TCP: three hosts; rank 2 publishes its info and stops there.
+    let bs: Vec<_> = (0..3)
+        .map(|r| Bootstrap::new(&id, r, 3, &format!("h{r}"), ip, cfg(), secret.clone()).unwrap())
+        .collect();
+    let infos: Vec<PeerInfo> = bs.iter().map(|b| b.info.clone()).collect();
+    let mut bs = bs.into_iter();
+    let (b0, b1, _silent) = (bs.next().unwrap(), bs.next().unwrap(), bs.next().unwrap());
+    let i1 = infos.clone();
+    let t1 = std::thread::spawn(move || b1.connect(i1).err());
+    let e0 = b0.connect(infos).err().expect("rank 0's set-up must fail");
+    let e1 = t1.join().unwrap().expect("rank 1's set-up must fail");
+    for e in [&e0, &e1] {
+        assert!(matches!(e.kind, ErrorKind::Setup { .. }), "{e}");
+        assert_eq!(e.culprit(), Some(2), "{e}");
+        assert!(e.to_string().contains("rank 2 stream 0"), "{e}");
+    }
+
+    // Shared memory: rank 1 never opens its inbox.
+    let id = format!("m{}x{}", std::process::id(), rand_tag());
+    let b0 = Bootstrap::new(&id, 0, 2, "h", ip, cfg(), secret.clone()).unwrap();
+    let b1 = Bootstrap::new(&id, 1, 2, "h", ip, cfg(), secret).unwrap();
+    let infos = vec![b0.info.clone(), b1.info.clone()];
+    let e = b0.connect(infos).err().expect("set-up must fail");
+    assert!(matches!(e.kind, ErrorKind::Setup { .. }), "{e}");
+    assert_eq!(e.culprit(), Some(1), "{e}");
+}
+
 #[test]
 fn a_stranger_sending_garbage_at_setup_is_ignored() {
     // Rank 0 listens; before the real peer connects, a stranger connects and

@@ -7,7 +7,7 @@
 use super::{Comm, OpRequest};
 use crate::config::{Config, DebugLevel};
 use crate::engine::Engine;
-use crate::error::{CommError, Result};
+use crate::error::{CommError, ErrorKind, Result};
 use crate::transport::handshake::JobSecret;
 use crate::transport::shm::{open_peer_inbox, Inbox, ShmLink};
 use crate::transport::tcp::TcpLink;
@@ -125,12 +125,14 @@ impl Bootstrap {
     pub fn connect(mut self, infos: Vec<PeerInfo>) -> Result<Comm> {
         let (rank, n) = (self.rank, self.nranks);
         let mut sink = self.warn.take();
-        let fail = |m: String| {
-            let mut e = CommError::setup(m);
+        // Set-up errors, with the rank to blame when one is (`blaming`).
+        let blaming = |m: String, culprit: Option<usize>| {
+            let mut e = CommError::new(ErrorKind::Setup { detail: m, culprit });
             e.rank = Some(rank);
             e.comm_id = self.comm_id.as_str().into();
             e
         };
+        let fail = |m: String| blaming(m, None);
         if infos.len() != n || infos.iter().enumerate().any(|(i, p)| p.rank != i) {
             return Err(fail(format!(
                 "expected peer info for ranks 0..{n} in order"
@@ -180,7 +182,7 @@ impl Bootstrap {
                     continue;
                 }
                 let (region, pid) = open_peer_inbox(&inbox_path(&self.comm_id, peer), deadline)
-                    .map_err(|e| fail(format!("rank {peer}: {e}")))?;
+                    .map_err(|e| blaming(format!("rank {peer}: {e}"), Some(peer)))?;
                 links[peer] = Some(Link::Shm(ShmLink::new(
                     peer, &inbox, region, pid, my_local, li,
                 )));
@@ -195,15 +197,20 @@ impl Bootstrap {
         let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
         for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
             let addr: SocketAddr = infos[peer].addr.parse().map_err(|_| {
-                fail(format!(
-                    "rank {peer} published a bad address {:?}",
-                    infos[peer].addr
-                ))
+                blaming(
+                    format!("rank {peer} published a bad address {:?}", infos[peer].addr),
+                    Some(peer),
+                )
             })?;
             let mut v = Vec::new();
             for s in 0..nstreams {
                 let sock = connect(addr, &self.secret, &self.comm_id, rank, s, peer, deadline)
-                    .map_err(|e| fail(format!("connecting to rank {peer} at {addr}: {e}")))?;
+                    .map_err(|e| {
+                        blaming(
+                            format!("connecting to rank {peer} at {addr}: {e}"),
+                            Some(peer),
+                        )
+                    })?;
                 v.push(Some(sock));
             }
             streams.insert(peer, v);
@@ -227,7 +234,7 @@ impl Bootstrap {
             deadline,
             &mut warn,
         )
-        .map_err(fail)?
+        .map_err(|e| blaming(e.detail, e.culprit))?
         {
             streams
                 .entry(peer)

@@ -399,7 +399,10 @@ impl Comm {
         // Every rank must install the model, or ranks would choose
         // differently: a failure here is an error, never a silent skip.
         let refused = self.shared.err(
-            ErrorKind::Setup("communicator shared before calibration".into()),
+            ErrorKind::Setup {
+                detail: "communicator shared before calibration".into(),
+                culprit: None,
+            },
             None,
         );
         let shared = Arc::get_mut(&mut self.shared).ok_or(refused)?;

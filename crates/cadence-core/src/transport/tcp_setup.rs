@@ -25,6 +25,22 @@ const MAX_PENDING: usize = 256;
 /// Rejections logged one by one; beyond that they are counted.
 const MAX_LOGGED: usize = 64;
 
+/// Why [`accept_all`] failed, and the rank to blame when one is.
+#[derive(Debug)]
+pub struct SetupFailure {
+    pub detail: String,
+    pub culprit: Option<usize>,
+}
+
+impl SetupFailure {
+    fn new(detail: String) -> SetupFailure {
+        SetupFailure {
+            detail,
+            culprit: None,
+        }
+    }
+}
+
 /// Connects to a peer's listener (retrying until it listens and until the
 /// handshake completes) and proves this rank's membership. Fails at once if
 /// the listener cannot prove its own.
@@ -210,29 +226,37 @@ pub fn accept_all(
     expected: &[StreamKey],
     deadline: Instant,
     warn: &mut dyn FnMut(String),
-) -> Result<Vec<(StreamKey, TcpStream)>, String> {
+) -> Result<Vec<(StreamKey, TcpStream)>, SetupFailure> {
     let mut got: Vec<(StreamKey, TcpStream)> = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
     let mut rejected = Rejections { warn, count: 0 };
     listener
         .set_nonblocking(true)
-        .map_err(|e| format!("listener: {e}"))?;
+        .map_err(|e| SetupFailure::new(format!("listener: {e}")))?;
     let mut buf = [0u8; 512];
     while got.len() < expected.len() {
         let now = Instant::now();
         if now > deadline {
-            let missing: Vec<String> = expected
+            let missing: Vec<&StreamKey> = expected
                 .iter()
                 .filter(|k| !got.iter().any(|(g, _)| g == *k))
-                .map(|(r, s)| format!("rank {r} stream {s}"))
                 .collect();
             if rejected.count > MAX_LOGGED {
                 (rejected.warn)(format!("dropped {} connections in all", rejected.count));
             }
-            return Err(format!(
-                "timed out waiting for connections from {}",
-                missing.join(", ")
-            ));
+            let names: Vec<String> = missing
+                .iter()
+                .map(|(r, s)| format!("rank {r} stream {s}"))
+                .collect();
+            return Err(SetupFailure {
+                detail: format!(
+                    "timed out waiting for connections from {}",
+                    names.join(", ")
+                ),
+                // The lowest rank that never connected (ranks connect in
+                // order, so it is the first one stuck).
+                culprit: missing.iter().map(|(r, _)| *r).min(),
+            });
         }
         // Wait for a new connection, bytes from a pending one, room to send,
         // or the next expiry.
@@ -273,7 +297,7 @@ pub fn accept_all(
                         rejected.drop_conn(from, &format!("socket: {e}"));
                         continue;
                     }
-                    let nonce = fresh_nonce()?;
+                    let nonce = fresh_nonce().map_err(SetupFailure::new)?;
                     pending.push(Pending {
                         sock,
                         from,
@@ -297,7 +321,7 @@ pub fn accept_all(
                 {
                     break
                 }
-                Err(e) => return Err(format!("accept: {e}")),
+                Err(e) => return Err(SetupFailure::new(format!("accept: {e}"))),
             }
         }
 
