@@ -625,5 +625,15 @@ mod tests {
         .unwrap();
         assert_eq!(c.timeout, Duration::from_millis(2500));
         assert_eq!(c.nstreams, 4);
+        assert_eq!((c.spin, c.yield_for), (None, None));
+        let w = Config::from_lookup(env(&[
+            ("CADENCE_SPIN_US", "0"),
+            ("CADENCE_YIELD_US", "20000"),
+        ]))
+        .unwrap();
+        assert_eq!(w.spin, Some(Duration::ZERO));
+        assert_eq!(w.yield_for, Some(Duration::from_millis(20)));
+        let e = Config::from_lookup(env(&[("CADENCE_YIELD_US", "-5")])).unwrap_err();
+        assert!(e.contains("CADENCE_YIELD_US"), "{e}");
     }
 }
