@@ -390,6 +390,12 @@ impl Config {
             }
             c.shm.slot_bytes = b;
         }
+        if let Some(v) = get("CADENCE_SHM_CMA_MIN") {
+            let bytes = parse_size(&v, &v).map_err(|_| {
+                format!("CADENCE_SHM_CMA_MIN={v:?}: bytes, optionally with K, M or G (0: off)")
+            })?;
+            c.shm.cma_min = usize::try_from(bytes).unwrap_or(usize::MAX);
+        }
         if let Some(v) = get("CADENCE_SHM_SLOTS") {
             c.shm.nslots = num::<usize>("CADENCE_SHM_SLOTS", &v)?.max(2);
         }
@@ -635,5 +641,12 @@ mod tests {
         assert_eq!(w.yield_for, Some(Duration::from_millis(20)));
         let e = Config::from_lookup(env(&[("CADENCE_YIELD_US", "-5")])).unwrap_err();
         assert!(e.contains("CADENCE_YIELD_US"), "{e}");
+        assert_eq!(c.shm.cma_min, 256 << 10);
+        let m = Config::from_lookup(env(&[("CADENCE_SHM_CMA_MIN", "1M")])).unwrap();
+        assert_eq!(m.shm.cma_min, 1 << 20);
+        let off = Config::from_lookup(env(&[("CADENCE_SHM_CMA_MIN", "0")])).unwrap();
+        assert_eq!(off.shm.cma_min, 0);
+        let e = Config::from_lookup(env(&[("CADENCE_SHM_CMA_MIN", "lots")])).unwrap_err();
+        assert!(e.contains("CADENCE_SHM_CMA_MIN"), "{e}");
     }
 }

@@ -28,6 +28,9 @@ pub const FRAME_ABORT: u8 = 2;
 /// "I have been stuck past my deadline; here is who I wait on" (see
 /// [`StallNotice`]).
 pub const FRAME_STALL: u8 = 3;
+/// Shared memory only: "read this message from my memory" (single copy; see
+/// `transport::shm`).
+pub const FRAME_CMA: u8 = 4;
 
 /// Longest wait-for chain a stall notice carries.
 pub const STALL_CHAIN_MAX: usize = 6;
