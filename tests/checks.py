@@ -182,3 +182,12 @@ def check_random_floats(comm, count):
         if not all(np.array_equal(everyone[q], x) for q in range(n)):
             failures.append(f"random {dtype} allreduce differs across ranks")
     return failures
+
+
+def check_matrix_single_copy(comm, counts, dtypes):
+    """check_matrix, then how many messages this rank sent by single copy
+    (from its shared-memory links' counters)."""
+    failures = check_matrix(comm, counts, dtypes)
+    links = comm.dump_records()["links"]
+    single = sum(link["single_copy_sent"] for link in links if link["transport"] == "shm")
+    return failures, single

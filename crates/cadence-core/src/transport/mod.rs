@@ -448,6 +448,9 @@ pub struct LinkStats {
     pub msgs_recv: u64,
     /// Nanoseconds during which this link had a transfer pending.
     pub busy_ns: u64,
+    /// Messages sent by single copy (shared memory: read by the receiver
+    /// straight from this rank's buffer).
+    pub single_copy_sent: u64,
 }
 
 /// A connection to one peer, over shared memory or TCP.

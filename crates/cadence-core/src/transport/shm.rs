@@ -617,6 +617,7 @@ impl ShmLink {
             self.cma_wait = None;
             job.done = true;
             self.stats.msgs_sent += 1;
+            self.stats.single_copy_sent += 1;
             return Ok(true);
         }
         let total = job.src.len();
