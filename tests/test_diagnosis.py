@@ -364,13 +364,17 @@ def _numbering(comm, dump_dir):
     elif comm.rank == 2:
         comm.recv(np.empty(64, dtype=np.float32), 1)
     comm.allgather(x)
+    # Sub-communicators belong to their parent's job (the first one's id).
+    sub = comm.split(comm.rank % 2)
+    jobs = (comm.job, sub.job, comm.id, sub.id)
+    sub.close()
     # Then a collective the ranks disagree on: every error names it.
     try:
         comm.allreduce(np.ones(65 if comm.rank == 1 else 64, dtype=np.float32))
         err = None
     except cadence.CommError as e:
         err = str(e)
-    return {"records": comm.dump_records(), "error": err}
+    return {"records": comm.dump_records(), "error": err, "jobs": jobs}
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -410,6 +414,9 @@ def test_collectives_have_one_number_on_every_rank(transport, tmp_path):
         assert (last["collective"], last["seq"]) == ("allreduce", seq)
         assert d["reason"].startswith("failure: ") and f"allreduce #{seq}" in d["reason"]
         assert d["host"] and d["pid"] == d["peers"][r]["pid"] and d["job"]
+    for r in range(3):
+        job, sub_job, comm_id, sub_id = res[r][1]["jobs"]
+        assert job == sub_job == comm_id != sub_id, res[r][1]["jobs"]
     # The doctor reads the dumps the failure wrote.
     v = diagnose(load_dir(str(tmp_path))[0])
     assert v.cls == "mismatch" and v.ranks == [1] and v.op.seq == seq, v.text()
