@@ -195,8 +195,9 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         o = recs[r]
         d = c.by_rank[r]
         if o is None:
-            beyond = any(s > k for s in c.colls[r]) or (c.colls[r] and min(c.colls[r]) > k)
-            if not beyond:
+            # A later collective means it completed this one (its record
+            # fell out of the ring).
+            if not any(s > k for s in c.colls[r]):
                 absent.append(r)
         elif t_fail is not None and d.wall(o.start_ns) > t_fail + c.tol:
             late.append(r)
