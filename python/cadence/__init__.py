@@ -26,6 +26,10 @@ __all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_iden
 __version__ = "0.1.0"
 
 _init_counter = 0
+# The job this process's communicators belong to, as their dumps name it
+# (`cadence doctor` refuses to mix jobs): CADENCE_JOB_ID, else the id of the
+# first communicator this process joined (the world, under torchrun).
+_job_id: str | None = None
 
 
 def host_identity() -> str:
@@ -138,23 +142,32 @@ def init(
     return _connect(store, f"cadence/{name}", rank, world_size, timeout, toward)
 
 
-def _connect(store, prefix, rank, size, timeout, toward, secret=None) -> Communicator:
+def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None) -> Communicator:
     """Sets up one communicator under the store keys `prefix/...`. Its job
     secret (which keys the handshake every TCP connection must pass) is
     `secret` when given (split derives one from the parent's), else 32
-    random bytes that rank 0 makes and shares under `prefix/secret`."""
+    random bytes that rank 0 makes and shares under `prefix/secret`. Rank 0
+    also decides the job id its dumps carry (`job`, else CADENCE_JOB_ID, else
+    this process's first communicator's, else the new communicator's id)."""
+    global _job_id
     if rank == 0:
         if secret is None:
             store.set(f"{prefix}/secret", os.urandom(32))
-        store.set(f"{prefix}/id", uuid.uuid4().hex[:16])
+        new_id = uuid.uuid4().hex[:16]
+        job = job or os.environ.get("CADENCE_JOB_ID") or _job_id or new_id
+        store.set(f"{prefix}/job", job)
+        store.set(f"{prefix}/id", new_id)
     comm_id = store.get(f"{prefix}/id").decode()
+    job = store.get(f"{prefix}/job").decode()
     if secret is None:
         secret = bytes(store.get(f"{prefix}/secret"))
     boot = Bootstrap(comm_id, rank, size, host_identity(), _local_ip(toward), timeout,
-                     secret=secret)
+                     secret=secret, job=job)
     store.set(f"{prefix}/info/{rank}", boot.info())
     infos = [store.get(f"{prefix}/info/{r}").decode() for r in range(size)]
     core = boot.connect(infos)
+    if _job_id is None:
+        _job_id = job
     return Communicator(core, store, prefix, timeout, toward, secret)
 
 
@@ -380,14 +393,40 @@ class Communicator:
         # store see no new one.
         secret = hmac.digest(self._secret, prefix.encode(), "sha256")
         return _connect(self._store, prefix, members.index(self.rank), len(members),
-                        self._timeout, self._toward, secret)
+                        self._timeout, self._toward, secret, job=self.job)
+
+    @property
+    def job(self) -> str:
+        """The job this communicator belongs to, as its dumps name it
+        (CADENCE_JOB_ID, else the id of the process's first communicator;
+        sub-communicators share their parent's)."""
+        return self._c.job
+
+    @property
+    def clock_offset(self) -> dict:
+        """This rank's wall clock minus rank 0's, measured at start-up:
+        `{"offset_ns", "error_ns", "method"}` ("same host": one clock, 0;
+        "ping-pong": the best of a few round trips to rank 0's host, within
+        `error_ns`)."""
+        offset, error, method = self._c.clock_offset
+        return {"offset_ns": offset, "error_ns": error, "method": method}
 
     def dump_records(self) -> dict:
-        """The flight recorder: the last operations (with timings and status)
-        and per-link byte/time counters."""
+        """The flight recorder as a dict: who this rank is (job, host, pid,
+        clock), the last operations with timings, status and their messages
+        (peer, direction, bytes, first/last progress, done or pending), and
+        per-link counters. The format is in docs/diagnosis.md."""
         import json
 
         return json.loads(self._c.dump_records())
+
+    def dump(self, dir) -> str:
+        """Writes `dump_records()` as `cadence-<id>-rank<r>.json` into `dir`
+        (created if needed; the same file a failure writes under
+        CADENCE_DUMP_DIR) and returns its path. Safe from any thread, also
+        while an operation waits (the dump then shows which of its messages
+        are pending). `cadence doctor DIR` reads every rank's file."""
+        return self._c.dump(os.fspath(dir))
 
     def close(self) -> None:
         """Waits for queued operations and stops the progress thread."""

@@ -317,6 +317,9 @@ pub struct Config {
     pub shm: ShmConfig,
     pub nstreams: usize,
     pub flight_recorder: usize,
+    /// Messages kept in the flight recorder's message ring
+    /// (`CADENCE_RECORD_MESSAGES`; 0: no per-message records).
+    pub record_messages: usize,
     pub dump_dir: Option<PathBuf>,
     pub debug: DebugLevel,
     /// The tuning file in force (`CADENCE_TUNING_FILE`, else the default
@@ -348,6 +351,7 @@ impl Default for Config {
             shm: ShmConfig::default(),
             nstreams: 2,
             flight_recorder: 1024,
+            record_messages: 4096,
             dump_dir: None,
             debug: DebugLevel::Warn,
             tuning: None,
@@ -404,6 +408,9 @@ impl Config {
         }
         if let Some(v) = get("CADENCE_FLIGHT_RECORDER") {
             c.flight_recorder = num::<usize>("CADENCE_FLIGHT_RECORDER", &v)?.max(1);
+        }
+        if let Some(v) = get("CADENCE_RECORD_MESSAGES") {
+            c.record_messages = num::<usize>("CADENCE_RECORD_MESSAGES", &v)?;
         }
         if let Some(v) = get("CADENCE_DUMP_DIR") {
             if !v.is_empty() {

@@ -8,7 +8,7 @@ use cadence_core::comm::{
 use cadence_core::schedule::Algo;
 use cadence_core::{CollKind, CommError as CoreError, Config, DType, ErrorKind, JobSecret, RedOp};
 use pyo3::create_exception;
-use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -624,10 +624,32 @@ impl PyComm {
         Ok(view(py, &x, false, "dtype_of", "buffer")?.dtype.name())
     }
 
-    /// The flight recorder (last operations) and link counters, as JSON.
+    /// The flight recorder (last operations and their messages), link
+    /// counters and this rank's identity, as JSON (the dump format).
     fn dump_records(&self, py: Python<'_>) -> String {
         let comm = self.comm.clone();
         py.allow_threads(move || comm.dump_records())
+    }
+
+    /// Writes the dump into directory `dir`; returns the file's path.
+    fn dump(&self, py: Python<'_>, dir: std::path::PathBuf) -> PyResult<String> {
+        let comm = self.comm.clone();
+        let path = py
+            .allow_threads(move || comm.dump_to(&dir))
+            .map_err(|e| PyOSError::new_err(format!("cannot write the dump: {e}")))?;
+        Ok(path.display().to_string())
+    }
+
+    #[getter]
+    fn job(&self) -> String {
+        self.comm.job().to_string()
+    }
+
+    /// This rank's wall clock against rank 0's: (offset ns, error ns, method).
+    #[getter]
+    fn clock_offset(&self) -> (i64, u64, &'static str) {
+        let c = self.comm.clock_offset();
+        (c.offset_ns, c.error_ns, c.method)
     }
 
     /// Finishes queued operations and stops the progress thread.
@@ -649,10 +671,11 @@ impl PyComm {
     }
 }
 
-/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout, secret=b)`
-/// listens; publish `info()` through the store; `connect([info of every
-/// rank])`. `secret` (the job secret, non-empty, the same on every rank)
-/// keys the handshake every TCP connection must pass.
+/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout, secret=b,
+/// job=None)` listens; publish `info()` through the store; `connect([info of
+/// every rank])`. `secret` (the job secret, non-empty, the same on every
+/// rank) keys the handshake every TCP connection must pass; `job` names the
+/// job in dumps (default: the communicator id).
 #[pyclass(module = "cadence._core")]
 struct Bootstrap {
     inner: Option<CoreBootstrap>,
@@ -661,7 +684,7 @@ struct Bootstrap {
 #[pymethods]
 impl Bootstrap {
     #[new]
-    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None, *, secret))]
+    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None, *, secret, job=None))]
     #[allow(clippy::too_many_arguments)] // mirrors the Python signature
     fn new(
         py: Python<'_>,
@@ -672,6 +695,7 @@ impl Bootstrap {
         ip: &str,
         timeout: Option<f64>,
         secret: &[u8],
+        job: Option<&str>,
     ) -> PyResult<Bootstrap> {
         let secret = JobSecret::new(secret).map_err(PyValueError::new_err)?;
         let mut cfg = Config::from_env().map_err(PyValueError::new_err)?;
@@ -686,8 +710,11 @@ impl Bootstrap {
         let ip: IpAddr = ip
             .parse()
             .map_err(|_| PyValueError::new_err(format!("bad IP address {ip:?}")))?;
-        let b = CoreBootstrap::new(comm_id, rank, size, host, ip, cfg, secret)
+        let mut b = CoreBootstrap::new(comm_id, rank, size, host, ip, cfg, secret)
             .map_err(|e| to_py_err(py, e))?;
+        if let Some(job) = job {
+            b.set_job(job).map_err(|e| to_py_err(py, e))?;
+        }
         Ok(Bootstrap { inner: Some(b) })
     }
 

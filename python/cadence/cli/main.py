@@ -1,7 +1,7 @@
 """The `cadence` command: one subcommand per module.
 
 A subcommand module provides NAME, HELP, add_arguments(parser) and
-run(args) -> exit status. Adding `topo`, `doctor` or `sim`
+run(args) -> exit status. Adding `topo` or `sim`
 means writing such a module and listing it in COMMANDS.
 """
 
@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from cadence.cli import bench, cluster, soak, tune
+from cadence.cli import bench, cluster, doctor, soak, tune
 
-COMMANDS = (bench, tune, cluster, soak)
+COMMANDS = (bench, tune, cluster, soak, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

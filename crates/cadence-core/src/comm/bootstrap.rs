@@ -53,6 +53,9 @@ fn inbox_path(comm_id: &str, rank: usize) -> PathBuf {
 /// it knows its peers.
 pub struct Bootstrap {
     pub comm_id: String,
+    /// The job the communicator belongs to, as its dumps say (default: the
+    /// communicator id; see [`Bootstrap::set_job`]).
+    pub job: String,
     pub rank: usize,
     pub nranks: usize,
     pub info: PeerInfo,
@@ -94,6 +97,7 @@ impl Bootstrap {
             .map_err(|e| CommError::setup(e.to_string()))?;
         Ok(Bootstrap {
             comm_id: comm_id.to_string(),
+            job: comm_id.to_string(),
             rank,
             nranks,
             info: PeerInfo {
@@ -113,6 +117,22 @@ impl Bootstrap {
             secret,
             warn: None,
         })
+    }
+
+    /// Names the job this communicator belongs to (a sub-communicator
+    /// takes its parent's), so that `cadence doctor` can tell dumps of one
+    /// job from another's. Every rank must give the same.
+    pub fn set_job(&mut self, job: &str) -> Result<()> {
+        if job.is_empty()
+            || job.len() > 64
+            || !job
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+        {
+            return Err(CommError::invalid(format!("bad job id {job:?}")));
+        }
+        self.job = job.to_string();
+        Ok(())
     }
 
     /// Where set-up warnings go (dropped connections, ...) instead of
@@ -250,7 +270,6 @@ impl Bootstrap {
             links[peer] = Some(Link::Tcp(link));
         }
 
-        let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
         let mut engine = Engine::new(rank, n, links, inbox);
         // Ranks that compete for this machine's cores, whatever host they
         // emulate.
@@ -260,7 +279,7 @@ impl Bootstrap {
         engine.set_local_ranks(on_machine.max(local.len()));
         engine.diagnosis_grace =
             (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
-        let mut comm = Comm::from_parts(self.comm_id, rank, n, hosts, engine, self.cfg);
+        let mut comm = Comm::from_parts(self.comm_id, self.job, rank, &infos, engine, self.cfg);
         // Everyone has mapped everyone's inbox once a barrier completes; then
         // the names can go, so a crash later leaves nothing in /dev/shm.
         comm.run(OpRequest::barrier())?;
@@ -269,6 +288,7 @@ impl Bootstrap {
             inbox.region.unlink();
         }
         drop(inner);
+        comm.measure_clock()?;
         comm.calibrate()?;
         comm.announce_selection();
         Ok(comm)

@@ -245,11 +245,11 @@ fn request(kind: CollKind, root: usize, len: usize) -> OpRequest<'static> {
     OpRequest::new(kind, DType::U8, RedOp::Sum, root, vec![len])
 }
 
-fn send(data: &[u8], peer: usize) -> OpRequest<'_> {
+pub(super) fn send(data: &[u8], peer: usize) -> OpRequest<'_> {
     request(CollKind::Send, peer, data.len()).input(data)
 }
 
-fn recv(data: &mut [u8], peer: usize) -> OpRequest<'_> {
+pub(super) fn recv(data: &mut [u8], peer: usize) -> OpRequest<'_> {
     request(CollKind::Recv, peer, data.len()).output(data)
 }
 
@@ -267,7 +267,7 @@ fn probe_allreduce(data: &mut [u8]) -> OpRequest<'_> {
 }
 
 /// Rank 0's `data` into everyone's (in place).
-fn broadcast(data: &mut [u8]) -> OpRequest<'_> {
+pub(super) fn broadcast(data: &mut [u8]) -> OpRequest<'_> {
     request(CollKind::Broadcast, 0, data.len()).output(data)
 }
 

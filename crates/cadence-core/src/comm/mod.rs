@@ -7,19 +7,21 @@
 
 mod bootstrap;
 mod calibrate;
+mod clock;
 mod p2p;
 pub mod select;
 
 pub use bootstrap::{Bootstrap, PeerInfo};
+pub use clock::ClockOffset;
 pub use p2p::ANY_SOURCE;
 use p2p::{is_any_source, is_p2p, P2pSeqs};
 
 use crate::config::{Config, DebugLevel};
-use crate::engine::{Buffers, Cancel, Engine, OpCtx};
+use crate::engine::{Buffers, Cancel, Engine, Evidence, Moment, OpCtx};
 use crate::error::{CommError, ErrorKind, Result};
-use crate::monitor::{OpRecord, Recorder};
-use crate::schedule::{self, Algo, CollArgs, CostModel, Schedule, Topology};
-use crate::transport::{Link, OpMeta};
+use crate::monitor::{Dir, Messages, MsgRecord, MsgState, OpRecord, Recorder};
+use crate::schedule::{self, lower::Lowering, Algo, CollArgs, CostModel, Schedule, Topology};
+use crate::transport::{JobTrace, Link, OpMeta, RecvJob, SendJob};
 use crate::types::{CollKind, DType, RedOp};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -271,7 +273,10 @@ struct Task {
 
 struct Inner {
     engine: Engine,
+    /// The last collective's sequence number (what the wire and the records
+    /// match across ranks; sends and receives do not count).
     coll_seq: u64,
+    /// Operations of every kind so far (the records' `id`).
     op_seq: u64,
     p2p: P2pSeqs,
     failed: Option<CommError>,
@@ -283,8 +288,16 @@ struct Inner {
 
 struct Shared {
     id: String,
+    /// The job this communicator belongs to (its sub-communicators share
+    /// it), for dumps: `cadence doctor` refuses to mix jobs.
+    job: String,
     rank: usize,
     nranks: usize,
+    /// Every rank's host identity and process id, from bootstrap.
+    hosts: Vec<String>,
+    pids: Vec<u32>,
+    /// This rank's wall clock against rank 0's (`clock.rs`).
+    clock: ClockOffset,
     cfg: Config,
     inner: Mutex<Inner>,
     recorder: Mutex<Recorder>,
@@ -336,15 +349,18 @@ fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
 impl Comm {
     fn from_parts(
         id: String,
+        job: String,
         rank: usize,
-        nranks: usize,
-        hosts: Vec<String>,
+        infos: &[PeerInfo],
         mut engine: Engine,
         cfg: Config,
     ) -> Comm {
+        let nranks = infos.len();
+        let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
         let cancel: Arc<Cancel> = Arc::default();
         engine.cancel = cancel.clone();
-        let recorder = Recorder::new(cfg.flight_recorder);
+        engine.stamp_messages = cfg.record_messages > 0;
+        let recorder = Recorder::new(cfg.flight_recorder, cfg.record_messages);
         let auto = {
             let topo = Topology::from_hosts(&hosts);
             let tuned = cfg.tuning.as_ref().and_then(|t| t.file.for_topology(&topo));
@@ -359,8 +375,12 @@ impl Comm {
         Comm {
             shared: Arc::new(Shared {
                 id,
+                job,
                 rank,
                 nranks,
+                hosts: hosts.clone(),
+                pids: infos.iter().map(|p| p.pid).collect(),
+                clock: ClockOffset::SAME_HOST,
                 inner: Mutex::new(Inner {
                     engine,
                     coll_seq: 0,
@@ -411,6 +431,21 @@ impl Comm {
         Ok(())
     }
 
+    /// Start-up, collective: how far this rank's clock is from rank 0's
+    /// (see `clock.rs`). Before the communicator is shared with any thread.
+    fn measure_clock(&mut self) -> Result<()> {
+        let clock = clock::measure(self)?;
+        let refused = self.shared.err(
+            ErrorKind::Setup {
+                detail: "communicator shared before measuring clocks".into(),
+                culprit: None,
+            },
+            None,
+        );
+        Arc::get_mut(&mut self.shared).ok_or(refused)?.clock = clock;
+        Ok(())
+    }
+
     /// `CADENCE_DEBUG=INFO`: rank 0 prints how algorithms are chosen.
     fn announce_selection(&self) {
         let s = &self.shared;
@@ -424,6 +459,14 @@ impl Comm {
 
     pub fn id(&self) -> &str {
         &self.shared.id
+    }
+    /// The job this communicator belongs to (see `Bootstrap::job`).
+    pub fn job(&self) -> &str {
+        &self.shared.job
+    }
+    /// This rank's wall clock against rank 0's, measured at start-up.
+    pub fn clock_offset(&self) -> ClockOffset {
+        self.shared.clock
     }
     pub fn rank(&self) -> usize {
         self.shared.rank
@@ -547,9 +590,19 @@ impl Comm {
         Ok(done)
     }
 
-    /// The flight recorder and link counters as JSON.
+    /// The flight recorder (operations and their messages), link counters
+    /// and who this rank is, as JSON (the dump format `cadence doctor`
+    /// reads; see docs/diagnosis.md).
     pub fn dump_records(&self) -> String {
-        self.shared.dump_records()
+        self.shared.dump_json("on demand")
+    }
+
+    /// Writes [`Comm::dump_records`] into `dir` (created if needed) as
+    /// `cadence-<comm id>-rank<r>.json`, the file a failure writes under
+    /// `CADENCE_DUMP_DIR`; returns its path. The file appears whole or not
+    /// at all (written aside, then renamed).
+    pub fn dump_to(&self, dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+        self.shared.dump_to(dir, "on demand")
     }
 
     /// Stops the progress thread (after queued operations finish).
@@ -729,69 +782,92 @@ impl Shared {
             self.fail_locked(&mut inner, &e);
             return Err(e);
         }
+        // Everything that can refuse the call before it is numbered: a
+        // refused call must not shift the numbering the peers expect.
+        let (sched, lowering) = self.prepare(&mut inner, &req, &args, algo)?;
         inner.op_seq += 1;
-        let seq = inner.op_seq;
-        self.record_start(seq, &req, algo, enqueue_ns);
+        let id = inner.op_seq;
+        let meta = self.number(&mut inner, &req, &args, algo);
+        self.record_start(id, Some(&meta), &req, algo, enqueue_ns);
+        let evidence = OpEvidence {
+            shared: self,
+            op: id,
+        };
         let ctx = OpCtx {
             interrupt: interrupted.as_ref(),
             // On the progress thread (enqueued), the caller may be busy
             // elsewhere.
             watchers: enqueue_ns.map(|_| &*self.watchers),
+            evidence: (self.cfg.record_messages > 0).then_some(&evidence as &dyn Evidence),
         };
-        let result = self.execute_locked(&mut inner, &req, &args, algo, seq, ctx);
+        let deadline = Instant::now() + self.cfg.timeout;
+        let result = inner
+            .engine
+            .run_lowered(
+                &sched,
+                &lowering,
+                &meta,
+                req.op.elementwise(),
+                req.bufs,
+                deadline,
+                ctx,
+            )
+            .map_err(|k| self.err(k, Some((req.kind, meta.seq))));
         if let Err(e) = &result {
             if !matches!(e.kind, ErrorKind::InvalidArgument(_)) {
                 self.fail_locked(&mut inner, e);
             }
         }
         drop(inner);
-        self.record_end(seq, &result);
+        self.record_end(id, &result);
         if let Err(e) = &result {
             self.warn_failed(e);
-            self.dump_on_error();
+            self.dump_on_error(e);
         }
         result
     }
 
-    fn execute_locked(
+    /// The wire identity of the call about to run, which numbers it: the
+    /// next collective sequence number, or the next message of its
+    /// (source, destination) pair for a send or receive.
+    fn number(&self, inner: &mut Inner, req: &OpRequest, args: &CollArgs, algo: Algo) -> OpMeta {
+        if matches!(req.kind, CollKind::Send | CollKind::Recv) {
+            return inner.p2p.meta(self.rank, req);
+        }
+        inner.coll_seq += 1;
+        let redop = if req.kind.reduces() { req.op.code() } else { 0 };
+        let words = [
+            req.kind.code() as u64,
+            req.dtype.code() as u64,
+            redop as u64,
+            req.root as u64,
+            algo as u64,
+        ]
+        .into_iter()
+        .chain(args.counts.iter().map(|&c| c as u64));
+        OpMeta {
+            coll: req.kind,
+            dtype: req.dtype,
+            redop,
+            root: req.root as u32,
+            seq: inner.coll_seq,
+            sig: fnv1a(words),
+            count: args.counts.iter().sum::<usize>() as u64,
+        }
+    }
+
+    /// The call's schedule (built once per call shape and algorithm) and
+    /// what it needs around it (temporaries, scaling).
+    fn prepare(
         &self,
         inner: &mut Inner,
         req: &OpRequest,
         args: &CollArgs,
         algo: Algo,
-        seq: u64,
-        ctx: OpCtx,
-    ) -> Result<()> {
+    ) -> Result<(Arc<Schedule>, Lowering)> {
         let n = self.nranks;
         let es = req.dtype.size();
         let (ni, no) = args.buffer_lens(self.rank, n);
-        let opref = |kind: CollKind| Some((kind, seq));
-        let meta = if matches!(req.kind, CollKind::Send | CollKind::Recv) {
-            inner.p2p.meta(self.rank, req)
-        } else {
-            inner.coll_seq += 1;
-            let redop = if req.kind.reduces() { req.op.code() } else { 0 };
-            let words = [
-                req.kind.code() as u64,
-                req.dtype.code() as u64,
-                redop as u64,
-                req.root as u64,
-                algo as u64,
-            ]
-            .into_iter()
-            .chain(args.counts.iter().map(|&c| c as u64));
-            OpMeta {
-                coll: req.kind,
-                dtype: req.dtype,
-                redop,
-                root: req.root as u32,
-                seq: inner.coll_seq,
-                sig: fnv1a(words),
-                count: args.counts.iter().sum::<usize>() as u64,
-            }
-        };
-
-        // What the call needs besides its schedule (temporaries, scaling).
         let own_block = match req.kind {
             CollKind::AllGather => args.counts[..self.rank].iter().sum::<usize>() * es,
             _ => 0,
@@ -813,9 +889,8 @@ impl Shared {
             Some(s) => s,
             None => {
                 let s = Arc::new(
-                    schedule::build_on(args, self.rank, &self.auto.topo, algo).map_err(|e| {
-                        self.err(ErrorKind::InvalidArgument(e.to_string()), opref(req.kind))
-                    })?,
+                    schedule::build_on(args, self.rank, &self.auto.topo, algo)
+                        .map_err(|e| self.err(ErrorKind::InvalidArgument(e.to_string()), None))?,
                 );
                 if self.cfg.debug >= DebugLevel::Info {
                     eprintln!(
@@ -842,19 +917,7 @@ impl Shared {
         if !matches!(&inner.last_schedule, Some((a, al, _)) if *al == algo && a == args) {
             inner.last_schedule = Some((args.clone(), algo, sched.clone()));
         }
-        let deadline = Instant::now() + self.cfg.timeout;
-        inner
-            .engine
-            .run_lowered(
-                &sched,
-                &lowering,
-                &meta,
-                req.op.elementwise(),
-                req.bufs,
-                deadline,
-                ctx,
-            )
-            .map_err(|k| self.err(k, opref(req.kind)))
+        Ok((sched, lowering))
     }
 
     /// Fails the communicator after `e`: later operations fail at once,
@@ -872,13 +935,24 @@ impl Shared {
         }
     }
 
-    fn record_start(&self, seq: u64, req: &OpRequest, algo: Algo, enqueue_ns: Option<u64>) {
+    /// Opens the record of operation `id`; `meta` is its wire identity
+    /// (`None` for a receive from any source not yet matched).
+    fn record_start(
+        &self,
+        id: u64,
+        meta: Option<&OpMeta>,
+        req: &OpRequest,
+        algo: Algo,
+        enqueue_ns: Option<u64>,
+    ) {
         let es = req.dtype.size();
         let count: usize = req.counts.iter().sum();
         let mut rec = self.recorder.lock().unwrap();
         let now = rec.now_ns();
         rec.push(OpRecord {
-            seq,
+            id,
+            seq: meta.map_or(0, |m| m.seq),
+            sig: meta.map_or(0, |m| m.sig),
             collective: req.kind.name(),
             algo: algo.name(),
             dtype: req.dtype.name(),
@@ -898,13 +972,26 @@ impl Shared {
             start_ns: now,
             end_ns: 0,
             status: Cow::Borrowed("running"),
+            msgs_from: 0,
+            nmsgs: 0,
         });
     }
 
-    fn record_end(&self, seq: u64, result: &Result<()>) {
+    /// A receive from any source was matched to `peer`: its record gets the
+    /// pair's sequence number.
+    fn record_matched(&self, id: u64, meta: &OpMeta, peer: usize) {
+        let mut rec = self.recorder.lock().unwrap();
+        if let Some(r) = rec.get_mut(id) {
+            r.seq = meta.seq;
+            r.sig = meta.sig;
+            r.root = peer;
+        }
+    }
+
+    fn record_end(&self, id: u64, result: &Result<()>) {
         let mut rec = self.recorder.lock().unwrap();
         let now = rec.now_ns();
-        if let Some(r) = rec.get_mut(seq) {
+        if let Some(r) = rec.get_mut(id) {
             r.end_ns = now;
             r.status = match result {
                 Ok(()) => Cow::Borrowed("ok"),
@@ -918,27 +1005,64 @@ impl Shared {
         }
     }
 
-    fn dump_records(&self) -> String {
-        let (links, waits) = self
-            .inner
-            .try_lock()
-            .map(|mut i| (i.engine.link_stats(), Some(i.engine.wait_stats)))
-            .unwrap_or_default();
+    /// The dump: who this rank is, its clock, its records with their
+    /// messages, and its link counters (format: docs/diagnosis.md).
+    fn dump_json(&self, reason: &str) -> String {
+        use serde_json::{json, Value};
+        // While an operation runs, the engine (and its links) is busy: the
+        // counters are left out rather than waited for.
+        let (links, failure, waits) = match self.inner.try_lock() {
+            Ok(mut i) => (
+                json!(i.engine.link_stats()),
+                json!(i.failed.as_ref().map(|e| e.to_string())),
+                json!(i.engine.wait_stats),
+            ),
+            Err(_) => (Value::Null, Value::Null, Value::Null),
+        };
         let rec = self.recorder.lock().unwrap();
-        let ops: Vec<serde_json::Value> = rec
+        let dump_ns = rec.now_ns();
+        let ops: Vec<Value> = rec
             .records()
             .map(|r| {
                 let mut v = serde_json::to_value(r).unwrap_or_default();
-                v["comm_id"] = serde_json::Value::from(self.id.as_str());
+                v["comm_id"] = Value::from(self.id.as_str());
+                let (state, msgs, at) = match rec.messages(r) {
+                    Messages::Final(it, _) => ("final", json!(it.collect::<Vec<_>>()), None),
+                    Messages::Live(m, at) => ("live", json!(m), Some(at)),
+                    Messages::Dropped => ("dropped", Value::Null, None),
+                    Messages::None => ("none", Value::Null, None),
+                };
+                v["messages_state"] = Value::from(state);
+                v["messages"] = msgs;
+                if let Some(at) = at {
+                    v["messages_at_ns"] = Value::from(at);
+                }
                 v
             })
             .collect();
-        serde_json::json!({
+        let peers: Vec<Value> = (0..self.nranks)
+            .map(|r| json!({"rank": r, "host": self.hosts[r], "pid": self.pids[r]}))
+            .collect();
+        json!({
+            "format": "cadence-dump",
+            "version": DUMP_VERSION,
+            "job": self.job,
             "comm_id": self.id,
             "rank": self.rank,
             "nranks": self.nranks,
-            "base_unix_ns": rec.base_unix_ns.to_string(),
+            "host": self.hosts[self.rank],
+            "hostname": hostname(),
+            "pid": std::process::id(),
+            "peers": peers,
+            "timeout_s": self.cfg.timeout.as_secs_f64(),
+            "base_unix_ns": rec.base_unix_ns,
+            "dump_ns": dump_ns,
+            "clock": self.clock,
+            "reason": reason,
+            "failure": failure,
             "total_ops": rec.total_ops,
+            "record_capacity": self.cfg.flight_recorder,
+            "message_capacity": self.cfg.record_messages,
             "ops": ops,
             "links": links,
             "waits": waits,
@@ -946,13 +1070,129 @@ impl Shared {
         .to_string()
     }
 
-    fn dump_on_error(&self) {
+    fn dump_to(&self, dir: &std::path::Path, reason: &str) -> std::io::Result<std::path::PathBuf> {
+        std::fs::create_dir_all(dir)?;
+        let name = format!("cadence-{}-rank{}.json", self.id, self.rank);
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, self.dump_json(reason))?;
+        std::fs::rename(&tmp, &path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        Ok(path)
+    }
+
+    fn dump_on_error(&self, e: &CommError) {
         if let Some(dir) = &self.cfg.dump_dir {
-            let _ = std::fs::create_dir_all(dir);
-            let path = dir.join(format!("cadence-{}-rank{}.json", self.id, self.rank));
-            if let Err(e) = std::fs::write(&path, self.dump_records()) {
-                eprintln!("cadence: could not write {}: {e}", path.display());
+            if let Err(err) = self.dump_to(dir, &format!("failure: {e}")) {
+                eprintln!(
+                    "cadence: could not write a dump into {}: {err}",
+                    dir.display()
+                );
             }
+        }
+    }
+}
+
+/// Version of the dump format (`format: "cadence-dump"`); readers refuse
+/// versions they do not know.
+pub const DUMP_VERSION: u32 = 1;
+
+/// The machine's host name (the emulated host is `host` in the dump).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// One transfer as a message record (times on the recorder's clock).
+fn msg_record(
+    base: Instant,
+    peer: usize,
+    dir: Dir,
+    bytes: usize,
+    moved: usize,
+    state: MsgState,
+    trace: &JobTrace,
+) -> MsgRecord {
+    MsgRecord {
+        op: trace.tag,
+        peer: peer as u32,
+        dir,
+        state,
+        bytes: bytes as u64,
+        moved: moved as u64,
+        first_ns: trace.first.map(|t| ns_since(base, t)),
+        last_ns: trace.last.map(|t| ns_since(base, t)),
+    }
+}
+
+fn ns_since(base: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(base).as_nanos() as u64
+}
+
+fn state(done: bool, held: bool) -> MsgState {
+    match (done, held) {
+        (true, _) => MsgState::Done,
+        (false, true) => MsgState::Held,
+        (false, false) => MsgState::Pending,
+    }
+}
+
+fn send_record(base: Instant, (peer, j): &(usize, SendJob)) -> MsgRecord {
+    let st = state(j.done, j.held);
+    msg_record(base, *peer, Dir::Send, j.src.len(), j.moved(), st, &j.trace)
+}
+
+fn recv_record(base: Instant, (peer, j): &(usize, RecvJob)) -> MsgRecord {
+    let st = state(j.done, j.held);
+    msg_record(
+        base,
+        *peer,
+        Dir::Recv,
+        j.sink.len(),
+        j.moved(),
+        st,
+        &j.trace,
+    )
+}
+
+/// Records the messages of one operation (a schedule's run): every
+/// transfer belongs to operation `op`.
+struct OpEvidence<'a> {
+    shared: &'a Shared,
+    op: u64,
+}
+
+impl Evidence for OpEvidence<'_> {
+    fn transfers(&self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)], at: Moment) {
+        let stamped = |t: &JobTrace| t.first.is_some();
+        if at == Moment::Finished
+            && !sends.iter().any(|(_, j)| stamped(&j.trace))
+            && !recvs.iter().any(|(_, j)| stamped(&j.trace))
+        {
+            // Finished before it waited long: its record is evidence enough
+            // (and the fast path takes no lock for its messages).
+            return;
+        }
+        let mut rec = self.shared.recorder.lock().unwrap();
+        let (op, base) = (self.op, rec.base);
+        let all = sends
+            .iter()
+            .map(|s| MsgRecord {
+                op,
+                ..send_record(base, s)
+            })
+            .chain(recvs.iter().map(|r| MsgRecord {
+                op,
+                ..recv_record(base, r)
+            }));
+        if at == Moment::Waiting {
+            let now = rec.now_ns();
+            rec.set_live(now, all);
+        } else {
+            rec.push_messages(op, all);
+            rec.clear_live();
         }
     }
 }

@@ -3,9 +3,10 @@
 //! deadlock behind one another. They run through the engine's one loop
 //! ([`Engine::drive`]); this file only decides which transfers exist.
 
-use super::{fnv1a, Inner, OpRequest, Shared, Task};
-use crate::engine::{Engine, Moving, OpCtx, Turn};
+use super::{fnv1a, recv_record, send_record, Inner, OpRequest, Shared, Task};
+use crate::engine::{Engine, Evidence, Moment, Moving, OpCtx, Turn};
 use crate::error::ErrorKind;
+use crate::monitor::MsgRecord;
 use crate::schedule::Algo;
 use crate::transport::{OpMeta, RecvJob, SendJob, Sink, SinkMode, Source, FRAME_DATA};
 use crate::types::{CollKind, ElemOp};
@@ -66,6 +67,10 @@ impl P2pSeqs {
 /// One queued operation of the batch.
 struct Active {
     task: Task,
+    /// Its record (`OpRecord::id`).
+    id: u64,
+    /// Its (source, destination) pair's sequence number; 0 until a receive
+    /// from any source is matched.
     seq: u64,
     kind: CollKind,
     deadline: Instant,
@@ -95,9 +100,11 @@ impl Shared {
         let mut active: Vec<Active> = Vec::new();
         let mut stash: Option<Task> = None;
         let mut incoming = Some(first);
+        let evidence = BatchEvidence { shared: self };
         let ctx = OpCtx {
             interrupt: None,
             watchers: Some(&self.watchers),
+            evidence: (self.cfg.record_messages > 0).then_some(&evidence as &dyn Evidence),
         };
         let result = engine.drive(&mut sends, &mut recvs, ctx, |eng, sends, recvs| {
             // Finish what completed.
@@ -109,7 +116,10 @@ impl Shared {
                 };
                 if done {
                     a.finished = true;
-                    self.record_end(a.seq, &Ok(()));
+                    if let Some(j) = a.job {
+                        self.record_message(a.id, a.kind, j, sends, recvs, true);
+                    }
+                    self.record_end(a.id, &Ok(()));
                     self.pending.fetch_sub(1, Ordering::AcqRel);
                     a.task.done.finish(Ok(()));
                 }
@@ -141,20 +151,19 @@ impl Shared {
                     continue;
                 }
                 *op_seq += 1;
-                let seq = *op_seq;
-                self.record_start(seq, &task.req, Algo::P2p, Some(task.enqueue_ns));
-                let job = if is_any_source(&task.req) {
-                    None
-                } else {
-                    Some(add_job(
-                        p2p.meta(self.rank, &task.req),
-                        &task.req,
-                        sends,
-                        recvs,
-                    ))
-                };
+                let id = *op_seq;
+                let meta = (!is_any_source(&task.req)).then(|| p2p.meta(self.rank, &task.req));
+                self.record_start(
+                    id,
+                    meta.as_ref(),
+                    &task.req,
+                    Algo::P2p,
+                    Some(task.enqueue_ns),
+                );
+                let job = meta.map(|m| add_job(m, id, &task.req, sends, recvs));
                 active.push(Active {
-                    seq,
+                    id,
+                    seq: meta.map_or(0, |m| m.seq),
                     kind: task.req.kind,
                     deadline: Instant::now() + self.cfg.timeout,
                     job,
@@ -169,7 +178,9 @@ impl Shared {
                 if let Some(peer) = match_any_source(eng, p2p, self.rank, recvs)? {
                     a.task.req.root = peer;
                     let meta = p2p.meta(self.rank, &a.task.req);
-                    a.job = Some(add_job(meta, &a.task.req, sends, recvs));
+                    self.record_matched(a.id, &meta, peer);
+                    a.seq = meta.seq;
+                    a.job = Some(add_job(meta, a.id, &a.task.req, sends, recvs));
                     a.task.done.set_source(peer);
                     matched = true;
                 }
@@ -215,22 +226,83 @@ impl Shared {
             drop(guard);
             for a in active.into_iter().filter(|a| !a.finished) {
                 let mut e = e.clone();
-                e.op = Some((a.kind, a.seq));
-                self.record_end(a.seq, &Err(e.clone()));
+                // A receive from any source never matched has no number.
+                e.op = (a.seq > 0).then_some((a.kind, a.seq));
+                if let Some(j) = a.job {
+                    self.record_message(a.id, a.kind, j, &sends, &recvs, false);
+                }
+                self.record_end(a.id, &Err(e.clone()));
                 self.warn_failed(&e);
                 self.pending.fetch_sub(1, Ordering::AcqRel);
                 a.task.done.finish(Err(e));
             }
-            self.dump_on_error();
+            self.dump_on_error(&e);
         }
+        self.recorder.lock().unwrap().clear_live();
         stash
     }
 }
 
-/// Adds the transfer of a send or (matched) receive; returns its index in
-/// `sends` or `recvs`.
+impl Shared {
+    /// Records the one message of point-to-point operation `id` (job `j`
+    /// of `sends` or `recvs`, by its kind); one that finished (`ok`) before
+    /// the batch waited long is not recorded (see `engine::Evidence`).
+    fn record_message(
+        &self,
+        id: u64,
+        kind: CollKind,
+        j: usize,
+        sends: &[(usize, SendJob)],
+        recvs: &[(usize, RecvJob)],
+        ok: bool,
+    ) {
+        let trace = if kind == CollKind::Send {
+            &sends[j].1.trace
+        } else {
+            &recvs[j].1.trace
+        };
+        if self.cfg.record_messages == 0 || (ok && trace.first.is_none()) {
+            return;
+        }
+        let mut rec = self.recorder.lock().unwrap();
+        let base = rec.base;
+        let m = if kind == CollKind::Send {
+            send_record(base, &sends[j])
+        } else {
+            recv_record(base, &recvs[j])
+        };
+        rec.push_messages(id, std::iter::once(m));
+    }
+}
+
+/// Records snapshots of a batch's messages while it waits long; each
+/// transfer's `tag` says which operation it belongs to.
+struct BatchEvidence<'a> {
+    shared: &'a Shared,
+}
+
+impl Evidence for BatchEvidence<'_> {
+    fn transfers(&self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)], at: Moment) {
+        if at != Moment::Waiting {
+            return; // each operation records its message when it ends
+        }
+        let mut rec = self.shared.recorder.lock().unwrap();
+        let base = rec.base;
+        let all = sends
+            .iter()
+            .map(|s| send_record(base, s))
+            .chain(recvs.iter().map(|r| recv_record(base, r)))
+            .filter(|m: &MsgRecord| m.op != 0);
+        let now = rec.now_ns();
+        rec.set_live(now, all);
+    }
+}
+
+/// Adds the transfer of a send or (matched) receive of operation `id`;
+/// returns its index in `sends` or `recvs`.
 fn add_job(
     meta: OpMeta,
+    id: u64,
     req: &OpRequest,
     sends: &mut Vec<(usize, SendJob)>,
     recvs: &mut Vec<(usize, RecvJob)>,
@@ -241,12 +313,16 @@ fn add_job(
         // operation completes (`OpRequest`'s borrows or its keep-alive), and
         // the task holding the request outlives the batch.
         let src = unsafe { Source::new(req.bufs.input, n) };
-        sends.push((req.root, SendJob::new(meta, src)));
+        let mut job = SendJob::new(meta, src);
+        job.trace.tag = id;
+        sends.push((req.root, job));
         sends.len() - 1
     } else {
         // SAFETY: as above, for the output, which nothing else touches.
         let sink = unsafe { Sink::new(req.bufs.output, n, SinkMode::Copy, req.dtype, ElemOp::Sum) };
-        recvs.push((req.root, RecvJob::new(meta, sink)));
+        let mut job = RecvJob::new(meta, sink);
+        job.trace.tag = id;
+        recvs.push((req.root, job));
         recvs.len() - 1
     }
 }

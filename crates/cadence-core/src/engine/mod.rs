@@ -102,7 +102,52 @@ pub struct OpCtx<'a> {
     /// its core, so the wait takes the patient policy and soon sleeps; the
     /// doorbell or poll(2) still wakes it the moment data arrives.
     pub watchers: Option<&'a AtomicUsize>,
+    /// Where the operation's messages are recorded (see [`Evidence`]).
+    pub evidence: Option<&'a dyn Evidence>,
 }
+
+/// Receives the evidence of an operation's messages for the records: each
+/// transfer with its cursor and [`JobTrace`](crate::transport::JobTrace).
+/// Called once when the operation ends, and while it waits long, every
+/// [`SNAPSHOT_EVERY`] or so (a snapshot, so that a dump taken meanwhile
+/// shows what is pending).
+///
+/// Cost: transfers are stamped with the time they move (one clock read per
+/// progress call that moved something, ~40 ns here) only once the
+/// operation has waited [`STAMP_AFTER_IDLE`] idle rounds (a few µs); what
+/// moved before then is stamped with the time stamping began (an upper
+/// bound, a few µs late). An operation that finishes sooner reads no clock
+/// for its messages, and its transfers carry no stamps (its record's start
+/// and end bound them), so the communicator keeps only its record: a small
+/// collective pays no clock read and no lock for its messages.
+pub trait Evidence {
+    fn transfers(&self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)], at: Moment);
+}
+
+/// When [`Evidence::transfers`] is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// The operation waits (a snapshot).
+    Waiting,
+    /// It finished, or failed.
+    Finished,
+    Failed,
+}
+
+/// How long a wait lasts before the engine publishes a snapshot of the
+/// operation's messages, and how often it does while the wait goes on.
+pub const SNAPSHOT_AFTER: Duration = Duration::from_millis(50);
+pub const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
+/// Idle rounds between looks at the clock for snapshots (a round of the
+/// spin stage costs well under a microsecond; one of the sleep stage up
+/// to a few milliseconds).
+const SNAPSHOT_CHECK_ROUNDS: u32 = 16;
+/// Idle rounds an operation waits before its transfers are stamped with
+/// times (see [`Evidence`]): a few µs of spinning when ranks have cores of
+/// their own; fewer when they share cores (or nobody waits for the
+/// progress thread), where rounds soon take a yield or a nap each.
+pub const STAMP_AFTER_IDLE: u32 = 64;
+pub const STAMP_AFTER_IDLE_SHARED: u32 = 8;
 
 /// What the driver of [`Engine::drive`] decides before each round.
 pub enum Turn {
@@ -239,6 +284,11 @@ pub struct Engine {
     /// replace the policy (for measuring wait policies on a new machine).
     wait_override: (Option<Duration>, Option<Duration>),
     pub wait_stats: WaitStats,
+    /// Whether transfers may be stamped with the time they move (per-message
+    /// records; see [`Evidence`]) ...
+    pub stamp_messages: bool,
+    /// ... and whether they are, in the operation running now.
+    stamping: bool,
 }
 
 impl Engine {
@@ -265,6 +315,8 @@ impl Engine {
             yield_for: YIELD,
             wait_override: (None, None),
             wait_stats: WaitStats::default(),
+            stamp_messages: true,
+            stamping: false,
         }
     }
 
@@ -315,6 +367,13 @@ impl Engine {
         let mut jobs = std::mem::take(&mut self.jobs);
         jobs.clear();
         let result = self.run_phases(&sched.phases, meta, elem_op, &mem, deadline, ctx, &mut jobs);
+        if let Some(ev) = ctx.evidence {
+            let at = match result {
+                Ok(()) => Moment::Finished,
+                Err(_) => Moment::Failed,
+            };
+            ev.transfers(&jobs.sends, &jobs.recvs, at);
+        }
         jobs.clear();
         self.jobs = jobs;
         result
@@ -554,11 +613,21 @@ impl Engine {
         ) -> Result<Turn, ErrorKind>,
     {
         let mut wait = Wait::new();
+        let mut rec = Recording::default();
+        self.stamping = false;
+        let patient =
+            self.spin < SPIN || ctx.watchers.is_some_and(|w| w.load(Ordering::Relaxed) == 0);
+        let stamp_after = if patient {
+            STAMP_AFTER_IDLE_SHARED
+        } else {
+            STAMP_AFTER_IDLE
+        };
         loop {
             let moving = match turn(self, sends, recvs)? {
                 Turn::Finished => return Ok(()),
                 Turn::Again => {
                     wait.reset();
+                    rec.moved();
                     continue;
                 }
                 Turn::Move(m) => m,
@@ -571,10 +640,22 @@ impl Engine {
                     *longest = (*longest).max(idle);
                 }
                 wait.reset();
+                rec.moved();
                 continue;
             }
             if !pending && !moving.outside {
                 continue;
+            }
+            if let Some(ev) = ctx.evidence {
+                if rec.idle() == stamp_after && self.stamp_messages {
+                    self.stamping = true;
+                    stamp_moved(sends, recvs, Instant::now());
+                }
+                // Only an operation that waits long publishes snapshots; the
+                // clock is not read for one that is about to finish.
+                if self.stamping && rec.snapshot_due() {
+                    ev.transfers(sends, recvs, Moment::Waiting);
+                }
             }
             self.backoff(&mut wait, sends, recvs, &moving, ctx)?;
         }
@@ -627,7 +708,11 @@ impl Engine {
                 continue;
             }
             let link = self.links[*peer].as_mut().ok_or_else(|| no_link(*peer))?;
-            progressed |= link.send_progress(job)?;
+            let moved = link.send_progress(job)?;
+            if moved && self.stamping {
+                job.trace.stamp(Instant::now());
+            }
+            progressed |= moved;
             if !job.done {
                 self.busy_tx[*peer] = true;
                 pending = true;
@@ -643,7 +728,11 @@ impl Engine {
                 continue;
             }
             let link = self.links[*peer].as_mut().ok_or_else(|| no_link(*peer))?;
-            progressed |= link.recv_progress(job)?;
+            let moved = link.recv_progress(job)?;
+            if moved && self.stamping {
+                job.trace.stamp(Instant::now());
+            }
+            progressed |= moved;
             if !job.done {
                 self.busy_rx[*peer] = true;
                 pending = true;
@@ -1024,6 +1113,71 @@ impl Memory {
         };
         reduce::reduce_inplace(dtype, op, dst, src);
         Ok(())
+    }
+}
+
+/// What [`Engine::drive`] counts for the records: idle rounds (when to
+/// start stamping transfers, see [`Evidence`]) and when to publish
+/// snapshots of a waiting operation's messages (the clock is read only
+/// every few idle rounds).
+#[derive(Default)]
+struct Recording {
+    /// Idle rounds of the whole operation.
+    idle_total: u32,
+    /// Idle rounds since something last moved.
+    idle_rounds: u32,
+    idle_since: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Recording {
+    /// Something moved: the next idle stretch starts over.
+    fn moved(&mut self) {
+        self.idle_rounds = 0;
+        self.idle_since = None;
+    }
+
+    /// Counts an idle round; returns the operation's idle rounds so far.
+    fn idle(&mut self) -> u32 {
+        self.idle_rounds = self.idle_rounds.saturating_add(1);
+        self.idle_total = self.idle_total.saturating_add(1);
+        self.idle_total
+    }
+
+    /// Whether to publish a snapshot now.
+    fn snapshot_due(&mut self) -> bool {
+        if self.idle_rounds % SNAPSHOT_CHECK_ROUNDS != 1 {
+            return false;
+        }
+        let now = Instant::now();
+        let since = *self.idle_since.get_or_insert(now);
+        if now.duration_since(since) < SNAPSHOT_AFTER
+            || self
+                .last
+                .is_some_and(|t| now.duration_since(t) < SNAPSHOT_EVERY)
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
+
+/// Stamping begins: transfers that already moved get `now` as an upper
+/// bound of their first and last progress.
+fn stamp_moved(sends: &mut [(usize, SendJob)], recvs: &mut [(usize, RecvJob)], now: Instant) {
+    let sent = sends
+        .iter_mut()
+        .filter(|(_, j)| j.done || j.moved() > 0)
+        .map(|(_, j)| &mut j.trace);
+    let received = recvs
+        .iter_mut()
+        .filter(|(_, j)| j.done || j.moved() > 0)
+        .map(|(_, j)| &mut j.trace);
+    for t in sent.chain(received) {
+        if t.first.is_none() {
+            t.stamp(now);
+        }
     }
 }
 

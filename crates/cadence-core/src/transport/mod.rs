@@ -371,6 +371,29 @@ pub struct SendJob {
     /// engine's hazard check); transports never see held jobs.
     pub held: bool,
     pub stripes: Vec<StripeCursor>,
+    /// Evidence for the records (see [`JobTrace`]).
+    pub trace: JobTrace,
+}
+
+/// What the records keep of one message besides its cursor: when it first
+/// and last moved (stamped by the engine, never by transports), and which
+/// operation it belongs to where one batch mixes several.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JobTrace {
+    pub first: Option<std::time::Instant>,
+    pub last: Option<std::time::Instant>,
+    /// The communicator's record of the operation (0: the one running).
+    pub tag: u64,
+}
+
+impl JobTrace {
+    /// Notes that the message moved at `now`.
+    pub fn stamp(&mut self, now: std::time::Instant) {
+        if self.first.is_none() {
+            self.first = Some(now);
+        }
+        self.last = Some(now);
+    }
 }
 
 /// A receive in progress.
@@ -383,6 +406,8 @@ pub struct RecvJob {
     /// See [`SendJob::held`].
     pub held: bool,
     pub stripes: Vec<StripeCursor>,
+    /// See [`SendJob::trace`].
+    pub trace: JobTrace,
 }
 
 /// Progress of one stripe of a message on one TCP stream.
@@ -415,6 +440,16 @@ impl SendJob {
             done: false,
             held: false,
             stripes: Vec::new(),
+            trace: JobTrace::default(),
+        }
+    }
+    /// Payload bytes handed to the transport so far (shared memory counts
+    /// them in `sent`, TCP per stripe).
+    pub fn moved(&self) -> usize {
+        if self.stripes.is_empty() {
+            self.sent
+        } else {
+            self.stripes.iter().map(|s| s.done).sum()
         }
     }
 }
@@ -433,6 +468,15 @@ impl RecvJob {
             done: false,
             held: false,
             stripes: Vec::new(),
+            trace: JobTrace::default(),
+        }
+    }
+    /// Payload bytes received so far (see [`SendJob::moved`]).
+    pub fn moved(&self) -> usize {
+        if self.stripes.is_empty() {
+            self.got
+        } else {
+            self.stripes.iter().map(|s| s.done).sum()
         }
     }
 }

@@ -1138,7 +1138,7 @@ mod tests {
             la.single_copy() && lb.single_copy(),
             "this process can read itself"
         );
-        let data: Vec<u8> = (0..(600_000u32)).map(|i| (i * 13 % 101) as u8).collect();
+        let data: Vec<u8> = (0..600_000u32).map(|i| (i * 13 % 101) as u8).collect();
         let mut out = vec![0u8; data.len()];
         transfer(&mut la, &mut lb, &data, &mut out, SinkMode::Copy);
         assert_eq!(out, data);

@@ -1,0 +1,267 @@
+"""Reading the dumps ranks write (`CADENCE_DUMP_DIR` on failure,
+`Communicator.dump(dir)` on demand): one JSON file per rank and
+communicator, `cadence-<comm>-rank<r>.json`, format in docs/diagnosis.md.
+
+Everything that can be wrong with the input (no directory, no dumps, a
+truncated or foreign file, dumps of different jobs, a newer format) raises
+`DumpError` with one line that says what and where.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+FORMAT = "cadence-dump"
+VERSION = 1
+NAME = re.compile(r"^cadence-(?P<comm>[A-Za-z0-9_-]+)-rank(?P<rank>\d+)\.json$")
+P2P = ("send", "recv")
+
+
+class DumpError(Exception):
+    """Input `cadence doctor` cannot use; the message is one line."""
+
+
+@dataclass
+class Msg:
+    """One message of one operation as its rank recorded it (times in ns
+    since that rank's communicator was created, on its own clock)."""
+
+    peer: int
+    dir: str  # "send" | "recv"
+    state: str  # "done" | "pending" | "held"
+    bytes: int
+    moved: int
+    first_ns: int | None
+    last_ns: int | None
+
+
+@dataclass
+class Op:
+    id: int
+    seq: int
+    sig: str
+    collective: str
+    algo: str
+    dtype: str
+    redop: str
+    root: int
+    count: int
+    bytes: int
+    enqueue_ns: int
+    start_ns: int
+    end_ns: int
+    status: str
+    messages: list[Msg] | None
+    messages_state: str  # "final" | "live" | "dropped" | "none"
+    messages_at_ns: int | None = None
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.collective in P2P
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def failed(self) -> bool:
+        return not (self.ok or self.running)
+
+    def describe(self) -> str:
+        """`allreduce #5 (count=1000, float32, sum)`; a send or receive
+        names its peer."""
+        if self.is_p2p:
+            where = "to" if self.collective == "send" else "from"
+            return f"{self.collective} #{self.seq} {where} rank {self.root} " \
+                   f"({self.count} x {self.dtype})"
+        if self.collective == "barrier":
+            return f"barrier #{self.seq}"
+        parts = [f"count={self.count}", self.dtype]
+        if self.redop:
+            parts.append(self.redop)
+        if self.collective in ("broadcast", "reduce", "gather", "scatter"):
+            parts.append(f"root {self.root}")
+        return f"{self.collective} #{self.seq} ({', '.join(parts)})"
+
+
+@dataclass
+class Dump:
+    path: str
+    job: str
+    comm: str
+    rank: int
+    nranks: int
+    host: str
+    hostname: str
+    pid: int
+    peers: list[dict]
+    timeout_s: float
+    base_unix_ns: int
+    dump_ns: int
+    clock_offset_ns: int
+    clock_error_ns: int
+    clock_method: str
+    reason: str
+    failure: str | None
+    ops: list[Op] = field(default_factory=list)
+
+    def wall(self, ns: int) -> float:
+        """Seconds since the epoch on rank 0's clock of this rank's time `ns`."""
+        return (self.base_unix_ns + ns - self.clock_offset_ns) / 1e9
+
+    @property
+    def dumped_at(self) -> float:
+        return self.wall(self.dump_ns)
+
+    def peer(self, rank: int) -> dict:
+        for p in self.peers:
+            if p.get("rank") == rank:
+                return p
+        return {}
+
+
+def _need(obj: dict, key: str, kind, where: str):
+    if key not in obj:
+        raise DumpError(f"{where}: not a complete cadence dump (no {key!r})")
+    v = obj[key]
+    if kind is not None and v is not None and not isinstance(v, kind):
+        raise DumpError(f"{where}: not a complete cadence dump ({key!r} is {type(v).__name__})")
+    return v
+
+
+def _msg(m: dict, where: str) -> Msg:
+    try:
+        return Msg(peer=int(m["peer"]), dir=str(m["dir"]), state=str(m["state"]),
+                   bytes=int(m["bytes"]), moved=int(m["moved"]),
+                   first_ns=None if m.get("first_ns") is None else int(m["first_ns"]),
+                   last_ns=None if m.get("last_ns") is None else int(m["last_ns"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise DumpError(f"{where}: a message record is malformed ({e})") from None
+
+
+def _op(o: dict, where: str) -> Op:
+    try:
+        msgs = o.get("messages")
+        return Op(
+            id=int(o["id"]), seq=int(o["seq"]), sig=str(o["sig"]),
+            collective=str(o["collective"]), algo=str(o.get("algo", "")),
+            dtype=str(o.get("dtype", "")), redop=str(o.get("redop", "")),
+            root=int(o.get("root", 0)), count=int(o.get("count", 0)),
+            bytes=int(o.get("bytes", 0)), enqueue_ns=int(o["enqueue_ns"]),
+            start_ns=int(o["start_ns"]), end_ns=int(o["end_ns"]), status=str(o["status"]),
+            messages=None if msgs is None else [_msg(m, where) for m in msgs],
+            messages_state=str(o.get("messages_state", "none")),
+            messages_at_ns=o.get("messages_at_ns"),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise DumpError(f"{where}: an operation record is malformed ({e})") from None
+
+
+def parse(text: str, where: str) -> Dump:
+    """One dump from its JSON text; `where` names it in errors."""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        hint = " (truncated?)" if not text.rstrip().endswith("}") else ""
+        raise DumpError(f"{where}: not valid JSON{hint}: {e.msg} at line {e.lineno} "
+                        f"column {e.colno}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise DumpError(f"{where}: not a cadence dump (no \"format\": \"{FORMAT}\")")
+    version = d.get("version")
+    if version != VERSION:
+        raise DumpError(f"{where}: dump format version {version!r}; this cadence doctor reads "
+                        f"version {VERSION}")
+    clock = _need(d, "clock", dict, where)
+    ops = _need(d, "ops", list, where)
+    try:
+        return Dump(
+            path=where, job=str(_need(d, "job", str, where)),
+            comm=str(_need(d, "comm_id", str, where)), rank=int(_need(d, "rank", int, where)),
+            nranks=int(_need(d, "nranks", int, where)), host=str(d.get("host", "?")),
+            hostname=str(d.get("hostname", "")), pid=int(d.get("pid", 0)),
+            peers=list(d.get("peers") or []), timeout_s=float(d.get("timeout_s", 0.0)),
+            base_unix_ns=int(_need(d, "base_unix_ns", int, where)),
+            dump_ns=int(_need(d, "dump_ns", int, where)),
+            clock_offset_ns=int(clock.get("offset_ns", 0)),
+            clock_error_ns=int(clock.get("error_ns", 0)),
+            clock_method=str(clock.get("method", "")),
+            reason=str(d.get("reason", "")), failure=d.get("failure"),
+            ops=[_op(o, where) for o in ops],
+        )
+    except (TypeError, ValueError) as e:
+        raise DumpError(f"{where}: not a complete cadence dump ({e})") from None
+
+
+def load_dir(path: str, skip_bad: bool = False) -> tuple[list[Dump], list[str]]:
+    """Every dump in directory `path`, and the problems skipped (only with
+    `skip_bad`: a bad file then becomes a note instead of an error)."""
+    if not os.path.exists(path):
+        raise DumpError(f"{path}: no such directory")
+    if not os.path.isdir(path):
+        raise DumpError(f"{path}: not a directory (give the directory the ranks dumped into)")
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as e:
+        raise DumpError(f"{path}: cannot list it ({e.strerror})") from None
+    ours = [n for n in names if NAME.match(n)]
+    if not ours:
+        if not names:
+            raise DumpError(f"{path}: empty directory, no dumps (ranks write them there on "
+                            "failure with CADENCE_DUMP_DIR, or with Communicator.dump)")
+        raise DumpError(f"{path}: no cadence dumps among its {len(names)} entries (expected "
+                        "cadence-<comm>-rank<r>.json files)")
+    dumps, skipped = [], []
+    for n in ours:
+        full = os.path.join(path, n)
+        try:
+            with open(full, encoding="utf-8") as f:
+                text = f.read()
+            if not text.strip():
+                raise DumpError(f"{full}: empty file")
+            d = parse(text, full)
+            m = NAME.match(n)
+            if d.comm != m["comm"] or d.rank != int(m["rank"]):
+                raise DumpError(f"{full}: holds comm {d.comm} rank {d.rank}, not what its name "
+                                "says")
+            dumps.append(d)
+        except (OSError, UnicodeDecodeError) as e:
+            err = DumpError(f"{full}: cannot read it ({e})")
+            if not skip_bad:
+                raise err from None
+            skipped.append(str(err))
+        except DumpError as e:
+            if not skip_bad:
+                raise DumpError(f"{e} (--skip-bad diagnoses without it)") from None
+            skipped.append(str(e))
+    if not dumps:
+        raise DumpError(f"{path}: no usable dump ({len(skipped)} skipped: {skipped[0]})")
+    check_one_job(dumps)
+    return dumps, skipped
+
+
+def check_one_job(dumps: list[Dump]) -> None:
+    """Refuses dumps of different jobs, naming them."""
+    jobs: dict[str, list[Dump]] = {}
+    for d in dumps:
+        jobs.setdefault(d.job, []).append(d)
+    if len(jobs) > 1:
+        parts = []
+        for job, ds in sorted(jobs.items(), key=lambda kv: -len(kv[1])):
+            files = ", ".join(os.path.basename(d.path) for d in ds[:3])
+            more = f" and {len(ds) - 3} more" if len(ds) > 3 else ""
+            parts.append(f"job {job} ({files}{more})")
+        raise DumpError(f"dumps of {len(jobs)} different jobs: {'; '.join(parts)}; diagnose one "
+                        "job's dumps at a time")
+    comms: dict[str, set[int]] = {}
+    for d in dumps:
+        sizes = comms.setdefault(d.comm, set())
+        sizes.add(d.nranks)
+        if len(sizes) > 1:
+            raise DumpError(f"comm {d.comm}: dumps disagree on its size ({sorted(sizes)} ranks)")
