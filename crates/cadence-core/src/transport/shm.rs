@@ -1175,6 +1175,7 @@ mod tests {
             "done before the read"
         );
         let mut out = vec![0u8; data.len()];
+        // SAFETY: `out` outlives the job and nothing else touches it.
         let sink = unsafe {
             Sink::new(
                 out.as_mut_ptr(),
