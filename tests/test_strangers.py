@@ -153,19 +153,32 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
                 _client_tag(os.urandom(32), comm_id, 2, 1, 0, nc, ns)))
 
         def replay():
-            # Record what a legitimate client answers to one challenge...
+            # Record what a legitimate client answers to one challenge, and
+            # replay the whole transcript on a second connection. Both connect
+            # now, while rank 0 still waits for the late rank: its listener
+            # serves them in arrival order, before the members' streams, so
+            # the replay is judged by the handshake and not cut short by the
+            # end of set-up (which closes the listener; a second connection
+            # made only after the first finished once lost that race).
             nc = os.urandom(32)
             hello = _hello(comm_id, 2, 1, 0, nc)
-            recorded = {}
-
-            def record(ns):
-                recorded["proof"] = struct.pack("<2I32s", MAGIC, PROOF,
-                                                _client_tag(secret, comm_id, 2, 1, 0, nc, ns))
-                return None  # ...without sending it (it would take rank 2's place)
-
-            _answer(addr, hello, record)
-            # ...and replay the whole transcript on a new connection.
-            refused["replay"] = _answer(addr, hello, lambda ns: recorded["proof"])
+            first = socket.create_connection(addr)
+            second = socket.create_connection(addr)
+            for s in (first, second):
+                s.settimeout(10)
+                s.sendall(hello)
+            ns = _recv_exact(first, CHALLENGE_BYTES)[16:48]
+            proof = struct.pack("<2I32s", MAGIC, PROOF,
+                                _client_tag(secret, comm_id, 2, 1, 0, nc, ns))
+            first.close()  # never sent there (it would take rank 2's place)
+            try:
+                _recv_exact(second, CHALLENGE_BYTES)
+                second.sendall(proof)
+                refused["replay"] = second.recv(8) == b""
+            except OSError:
+                refused["replay"] = True
+            finally:
+                second.close()
 
         for f in (wrong_secret, replay):
             t = threading.Thread(target=f)
