@@ -1087,25 +1087,7 @@ mod tests {
 
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let mut out = vec![0u8; data.len()];
-        // SAFETY: `data` and `out` outlive the jobs and nothing else touches them.
-        let src = unsafe { Source::new(data.as_ptr(), data.len()) };
-        let sink = unsafe {
-            Sink::new(
-                out.as_mut_ptr(),
-                out.len(),
-                SinkMode::Copy,
-                DType::U8,
-                ElemOp::Sum,
-            )
-        };
-        let mut send = SendJob::new(meta(data.len() as u64), src);
-        let mut recv = RecvJob::new(meta(data.len() as u64), sink);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !(send.done && recv.done) {
-            la.send_progress(&mut send).unwrap();
-            lb.recv_progress(&mut recv).unwrap();
-            assert!(Instant::now() < deadline, "transfer did not finish");
-        }
+        transfer(&mut la, &mut lb, &data, &mut out, SinkMode::Copy);
         assert_eq!(out, data);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -1114,6 +1096,7 @@ mod tests {
     fn transfer(la: &mut ShmLink, lb: &mut ShmLink, data: &[u8], out: &mut [u8], mode: SinkMode) {
         // SAFETY: `data` and `out` outlive the jobs and nothing else touches them.
         let src = unsafe { Source::new(data.as_ptr(), data.len()) };
+        // SAFETY: as for `src`: `out` outlives the job, nobody else touches it.
         let sink = unsafe { Sink::new(out.as_mut_ptr(), out.len(), mode, DType::U8, ElemOp::Sum) };
         let mut send = SendJob::new(meta(data.len() as u64), src);
         let mut recv = RecvJob::new(meta(data.len() as u64), sink);
@@ -1206,6 +1189,7 @@ mod tests {
         let mut out = vec![0u8; 50_000];
         // SAFETY: both outlive the jobs.
         let src = unsafe { Source::new(data.as_ptr(), data.len()) };
+        // SAFETY: `out` outlives the job and nothing else touches it.
         let sink = unsafe {
             Sink::new(
                 out.as_mut_ptr(),
