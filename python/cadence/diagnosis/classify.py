@@ -48,6 +48,8 @@ class Verdict:
     job: str | None = None
     #: Seconds since the epoch (rank 0's clock) when the operation got stuck.
     since: float | None = None
+    #: Python stacks of the named ranks (live diagnosis), faulthandler style.
+    stacks: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         op = None
@@ -58,11 +60,15 @@ class Verdict:
             "class": self.cls, "verdict": self.headline, "job": self.job, "op": op,
             "ranks": self.ranks, "links": [list(x) for x in self.links], "hosts": self.hosts,
             "evidence": self.evidence,
+            **({"stacks": {str(r): t for r, t in self.stacks.items()}} if self.stacks else {}),
         }
 
     def text(self) -> str:
         lines = [f"cadence doctor: {self.headline}"]
         lines += [f"  {e}" for e in self.evidence]
+        for r, text in sorted(self.stacks.items()):
+            lines.append(f"  rank {r}'s Python stack when the others were stuck:")
+            lines += [f"    {x}" for x in text.rstrip().splitlines()]
         return "\n".join(lines)
 
 
@@ -231,6 +237,13 @@ def _diagnose_comm(c: _Comm) -> Verdict:
                               f"{_last_completed(c, r, before=recs[r].id)}")
         v.ranks = named
         v.hosts = sorted({c.host(r) for r in named})
+        for r in named:
+            stack = c.by_rank[r].stack
+            if stack:
+                v.stacks[r] = stack
+                where = _innermost(stack)
+                if where:
+                    v.evidence.append(f"{c.who(r)} is at {where}")
         entered = sorted(r for r in present if r not in late)
         v.headline = (f"{NONCOMM_HANG} in {what}: {_names(c, named)} "
                       f"{'never entered' if not late else 'did not enter in time'}; "
@@ -279,6 +292,16 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         v.headline = (f"{COMM_HANG} in {what}: every rank entered but no stalled link was found "
                       f"in the records (waits: {waits})")
     return v
+
+
+def _innermost(stack: str) -> str | None:
+    """`File "train.py", line 12 in load_batch` of the main thread (the
+    first thread in the stack text, most recent call first)."""
+    for line in stack.splitlines():
+        line = line.strip()
+        if line.startswith("File "):
+            return line
+    return None
 
 
 def _representative(present: dict[int, Op]) -> Op:
