@@ -327,9 +327,22 @@ class Watchdog:
             log.info("cadence: %s", verdict.get("verdict"))
         else:
             log.warning("cadence: %s", verdict.get("verdict"))
+        for fn in list(_listeners):
+            try:
+                fn(w.comm(), verdict)
+            except Exception as e:  # noqa: BLE001 - a listener must not stop the watchdog
+                log.debug("cadence: a verdict listener failed: %s", e)
 
 
 _watchdog = Watchdog()
+_listeners: list = []
+
+
+def add_listener(fn) -> None:
+    """Calls `fn(communicator, verdict dict)` for every new verdict this
+    process's watchdog delivers (after it is logged): metrics, a test
+    harness, an application's own alerting."""
+    _listeners.append(fn)
 
 
 def watch(comm, store, prefix: str, timeout: float) -> None:
