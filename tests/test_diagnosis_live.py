@@ -163,3 +163,73 @@ def test_diag_after_is_bounded_by_the_timeout_and_can_be_turned_off(monkeypatch)
     monkeypatch.setenv("CADENCE_DIAG_AFTER", "soon")
     with pytest.raises(ValueError, match="CADENCE_DIAG_AFTER"):
         diag_after(300)
+
+
+def _doctor_asks(comm, stuck):
+    import subprocess
+    import sys
+    import threading
+
+    import cadence
+
+    x = np.ones(1000, dtype=np.float32)
+    comm.allreduce(x)
+    comm.barrier()
+    if comm.rank == stuck:
+        load_batch(OP_TIMEOUT + 3.0)
+        try:
+            comm.allreduce(x)
+        except cadence.CommError:
+            pass
+        return None
+    result = {}
+
+    def ask():
+        time.sleep(1.5)
+        p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "doctor", "--store",
+                            f"{comm._store.host}:{comm._store.port}", "--prefix", comm._prefix,
+                            "--hang-after", "1", "--json"],
+                           capture_output=True, text=True, timeout=30)
+        result["rc"], result["out"], result["err"] = p.returncode, p.stdout, p.stderr
+
+    t = threading.Thread(target=ask) if comm.rank == 0 else None
+    if t:
+        t.start()
+    try:
+        comm.allreduce(x)
+    except cadence.CommError:
+        pass
+    if t:
+        t.join()
+    return result
+
+
+def test_doctor_asks_a_running_job_through_its_store():
+    stuck = 1
+    res = run_ranks(_doctor_asks, 3, transport="tcp", args=(stuck,),
+                    env={"CADENCE_DIAG_AFTER": "60"}, op_timeout=OP_TIMEOUT, timeout=60)
+    assert all(res[r][0] == "ok" for r in range(3)), res
+    out = res[0][1]
+    assert out["rc"] == 1, out
+    import json
+
+    v = json.loads(out["out"])
+    assert v["class"] == "noncomm_hang" and v["ranks"] == [stuck], v
+    assert v["coordinator"] == "cadence doctor" and v["summaries"] == [0, 1, 2], v
+    assert "load_batch" in v["stacks"][str(stuck)]
+
+
+def test_doctor_store_errors_are_one_line():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for target in (f"127.0.0.1:{port}", "nohost"):
+        p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "doctor", "--store", target,
+                            "--gather", "0.5"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p
+        assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+        assert p.stderr.startswith("cadence doctor: "), p.stderr

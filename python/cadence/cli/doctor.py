@@ -29,8 +29,15 @@ HELP = "diagnose a hung or failed job from its ranks' dumps"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dumpdir", metavar="DUMPDIR",
+    p.add_argument("dumpdir", metavar="DUMPDIR", nargs="?",
                    help="directory the ranks dumped into (cadence-<comm>-rank<r>.json files)")
+    p.add_argument("--store", metavar="HOST:PORT",
+                   help="ask a running job instead: the job's TCPStore (MASTER_ADDR:MASTER_PORT)")
+    p.add_argument("--prefix", default="cadence/init1",
+                   help="with --store: the communicator's store prefix (cadence/init1: the "
+                   "job's first cadence.init(); cadence/<name> for init(name=...))")
+    p.add_argument("--gather", type=float, default=5.0, metavar="SECONDS",
+                   help="with --store: how long to wait for the ranks' summaries (5)")
     p.add_argument("--json", action="store_true",
                    help="print the verdict as JSON: class, op, ranks, links, hosts, evidence")
     p.add_argument("--hang-after", type=float, default=10.0, metavar="SECONDS",
@@ -43,6 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from cadence.diagnosis import HEALTHY, DumpError, diagnose, load_dir
 
+    if args.store:
+        return _ask_store(args)
+    if not args.dumpdir:
+        print("cadence doctor: give DUMPDIR, or --store HOST:PORT to ask a running job",
+              file=sys.stderr)
+        return 2
     try:
         dumps, skipped = load_dir(args.dumpdir, skip_bad=args.skip_bad)
         verdict = diagnose(dumps, hang_after=args.hang_after)
@@ -55,3 +68,41 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(verdict.text())
     return 0 if verdict.cls == HEALTHY else 1
+
+
+def _ask_store(args: argparse.Namespace) -> int:
+    """`--store`: a verdict from a running job's live watchdogs."""
+    from datetime import timedelta
+
+    from cadence.diagnosis import live
+
+    host, _, port = args.store.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"cadence doctor: --store wants HOST:PORT, not {args.store!r}", file=sys.stderr)
+        return 2
+    import os
+    import socket
+
+    try:  # a plain connect first: a clear error at once, not torch's retries
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        print(f"cadence doctor: cannot reach the store at {args.store}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return 2
+    # torch's C++ side would print its own multi-line report of a failure.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    try:
+        import torch.distributed as dist
+
+        store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                              timeout=timedelta(seconds=max(5.0, args.gather + 5)))
+        verdict = live.ask(store, args.prefix, args.gather, args.hang_after)
+    except (LookupError, RuntimeError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"cadence doctor: {args.store}: {first}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({k: v for k, v in verdict.items() if k != "text"}, indent=1))
+    else:
+        print(verdict["text"])
+    return 0 if verdict["class"] == "healthy" else 1

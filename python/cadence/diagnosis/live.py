@@ -184,12 +184,15 @@ class Watchdog:
         after = diag_after(timeout)
         if after is None:
             return
-        key = (getattr(store, "host", None), getattr(store, "port", None))
+        # One client per TCPStore server, shared by its communicators; other
+        # stores (prefixed, file, hash) are used as they are.
+        port = getattr(store, "port", None)
+        key = (getattr(store, "host", None), port) if isinstance(port, int) else None
         with self._lock:
-            client = self._clients.get(key) if key != (None, None) else None
+            client = self._clients.get(key) if key is not None else None
             if client is None:
                 client = _store_client(store)
-                if key != (None, None):
+                if key is not None:
                     self._clients[key] = client
             gather = min(5.0, max(1.0, after / 2))
             w = _Watched(weakref.ref(comm), client, prefix, comm.rank, comm.size, after, gather)
@@ -332,6 +335,45 @@ class Watchdog:
                 fn(w.comm(), verdict)
             except Exception as e:  # noqa: BLE001 - a listener must not stop the watchdog
                 log.debug("cadence: a verdict listener failed: %s", e)
+
+
+def ask(store, prefix: str = "cadence/init1", gather: float = 5.0,
+        hang_after: float = 10.0) -> dict:
+    """Asks a running job for a verdict (`cadence doctor --store`): opens a
+    round under `prefix` (a communicator's store prefix; `cadence/init1` is
+    the first `cadence.init()` of a job), waits up to `gather` seconds for
+    every rank's watchdog to publish its summary, classifies, and publishes
+    the verdict so that the ranks log it too. Raises LookupError when no
+    rank answers (wrong prefix, or the watchdog is off)."""
+    def key(*parts):
+        return "/".join([prefix, "diag", *map(str, parts)])
+
+    r = int(store.add(key("round"), 1))
+    deadline = time.monotonic() + gather
+    nranks = None
+    summaries: dict[int, bytes] = {}
+    while time.monotonic() < deadline:
+        if nranks is None and store.check([key(r, "s", 0)]):
+            first = bytes(store.get(key(r, "s", 0)))
+            nranks = json.loads(zlib.decompress(first).decode())["nranks"]
+        if nranks is not None and int(store.add(key(r, "count"), 0)) >= nranks:
+            break
+        time.sleep(0.1)
+    count = int(store.add(key(r, "count"), 0))
+    if count == 0:
+        raise LookupError(f"no rank answered under {prefix!r} within {gather:g}s (is the "
+                          "job running with the live watchdog on, and is the prefix right?)")
+    for rank in range(nranks or 4096):
+        k = key(r, "s", rank)
+        if store.check([k]):
+            summaries[rank] = bytes(store.get(k))
+        elif nranks is None and len(summaries) >= count:
+            break
+    verdict = verdict_of(summaries, hang_after=hang_after)
+    verdict["round"] = r
+    verdict["coordinator"] = "cadence doctor"
+    store.set(key(r, "verdict"), json.dumps(verdict))
+    return verdict
 
 
 _watchdog = Watchdog()
