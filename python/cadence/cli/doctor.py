@@ -33,6 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="directory the ranks dumped into (cadence-<comm>-rank<r>.json files)")
     p.add_argument("--store", metavar="HOST:PORT",
                    help="ask a running job instead: the job's TCPStore (MASTER_ADDR:MASTER_PORT)")
+    p.add_argument("--cluster", metavar="NAME",
+                   help="ask a job started by `cadence cluster run` on emulated cluster NAME "
+                   "(its store: host 0's address, --master-port; root)")
+    p.add_argument("--master-port", type=int, default=29500,
+                   help="with --cluster: the job's MASTER_PORT (29500, as cluster run uses)")
     p.add_argument("--prefix", default="cadence/init1",
                    help="with --store: the communicator's store prefix (cadence/init1: the "
                    "job's first cadence.init(); cadence/<name> for init(name=...))")
@@ -50,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from cadence.diagnosis import HEALTHY, DumpError, diagnose, load_dir
 
+    if args.cluster:
+        return _ask_cluster(args)
     if args.store:
         return _ask_store(args)
     if not args.dumpdir:
@@ -106,3 +113,25 @@ def _ask_store(args: argparse.Namespace) -> int:
     else:
         print(verdict["text"])
     return 0 if verdict["class"] == "healthy" else 1
+
+
+def _ask_cluster(args: argparse.Namespace) -> int:
+    """`--cluster`: `--store` from inside host 0 of the emulated cluster (its
+    addresses are reachable only from the cluster's namespaces)."""
+    import subprocess
+
+    from cadence.testbed import cluster as tb
+    from cadence.testbed import jobs
+    from cadence.testbed.iproute import TestbedError
+
+    try:
+        c = tb.require(args.cluster)
+    except TestbedError as e:
+        print(f"cadence doctor: {e}", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "cadence.cli.main", "doctor", "--store",
+           f"{c.master_addr}:{args.master_port}", "--prefix", args.prefix,
+           "--gather", f"{args.gather:g}", "--hang-after", f"{args.hang_after:g}"]
+    if args.json:
+        cmd.append("--json")
+    return subprocess.run(jobs.in_host(c.hosts[0], cmd)).returncode

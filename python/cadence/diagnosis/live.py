@@ -51,12 +51,16 @@ log = logging.getLogger("cadence")
 
 #: Default soft deadline (seconds) before a running operation is diagnosed.
 DEFAULT_DIAG_AFTER = 30.0
+#: Default length of a slowness window (seconds).
+DEFAULT_WINDOW_S = 10.0
 #: Operations kept in a summary (the stuck one, the ones before it on slower
 #: ranks, and enough history to find a rank's last completed operation).
 SUMMARY_OPS = 64
 #: A round's verdict is waited for this much longer than its gather time
 #: before a rank stops expecting it.
 VERDICT_SLACK_S = 5.0
+#: How long the watchdog leaves a communicator alone after a failed Store call.
+STORE_BACKOFF_S = 30.0
 
 
 def diag_after(timeout: float) -> float | None:
@@ -77,6 +81,20 @@ def diag_after(timeout: float) -> float | None:
     else:
         after = DEFAULT_DIAG_AFTER
     return min(after, timeout / 2) if timeout > 0 else after
+
+
+def diag_window() -> float | None:
+    """Seconds per slowness window (`CADENCE_DIAG_WINDOW`, default 10);
+    None when off (0, or the watchdog is off)."""
+    raw = os.environ.get("CADENCE_DIAG_WINDOW", "").strip().lower()
+    if raw in ("0", "off", "no", "false"):
+        return None
+    try:
+        win = float(raw) if raw else DEFAULT_WINDOW_S
+    except ValueError:
+        raise ValueError(f"CADENCE_DIAG_WINDOW={raw!r} is not a number of seconds "
+                         "(or 0/off)") from None
+    return win if win > 0 else None
 
 
 def python_stacks(skip_thread: int | None = None) -> str:
@@ -104,6 +122,19 @@ def summary(core, skip_thread: int | None = None) -> bytes:
     d["ops"] = d["ops"][-SUMMARY_OPS:]
     d["reason"] = "live diagnosis"
     d["stack"] = python_stacks(skip_thread)
+    return zlib.compress(json.dumps(d).encode(), 6)
+
+
+def window_summary(core, start_unix: float, end_unix: float) -> bytes | None:
+    """This rank's operations that completed within [start, end) (wall
+    clock), as a dump, compressed; None when there were none."""
+    d = json.loads(core.dump_records())
+    base = d["base_unix_ns"]
+    lo, hi = (int(start_unix * 1e9) - base, int(end_unix * 1e9) - base)
+    d["ops"] = [o for o in d["ops"] if o["status"] == "ok" and lo <= o["end_ns"] < hi]
+    if not d["ops"]:
+        return None
+    d["reason"] = "slowness window"
     return zlib.compress(json.dumps(d).encode(), 6)
 
 
@@ -166,6 +197,17 @@ class _Watched:
     #: total_ops when the current verdict was set (to clear it on recovery).
     verdict_at_ops: int | None = None
     failures: int = 0
+    #: After a failed Store call: when to try again.
+    resume_at: float = 0.0
+    #: Slowness windows: their length (None: off), the last one published,
+    #: the last one judged (rank 0, which keeps the SlowWatch), and the
+    #: slowness verdicts seen so far (their counter in the Store).
+    window: float | None = None
+    win_published: int = 0
+    win_judged: int = 0
+    slow_watch: object = None
+    slow_seen: int = 0
+    slow_logged: tuple | None = None
 
     def key(self, *parts) -> str:
         return "/".join([self.prefix, "diag", *map(str, parts)])
@@ -196,8 +238,12 @@ class Watchdog:
                     self._clients[key] = client
             gather = min(5.0, max(1.0, after / 2))
             w = _Watched(weakref.ref(comm), client, prefix, comm.rank, comm.size, after, gather)
+            w.window = diag_window()
+            if w.window:
+                w.win_published = w.win_judged = int(time.time() // w.window)
             try:
                 w.seen_round = int(client.add(w.key("round"), 0))
+                w.slow_seen = int(client.add(w.key("slow"), 0))
             except Exception:  # noqa: BLE001 - a watchdog must never break init
                 w.seen_round = 0
             self._watched.append(w)
@@ -223,16 +269,17 @@ class Watchdog:
                 watched = list(self._watched)
             for w in watched:
                 comm = w.comm()
-                if comm is None:
+                if comm is None or time.monotonic() < w.resume_at:
                     continue
                 try:
                     self._check(w, comm)
                     w.failures = 0
                 except Exception as e:  # noqa: BLE001 - the watchdog must survive
+                    # Most often the Store is gone (the job is ending): back
+                    # off, since torch prints every failed Store call.
                     w.failures += 1
-                    if w.failures == 3:
-                        log.debug("cadence: live diagnosis of comm %s cannot reach the store: %s",
-                                  comm.id, e)
+                    w.resume_at = time.monotonic() + STORE_BACKOFF_S
+                    log.debug("cadence: live diagnosis of comm %s: %s", comm.id, e)
                 del comm
 
     def _check(self, w: _Watched, comm) -> None:
@@ -274,12 +321,85 @@ class Watchdog:
             elif now > rnd.verdict_until:
                 del w.rounds[r]
 
+        if w.window:
+            self._windows(w, core)
+
         # Recovered (the stuck operation finished and more ran): forget the
         # verdict, so a later error does not carry a stale one.
         if w.verdict_at_ops is not None and total >= w.verdict_at_ops + 2 and (
                 running is None or running[2] < w.after):
             core._set_diagnosis(None)
             w.verdict_at_ops = None
+
+    def _windows(self, w: _Watched, core) -> None:
+        """Slowness: every rank publishes each finished window's operations;
+        rank 0 judges them with a SlowWatch (a verdict must persist over
+        windows) and publishes a verdict when it changes; every rank logs
+        it."""
+        store, win = w.store, w.window
+        current = int(time.time() // win)
+        if current - 1 > w.win_published:
+            k = current - 1
+            w.win_published = k
+            blob = window_summary(core, k * win, (k + 1) * win)
+            if blob is not None:
+                store.set(w.key("win", k, "s", w.rank), blob)
+            store.add(w.key("win", k, "count"), 1)
+        if w.rank == 0:
+            for k in range(w.win_judged + 1, current):
+                count = int(store.add(w.key("win", k, "count"), 0))
+                if count < w.size and time.time() < (k + 1.5) * win:
+                    break  # wait a little for the slower ranks' summaries
+                self._judge_window(w, k)
+                w.win_judged = k
+        n = int(store.add(w.key("slow"), 0))
+        if n > w.slow_seen:
+            w.slow_seen = n
+            self._deliver_slow(w, core, json.loads(store.get(w.key("slow", n)).decode()))
+
+    def _judge_window(self, w: _Watched, k: int) -> None:
+        from cadence.diagnosis.dumps import parse
+        from cadence.diagnosis.slow import SlowWatch
+
+        if w.slow_watch is None:
+            w.slow_watch = SlowWatch()
+        dumps = []
+        for rank in range(w.size):
+            key = w.key("win", k, "s", rank)
+            if w.store.check([key]):
+                blob = bytes(w.store.get(key))
+                dumps.append(parse(zlib.decompress(blob).decode(), f"rank {rank}'s window"))
+                _delete(w.store, key)
+        _delete(w.store, w.key("win", k, "count"))
+        if len(dumps) < w.size:
+            return  # a rank with nothing in this window (or late): no evidence
+        before = w.slow_watch.current
+        v = w.slow_watch.feed(dumps)
+        if _ident(v) == _ident(before):
+            return
+        out = v.to_json() if v is not None else {"class": "healthy",
+                                                 "verdict": "slowness cleared"}
+        if v is not None:
+            out["text"] = v.text()
+        out["window"] = [k * w.window, (k + 1) * w.window]
+        n = int(w.store.add(w.key("slow"), 1))
+        w.store.set(w.key("slow", n), json.dumps(out))
+
+    def _deliver_slow(self, w: _Watched, core, verdict: dict) -> None:
+        ident = (verdict.get("class"), tuple(verdict.get("ranks") or ()),
+                 tuple(verdict.get("hosts") or ()), tuple(map(tuple, verdict.get("links") or ())))
+        if ident == w.slow_logged:
+            return
+        w.slow_logged = ident
+        if verdict.get("class") == "healthy":
+            log.info("cadence: comm %s: %s", w.prefix, verdict.get("verdict"))
+            return
+        log.warning("cadence: %s", verdict.get("verdict"))
+        for fn in list(_listeners):
+            try:
+                fn(w.comm(), verdict)
+            except Exception as e:  # noqa: BLE001 - a listener must not stop the watchdog
+                log.debug("cadence: a verdict listener failed: %s", e)
 
     def _publish(self, w: _Watched, core, r: int, coordinator: bool, now: float) -> None:
         if r in w.rounds or r <= 0:
@@ -374,6 +494,19 @@ def ask(store, prefix: str = "cadence/init1", gather: float = 5.0,
     verdict["coordinator"] = "cadence doctor"
     store.set(key(r, "verdict"), json.dumps(verdict))
     return verdict
+
+
+def _ident(v) -> tuple | None:
+    if v is None:
+        return None
+    return (v.cls, tuple(v.ranks), tuple(v.hosts), tuple(v.links))
+
+
+def _delete(store, key: str) -> None:
+    try:
+        store.delete_key(key)
+    except Exception:  # noqa: BLE001 - some stores cannot delete; harmless
+        pass
 
 
 _watchdog = Watchdog()
