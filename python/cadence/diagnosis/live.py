@@ -322,7 +322,10 @@ class Watchdog:
                 del w.rounds[r]
 
         if w.window:
-            self._windows(w, core)
+            try:
+                self._windows(w, core)
+            except Exception as e:  # noqa: BLE001 - slowness must not stop hang watching
+                log.debug("cadence: slowness window of comm %s: %s", comm.id, e)
 
         # Recovered (the stuck operation finished and more ran): forget the
         # verdict, so a later error does not carry a stale one.
