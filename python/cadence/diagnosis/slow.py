@@ -32,10 +32,11 @@ shm, ...) are compared with each other only: the reference is an upper
 quantile of the class's rates, so that one slow host, which slows half of
 the pairs of a 4-host job, does not drag the reference down. A unit is slow
 when both its rate over the window and its median rate per collective are
-under SLOW_RATIO of the reference. When most of a host's row (everything it
-sends) or column (everything it receives) is slow, the verdict names the
-host (its NIC) and its ranks, not each link; remaining slow units are named
-as links `src->dst` between ranks.
+under SLOW_RATIO of the reference. When a unit is slow and most of a row it
+is in (everything a host sends) or column (everything it receives) is well
+under the reference (SIDE_RATIO), the verdict names the host (its NIC) and
+its ranks, not each link; remaining slow units are named as links
+`src->dst` between ranks.
 
 The per-link counters (`links`: bytes, busy time per peer since creation)
 give each link's transport class, and the bytes in the evidence. Their
@@ -72,8 +73,10 @@ from cadence.diagnosis.dumps import Dump, Op
 #: (the clock ping-pongs of set-up among them) never count.
 WARMUP_COLLECTIVES = 5
 
-#: Fewer collectives matched on every rank than this: too little to call a
-#: rank consistently late (one window of a quiet job).
+#: Fewer collectives matched on every rank than this: too little to judge
+#: anything (the tail of a job, a quiet window): a rank consistently late,
+#: or which links are typical (in a window of 5 collectives, most pairs with
+#: enough data were those of the slow host, and the reference sank with them).
 MIN_COLLECTIVES = 10
 
 #: A straggler's median lateness is at least this (a scheduler's time slice
@@ -94,7 +97,7 @@ GAP_SHARE = 0.5
 MIN_MSG_BYTES = 64 * 1024
 #: A unit (host pair, rank pair) needs this many timed messages and bytes in
 #: the window to be compared at all.
-MIN_UNIT_MESSAGES = 4
+MIN_UNIT_MESSAGES = 8
 MIN_UNIT_BYTES = 1 << 20
 #: The reference of a class: this quantile of its units' rates (an upper
 #: one: a slow host slows half the host pairs of 4 hosts).
@@ -103,9 +106,13 @@ REFERENCE_QUANTILE = 0.75
 #: median collective (healthy units stay above 0.5x; a 5x slower link is at
 #: 0.1-0.2x).
 SLOW_RATIO = 0.3
-#: A host's (or rank's) sending or receiving side is named when at least
-#: this share of its units, and two or more, are slow.
+#: Once some unit is slow, a host's (or rank's) sending or receiving side is
+#: named instead of its links when two or more of its units, and at least
+#: SIDE_FRACTION of them, are under SIDE_RATIO of the reference: a NIC cut to
+#: 400 of 1000 Mbit/s gives its pairs 0.2-0.4x (where they cross the SLOW_RATIO
+#: bar unevenly), and no healthy side had all its units under 0.5x.
 SIDE_FRACTION = 0.75
+SIDE_RATIO = 0.5
 
 #: SlowWatch: windows in a row that must show the same finding before it is
 #: reported (one window can be one bad stretch of a shared machine).
@@ -361,12 +368,12 @@ class _Side:
     end: int | str  # host name or rank
     out: bool  # its sending side (row) or receiving side (column)
     units: list[LinkRate]
-    slow: list[LinkRate]
+    slow: list[LinkRate]  # those under SIDE_RATIO of the reference
 
     @property
     def rate(self) -> float:
-        b = sum(u.bytes for u in self.slow)
-        s = sum(u.seconds for u in self.slow)
+        b = sum(u.bytes for u in self.units)
+        s = sum(u.seconds for u in self.units)
         return b / s if s > 0 else math.inf
 
 
@@ -410,19 +417,30 @@ def _comm_slow(job: _Job, warmup: int) -> tuple[_CommFinding | None, bool, list[
     if not slow:
         return None, enough, evidence
 
-    # Sides: a host's (or rank's) row or column mostly slow.
-    slow_ids = set(map(id, slow))
+    # Sides: a host's (or rank's) row or column mostly well under the
+    # reference, about an end that some slow unit touches. A side of one unit
+    # counts when all of that end's units, both ways, are under it (a window
+    # of ring algorithms gives each host one peer each way).
+    touched = {u.src for u in slow} | {u.dst for u in slow}
     sides: list[_Side] = []
     for klass in refs:
         us = classes[klass]
-        ends = sorted({u.src for u in us} | {u.dst for u in us}, key=str)
-        for e in ends:
-            for out in (True, False):
-                mine = [u for u in us if (u.src if out else u.dst) == e]
-                bad = [u for u in mine if id(u) in slow_ids]
-                if len(mine) >= 2 and len(bad) >= 2 and len(bad) >= SIDE_FRACTION * len(mine):
-                    sides.append(_Side(e, out, mine, bad))
-    explained = {id(u) for sd in sides for u in sd.slow}
+        under = SIDE_RATIO * refs[klass]
+        for e in sorted(touched & ({u.src for u in us} | {u.dst for u in us}), key=str):
+            outs = [u for u in us if u.src == e]
+            ins = [u for u in us if u.dst == e]
+            out_bad = [u for u in outs if u.rate < under]
+            in_bad = [u for u in ins if u.rate < under]
+            o, i = _mostly(outs, out_bad), _mostly(ins, in_bad)
+            out_all = bool(outs) and len(out_bad) == len(outs)
+            in_all = bool(ins) and len(in_bad) == len(ins)
+            if not (o or i or (out_all and in_all)):
+                continue
+            if o or out_all:
+                sides.append(_Side(e, True, outs, out_bad))
+            if i or in_all:
+                sides.append(_Side(e, False, ins, in_bad))
+    explained = {id(u) for sd in sides for u in sd.units}
     links: list[tuple[int, int]] = []
     link_units = []
     for u in sorted(slow, key=lambda u: (str(u.src), str(u.dst))):
@@ -436,6 +454,10 @@ def _comm_slow(job: _Job, warmup: int) -> tuple[_CommFinding | None, bool, list[
         link_units.append((u, named))
     lost = sum(u.seconds * (1 - u.rate / refs[u.transport]) for u in slow)
     return _CommFinding(sides, sorted(set(links)), link_units, refs, lost, []), enough, evidence
+
+
+def _mostly(mine: list, bad: list) -> bool:
+    return len(mine) >= 2 and len(bad) >= 2 and len(bad) >= SIDE_FRACTION * len(mine)
 
 
 def _matrix_lines(us: list[LinkRate], slow_ids: set[int]) -> list[str]:
@@ -496,8 +518,10 @@ def _assess_comm(dumps: list[Dump], warmup: int) -> Assessment:
     job = _Job(dumps)
     seqs, late, tail = arrivals(dumps, warmup)
     stragglers, bar = _stragglers(late, tail, len(seqs))
-    comm, comm_enough, rate_lines = _comm_slow(job, warmup)
-    enough = len(seqs) >= MIN_COLLECTIVES or comm_enough
+    if len(seqs) < MIN_COLLECTIVES:
+        return Assessment(None, False)
+    comm, _, rate_lines = _comm_slow(job, warmup)
+    enough = True
     if not stragglers and comm is None:
         return Assessment(None, enough)
 
@@ -593,7 +617,8 @@ def _straggler_text(job, late, stragglers, seqs, tail, bar):
 
 def _end_name(job: _Job, e) -> str:
     if isinstance(e, str):
-        return f"host {e} (ranks {ranks_text(job.ranks_of(e))})"
+        rs = job.ranks_of(e)
+        return f"host {e} (rank{'s' if len(rs) > 1 else ''} {ranks_text(rs)})"
     return f"rank {e} ({job.host(e)})"
 
 
@@ -615,11 +640,11 @@ def _comm_text(job: _Job, f: _CommFinding):
                          f"{fmt_rate(sd.rate)} (others: {fmt_rate(ref)})")
         for out, sd in sorted(sds.items(), reverse=True):
             cells = ", ".join(f"{u.dst if out else u.src} {fmt_rate(u.rate)}"
-                              for u in sorted(sd.slow, key=lambda u: str(u.dst if out else u.src)))
+                              for u in sorted(sd.units, key=lambda u: str(u.dst if out else u.src)))
             ev.append(f"{_end_name(job, e)}: {len(sd.slow)} of {len(sd.units)} links "
-                      f"{'out of' if out else 'into'} it slow ({cells}), "
-                      f"{sum(u.bytes for u in sd.slow) / 2**20:.1f} MiB in "
-                      f"{sum(u.seconds for u in sd.slow):.2f}s")
+                      f"{'out of' if out else 'into'} it under {SIDE_RATIO:g}x ({cells}), "
+                      f"{sum(u.bytes for u in sd.units) / 2**20:.1f} MiB in "
+                      f"{sum(u.seconds for u in sd.units):.2f}s")
     for u, named in f.link_units:
         ref = f.refs[u.transport]
         names = ", ".join(f"{lr.src}->{lr.dst}" for lr in named)
