@@ -411,8 +411,10 @@ def _comm_slow(job: _Job, warmup: int) -> tuple[_CommFinding | None, bool, list[
         evidence.append(
             f"{klass} links ({what}), from {msgs} timed receives of ≥ {MIN_MSG_BYTES // 1024} KiB: "
             f"reference (p{int(REFERENCE_QUANTILE * 100)}) {fmt_rate(ref)}; slow below "
-            f"{SLOW_RATIO:g}x = {fmt_rate(bar)}; matrix in Mbit/s, * slow:")
-        evidence += _matrix_lines(us, set(map(id, mine)))
+            f"{SLOW_RATIO:g}x = {fmt_rate(bar)}" + ("; matrix in Mbit/s, * slow:" if mine or
+                                                    klass == "tcp" else ", none slower"))
+        if mine or klass == "tcp":  # the network's matrix, and any with a finding
+            evidence += _matrix_lines(us, set(map(id, mine)))
     enough = bool(refs)
     if not slow:
         return None, enough, evidence
