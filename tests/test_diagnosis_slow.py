@@ -30,8 +30,17 @@ def _ns(s: float) -> int:
     return int(round(s * 1e9))
 
 
+# What a communicator's set-up runs on a job across hosts (cost-model
+# calibration): barrier, broadcast of 64 bytes, the decision, 11 x (barrier,
+# 8-byte probe allreduce), the model.
+SETUP = ([("barrier", "uint8", 0), ("broadcast", "uint8", 64), ("broadcast", "uint8", 1)]
+         + [("barrier", "uint8", 0), ("allreduce", "float32", 8)] * 11
+         + [("broadcast", "uint8", 40)])
+
+
 def make_job(hosts, nops=40, *, size=MIB, rate=None, late=None, leave_late=None, clock=None,
-             noise=0.0, hiccups=0.0, seed=1, first_seq=1, links=True, transport=None):
+             noise=0.0, hiccups=0.0, seed=1, first_seq=1, links=True, transport=None,
+             setup=False):
     """Dumps of one communicator whose ranks run `nops` collectives (seq
     `first_seq`...), each rank receiving `size` bytes from every other.
 
@@ -41,7 +50,8 @@ def make_job(hosts, nops=40, *, size=MIB, rate=None, late=None, leave_late=None,
     (skew, offset) of its clock (skew: how far it reads ahead of rank 0's;
     offset: what it measured); noise: rates vary by up to that share,
     arrivals by up to 3 ms; hiccups: chance of a 30 ms pause per rank and
-    collective."""
+    collective; setup: the job starts with SETUP's collectives (counted in
+    nops; no messages)."""
     n = len(hosts)
     rng = random.Random(seed)
     same = lambda s, d: hosts[s] == hosts[d]  # noqa: E731
@@ -64,7 +74,8 @@ def make_job(hosts, nops=40, *, size=MIB, rate=None, late=None, leave_late=None,
         go = max(arr.values())
         msgs = {r: [] for r in range(n)}
         longest = 0.0
-        for d in range(n):
+        kind = SETUP[i] if setup and i < len(SETUP) else None
+        for d in range(n if kind is None else 0):
             for s in range(n):
                 if s == d:
                     continue
@@ -79,7 +90,10 @@ def make_job(hosts, nops=40, *, size=MIB, rate=None, late=None, leave_late=None,
         end = go + longest + 0.0005
         for r in range(n):
             e = end + leave_late(r, k)
-            ops[r].append(_op(len(ops[r]) + 1, k, arr[r], e, msgs[r], size * (n - 1)))
+            o = _op(len(ops[r]) + 1, k, arr[r], e, msgs[r], size * (n - 1))
+            if kind is not None:
+                o.update(collective=kind[0], dtype=kind[1], bytes=kind[2], count=kind[2] // 4)
+            ops[r].append(o)
             free[r] = e
     out = []
     for r in range(n):
@@ -327,6 +341,24 @@ def test_warm_up_and_short_windows_raise_no_alarm():
     # Too few collectives to call anything consistent.
     assert slow(make_job(ONE_PER_HOST, nops=12, late=lambda r, k: 0.1 * (r == 2))) is None
     assert slow(make_job(ONE_PER_HOST, nops=16, late=lambda r, k: 0.1 * (r == 2))) is not None
+
+
+def test_set_up_collectives_are_skipped():
+    """Set-up's calibration: rank 0 measures links while the others wait in
+    barrier #4 (rank 0 arrives 70 ms late there); then a straggler in the
+    job's first 15 collectives. The 26 set-up collectives, where nobody is
+    late, must not water its lateness down, nor rank 0's barrier count."""
+    ds = parsed(make_job(ONE_PER_HOST, nops=26 + 5 + 15, setup=True,
+                         late=lambda r, k: 0.07 * (r == 0 and k == 4) + 0.1 * (r == 3 and k > 26)))
+    from cadence.diagnosis.slow import setup_collectives
+
+    assert setup_collectives(ds) == 26
+    v = diagnose_slow(ds)
+    assert v is not None and v.ranks == [3], v and v.text()
+    assert "over 15 collectives" in v.headline, v.headline
+    assert any("set-up's #1-#26 and the next 5 skipped" in e for e in v.evidence), v.text()
+    assert diagnose_slow(parsed(make_job(ONE_PER_HOST, nops=26 + 20, setup=True,
+                                         late=lambda r, k: 0.07 * (r == 0 and k == 4)))) is None
 
 
 def test_a_window_of_the_last_operations_is_enough():

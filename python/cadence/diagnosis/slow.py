@@ -63,15 +63,22 @@ from cadence.diagnosis.dumps import Dump, Op
 # Chosen from real runs on the emulated cluster (4 hosts x 2 ranks, 1 Gbit/s
 # links, on a 2-core machine shared with other jobs; docs/diagnosis.md):
 # healthy lateness has a median within 1 ms and a 90th percentile of 3-27 ms;
-# healthy host-pair rates stay within 0.5x of the reference; a host cut to
-# 200 Mbit/s gives 0.1-0.2x; a rank sleeping 100 ms before every collective
-# is 100 ms late in 82% of them.
+# healthy host-pair rates stay above 0.49x of the reference (0.46x beside a
+# straggler); a host cut to 200 Mbit/s gives 0.09-0.17x; a rank sleeping
+# 100 ms before every collective is 100 ms late in 93% of them.
 
-#: Collectives with seq up to this are skipped: ranks reach the first
-#: collectives after set-up at different times (imports, connections) and
-#: new TCP connections are still in slow start. Point-to-point operations
-#: (the clock ping-pongs of set-up among them) never count.
+#: The collectives of the communicator's own set-up are skipped: a job
+#: across hosts calibrates its cost model at start-up (barriers, broadcasts
+#: of bytes, 11 allreduces of 8 bytes: 26 collectives; rank 0 measures
+#: links while the others wait in a barrier, 70 ms "late"). They are the
+#: leading run from #1 of such collectives (at most SETUP_MAX), up to its
+#: last broadcast (set-up's last collective is one). Then the next
+#: WARMUP_COLLECTIVES are skipped too: ranks reach the first ones at
+#: different times and new TCP connections are still in slow start.
+#: Point-to-point operations (the clock ping-pongs of set-up among them)
+#: never count.
 WARMUP_COLLECTIVES = 5
+SETUP_MAX = 64
 
 #: Fewer collectives matched on every rank than this: too little to judge
 #: anything (the tail of a job, a quiet window): a rank consistently late,
@@ -103,8 +110,8 @@ MIN_UNIT_BYTES = 1 << 20
 #: one: a slow host slows half the host pairs of 4 hosts).
 REFERENCE_QUANTILE = 0.75
 #: Slow: under this share of the reference, over the window and in the
-#: median collective (healthy units stay above 0.5x; a 5x slower link is at
-#: 0.1-0.2x).
+#: median collective (healthy units stay above 0.49x; a 5x slower link is at
+#: 0.09-0.17x).
 SLOW_RATIO = 0.3
 #: Once some unit is slow, a host's (or rank's) sending or receiving side is
 #: named instead of its links when two or more of its units, and at least
@@ -120,6 +127,31 @@ PERSIST_WINDOWS = 2
 
 
 # --- matching collectives ------------------------------------------------------
+
+
+def _is_setup(o: Op) -> bool:
+    return (o.collective == "barrier" or (o.collective == "broadcast" and o.dtype == "uint8")
+            or (o.collective == "allreduce" and o.bytes <= 16))
+
+
+def setup_collectives(dumps: list[Dump]) -> int:
+    """How many collectives the communicator's set-up ran (#1 to #n), as far
+    as the records show (0 when #1 is no longer in them)."""
+    n = 0
+    for d in dumps:
+        by = {o.seq: o for o in d.ops if not o.is_p2p}
+        k = end = 0
+        while k < SETUP_MAX and k + 1 in by and _is_setup(by[k + 1]):
+            k += 1
+            if by[k].collective == "broadcast":
+                end = k  # set-up ends with one (the model, or "no calibration")
+        n = max(n, end)
+    return n
+
+
+def _skip(dumps: list[Dump], warmup: int) -> int:
+    """Collectives with seq up to this are not looked at."""
+    return setup_collectives(dumps) + warmup
 
 
 def _collectives(d: Dump, warmup: int) -> dict[int, Op]:
@@ -168,7 +200,7 @@ def arrivals(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES
     """(matched collectives, each rank's lateness, the median time the
     collectives took after their last rank arrived, s)."""
     by_rank = {d.rank: d for d in dumps}
-    seqs, colls = _matched(by_rank, warmup)
+    seqs, colls = _matched(by_rank, _skip(dumps, warmup))
     out = {r: Lateness(r) for r in by_rank}
     tails = []
     if len(by_rank) < 2:
@@ -338,7 +370,7 @@ def link_rates(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES
     """The rank-pair rate matrix, src -> dst, from the timed receives (for a
     heatmap; the classifier compares host pairs across hosts)."""
     job = _Job(dumps)
-    return _rates(job, lambda s, d: (s, d), warmup)
+    return _rates(job, lambda s, d: (s, d), _skip(dumps, warmup))
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -522,12 +554,12 @@ def _assess_comm(dumps: list[Dump], warmup: int) -> Assessment:
     stragglers, bar = _stragglers(late, tail, len(seqs))
     if len(seqs) < MIN_COLLECTIVES:
         return Assessment(None, False)
-    comm, _, rate_lines = _comm_slow(job, warmup)
+    comm, _, rate_lines = _comm_slow(job, _skip(dumps, warmup))
     enough = True
     if not stragglers and comm is None:
         return Assessment(None, enough)
 
-    window = _window_line(job, seqs, warmup)
+    window = _window_line(job, seqs, setup_collectives(dumps), warmup)
     straggler_lost = sum(max(0.0, x) for r in stragglers for x in late[r].late_s)
     parts: list[tuple[float, str, list[str]]] = []
     v = Verdict(COMM_SLOW, "", comm=job.comm, job=dumps[0].job)
@@ -564,15 +596,17 @@ def _assess_comm(dumps: list[Dump], warmup: int) -> Assessment:
     return Assessment(v, True)
 
 
-def _window_line(job: _Job, seqs: list[int], warmup: int) -> str:
-    if not seqs:
-        return f"window: no collective completed by every rank after the first {warmup}"
+def _window_line(job: _Job, seqs: list[int], setup: int, warmup: int) -> str:
+    skipped = ""
+    if setup:
+        skipped = f"; set-up's #1-#{setup} and the next {warmup} skipped"
+    elif warmup and seqs[0] == warmup + 1:
+        skipped = f"; #1-#{warmup} skipped as warm-up"
     d0 = job.by_rank[min(job.by_rank)]
     ops = {o.seq: o for o in d0.ops if not o.is_p2p}
     span = (ops[seqs[-1]].end_ns - ops[seqs[0]].start_ns) / 1e9
     return (f"window: collectives #{seqs[0]}-#{seqs[-1]} ({len(seqs)} completed by all "
-            f"{len(job.by_rank)} ranks that dumped, {span:.1f}s; the first {warmup} are skipped "
-            "as warm-up)")
+            f"{len(job.by_rank)} ranks that dumped, {span:.1f}s{skipped})")
 
 
 def _clock_line(job: _Job) -> str | None:
