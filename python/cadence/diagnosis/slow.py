@@ -154,13 +154,14 @@ def _skip(dumps: list[Dump], warmup: int) -> int:
     return setup_collectives(dumps) + warmup
 
 
-def _collectives(d: Dump, warmup: int) -> dict[int, Op]:
-    return {o.seq: o for o in d.ops if not o.is_p2p and o.ok and o.seq > warmup}
+def _collectives(d: Dump, after: int) -> dict[int, Op]:
+    return {o.seq: o for o in d.ops if not o.is_p2p and o.ok and o.seq > after}
 
 
-def _matched(by_rank: dict[int, Dump], warmup: int) -> tuple[list[int], dict[int, dict[int, Op]]]:
-    """Collectives completed by every rank that dumped, with one signature."""
-    colls = {r: _collectives(d, warmup) for r, d in by_rank.items()}
+def _matched(by_rank: dict[int, Dump], after: int) -> tuple[list[int], dict[int, dict[int, Op]]]:
+    """Collectives after #`after` completed by every rank that dumped, with
+    one signature."""
+    colls = {r: _collectives(d, after) for r, d in by_rank.items()}
     common = set.intersection(*(set(c) for c in colls.values())) if colls else set()
     seqs = sorted(k for k in common if len({colls[r][k].sig for r in colls}) == 1)
     return seqs, colls
@@ -331,11 +332,12 @@ class _Job:
         return f"rank {r} ({self.host(r)}, pid {pid})"
 
 
-def _timed_receives(job: _Job, warmup: int):
-    """(src, dst, seq, start, end, bytes) of every timed receive."""
+def _timed_receives(job: _Job, after: int):
+    """(src, dst, seq, start, end, bytes) of every timed receive of the
+    collectives after #`after`."""
     for dst, d in job.by_rank.items():
         for o in d.ops:
-            if o.is_p2p or not o.ok or o.seq <= warmup or not o.messages:
+            if o.is_p2p or not o.ok or o.seq <= after or not o.messages:
                 continue
             for m in o.messages:
                 if (m.dir != "recv" or m.state != "done" or m.bytes < MIN_MSG_BYTES
@@ -344,9 +346,9 @@ def _timed_receives(job: _Job, warmup: int):
                 yield m.peer, dst, o.seq, d.wall(m.first_ns), d.wall(m.last_ns), m.bytes
 
 
-def _rates(job: _Job, key, warmup: int) -> dict:
+def _rates(job: _Job, key, after: int) -> dict:
     acc: dict = {}
-    for s, d, seq, a, b, n in _timed_receives(job, warmup):
+    for s, d, seq, a, b, n in _timed_receives(job, after):
         k = key(s, d)
         if k is None:
             continue
@@ -415,14 +417,15 @@ class _CommFinding:
     links: list[tuple[int, int]]
     link_units: list[tuple[LinkRate, list[LinkRate]]]  # slow unit, its rank links named
     refs: dict[str, float]
+    #: Transfer time beyond what the reference rate would have taken.
     lost_s: float
-    evidence: list[str]
 
 
-def _comm_slow(job: _Job, warmup: int) -> tuple[_CommFinding | None, bool, list[str]]:
-    """(finding, whether there was enough to compare, evidence lines)."""
-    units = {k: u for k, u in _rates(job, job.unit, warmup).items() if u.enough}
-    rank_links = _rates(job, lambda s, d: (s, d), warmup)
+def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
+    """(finding, evidence lines: each class's reference and matrix), from the
+    collectives with seq above `after`."""
+    units = {k: u for k, u in _rates(job, job.unit, after).items() if u.enough}
+    rank_links = _rates(job, lambda s, d: (s, d), after)
     classes: dict[str, list[LinkRate]] = {}
     for u in units.values():
         classes.setdefault(u.transport, []).append(u)
@@ -447,9 +450,8 @@ def _comm_slow(job: _Job, warmup: int) -> tuple[_CommFinding | None, bool, list[
                                                     klass == "tcp" else ", none slower"))
         if mine or klass == "tcp":  # the network's matrix, and any with a finding
             evidence += _matrix_lines(us, set(map(id, mine)))
-    enough = bool(refs)
     if not slow:
-        return None, enough, evidence
+        return None, evidence
 
     # Sides: a host's (or rank's) row or column mostly well under the
     # reference, about an end that some slow unit touches. A side of one unit
@@ -487,7 +489,7 @@ def _comm_slow(job: _Job, warmup: int) -> tuple[_CommFinding | None, bool, list[
         links += [(int(lr.src), int(lr.dst)) for lr in named]
         link_units.append((u, named))
     lost = sum(u.seconds * (1 - u.rate / refs[u.transport]) for u in slow)
-    return _CommFinding(sides, sorted(set(links)), link_units, refs, lost, []), enough, evidence
+    return _CommFinding(sides, sorted(set(links)), link_units, refs, lost), evidence
 
 
 def _mostly(mine: list, bad: list) -> bool:
@@ -514,8 +516,8 @@ class Assessment:
     """What one look at a window found (SlowWatch keeps these)."""
 
     verdict: Verdict | None
-    #: Whether the window held enough to judge (matched collectives or
-    #: comparable links); a window without it neither raises nor clears.
+    #: Whether the window held enough to judge (MIN_COLLECTIVES matched
+    #: collectives); a window without it neither raises nor clears.
     enough: bool
 
 
@@ -544,20 +546,20 @@ def diagnose_slow(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES) -> Verdic
     """`comm_slow` / `noncomm_slow` over the dumps of one communicator (a
     whole dump or a window of its last operations), or None when neither
     applies (healthy, or too little to tell). Operations not completed are
-    left out: hangs are `diagnose`'s."""
+    left out: hangs are `diagnose`'s. The communicator's set-up collectives
+    and the `warmup` after them are not looked at."""
     return assess(dumps, warmup).verdict
 
 
 def _assess_comm(dumps: list[Dump], warmup: int) -> Assessment:
     job = _Job(dumps)
     seqs, late, tail = arrivals(dumps, warmup)
-    stragglers, bar = _stragglers(late, tail, len(seqs))
     if len(seqs) < MIN_COLLECTIVES:
         return Assessment(None, False)
-    comm, _, rate_lines = _comm_slow(job, _skip(dumps, warmup))
-    enough = True
+    stragglers, bar = _stragglers(late, tail, len(seqs))
+    comm, rate_lines = _comm_slow(job, _skip(dumps, warmup))
     if not stragglers and comm is None:
-        return Assessment(None, enough)
+        return Assessment(None, True)
 
     window = _window_line(job, seqs, setup_collectives(dumps), warmup)
     straggler_lost = sum(max(0.0, x) for r in stragglers for x in late[r].late_s)
