@@ -1,5 +1,5 @@
-"""Diagnoses a hung or failed job from the dumps its ranks wrote: on failure
-with CADENCE_DUMP_DIR=DIR, or on demand with Communicator.dump(DIR).
+"""Diagnoses a hung, failed or slow job from the dumps its ranks wrote: on
+failure with CADENCE_DUMP_DIR=DIR, or on demand with Communicator.dump(DIR).
 
 Matches every collective across ranks by (communicator, collective sequence
 number, argument signature), finds the first one not completed by every
@@ -8,7 +8,12 @@ rank and says why:
   noncomm_hang  some ranks never entered it (or only after the others gave up)
   comm_hang     every rank entered, data stopped on some links (or on one rank)
   mismatch      the ranks called different operations
-  healthy       everything in the dumps completed
+
+When everything completed, it looks at how fast:
+
+  comm_slow     a link, or a host's NIC, moves data far slower than its peers
+  noncomm_slow  a rank consistently arrives late at collectives (a straggler)
+  healthy       none of the above
 
 The verdict comes first, then its evidence. Exit status: 0 healthy, 1 a
 problem was found, 2 the input could not be used (one line on stderr).
@@ -25,7 +30,7 @@ import json
 import sys
 
 NAME = "doctor"
-HELP = "diagnose a hung or failed job from its ranks' dumps"
+HELP = "diagnose a hung, failed or slow job from its ranks' dumps"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -14,15 +14,19 @@ classes and the live exchange are not built yet (docs/diagnosis.md).
 from cadence.diagnosis.classify import (
     CLASSES,
     COMM_HANG,
+    COMM_SLOW,
     HEALTHY,
     MISMATCH,
     NONCOMM_HANG,
+    NONCOMM_SLOW,
     Verdict,
     diagnose,
 )
-from cadence.diagnosis.dumps import Dump, DumpError, Msg, Op, load_dir, parse
+from cadence.diagnosis.dumps import Dump, DumpError, LinkCounters, Msg, Op, load_dir, parse
+from cadence.diagnosis.slow import SlowWatch, diagnose_slow
 
 __all__ = [
-    "CLASSES", "COMM_HANG", "HEALTHY", "MISMATCH", "NONCOMM_HANG", "Dump", "DumpError", "Msg",
-    "Op", "Verdict", "diagnose", "load_dir", "parse",
+    "CLASSES", "COMM_HANG", "COMM_SLOW", "HEALTHY", "MISMATCH", "NONCOMM_HANG", "NONCOMM_SLOW",
+    "Dump", "DumpError", "LinkCounters", "Msg", "Op", "SlowWatch", "Verdict", "diagnose",
+    "diagnose_slow", "load_dir", "parse",
 ]

@@ -10,7 +10,11 @@ not completed by every rank, and why.
   names the links `src→dst` whose transfers stopped, or the rank whose
   transfers all stopped (a rank that overran its own deadline — its process
   was not running — or one at the end of every stalled link).
-- `healthy`: every operation in the dumps completed on every rank.
+- `comm_slow` / `noncomm_slow`: every operation completed, but a link or
+  host NIC is much slower than its peers, or a rank consistently arrives
+  late (slow.py).
+- `healthy`: every operation in the dumps completed on every rank, at no
+  rate or pace far off the others'.
 
 How links are found. Messages of one operation between two ranks go in
 order, so the j-th receive rank d recorded from rank s is the j-th send s
@@ -29,7 +33,8 @@ from dataclasses import dataclass, field
 from cadence.diagnosis.dumps import Dump, Msg, Op
 
 HEALTHY, NONCOMM_HANG, COMM_HANG, MISMATCH = "healthy", "noncomm_hang", "comm_hang", "mismatch"
-CLASSES = (HEALTHY, NONCOMM_HANG, COMM_HANG, MISMATCH)
+COMM_SLOW, NONCOMM_SLOW = "comm_slow", "noncomm_slow"  # slow.py
+CLASSES = (HEALTHY, NONCOMM_HANG, COMM_HANG, MISMATCH, COMM_SLOW, NONCOMM_SLOW)
 
 #: Slack on top of the clocks' error bounds when comparing times of ranks.
 TOLERANCE_S = 0.1
@@ -171,7 +176,10 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         p2p = _p2p_stuck(c)
         if p2p is not None:
             return p2p
-        return _healthy(c)
+        from cadence.diagnosis.slow import diagnose_slow
+
+        slow = diagnose_slow(list(c.by_rank.values()))
+        return slow if slow is not None else _healthy(c)
     recs = {r: ops.get(k) for r, ops in c.colls.items()}
     present = {r: o for r, o in recs.items() if o is not None}
     op = _representative(present)

@@ -39,6 +39,22 @@ class Msg:
 
 
 @dataclass
+class LinkCounters:
+    """One rank's counters for its connection to `peer`, cumulative since the
+    communicator was created (`links` in a dump)."""
+
+    peer: int
+    transport: str  # "shm" | "tcp"
+    bytes_sent: int
+    bytes_recv: int
+    msgs_sent: int
+    msgs_recv: int
+    #: ns during which the link had a transfer pending: every phase that used
+    #: it is charged whole, waits on other ranks included.
+    busy_ns: int
+
+
+@dataclass
 class Op:
     id: int
     seq: int
@@ -109,6 +125,8 @@ class Dump:
     clock_error_ns: int
     clock_method: str
     reason: str
+    #: Per-link counters (None in older dumps and while an operation ran).
+    links: list[LinkCounters] | None
     failure: str | None
     ops: list[Op] = field(default_factory=list)
     #: Where the rank's Python threads were (faulthandler style), when the
@@ -147,6 +165,22 @@ def _msg(m: dict, where: str) -> Msg:
                    last_ns=None if m.get("last_ns") is None else int(m["last_ns"]))
     except (KeyError, TypeError, ValueError) as e:
         raise DumpError(f"{where}: a message record is malformed ({e})") from None
+
+
+def _links(v, where: str) -> list[LinkCounters] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise DumpError(f"{where}: not a complete cadence dump ('links' is {type(v).__name__})")
+    try:
+        return [LinkCounters(peer=int(x["peer"]), transport=str(x.get("transport", "")),
+                             bytes_sent=int(x.get("bytes_sent", 0)),
+                             bytes_recv=int(x.get("bytes_recv", 0)),
+                             msgs_sent=int(x.get("msgs_sent", 0)),
+                             msgs_recv=int(x.get("msgs_recv", 0)),
+                             busy_ns=int(x.get("busy_ns", 0))) for x in v]
+    except (KeyError, TypeError, ValueError) as e:
+        raise DumpError(f"{where}: a link counter record is malformed ({e})") from None
 
 
 def _op(o: dict, where: str) -> Op:
@@ -192,6 +226,7 @@ def parse(text: str, where: str) -> Dump:
             peers=list(d.get("peers") or []), timeout_s=float(d.get("timeout_s", 0.0)),
             base_unix_ns=int(_need(d, "base_unix_ns", int, where)),
             dump_ns=int(_need(d, "dump_ns", int, where)),
+            links=_links(d.get("links"), where),
             clock_offset_ns=int(clock.get("offset_ns", 0)),
             clock_error_ns=int(clock.get("error_ns", 0)),
             clock_method=str(clock.get("method", "")),

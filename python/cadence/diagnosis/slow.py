@@ -1,0 +1,763 @@
+"""Slowness: a job whose operations complete, but slower than they should,
+because of a link (`comm_slow`) or a rank (`noncomm_slow`). Over the dumps of
+one communicator — a whole post-mortem dump, or a live window of the last
+operations (`SlowWatch`).
+
+`noncomm_slow`: a straggler. Collectives are matched across ranks by
+(seq, sig); each rank's arrival is its start on rank 0's clock
+(`Dump.wall`, offsets applied); its lateness at one collective is its
+arrival minus the median arrival of the other ranks. A rank whose median
+lateness is large — in absolute terms and next to the collectives' own
+duration — and who is late in most of them is named with its average
+lateness. It must also spend that time itself: its own gap between leaving
+one collective and entering the next (one clock, no offsets) exceeds the
+others' gaps by at least half its lateness. A rank that arrives late only
+because it leaves the previous collective late (its transfers finish last)
+is not a straggler.
+
+`comm_slow`: a rate matrix. Every timed receive of a collective (a message
+of at least MIN_MSG_BYTES whose first and last progress differ) gives an
+interval on the receiver's clock and its bytes. A receive measures the link
+and the sender together (the receiver cannot read faster than the sender
+writes); a send is not used, since it completes once the transport took it
+(a socket buffer holds megabytes), and is bounded by the receiver's reading
+too. Rates are bytes over the *union* of the intervals of concurrent
+messages, per collective and summed: ranks of one host that send to another
+host at once share its NIC, and their overlapping messages count once.
+
+The units compared: over TCP between hosts, the host pair (hA -> hB: what a
+NIC or path carries; ranks of one host share it); over shared memory (or
+TCP within a host), the rank pair. Units of one class (tcp across hosts,
+shm, ...) are compared with each other only: the reference is an upper
+quantile of the class's rates, so that one slow host, which slows half of
+the pairs of a 4-host job, does not drag the reference down. A unit is slow
+when both its rate over the window and its median rate per collective are
+under SLOW_RATIO of the reference. When a unit is slow and most of a row it
+is in (everything a host sends) or column (everything it receives) is well
+under the reference (SIDE_RATIO), the verdict names the host (its NIC) and
+its ranks, not each link; remaining slow units are named as links
+`src->dst` between ranks.
+
+The per-link counters (`links`: bytes, busy time per peer since creation)
+give each link's transport class, and the bytes in the evidence. Their
+`busy_ns` is not a rate: a phase's whole duration, waits on other ranks
+included, is charged to every peer of the phase, so it measures the
+algorithm's dependencies (on a healthy job it differs 10x between links that
+carry the same bytes).
+
+Both can be found at once (a straggler and a slow link): the verdict's class
+is the one that cost more time over the window, and the other follows in its
+headline and evidence.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from cadence.diagnosis.classify import COMM_SLOW, NONCOMM_SLOW, Verdict, ranks_text
+from cadence.diagnosis.dumps import Dump, Op
+
+# --- thresholds ---------------------------------------------------------------
+# Chosen from real runs on the emulated cluster (4 hosts x 2 ranks, 1 Gbit/s
+# links, on a 2-core machine shared with other jobs; docs/diagnosis.md):
+# healthy lateness has a median within 1 ms and a 90th percentile of 3-27 ms;
+# healthy host-pair rates stay above 0.49x of the reference (0.46x beside a
+# straggler); a host cut to 200 Mbit/s gives 0.09-0.17x; a rank sleeping
+# 100 ms before every collective is 100 ms late in 93% of them.
+
+#: The collectives of the communicator's own set-up are skipped: a job
+#: across hosts calibrates its cost model at start-up (barriers, broadcasts
+#: of bytes, 11 allreduces of 8 bytes: 26 collectives; rank 0 measures
+#: links while the others wait in a barrier, 70 ms "late"). They are the
+#: leading run from #1 of such collectives (at most SETUP_MAX), up to its
+#: last broadcast (set-up's last collective is one). Then the next
+#: WARMUP_COLLECTIVES are skipped too: ranks reach the first ones at
+#: different times and new TCP connections are still in slow start.
+#: Point-to-point operations (the clock ping-pongs of set-up among them)
+#: never count.
+WARMUP_COLLECTIVES = 5
+SETUP_MAX = 64
+
+#: Fewer collectives matched on every rank than this: too little to judge
+#: anything (the tail of a job, a quiet window): a rank consistently late,
+#: or which links are typical (in a window of 5 collectives, most pairs with
+#: enough data were those of the slow host, and the reference sank with them).
+MIN_COLLECTIVES = 10
+
+#: A straggler's median lateness is at least this (a scheduler's time slice
+#: on shared cores is a few ms; healthy medians stay within 1 ms) ...
+STRAGGLER_MIN_S = 0.020
+#: ... and at least this share of the typical collective's duration after
+#: its last rank arrived (how late ranks leave a collective, hence reach the
+#: next one, scales with how long collectives take).
+STRAGGLER_REL = 0.25
+#: ... and it is late by at least half that in this share of the collectives
+#: ("consistently", not a few long pauses).
+STRAGGLER_FRACTION = 0.6
+#: Its own gap between collectives must exceed the others' by this share of
+#: its lateness: the time is spent outside communication.
+GAP_SHARE = 0.5
+
+#: Smaller messages are latency, not rate.
+MIN_MSG_BYTES = 64 * 1024
+#: A unit (host pair, rank pair) needs this many timed messages and bytes in
+#: the window to be compared at all.
+MIN_UNIT_MESSAGES = 8
+MIN_UNIT_BYTES = 1 << 20
+#: The reference of a class: this quantile of its units' rates (an upper
+#: one: a slow host slows half the host pairs of 4 hosts).
+REFERENCE_QUANTILE = 0.75
+#: Slow: under this share of the reference, over the window and in the
+#: median collective (healthy units stay above 0.49x; a 5x slower link is at
+#: 0.09-0.17x).
+SLOW_RATIO = 0.3
+#: Once some unit is slow, a host's (or rank's) sending or receiving side is
+#: named instead of its links when two or more of its units, and at least
+#: SIDE_FRACTION of them, are under SIDE_RATIO of the reference: a NIC cut to
+#: 400 of 1000 Mbit/s gives its pairs 0.2-0.4x (where they cross the SLOW_RATIO
+#: bar unevenly), and no healthy side had all its units under 0.5x.
+SIDE_FRACTION = 0.75
+SIDE_RATIO = 0.5
+
+#: SlowWatch: windows in a row that must show the same finding before it is
+#: reported (one window can be one bad stretch of a shared machine).
+PERSIST_WINDOWS = 2
+
+
+# --- matching collectives ------------------------------------------------------
+
+
+def _is_setup(o: Op) -> bool:
+    return (o.collective == "barrier" or (o.collective == "broadcast" and o.dtype == "uint8")
+            or (o.collective == "allreduce" and o.bytes <= 16))
+
+
+def setup_collectives(dumps: list[Dump]) -> int:
+    """How many collectives the communicator's set-up ran (#1 to #n), as far
+    as the records show (0 when #1 is no longer in them)."""
+    n = 0
+    for d in dumps:
+        by = {o.seq: o for o in d.ops if not o.is_p2p}
+        k = end = 0
+        while k < SETUP_MAX and k + 1 in by and _is_setup(by[k + 1]):
+            k += 1
+            if by[k].collective == "broadcast":
+                end = k  # set-up ends with one (the model, or "no calibration")
+        n = max(n, end)
+    return n
+
+
+def _skip(dumps: list[Dump], warmup: int) -> int:
+    """Collectives with seq up to this are not looked at."""
+    return setup_collectives(dumps) + warmup
+
+
+def _collectives(d: Dump, after: int) -> dict[int, Op]:
+    return {o.seq: o for o in d.ops if not o.is_p2p and o.ok and o.seq > after}
+
+
+def _matched(by_rank: dict[int, Dump], after: int) -> tuple[list[int], dict[int, dict[int, Op]]]:
+    """Collectives after #`after` completed by every rank that dumped, with
+    one signature."""
+    colls = {r: _collectives(d, after) for r, d in by_rank.items()}
+    common = set.intersection(*(set(c) for c in colls.values())) if colls else set()
+    seqs = sorted(k for k in common if len({colls[r][k].sig for r in colls}) == 1)
+    return seqs, colls
+
+
+# --- arrivals -----------------------------------------------------------------
+
+
+@dataclass
+class Lateness:
+    """One rank's arrival at the matched collectives, next to the others."""
+
+    rank: int
+    #: Arrival minus the median arrival of the other ranks, per collective (s).
+    late_s: list[float] = field(default_factory=list)
+    #: Its own time from leaving one collective to entering the next (s).
+    gaps_s: list[float] = field(default_factory=list)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.late_s)
+
+    @property
+    def mean_s(self) -> float:
+        return statistics.fmean(self.late_s)
+
+    def share_late(self, by_s: float) -> float:
+        return sum(x >= by_s for x in self.late_s) / len(self.late_s)
+
+    @property
+    def gap_s(self) -> float | None:
+        return statistics.median(self.gaps_s) if self.gaps_s else None
+
+
+def arrivals(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES
+             ) -> tuple[list[int], dict[int, Lateness], float]:
+    """(matched collectives, each rank's lateness, the median time the
+    collectives took after their last rank arrived, s)."""
+    by_rank = {d.rank: d for d in dumps}
+    seqs, colls = _matched(by_rank, _skip(dumps, warmup))
+    out = {r: Lateness(r) for r in by_rank}
+    tails = []
+    if len(by_rank) < 2:
+        return seqs, out, 0.0
+    for k in seqs:
+        arr = {r: by_rank[r].wall(colls[r][k].start_ns) for r in by_rank}
+        ends = [by_rank[r].wall(colls[r][k].end_ns) for r in by_rank]
+        tails.append(max(0.0, statistics.median(ends) - max(arr.values())))
+        for r in by_rank:
+            out[r].late_s.append(arr[r] - statistics.median(a for j, a in arr.items() if j != r))
+    for r, d in by_rank.items():
+        mine = {o.seq: o for o in d.ops if not o.is_p2p and o.ok}
+        for k in seqs:
+            prev = mine.get(k - 1)
+            if prev is not None:
+                out[r].gaps_s.append((mine[k].start_ns - prev.end_ns) / 1e9)
+    return seqs, out, statistics.median(tails) if tails else 0.0
+
+
+def _stragglers(late: dict[int, Lateness], tail_s: float, n: int) -> tuple[list[int], float]:
+    """The ranks consistently late, and the lateness that counts."""
+    bar = max(STRAGGLER_MIN_S, STRAGGLER_REL * tail_s)
+    if n < MIN_COLLECTIVES:
+        return [], bar
+    out = []
+    for r, x in sorted(late.items()):
+        med = x.median_s
+        if med < bar or x.share_late(bar / 2) < STRAGGLER_FRACTION:
+            continue
+        others = [y.gap_s for j, y in late.items() if j != r and y.gap_s is not None]
+        if x.gap_s is not None and others and x.gap_s - statistics.median(others) < GAP_SHARE * med:
+            continue  # late because it leaves late: not its own time
+        out.append(r)
+    return out, bar
+
+
+# --- rates --------------------------------------------------------------------
+
+
+@dataclass
+class LinkRate:
+    """Data moved over one unit: a rank pair, or a host pair (src/dst are
+    then host names), from its timed receives."""
+
+    src: int | str
+    dst: int | str
+    transport: str
+    bytes: int = 0
+    seconds: float = 0.0
+    messages: int = 0
+    #: Per collective: (seq, bytes, seconds).
+    per_op: list[tuple[int, int, float]] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second (inf when nothing took time)."""
+        return self.bytes / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def op_median(self) -> float:
+        rates = [b / s if s > 0 else math.inf for _, b, s in self.per_op]
+        return statistics.median(rates) if rates else math.inf
+
+    def slow_ops(self, below: float) -> int:
+        return sum(1 for _, b, s in self.per_op if s > 0 and b / s < below)
+
+    @property
+    def enough(self) -> bool:
+        return (self.messages >= MIN_UNIT_MESSAGES and self.bytes >= MIN_UNIT_BYTES
+                and self.seconds > 0)
+
+
+def _union(iv: list[tuple[float, float]]) -> float:
+    total, cur = 0.0, None
+    for a, b in sorted(iv):
+        if cur is None or a > cur[1]:
+            if cur is not None:
+                total += cur[1] - cur[0]
+            cur = [a, b]
+        else:
+            cur[1] = max(cur[1], b)
+    if cur is not None:
+        total += cur[1] - cur[0]
+    return total
+
+
+class _Job:
+    """Hosts and transports of one communicator's ranks."""
+
+    def __init__(self, dumps: list[Dump]):
+        self.by_rank = {d.rank: d for d in dumps}
+        self.nranks = dumps[0].nranks
+        self.comm = dumps[0].comm
+        self.hosts: dict[int, str] = {}
+        for d in dumps:
+            for p in d.peers:
+                if "rank" in p and "host" in p:
+                    self.hosts.setdefault(int(p["rank"]), str(p["host"]))
+        for d in dumps:
+            self.hosts[d.rank] = d.host
+        self.transport: dict[tuple[int, int], str] = {}
+        for d in dumps:
+            for c in d.links or ():
+                self.transport.setdefault((d.rank, c.peer), c.transport)
+                self.transport.setdefault((c.peer, d.rank), c.transport)
+
+    def host(self, r: int) -> str:
+        return self.hosts.get(r, "?")
+
+    def klass(self, s: int, d: int) -> str:
+        """The class a link is compared within."""
+        cross = self.host(s) != self.host(d)
+        t = self.transport.get((s, d)) or ("tcp" if cross else "shm")
+        return t if cross or t == "shm" else f"{t} within a host"
+
+    def unit(self, s: int, d: int) -> tuple[int | str, int | str]:
+        """A host pair across hosts over TCP, else the rank pair."""
+        if self.klass(s, d) == "tcp":
+            return self.host(s), self.host(d)
+        return s, d
+
+    def ranks_of(self, host: str) -> list[int]:
+        return sorted(r for r, h in self.hosts.items() if h == host)
+
+    def who(self, r: int) -> str:
+        d = self.by_rank.get(r)
+        pid = d.pid if d is not None else "?"
+        return f"rank {r} ({self.host(r)}, pid {pid})"
+
+
+def _timed_receives(job: _Job, after: int):
+    """(src, dst, seq, start, end, bytes) of every timed receive of the
+    collectives after #`after`."""
+    for dst, d in job.by_rank.items():
+        for o in d.ops:
+            if o.is_p2p or not o.ok or o.seq <= after or not o.messages:
+                continue
+            for m in o.messages:
+                if (m.dir != "recv" or m.state != "done" or m.bytes < MIN_MSG_BYTES
+                        or m.first_ns is None or m.last_ns is None or m.last_ns <= m.first_ns):
+                    continue  # moved in one go (it was there already): no rate in it
+                yield m.peer, dst, o.seq, d.wall(m.first_ns), d.wall(m.last_ns), m.bytes
+
+
+def _rates(job: _Job, key, after: int) -> dict:
+    acc: dict = {}
+    for s, d, seq, a, b, n in _timed_receives(job, after):
+        k = key(s, d)
+        if k is None:
+            continue
+        acc.setdefault(k, (job.klass(s, d), {}))[1].setdefault(seq, []).append((a, b, n))
+    out = {}
+    for k, (klass, per_seq) in acc.items():
+        lr = LinkRate(k[0], k[1], klass)
+        for seq, iv in sorted(per_seq.items()):
+            secs = _union([(a, b) for a, b, _ in iv])
+            nbytes = sum(n for _, _, n in iv)
+            lr.bytes += nbytes
+            lr.seconds += secs
+            lr.messages += len(iv)
+            lr.per_op.append((seq, nbytes, secs))
+        out[k] = lr
+    return out
+
+
+def link_rates(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES
+               ) -> dict[tuple[int, int], LinkRate]:
+    """The rank-pair rate matrix, src -> dst, from the timed receives (for a
+    heatmap; the classifier compares host pairs across hosts)."""
+    job = _Job(dumps)
+    return _rates(job, lambda s, d: (s, d), _skip(dumps, warmup))
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
+
+
+def fmt_rate(bytes_per_s: float) -> str:
+    if math.isinf(bytes_per_s):
+        return "inf"
+    bits = bytes_per_s * 8
+    if bits >= 1e10:
+        return f"{bits / 1e9:.0f} Gbit/s"
+    if bits >= 1e9:
+        return f"{bits / 1e9:.1f} Gbit/s"
+    if bits >= 1e6:
+        return f"{bits / 1e6:.0f} Mbit/s"
+    return f"{bits / 1e3:.0f} kbit/s"
+
+
+def _mbit(bytes_per_s: float) -> str:
+    return "inf" if math.isinf(bytes_per_s) else f"{bytes_per_s * 8 / 1e6:.0f}"
+
+
+@dataclass
+class _Side:
+    end: int | str  # host name or rank
+    out: bool  # its sending side (row) or receiving side (column)
+    units: list[LinkRate]
+    slow: list[LinkRate]  # those under SIDE_RATIO of the reference
+
+    @property
+    def rate(self) -> float:
+        b = sum(u.bytes for u in self.units)
+        s = sum(u.seconds for u in self.units)
+        return b / s if s > 0 else math.inf
+
+
+@dataclass
+class _CommFinding:
+    sides: list[_Side]
+    links: list[tuple[int, int]]
+    link_units: list[tuple[LinkRate, list[LinkRate]]]  # slow unit, its rank links named
+    refs: dict[str, float]
+    #: Transfer time beyond what the reference rate would have taken.
+    lost_s: float
+
+
+def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
+    """(finding, evidence lines: each class's reference and matrix), from the
+    collectives with seq above `after`."""
+    units = {k: u for k, u in _rates(job, job.unit, after).items() if u.enough}
+    rank_links = _rates(job, lambda s, d: (s, d), after)
+    classes: dict[str, list[LinkRate]] = {}
+    for u in units.values():
+        classes.setdefault(u.transport, []).append(u)
+    evidence: list[str] = []
+    refs: dict[str, float] = {}
+    slow: list[LinkRate] = []
+    for klass, us in sorted(classes.items()):
+        finite = [u.rate for u in us if not math.isinf(u.rate)]
+        if len(us) < 2 or len(finite) < 2:
+            continue
+        ref = _quantile(finite, REFERENCE_QUANTILE)
+        refs[klass] = ref
+        bar = SLOW_RATIO * ref
+        mine = [u for u in us if u.rate < bar and u.op_median < bar]
+        slow += mine
+        what = "host -> host" if klass == "tcp" else "rank -> rank"
+        msgs = sum(u.messages for u in us)
+        evidence.append(
+            f"{klass} links ({what}), from {msgs} timed receives of ≥ {MIN_MSG_BYTES // 1024} KiB: "
+            f"reference (p{int(REFERENCE_QUANTILE * 100)}) {fmt_rate(ref)}; slow below "
+            f"{SLOW_RATIO:g}x = {fmt_rate(bar)}" + ("; matrix in Mbit/s, * slow:" if mine or
+                                                    klass == "tcp" else ", none slower"))
+        if mine or klass == "tcp":  # the network's matrix, and any with a finding
+            evidence += _matrix_lines(us, set(map(id, mine)))
+    if not slow:
+        return None, evidence
+
+    # Sides: a host's (or rank's) row or column mostly well under the
+    # reference, about an end that some slow unit touches. A side of one unit
+    # counts when all of that end's units, both ways, are under it (a window
+    # of ring algorithms gives each host one peer each way).
+    touched = {u.src for u in slow} | {u.dst for u in slow}
+    sides: list[_Side] = []
+    for klass in refs:
+        us = classes[klass]
+        under = SIDE_RATIO * refs[klass]
+        for e in sorted(touched & ({u.src for u in us} | {u.dst for u in us}), key=str):
+            outs = [u for u in us if u.src == e]
+            ins = [u for u in us if u.dst == e]
+            out_bad = [u for u in outs if u.rate < under]
+            in_bad = [u for u in ins if u.rate < under]
+            o, i = _mostly(outs, out_bad), _mostly(ins, in_bad)
+            out_all = bool(outs) and len(out_bad) == len(outs)
+            in_all = bool(ins) and len(in_bad) == len(ins)
+            if not (o or i or (out_all and in_all)):
+                continue
+            if o or out_all:
+                sides.append(_Side(e, True, outs, out_bad))
+            if i or in_all:
+                sides.append(_Side(e, False, ins, in_bad))
+    explained = {id(u) for sd in sides for u in sd.units}
+    links: list[tuple[int, int]] = []
+    link_units = []
+    for u in sorted(slow, key=lambda u: (str(u.src), str(u.dst))):
+        if id(u) in explained:
+            continue
+        inside = [lr for (s, d), lr in rank_links.items() if job.unit(s, d) == (u.src, u.dst)]
+        ref = refs[u.transport]
+        named = [lr for lr in inside if lr.rate < SLOW_RATIO * ref] or inside
+        named.sort(key=lambda lr: (lr.src, lr.dst))
+        links += [(int(lr.src), int(lr.dst)) for lr in named]
+        link_units.append((u, named))
+    lost = sum(u.seconds * (1 - u.rate / refs[u.transport]) for u in slow)
+    return _CommFinding(sides, sorted(set(links)), link_units, refs, lost), evidence
+
+
+def _mostly(mine: list, bad: list) -> bool:
+    return len(mine) >= 2 and len(bad) >= 2 and len(bad) >= SIDE_FRACTION * len(mine)
+
+
+def _matrix_lines(us: list[LinkRate], slow_ids: set[int]) -> list[str]:
+    rows: dict = {}
+    for u in us:
+        rows.setdefault(u.src, []).append(u)
+    out = []
+    for src in sorted(rows, key=str):
+        cells = ", ".join(f"{u.dst} {_mbit(u.rate)}{'*' if id(u) in slow_ids else ''}"
+                          for u in sorted(rows[src], key=lambda u: str(u.dst)))
+        out.append(f"  {src} -> {cells}")
+    return out
+
+
+# --- the verdict --------------------------------------------------------------
+
+
+@dataclass
+class Assessment:
+    """What one look at a window found (SlowWatch keeps these)."""
+
+    verdict: Verdict | None
+    #: Whether the window held enough to judge (MIN_COLLECTIVES matched
+    #: collectives); a window without it neither raises nor clears.
+    enough: bool
+
+
+def assess(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES) -> Assessment:
+    """`diagnose_slow`, and whether the dumps held enough to judge."""
+    if not dumps:
+        return Assessment(None, False)
+    comms: dict[str, list[Dump]] = {}
+    for d in dumps:
+        comms.setdefault(d.comm, []).append(d)
+    found, enough = [], False
+    for _, ds in sorted(comms.items()):
+        a = _assess_comm(ds, warmup)
+        enough |= a.enough
+        if a.verdict is not None:
+            found.append(a.verdict)
+    if not found:
+        return Assessment(None, enough)
+    first = found[0]
+    for other in found[1:]:
+        first.evidence.append(f"also, comm {other.comm}: {other.headline}")
+    return Assessment(first, enough)
+
+
+def diagnose_slow(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES) -> Verdict | None:
+    """`comm_slow` / `noncomm_slow` over the dumps of one communicator (a
+    whole dump or a window of its last operations), or None when neither
+    applies (healthy, or too little to tell). Operations not completed are
+    left out: hangs are `diagnose`'s. The communicator's set-up collectives
+    and the `warmup` after them are not looked at."""
+    return assess(dumps, warmup).verdict
+
+
+def _assess_comm(dumps: list[Dump], warmup: int) -> Assessment:
+    job = _Job(dumps)
+    seqs, late, tail = arrivals(dumps, warmup)
+    if len(seqs) < MIN_COLLECTIVES:
+        return Assessment(None, False)
+    stragglers, bar = _stragglers(late, tail, len(seqs))
+    comm, rate_lines = _comm_slow(job, _skip(dumps, warmup))
+    if not stragglers and comm is None:
+        return Assessment(None, True)
+
+    window = _window_line(job, seqs, setup_collectives(dumps), warmup)
+    straggler_lost = sum(max(0.0, x) for r in stragglers for x in late[r].late_s)
+    parts: list[tuple[float, str, list[str]]] = []
+    v = Verdict(COMM_SLOW, "", comm=job.comm, job=dumps[0].job)
+    if stragglers:
+        head, ev = _straggler_text(job, late, stragglers, seqs, tail, bar)
+        parts.append((straggler_lost, NONCOMM_SLOW, [head, *ev]))
+        v.ranks += stragglers
+        v.hosts += [job.host(r) for r in stragglers]
+    if comm is not None:
+        head, ev = _comm_text(job, comm)
+        parts.append((comm.lost_s, COMM_SLOW, [head, *ev, *rate_lines]))
+        for sd in comm.sides:
+            if isinstance(sd.end, str):
+                v.ranks += job.ranks_of(sd.end)
+                v.hosts.append(sd.end)
+            else:
+                v.ranks.append(int(sd.end))
+                v.hosts.append(job.host(int(sd.end)))
+        v.links = comm.links
+        v.hosts += [job.host(r) for link in comm.links for r in link]
+    parts.sort(key=lambda p: -p[0])
+    v.cls = parts[0][1]
+    v.ranks = sorted(set(v.ranks))
+    v.hosts = sorted(set(v.hosts))
+    v.headline = f"{v.cls} (comm {job.comm}): {parts[0][2][0]}"
+    for _, cls, lines in parts[1:]:
+        v.headline += f"; also {cls}: {lines[0]}"
+    v.evidence.append(window)
+    clock = _clock_line(job)
+    if clock:
+        v.evidence.append(clock)
+    for _, _, lines in parts:
+        v.evidence += lines[1:]
+    return Assessment(v, True)
+
+
+def _window_line(job: _Job, seqs: list[int], setup: int, warmup: int) -> str:
+    skipped = ""
+    if setup:
+        skipped = f"; set-up's #1-#{setup} and the next {warmup} skipped"
+    elif warmup and seqs[0] == warmup + 1:
+        skipped = f"; #1-#{warmup} skipped as warm-up"
+    d0 = job.by_rank[min(job.by_rank)]
+    ops = {o.seq: o for o in d0.ops if not o.is_p2p}
+    span = (ops[seqs[-1]].end_ns - ops[seqs[0]].start_ns) / 1e9
+    return (f"window: collectives #{seqs[0]}-#{seqs[-1]} ({len(seqs)} completed by all "
+            f"{len(job.by_rank)} ranks that dumped, {span:.1f}s{skipped})")
+
+
+def _clock_line(job: _Job) -> str | None:
+    hosts = {d.host for d in job.by_rank.values()}
+    if len(hosts) < 2:
+        return None
+    offs = max(abs(d.clock_offset_ns) for d in job.by_rank.values()) / 1e6
+    err = max(d.clock_error_ns for d in job.by_rank.values()) / 1e3
+    return (f"clocks: {len(hosts)} hosts; arrivals on rank 0's clock (offsets applied, largest "
+            f"{offs:.3f} ms, within {err:.0f} µs)")
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if abs(s) >= 0.0095 else f"{s * 1e3:.1f} ms"
+
+
+def _straggler_text(job, late, stragglers, seqs, tail, bar):
+    names = []
+    ev = []
+    for r in stragglers:
+        x = late[r]
+        names.append(f"{job.who(r)} arrives {_ms(x.mean_s)} late on average over {len(x.late_s)} "
+                     f"collectives")
+        p90 = sorted(x.late_s)[int(0.9 * (len(x.late_s) - 1))]
+        others = [y.gap_s for j, y in late.items() if j != r and y.gap_s is not None]
+        gap = ""
+        if x.gap_s is not None and others:
+            gap = (f"; its own time between collectives: median {_ms(x.gap_s)} vs "
+                   f"{_ms(statistics.median(others))} for the others")
+        ev.append(f"{job.who(r)}: lateness vs the median arrival of the others: median "
+                  f"{_ms(x.median_s)}, mean {_ms(x.mean_s)}, p90 {_ms(p90)}; late by ≥ "
+                  f"{_ms(bar / 2)} in {x.share_late(bar / 2):.0%} of {len(x.late_s)} "
+                  f"collectives{gap}")
+    rest = [r for r in sorted(late) if r not in stragglers]
+    if rest:
+        meds = [late[r].median_s for r in rest]
+        ev.append(f"ranks {ranks_text(rest)}: median lateness between {_ms(min(meds))} and "
+                  f"{_ms(max(meds))}")
+    ev.append(f"a collective took {_ms(tail)} (median) after its last rank arrived; a straggler's "
+              f"median lateness is ≥ {_ms(bar)} (max of {_ms(STRAGGLER_MIN_S)} and "
+              f"{STRAGGLER_REL:g}x that), late in ≥ {STRAGGLER_FRACTION:.0%} of the collectives")
+    return "; ".join(names), ev
+
+
+def _end_name(job: _Job, e) -> str:
+    if isinstance(e, str):
+        rs = job.ranks_of(e)
+        return f"host {e} (rank{'s' if len(rs) > 1 else ''} {ranks_text(rs)})"
+    return f"rank {e} ({job.host(e)})"
+
+
+def _comm_text(job: _Job, f: _CommFinding):
+    parts, ev = [], []
+    by_end: dict = {}
+    for sd in f.sides:
+        by_end.setdefault(sd.end, {})[sd.out] = sd
+    for e, sds in sorted(by_end.items(), key=lambda kv: str(kv[0])):
+        ref = f.refs[next(iter(sds.values())).units[0].transport]
+        kind = "NIC" if isinstance(e, str) else "transfers"
+        if len(sds) == 2:
+            parts.append(f"{_end_name(job, e)} {kind} slow both ways: sends at "
+                         f"{fmt_rate(sds[True].rate)}, receives at {fmt_rate(sds[False].rate)} "
+                         f"(others: {fmt_rate(ref)})")
+        else:
+            (out, sd), = sds.items()
+            parts.append(f"{_end_name(job, e)} {kind} slow {'sending' if out else 'receiving'}: "
+                         f"{fmt_rate(sd.rate)} (others: {fmt_rate(ref)})")
+        for out, sd in sorted(sds.items(), reverse=True):
+            cells = ", ".join(f"{u.dst if out else u.src} {fmt_rate(u.rate)}"
+                              for u in sorted(sd.units, key=lambda u: str(u.dst if out else u.src)))
+            ev.append(f"{_end_name(job, e)}: {len(sd.slow)} of {len(sd.units)} links "
+                      f"{'out of' if out else 'into'} it under {SIDE_RATIO:g}x ({cells}), "
+                      f"{sum(u.bytes for u in sd.units) / 2**20:.1f} MiB in "
+                      f"{sum(u.seconds for u in sd.units):.2f}s")
+    for u, named in f.link_units:
+        ref = f.refs[u.transport]
+        names = ", ".join(f"{lr.src}->{lr.dst}" for lr in named)
+        plural = "s" if len(named) > 1 else ""
+        where = f" ({job.host(int(named[0].src))} -> {job.host(int(named[0].dst))})" if named \
+            else f" ({u.src} -> {u.dst})"
+        parts.append(f"link{plural} {names}{where} at {fmt_rate(u.rate)} (others: {fmt_rate(ref)})")
+        slow_ops = u.slow_ops(SLOW_RATIO * ref)
+        ev.append(f"link{plural} {names}{where}: {fmt_rate(u.rate)} over {u.messages} timed "
+                  f"receives, {u.bytes / 2**20:.1f} MiB in {u.seconds:.2f}s; slow in {slow_ops} "
+                  f"of {len(u.per_op)} collectives")
+        for lr in named:
+            c = _counter(job, int(lr.src), int(lr.dst))
+            if c:
+                ev.append(c)
+    return "; ".join(parts), ev
+
+
+def _counter(job: _Job, s: int, d: int) -> str | None:
+    dump = job.by_rank.get(s)
+    for c in (dump.links or ()) if dump is not None else ():
+        if c.peer == d:
+            return (f"rank {s}'s counters for rank {d}: {c.transport}, {c.bytes_sent / 2**20:.1f} "
+                    f"MiB in {c.msgs_sent} messages sent since the start")
+    return None
+
+
+# --- live ---------------------------------------------------------------------
+
+
+class SlowWatch:
+    """Slowness over successive windows of a running job.
+
+        watch = SlowWatch()
+        every ~10 s: verdict = watch.feed(dumps_of_the_last_window)
+
+    `feed(dumps) -> Verdict | None` returns the slowness verdict in force:
+    one found in `persist` windows in a row (the same class naming an
+    overlapping culprit), until a window with enough evidence finds none (or
+    another one). A window without enough evidence (a quiet stretch, the
+    job's first collectives) neither raises nor clears it. Pure: no threads,
+    no clock; the caller decides what a window is."""
+
+    def __init__(self, persist: int = PERSIST_WINDOWS, warmup: int = WARMUP_COLLECTIVES):
+        self.persist = max(1, persist)
+        self.warmup = warmup
+        self.windows = 0
+        #: Consecutive windows that showed the candidate finding.
+        self.streak = 0
+        self.candidate: Verdict | None = None
+        self.current: Verdict | None = None
+
+    def feed(self, dumps: list[Dump]) -> Verdict | None:
+        self.windows += 1
+        a = assess(dumps, self.warmup)
+        if not a.enough:
+            return self.current
+        v = a.verdict
+        if v is None:
+            self.streak, self.candidate, self.current = 0, None, None
+            return None
+        if self.candidate is not None and _same(self.candidate, v):
+            self.streak += 1
+        else:
+            self.streak = 1
+        self.candidate = v
+        if self.streak >= self.persist:
+            self.current = v
+        elif self.current is not None and not _same(self.current, v):
+            self.current = None
+        return self.current
+
+
+def _same(a: Verdict, b: Verdict) -> bool:
+    if a.cls != b.cls:
+        return False
+    return bool(set(a.ranks) & set(b.ranks) or set(a.links) & set(b.links)
+                or set(a.hosts) & set(b.hosts))
