@@ -233,3 +233,36 @@ def test_doctor_store_errors_are_one_line():
         assert p.returncode == 2, p
         assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
         assert p.stderr.startswith("cadence doctor: "), p.stderr
+
+
+def _straggles(comm, slow):
+    from cadence.diagnosis import live
+
+    seen = []
+    live.add_listener(lambda _c, v: seen.append(v))
+    x = np.ones(1 << 14, dtype=np.float32)
+    for _ in range(300 if slow < 0 else 70):  # ~9 s: four windows of 2 s
+        time.sleep(0.03 if comm.rank != slow else 0.13)  # compute; longer on the straggler
+        comm.allreduce(x)
+    time.sleep(1.0)  # the last window's verdict reaches everyone
+    return {"verdicts": seen}
+
+
+def test_a_straggler_is_named_live_from_the_slowness_windows():
+    slow = 1
+    res = run_ranks(_straggles, 3, transport="shm", args=(slow,),
+                    env={"CADENCE_DIAG_WINDOW": "2"}, op_timeout=30, timeout=90)
+    assert all(res[r][0] == "ok" for r in range(3)), res
+    for r in range(3):
+        vs = [v for v in res[r][1]["verdicts"] if v["class"] != "healthy"]
+        assert vs, res[r]
+        assert vs[0]["class"] == "noncomm_slow" and vs[0]["ranks"] == [slow], vs[0]
+        assert len(vs) == 1, vs  # logged once while it persists
+
+
+def test_a_healthy_job_raises_no_slowness_verdict():
+    res = run_ranks(_straggles, 3, transport="shm", args=(-1,),
+                    env={"CADENCE_DIAG_WINDOW": "2"}, op_timeout=30, timeout=90)
+    assert all(res[r][0] == "ok" for r in range(3)), res
+    for r in range(3):
+        assert res[r][1]["verdicts"] == [], res[r]
