@@ -345,6 +345,39 @@ def test_html_report_scales_to_64_ranks(tmp_path, capsys):
     assert late and "entered 2.00 ms after the first rank" in late[0], late
 
 
+def test_html_report_of_healthy_mismatched_and_running_jobs():
+    def page(dumps, **kw):
+        parsed = [parse(json.dumps(x), f"{x['comm_id']}{x['rank']}") for x in dumps]
+        v = diagnose(parsed, **kw)
+        text = report_html.render(parsed, v, counters={})
+        _self_contained(text)
+        return v, html.unescape(text)
+
+    # Healthy, two communicators: the largest is drawn, its last collective.
+    v, text = page([dump(r, 3, done_before(4)) for r in range(3)] +
+                   [dump(r, 2, done_before(2), comm="sub") for r in range(2)])
+    assert v.cls == "healthy" and '<span class="badge">healthy</span>' in text
+    assert "allreduce #4 (the last collective every dumped rank recorded)" in text
+    assert "exclude on restart" not in text and "other communicators" in text
+    # A mismatch: the ranks named, no exclusion list.
+    mism = [dump(r, 3, done_before(2) + [op(3, 3, "cadence: mismatch", 0.01, 0.02,
+                                           sig="00000000000000bb" if r == 1 else
+                                           "00000000000000aa",
+                                           coll="allgather" if r == 1 else "allreduce")])
+            for r in range(3)]
+    v, text = page(mism)
+    assert v.cls == "mismatch" and "rank 1 (hostA, pid 1001)" in text
+    assert "exclude on restart" not in text
+    # Dumped on demand while the operation still ran: its bars are marked,
+    # and the dumps have no link counters then.
+    dumps = [dump(r, 2, done_before(2) + [op(3, 3, "running", start=1.0, state="live",
+                                             msgs=[msg(1 - r, "recv", "pending")])],
+                  dumped=1.5) for r in range(2)]
+    v, text = page(dumps, hang_after=0.2)
+    assert v.cls == "comm_hang"
+    assert "still running at its dump" in text and "no link counters in these dumps" in text
+
+
 def _chromium():
     for name in ("chromium", "chromium-browser", "google-chrome"):
         path = shutil.which(name)
