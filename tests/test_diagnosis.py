@@ -535,3 +535,54 @@ def test_a_dump_during_a_wait_shows_the_pending_messages(tmp_path):
     pending = [m for m in last["messages"] if m["state"] == "pending"]
     assert any(m["dir"] == "recv" and m["peer"] == 1 and m["moved"] == 0 for m in pending), last
     assert d["dump_ns"] > last["start_ns"] and d["links"] is None
+
+
+def _three_hosts(msgs_of):
+    """6 ranks, two per host (A: 0-1, B: 2-3, C: 4-5), all inside allreduce
+    #3 for 8 s when dumped; `msgs_of(rank)` gives its messages."""
+    hosts = ["A", "A", "B", "B", "C", "C"]
+    out = []
+    for r in range(6):
+        o = op(3, 3, status="running", start=0.01, msgs=msgs_of(r), state="live")
+        d = dump(r, 6, done_before(2) + [o], host="x", dumped=8.0, error_ns=20_000, timeout=60)
+        d["host"] = hosts[r]
+        d["peers"] = [{"rank": p, "host": hosts[p], "pid": 1000 + p} for p in range(6)]
+        out.append(d)
+    return out
+
+
+def test_a_cut_host_network_is_named_as_the_host():
+    # Host A's cable is cut: in the ring 0->1->...->5->0, the links into and
+    # out of A between hosts (1->2, 5->0) stall; 3->4 (B->C) delivered.
+    stalled = {(1, 2), (5, 0)}
+
+    def msgs_of(r):
+        nxt, prv = (r + 1) % 6, (r - 1) % 6
+        send = msg(nxt, "send", first=0.5, last=1.0)
+        if (prv, r) in stalled:
+            return [send, msg(prv, "recv", "pending")]
+        return [send, msg(prv, "recv", first=0.5, last=1.0)]
+
+    v = verdict(_three_hosts(msgs_of), hang_after=5.0)
+    assert v.cls == "comm_hang" and v.hosts == ["A"] and v.ranks == [], v.text()
+    assert v.links == [(1, 2), (5, 0)], v.text()
+    assert "network of host A" in v.headline, v.headline
+
+
+def test_one_stalled_link_between_two_hosts_clears_the_host_that_still_receives():
+    # Only 5->0 (C->A) stalled, at t=1.0; rank 4 on C received from rank 3
+    # (on B) at t=2.0, after that: C's network works, so A is named.
+    def msgs_of(r):
+        if r == 0:
+            return [msg(5, "recv", "pending")]
+        if r == 5:
+            return [msg(0, "send", first=0.5, last=1.0)]
+        if r == 4:
+            return [msg(3, "recv", first=1.5, last=2.0)]
+        if r == 3:
+            return [msg(4, "send", first=1.5, last=2.0)]
+        return []
+
+    v = verdict(_three_hosts(msgs_of), hang_after=5.0)
+    assert v.cls == "comm_hang" and v.hosts == ["A"], v.text()
+    assert any("host C received data from other hosts" in e for e in v.evidence), v.text()

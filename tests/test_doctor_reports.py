@@ -277,6 +277,9 @@ def test_bad_output_paths_are_one_line_errors_before_any_work(tmp_path, capsys):
     # are checked first, and nothing is read.
     rc, _, err = doctor([str(tmp_path / "nope"), "--trace", str(tmp_path / "x" / "t")], capsys)
     assert rc == 2 and "--trace" in err and err.count("\n") == 1
+    # They read dumps, not a running job's summaries.
+    rc, _, err = doctor(["--store", "127.0.0.1:1", "--html", str(good)], capsys)
+    assert rc == 2 and "--html reads a dump directory" in err and err.count("\n") == 1
     # As a user runs it: no traceback.
     p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "doctor", d, "--html",
                         str(tmp_path / "missing" / "r.html")],

@@ -21,6 +21,7 @@ import numpy as np
 
 from cadence import _buffers
 from cadence._core import ANY_SOURCE, Bootstrap, CommError, Work, algorithms
+from cadence.diagnosis import live as _live
 
 __all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_identity"]
 __version__ = "0.1.0"
@@ -198,6 +199,8 @@ class Communicator:
         self.id: str = core.id
         # The native method directly: no Python frame on the latency path.
         self.allreduce = core.allreduce
+        # Live diagnosis (CADENCE_DIAG_AFTER): a watchdog thread, off the data path.
+        _live.watch(self, store, prefix, timeout)
 
     def __repr__(self) -> str:
         return f"<cadence.Communicator {self.id} rank {self.rank}/{self.size}>"
@@ -430,6 +433,7 @@ class Communicator:
 
     def close(self) -> None:
         """Waits for queued operations and stops the progress thread."""
+        _live.unwatch(self)
         self._c.close()
 
     def abort(self, reason: str = "aborted by the application") -> None:

@@ -13,7 +13,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 create_exception!(
@@ -31,6 +31,51 @@ fn to_py_err(py: Python<'_>, e: CoreError) -> PyErr {
     let err = CommError::new_err(e.to_string());
     let _ = err.value(py).setattr("culprit", e.culprit());
     err
+}
+
+/// The live diagnosis of one communicator (python/cadence/diagnosis/live.py
+/// fills it): the latest verdict, and until when one is being worked out. A
+/// `CommError` raised meanwhile waits for it (bounded by that time), so the
+/// error carries the verdict as `e.diagnosis`.
+#[derive(Default)]
+struct DiagSlot {
+    state: Mutex<DiagState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct DiagState {
+    verdict: Option<PyObject>,
+    pending_until: Option<Instant>,
+}
+
+impl DiagSlot {
+    /// `to_py_err`, plus `diagnosis` on a CommError: the verdict (or None).
+    fn error(&self, py: Python<'_>, e: CoreError) -> PyErr {
+        let err = to_py_err(py, e);
+        if !err.is_instance_of::<CommError>(py) {
+            return err;
+        }
+        py.allow_threads(|| {
+            let mut st = self.state.lock().unwrap();
+            while let Some(until) = st.pending_until.filter(|_| st.verdict.is_none()) {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                st = self.changed.wait_timeout(st, left).unwrap().0;
+            }
+        });
+        let verdict = self
+            .state
+            .lock()
+            .unwrap()
+            .verdict
+            .as_ref()
+            .map(|v| v.clone_ref(py));
+        let _ = err.value(py).setattr("diagnosis", verdict);
+        err
+    }
 }
 
 /// A borrowed view of a contiguous buffer: pointer, bytes and element type.
@@ -296,6 +341,7 @@ struct Work {
     /// What `wait()` returns; `None`: the sender's rank (a receive from any
     /// source).
     result: Option<PyObject>,
+    diag: Arc<DiagSlot>,
 }
 
 #[pymethods]
@@ -321,7 +367,7 @@ impl Work {
                         None => self.done.source().into_pyobject(py)?.into_any().unbind(),
                     })
                 }
-                Some(Err(e)) => return Err(to_py_err(py, e)),
+                Some(Err(e)) => return Err(self.diag.error(py, e)),
                 None => {}
             }
             py.check_signals()?;
@@ -354,6 +400,7 @@ struct PyComm {
     /// ends a hung collective; what a handler raised is kept in `signal`.
     interrupt: InterruptCheck,
     signal: Arc<Mutex<Option<PyErr>>>,
+    diag: Arc<DiagSlot>,
 }
 
 impl PyComm {
@@ -373,6 +420,7 @@ impl PyComm {
             comm: Arc::new(comm),
             interrupt,
             signal,
+            diag: Arc::default(),
         }
     }
 }
@@ -429,10 +477,11 @@ impl PyComm {
             // allocated. Using it meanwhile is the caller's side of
             // `async_op=True`, as with every CCL's asynchronous calls.
             let req = unsafe { plain.raw_buffers(input, output, Some(Box::new(owners))) };
-            let done = comm.submit(req).map_err(|e| to_py_err(py, e))?;
+            let done = comm.submit(req).map_err(|e| self.diag.error(py, e))?;
             let w = Work {
                 done,
                 result: (!any_source).then_some(c.result),
+                diag: self.diag.clone(),
             };
             return Ok(Py::new(py, w)?.into_any());
         }
@@ -451,7 +500,7 @@ impl PyComm {
                         return Err(err);
                     }
                 }
-                Err(to_py_err(py, e))
+                Err(self.diag.error(py, e))
             }
         }
     }
@@ -650,6 +699,28 @@ impl PyComm {
     fn clock_offset(&self) -> (i64, u64, &'static str) {
         let c = self.comm.clock_offset();
         (c.offset_ns, c.error_ns, c.method)
+    }
+
+    /// For the live watchdog: (operations started, and the oldest running
+    /// one as (seq, collective, seconds it has run) or None).
+    fn _progress(&self) -> (u64, Option<(u64, &'static str, f64)>) {
+        let p = self.comm.progress();
+        let running = p.running.map(|r| {
+            let secs = p.now_ns.saturating_sub(r.start_ns) as f64 / 1e9;
+            (r.seq, r.collective, secs)
+        });
+        (p.total_ops, running)
+    }
+
+    /// For the live watchdog: the verdict `e.diagnosis` carries (None
+    /// clears it), and for how many seconds one is being worked out (an
+    /// error raised meanwhile waits for it; None: nothing pending).
+    #[pyo3(signature = (verdict, pending_s=None))]
+    fn _set_diagnosis(&self, verdict: Option<PyObject>, pending_s: Option<f64>) {
+        let mut st = self.diag.state.lock().unwrap();
+        st.verdict = verdict;
+        st.pending_until = pending_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+        self.diag.changed.notify_all();
     }
 
     /// Finishes queued operations and stops the progress thread.

@@ -45,8 +45,20 @@ HELP = "diagnose a hung or failed job from its ranks' dumps"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dumpdir", metavar="DUMPDIR",
+    p.add_argument("dumpdir", metavar="DUMPDIR", nargs="?",
                    help="directory the ranks dumped into (cadence-<comm>-rank<r>.json files)")
+    p.add_argument("--store", metavar="HOST:PORT",
+                   help="ask a running job instead: the job's TCPStore (MASTER_ADDR:MASTER_PORT)")
+    p.add_argument("--cluster", metavar="NAME",
+                   help="ask a job started by `cadence cluster run` on emulated cluster NAME "
+                   "(its store: host 0's address, --master-port; root)")
+    p.add_argument("--master-port", type=int, default=29500,
+                   help="with --cluster: the job's MASTER_PORT (29500, as cluster run uses)")
+    p.add_argument("--prefix", default="cadence/init1",
+                   help="with --store: the communicator's store prefix (cadence/init1: the "
+                   "job's first cadence.init(); cadence/<name> for init(name=...))")
+    p.add_argument("--gather", type=float, default=5.0, metavar="SECONDS",
+                   help="with --store: how long to wait for the ranks' summaries (5)")
     p.add_argument("--json", action="store_true",
                    help="print the verdict as JSON: class, op, ranks, links, hosts, evidence")
     p.add_argument("--hang-after", type=float, default=10.0, metavar="SECONDS",
@@ -84,11 +96,23 @@ def run(args: argparse.Namespace) -> int:
 
     outputs = [(flag, path) for flag, path in (("--trace", args.trace), ("--html", args.html),
                                                ("--exclude-file", args.exclude_file)) if path]
+    if outputs and (args.store or args.cluster):
+        print(f"cadence doctor: {outputs[0][0]} reads a dump directory, not --store/--cluster "
+              "(have the ranks dump with comm.dump(DIR) or CADENCE_DUMP_DIR)", file=sys.stderr)
+        return 2
     for flag, path in outputs:
         err = _check_output(flag, path)
         if err is not None:
             print(f"cadence doctor: {err}", file=sys.stderr)
             return 2
+    if args.cluster:
+        return _ask_cluster(args)
+    if args.store:
+        return _ask_store(args)
+    if not args.dumpdir:
+        print("cadence doctor: give DUMPDIR, or --store HOST:PORT to ask a running job",
+              file=sys.stderr)
+        return 2
     try:
         dumps, skipped = load_dir(args.dumpdir, skip_bad=args.skip_bad)
         verdict = diagnose(dumps, hang_after=args.hang_after)
@@ -121,3 +145,63 @@ def _write_reports(args: argparse.Namespace, dumps, verdict) -> bool:
               file=sys.stderr)
         return False
     return True
+
+
+def _ask_store(args: argparse.Namespace) -> int:
+    """`--store`: a verdict from a running job's live watchdogs."""
+    from datetime import timedelta
+
+    from cadence.diagnosis import live
+
+    host, _, port = args.store.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"cadence doctor: --store wants HOST:PORT, not {args.store!r}", file=sys.stderr)
+        return 2
+    import os
+    import socket
+
+    try:  # a plain connect first: a clear error at once, not torch's retries
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        print(f"cadence doctor: cannot reach the store at {args.store}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return 2
+    # torch's C++ side would print its own multi-line report of a failure.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    try:
+        import torch.distributed as dist
+
+        store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                              timeout=timedelta(seconds=max(5.0, args.gather + 5)))
+        verdict = live.ask(store, args.prefix, args.gather, args.hang_after)
+    except (LookupError, RuntimeError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"cadence doctor: {args.store}: {first}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({k: v for k, v in verdict.items() if k != "text"}, indent=1))
+    else:
+        print(verdict["text"])
+    return 0 if verdict["class"] == "healthy" else 1
+
+
+def _ask_cluster(args: argparse.Namespace) -> int:
+    """`--cluster`: `--store` from inside host 0 of the emulated cluster (its
+    addresses are reachable only from the cluster's namespaces)."""
+    import subprocess
+
+    from cadence.testbed import cluster as tb
+    from cadence.testbed import jobs
+    from cadence.testbed.iproute import TestbedError
+
+    try:
+        c = tb.require(args.cluster)
+    except TestbedError as e:
+        print(f"cadence doctor: {e}", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "cadence.cli.main", "doctor", "--store",
+           f"{c.master_addr}:{args.master_port}", "--prefix", args.prefix,
+           "--gather", f"{args.gather:g}", "--hang-after", f"{args.hang_after:g}"]
+    if args.json:
+        cmd.append("--json")
+    return subprocess.run(jobs.in_host(c.hosts[0], cmd)).returncode

@@ -48,6 +48,8 @@ class Verdict:
     job: str | None = None
     #: Seconds since the epoch (rank 0's clock) when the operation got stuck.
     since: float | None = None
+    #: Python stacks of the named ranks (live diagnosis), faulthandler style.
+    stacks: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         op = None
@@ -58,11 +60,15 @@ class Verdict:
             "class": self.cls, "verdict": self.headline, "job": self.job, "op": op,
             "ranks": self.ranks, "links": [list(x) for x in self.links], "hosts": self.hosts,
             "evidence": self.evidence,
+            **({"stacks": {str(r): t for r, t in self.stacks.items()}} if self.stacks else {}),
         }
 
     def text(self) -> str:
         lines = [f"cadence doctor: {self.headline}"]
         lines += [f"  {e}" for e in self.evidence]
+        for r, text in sorted(self.stacks.items()):
+            lines.append(f"  rank {r}'s Python stack when the others were stuck:")
+            lines += [f"    {x}" for x in text.rstrip().splitlines()]
         return "\n".join(lines)
 
 
@@ -231,6 +237,13 @@ def _diagnose_comm(c: _Comm) -> Verdict:
                               f"{_last_completed(c, r, before=recs[r].id)}")
         v.ranks = named
         v.hosts = sorted({c.host(r) for r in named})
+        for r in named:
+            stack = c.by_rank[r].stack
+            if stack:
+                v.stacks[r] = stack
+                where = _innermost(stack)
+                if where:
+                    v.evidence.append(f"{c.who(r)} is at {where}")
         entered = sorted(r for r in present if r not in late)
         v.headline = (f"{NONCOMM_HANG} in {what}: {_names(c, named)} "
                       f"{'never entered' if not late else 'did not enter in time'}; "
@@ -261,6 +274,24 @@ def _diagnose_comm(c: _Comm) -> Verdict:
 
     v.cls = COMM_HANG
     v.links = sorted(links)
+    host = None if frozen or c.missing else _common_host(c, present, links, v)
+    if host is not None:
+        # Every rank reported, and every stalled link between hosts has one
+        # host at an end: that host's network (its NIC, cable or switch
+        # port). Its shared-memory links inside hosts only waited on it.
+        cross = sorted((s, d) for s, d in links if c.host(s) != c.host(d))
+        inside = len(links) - len(cross)
+        v.links = cross
+        v.hosts = [host]
+        v.ranks = []
+        names = ", ".join(f"{s}->{d}" for s, d in cross)
+        if inside:
+            v.evidence.append(f"{inside} stalled link(s) inside hosts left out: they waited on "
+                              f"the links of {host}")
+        v.headline = (f"{COMM_HANG} in {what}: the network of host {host} stalled (links "
+                      f"{names} between hosts all touch it); ranks "
+                      f"{ranks_text(sorted(present))} all entered")
+        return v
     culprits = sorted({r for r, _ in frozen}) or _common_rank(c, links)
     entered = ranks_text(sorted(set(present) | (set(c.missing) - set(unknown))))
     if culprits:
@@ -279,6 +310,16 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         v.headline = (f"{COMM_HANG} in {what}: every rank entered but no stalled link was found "
                       f"in the records (waits: {waits})")
     return v
+
+
+def _innermost(stack: str) -> str | None:
+    """`File "train.py", line 12 in load_batch` of the main thread (the
+    first thread in the stack text, most recent call first)."""
+    for line in stack.splitlines():
+        line = line.strip()
+        if line.startswith("File "):
+            return line
+    return None
 
 
 def _representative(present: dict[int, Op]) -> Op:
@@ -457,6 +498,61 @@ def _overran(c: _Comm, present: dict[int, Op]) -> list[tuple[int, float]]:
         if (o.failed or o.running) and secs > d.timeout_s + grace + 1.0:
             out.append((r, secs))
     return out
+
+
+def _common_host(c: _Comm, present: dict[int, Op], links, v: Verdict) -> str | None:
+    """The one host every stalled link between hosts touches (None when
+    there is no such link, or no single host).
+
+    One stalled link between two hosts touches both; the one whose network
+    still works is cleared by what it received from a third host after the
+    stall began (only receives count: a send "moves" into the kernel's
+    buffer even when the cable is cut)."""
+    cross = [(s, d) for s, d in links if c.host(s) != c.host(d)]
+    if not cross:
+        return None
+    common = set.intersection(*({c.host(s), c.host(d)} for s, d in cross))
+    if len(common) == 2:
+        t_ref = _stall_began(c, present, cross)
+        if t_ref is not None:
+            alive = {h for h in common if _received_across_after(c, present, h, t_ref, common)}
+            for h in sorted(alive):
+                v.evidence.append(f"host {h} received data from other hosts after the stall "
+                                  "began: its network works")
+            common -= alive
+    return next(iter(common)) if len(common) == 1 else None
+
+
+def _stall_began(c: _Comm, present: dict[int, Op], cross) -> float | None:
+    """When data last moved on the stalled links (the earliest of them)."""
+    times = []
+    for s, d in cross:
+        t = []
+        for r, peer, want in ((s, d, "send"), (d, s, "recv")):
+            o = present.get(r)
+            for m in (o.messages or []) if o is not None else []:
+                if m.peer == peer and m.dir == want and m.last_ns is not None and (
+                        want == "recv" or m.state == "done"):
+                    t.append(c.by_rank[r].wall(m.last_ns))
+        if t:
+            times.append(max(t))
+    return min(times) if times else None
+
+
+def _received_across_after(c: _Comm, present: dict[int, Op], host: str, t_ref: float,
+                           suspects: set[str]) -> bool:
+    """Whether a rank received data across hosts after `t_ref` on a link
+    with `host` at one end and a host outside `suspects` at the other."""
+    for r, o in present.items():
+        d = c.by_rank[r]
+        for m in o.messages or []:
+            if m.dir != "recv" or m.last_ns is None or m.moved == 0:
+                continue
+            ends = {c.host(r), c.host(m.peer)}
+            if host in ends and len(ends) == 2 and not ends <= suspects and \
+                    d.wall(m.last_ns) > t_ref + c.tol:
+                return True
+    return False
 
 
 def _common_rank(c: _Comm, links) -> list[int]:

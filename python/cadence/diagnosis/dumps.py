@@ -111,6 +111,9 @@ class Dump:
     reason: str
     failure: str | None
     ops: list[Op] = field(default_factory=list)
+    #: Where the rank's Python threads were (faulthandler style), when the
+    #: live watchdog took the summary; None in dumps written by the core.
+    stack: str | None = None
 
     def wall(self, ns: int) -> float:
         """Seconds since the epoch on rank 0's clock of this rank's time `ns`."""
@@ -194,6 +197,7 @@ def parse(text: str, where: str) -> Dump:
             clock_method=str(clock.get("method", "")),
             reason=str(d.get("reason", "")), failure=d.get("failure"),
             ops=[_op(o, where) for o in ops],
+            stack=d.get("stack") if isinstance(d.get("stack"), str) else None,
         )
     except (TypeError, ValueError) as e:
         raise DumpError(f"{where}: not a complete cadence dump ({e})") from None

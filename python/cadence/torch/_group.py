@@ -65,6 +65,11 @@ class _StoreForInit:
     def get(self, key):
         return self._store.get(key)
 
+    def __getattr__(self, name):
+        # The rest of the Store API (add, check, compare_set, ...), for the
+        # live diagnosis watchdog.
+        return getattr(self._store, name)
+
 
 class _Group:
     """What a torch group and its backend objects share: the communicator,

@@ -597,6 +597,12 @@ impl Comm {
         self.shared.dump_json("on demand")
     }
 
+    /// Where this rank stands (operations started, the oldest still
+    /// running): cheap enough to poll every second from a watchdog.
+    pub fn progress(&self) -> crate::monitor::Progress {
+        self.shared.recorder.lock().unwrap().progress()
+    }
+
     /// Writes [`Comm::dump_records`] into `dir` (created if needed) as
     /// `cadence-<comm id>-rank<r>.json`, the file a failure writes under
     /// `CADENCE_DUMP_DIR`; returns its path. The file appears whole or not

@@ -124,6 +124,27 @@ pub enum Messages<'a> {
     None,
 }
 
+/// How far back [`Recorder::progress`] looks for a running operation (a
+/// point-to-point batch larger than this shows its newer members only).
+const PROGRESS_LOOKBACK: usize = 64;
+
+/// The oldest running operation: its sequence number, collective, and when
+/// it started (ns since the communicator was created).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunningOp {
+    pub seq: u64,
+    pub collective: &'static str,
+    pub start_ns: u64,
+}
+
+/// See [`Recorder::progress`].
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    pub total_ops: u64,
+    pub running: Option<RunningOp>,
+    pub now_ns: u64,
+}
+
 pub struct Recorder {
     pub base: Instant,
     /// Wall-clock time of `base` (ns since the Unix epoch), for lining up
@@ -199,6 +220,29 @@ impl Recorder {
 
     pub fn records(&self) -> impl Iterator<Item = &OpRecord> {
         self.ops.iter()
+    }
+
+    /// Where this rank stands, for a watchdog that polls it: how many
+    /// operations started, and the oldest one still running (cheap: only
+    /// the newest records are looked at, since operations end in order
+    /// except within one point-to-point batch).
+    pub fn progress(&self) -> Progress {
+        let newest = self.ops.len().saturating_sub(PROGRESS_LOOKBACK);
+        let running = self
+            .ops
+            .iter()
+            .skip(newest)
+            .find(|r| r.is_running())
+            .map(|r| RunningOp {
+                seq: r.seq,
+                collective: r.collective,
+                start_ns: r.start_ns,
+            });
+        Progress {
+            total_ops: self.total_ops,
+            running,
+            now_ns: self.now_ns(),
+        }
     }
 
     /// Records the final messages of operation `op` (all at once: one
@@ -284,6 +328,27 @@ mod tests {
             msgs_from: 0,
             nmsgs: 0,
         }
+    }
+
+    #[test]
+    fn progress_names_the_oldest_running_operation() {
+        let mut r = Recorder::new(8, 0);
+        assert!(r.progress().running.is_none());
+        for id in 1..=3 {
+            let mut o = rec(id);
+            o.start_ns = id * 10;
+            if id == 1 {
+                o.status = Cow::Borrowed("ok");
+            }
+            r.push(o);
+        }
+        let p = r.progress();
+        assert_eq!(p.total_ops, 3);
+        let run = p.running.unwrap();
+        assert_eq!((run.seq, run.start_ns), (2, 20));
+        r.get_mut(2).unwrap().status = Cow::Borrowed("ok");
+        r.get_mut(3).unwrap().status = Cow::Borrowed("ok");
+        assert!(r.progress().running.is_none());
     }
 
     fn msg(peer: u32, moved: u64) -> MsgRecord {

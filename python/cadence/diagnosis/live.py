@@ -1,0 +1,532 @@
+"""Live diagnosis: a watchdog that works out a verdict while the job is still
+stuck, long before the operation's deadline.
+
+One daemon thread per process watches every live communicator (weakly: it
+keeps none alive). Once a second it asks the core where each stands
+(`_progress()`: the oldest running operation and for how long), and reads one
+counter from the job's Store. Nothing runs on the collective path.
+
+A round of diagnosis:
+
+1. A rank whose operation has run for `CADENCE_DIAG_AFTER` seconds (default
+   30, and at most half the operation deadline) opens a round: it increments
+   `<prefix>/diag/round` in the Store and becomes the round's coordinator.
+2. Every rank's watchdog sees the counter move (within a tick) and publishes a
+   summary under `<prefix>/diag/<round>/s/<rank>`: its flight recorder (the
+   last operations with their live messages, the dump format) plus where its
+   Python threads are (faulthandler style). A rank stuck in compute publishes
+   too — its watchdog thread still runs — so the verdict can say where it is.
+3. The coordinator waits for every summary (at most `gather` seconds; a
+   frozen process publishes nothing, which the classifier reads as "left no
+   dump"), runs the same classifier as `cadence doctor`, and publishes the
+   verdict under `<prefix>/diag/<round>/verdict`.
+4. Every rank logs the verdict once, as one line on the `cadence` logger
+   (stderr unless the application configured logging), and keeps it on the
+   communicator: a `CommError` raised later carries it as `e.diagnosis`.
+
+The Store is the job's own (torchrun's agent store, or the TCPStore rank 0
+serves): summaries never travel on the data path. A TCPStore gets a client
+connection of its own here, with a short timeout, so a watchdog never holds
+up the application's use of the Store. When the Store lives in a process that
+is itself frozen (a TCPStore served by a stopped rank 0), no round can
+complete; the post-mortem `cadence doctor` still works from the dumps.
+
+`CADENCE_DIAG_AFTER=0` (or `off`) turns the watchdog off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+import weakref
+import zlib
+from dataclasses import dataclass, field
+
+log = logging.getLogger("cadence")
+
+#: Default soft deadline (seconds) before a running operation is diagnosed.
+DEFAULT_DIAG_AFTER = 30.0
+#: Default length of a slowness window (seconds).
+DEFAULT_WINDOW_S = 10.0
+#: Operations kept in a summary (the stuck one, the ones before it on slower
+#: ranks, and enough history to find a rank's last completed operation).
+SUMMARY_OPS = 64
+#: A round's verdict is waited for this much longer than its gather time
+#: before a rank stops expecting it.
+VERDICT_SLACK_S = 5.0
+#: How long the watchdog leaves a communicator alone after a failed Store call.
+STORE_BACKOFF_S = 30.0
+
+
+def diag_after(timeout: float) -> float | None:
+    """The soft deadline for a communicator whose operations time out after
+    `timeout` seconds: `CADENCE_DIAG_AFTER` (default 30), at most half of
+    `timeout`; None when turned off."""
+    raw = os.environ.get("CADENCE_DIAG_AFTER", "").strip().lower()
+    if raw in ("0", "off", "no", "false"):
+        return None
+    if raw:
+        try:
+            after = float(raw)
+        except ValueError:
+            raise ValueError(f"CADENCE_DIAG_AFTER={raw!r} is not a number of seconds "
+                             "(or 0/off)") from None
+        if after <= 0:
+            return None
+    else:
+        after = DEFAULT_DIAG_AFTER
+    return min(after, timeout / 2) if timeout > 0 else after
+
+
+def diag_window() -> float | None:
+    """Seconds per slowness window (`CADENCE_DIAG_WINDOW`, default 10);
+    None when off (0, or the watchdog is off)."""
+    raw = os.environ.get("CADENCE_DIAG_WINDOW", "").strip().lower()
+    if raw in ("0", "off", "no", "false"):
+        return None
+    try:
+        win = float(raw) if raw else DEFAULT_WINDOW_S
+    except ValueError:
+        raise ValueError(f"CADENCE_DIAG_WINDOW={raw!r} is not a number of seconds "
+                         "(or 0/off)") from None
+    return win if win > 0 else None
+
+
+def python_stacks(skip_thread: int | None = None) -> str:
+    """Every Python thread's stack, most recent call first, main thread
+    first — what faulthandler prints, taken with the GIL (so it is exact)."""
+    frames = sys._current_frames()
+    main = threading.main_thread().ident
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident in sorted(frames, key=lambda i: (i != main, i)):
+        if ident == skip_thread:
+            continue
+        kind = "Current thread" if ident == main else "Thread"
+        out.append(f"{kind} 0x{ident:016x} ({names.get(ident, '?')}, most recent call first):")
+        for fs in reversed(traceback.extract_stack(frames[ident])):
+            out.append(f'  File "{fs.filename}", line {fs.lineno} in {fs.name}')
+        out.append("")
+    return "\n".join(out)
+
+
+def summary(core, skip_thread: int | None = None) -> bytes:
+    """This rank's summary for a round: its dump (the last SUMMARY_OPS
+    operations) plus its Python stacks, compressed."""
+    d = json.loads(core.dump_records())
+    d["ops"] = d["ops"][-SUMMARY_OPS:]
+    d["reason"] = "live diagnosis"
+    d["stack"] = python_stacks(skip_thread)
+    return zlib.compress(json.dumps(d).encode(), 6)
+
+
+def window_summary(core, start_unix: float, end_unix: float) -> bytes | None:
+    """This rank's operations that completed within [start, end) (wall
+    clock), as a dump, compressed; None when there were none."""
+    d = json.loads(core.dump_records())
+    base = d["base_unix_ns"]
+    lo, hi = (int(start_unix * 1e9) - base, int(end_unix * 1e9) - base)
+    d["ops"] = [o for o in d["ops"] if o["status"] == "ok" and lo <= o["end_ns"] < hi]
+    if not d["ops"]:
+        return None
+    d["reason"] = "slowness window"
+    return zlib.compress(json.dumps(d).encode(), 6)
+
+
+def verdict_of(summaries: dict[int, bytes], hang_after: float) -> dict:
+    """The classifier over the summaries that arrived (rank → compressed
+    dump); a rank that sent none is one that left no dump."""
+    from cadence.diagnosis.classify import diagnose
+    from cadence.diagnosis.dumps import parse
+
+    dumps = [parse(zlib.decompress(b).decode(), f"rank {r}'s summary")
+             for r, b in sorted(summaries.items())]
+    v = diagnose(dumps, hang_after=hang_after)
+    out = v.to_json()
+    out["text"] = v.text()
+    out["summaries"] = sorted(summaries)
+    return out
+
+
+def _store_client(store):
+    """A client of the job's Store for the watchdog: a connection of its own
+    with a short timeout for a TCPStore (so it never blocks the
+    application's calls, nor for long), else the store itself."""
+    from datetime import timedelta
+
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - the Store is a torch object
+        return store
+    if isinstance(store, dist.TCPStore):
+        return dist.TCPStore(store.host, store.port, is_master=False,
+                             timeout=timedelta(seconds=5), wait_for_workers=False)
+    return store
+
+
+@dataclass
+class _Round:
+    number: int
+    coordinator: bool
+    #: Coordinator: when to stop waiting for summaries.
+    gather_until: float
+    #: Everyone: when to stop waiting for the verdict.
+    verdict_until: float
+
+
+@dataclass
+class _Watched:
+    comm: weakref.ref
+    store: object
+    prefix: str
+    rank: int
+    size: int
+    after: float
+    gather: float
+    seen_round: int = 0
+    #: The (operations started, seq) of the operation a round was opened for.
+    opened_for: tuple | None = None
+    last_round_at: float = 0.0
+    rounds: dict = field(default_factory=dict)
+    logged: set = field(default_factory=set)
+    #: total_ops when the current verdict was set (to clear it on recovery).
+    verdict_at_ops: int | None = None
+    failures: int = 0
+    #: After a failed Store call: when to try again.
+    resume_at: float = 0.0
+    #: Slowness windows: their length (None: off), the last one published,
+    #: the last one judged (rank 0, which keeps the SlowWatch), and the
+    #: slowness verdicts seen so far (their counter in the Store).
+    window: float | None = None
+    win_published: int = 0
+    win_judged: int = 0
+    slow_watch: object = None
+    slow_seen: int = 0
+    slow_logged: tuple | None = None
+
+    def key(self, *parts) -> str:
+        return "/".join([self.prefix, "diag", *map(str, parts)])
+
+
+class Watchdog:
+    """The process's watchdog thread (see the module comment)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: list[_Watched] = []
+        self._thread: threading.Thread | None = None
+        self._clients: dict = {}
+
+    def watch(self, comm, store, prefix: str, timeout: float) -> None:
+        after = diag_after(timeout)
+        if after is None:
+            return
+        # One client per TCPStore server, shared by its communicators; other
+        # stores (prefixed, file, hash) are used as they are.
+        port = getattr(store, "port", None)
+        key = (getattr(store, "host", None), port) if isinstance(port, int) else None
+        with self._lock:
+            client = self._clients.get(key) if key is not None else None
+            if client is None:
+                client = _store_client(store)
+                if key is not None:
+                    self._clients[key] = client
+            gather = min(5.0, max(1.0, after / 2))
+            w = _Watched(weakref.ref(comm), client, prefix, comm.rank, comm.size, after, gather)
+            w.window = diag_window()
+            if w.window:
+                w.win_published = w.win_judged = int(time.time() // w.window)
+            try:
+                w.seen_round = int(client.add(w.key("round"), 0))
+                w.slow_seen = int(client.add(w.key("slow"), 0))
+            except Exception:  # noqa: BLE001 - a watchdog must never break init
+                w.seen_round = 0
+            self._watched.append(w)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="cadence-diagnosis",
+                                                daemon=True)
+                self._thread.start()
+
+    def unwatch(self, comm) -> None:
+        with self._lock:
+            self._watched = [w for w in self._watched if w.comm() not in (None, comm)]
+
+    def _tick_s(self) -> float:
+        with self._lock:
+            afters = [w.after for w in self._watched]
+        return min([1.0] + [a / 4 for a in afters])
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self._tick_s())
+            with self._lock:
+                self._watched = [w for w in self._watched if w.comm() is not None]
+                watched = list(self._watched)
+            for w in watched:
+                comm = w.comm()
+                if comm is None or time.monotonic() < w.resume_at:
+                    continue
+                try:
+                    self._check(w, comm)
+                    w.failures = 0
+                except Exception as e:  # noqa: BLE001 - the watchdog must survive
+                    # Most often the Store is gone (the job is ending): back
+                    # off, since torch prints every failed Store call.
+                    w.failures += 1
+                    w.resume_at = time.monotonic() + STORE_BACKOFF_S
+                    log.debug("cadence: live diagnosis of comm %s: %s", comm.id, e)
+                del comm
+
+    def _check(self, w: _Watched, comm) -> None:
+        core = comm._c
+        now = time.monotonic()
+        total, running = core._progress()
+        store = w.store
+
+        # Rounds opened elsewhere (or by us): publish our summary for each.
+        current = int(store.add(w.key("round"), 0))
+        for r in range(max(w.seen_round + 1, current - 2), current + 1):
+            self._publish(w, core, r, coordinator=False, now=now)
+        w.seen_round = max(w.seen_round, current)
+
+        # Our own operation is past the soft deadline: open a round, unless
+        # one ran recently (another rank opened it for the same hang).
+        if running is not None:
+            seq, _collective, secs = running
+            mine = (total, seq)
+            if secs >= w.after and w.opened_for != mine and now - w.last_round_at >= w.after:
+                w.opened_for = mine
+                # Every rank stuck in this operation gets here within a
+                # tick of the others: the first to claim it opens the round.
+                claim = store.compare_set(w.key("claim", seq), "", str(w.rank))
+                if bytes(claim).decode() != str(w.rank):
+                    return
+                r = int(store.add(w.key("round"), 1))
+                w.seen_round = max(w.seen_round, r)
+                self._publish(w, core, r, coordinator=True, now=now)
+
+        for r, rnd in list(w.rounds.items()):
+            if rnd.coordinator and rnd.gather_until is not None:
+                self._coordinate(w, rnd, now)
+            vkey = w.key(r, "verdict")
+            if store.check([vkey]):
+                verdict = json.loads(store.get(vkey).decode())
+                self._deliver(w, core, verdict, total)
+                del w.rounds[r]
+            elif now > rnd.verdict_until:
+                del w.rounds[r]
+
+        if w.window:
+            try:
+                self._windows(w, core)
+            except Exception as e:  # noqa: BLE001 - slowness must not stop hang watching
+                log.debug("cadence: slowness window of comm %s: %s", comm.id, e)
+
+        # Recovered (the stuck operation finished and more ran): forget the
+        # verdict, so a later error does not carry a stale one.
+        if w.verdict_at_ops is not None and total >= w.verdict_at_ops + 2 and (
+                running is None or running[2] < w.after):
+            core._set_diagnosis(None)
+            w.verdict_at_ops = None
+
+    def _windows(self, w: _Watched, core) -> None:
+        """Slowness: every rank publishes each finished window's operations;
+        rank 0 judges them with a SlowWatch (a verdict must persist over
+        windows) and publishes a verdict when it changes; every rank logs
+        it."""
+        store, win = w.store, w.window
+        current = int(time.time() // win)
+        if current - 1 > w.win_published:
+            k = current - 1
+            w.win_published = k
+            blob = window_summary(core, k * win, (k + 1) * win)
+            if blob is not None:
+                store.set(w.key("win", k, "s", w.rank), blob)
+            store.add(w.key("win", k, "count"), 1)
+        if w.rank == 0:
+            for k in range(w.win_judged + 1, current):
+                count = int(store.add(w.key("win", k, "count"), 0))
+                if count < w.size and time.time() < (k + 1.5) * win:
+                    break  # wait a little for the slower ranks' summaries
+                self._judge_window(w, k)
+                w.win_judged = k
+        n = int(store.add(w.key("slow"), 0))
+        if n > w.slow_seen:
+            w.slow_seen = n
+            self._deliver_slow(w, core, json.loads(store.get(w.key("slow", n)).decode()))
+
+    def _judge_window(self, w: _Watched, k: int) -> None:
+        from cadence.diagnosis.dumps import parse
+        from cadence.diagnosis.slow import SlowWatch
+
+        if w.slow_watch is None:
+            w.slow_watch = SlowWatch()
+        dumps = []
+        for rank in range(w.size):
+            key = w.key("win", k, "s", rank)
+            if w.store.check([key]):
+                blob = bytes(w.store.get(key))
+                dumps.append(parse(zlib.decompress(blob).decode(), f"rank {rank}'s window"))
+                _delete(w.store, key)
+        _delete(w.store, w.key("win", k, "count"))
+        if len(dumps) < w.size:
+            return  # a rank with nothing in this window (or late): no evidence
+        before = w.slow_watch.current
+        v = w.slow_watch.feed(dumps)
+        if _ident(v) == _ident(before):
+            return
+        out = v.to_json() if v is not None else {"class": "healthy",
+                                                 "verdict": "slowness cleared"}
+        if v is not None:
+            out["text"] = v.text()
+        out["window"] = [k * w.window, (k + 1) * w.window]
+        n = int(w.store.add(w.key("slow"), 1))
+        w.store.set(w.key("slow", n), json.dumps(out))
+
+    def _deliver_slow(self, w: _Watched, core, verdict: dict) -> None:
+        ident = (verdict.get("class"), tuple(verdict.get("ranks") or ()),
+                 tuple(verdict.get("hosts") or ()), tuple(map(tuple, verdict.get("links") or ())))
+        if ident == w.slow_logged:
+            return
+        w.slow_logged = ident
+        if verdict.get("class") == "healthy":
+            log.info("cadence: comm %s: %s", w.prefix, verdict.get("verdict"))
+            return
+        log.warning("cadence: %s", verdict.get("verdict"))
+        for fn in list(_listeners):
+            try:
+                fn(w.comm(), verdict)
+            except Exception as e:  # noqa: BLE001 - a listener must not stop the watchdog
+                log.debug("cadence: a verdict listener failed: %s", e)
+
+    def _publish(self, w: _Watched, core, r: int, coordinator: bool, now: float) -> None:
+        if r in w.rounds or r <= 0:
+            return
+        w.store.set(w.key(r, "s", w.rank), summary(core, threading.get_ident()))
+        w.store.add(w.key(r, "count"), 1)
+        w.rounds[r] = _Round(r, coordinator, now + w.gather if coordinator else None,
+                             now + w.gather + VERDICT_SLACK_S)
+        w.last_round_at = now
+        # A CommError raised while the verdict is worked out waits for it.
+        core._set_diagnosis(None, w.gather + VERDICT_SLACK_S)
+
+    def _coordinate(self, w: _Watched, rnd: _Round, now: float) -> None:
+        count = int(w.store.add(w.key(rnd.number, "count"), 0))
+        if count < w.size and now < rnd.gather_until:
+            return
+        rnd.gather_until = None
+        summaries = {}
+        for rank in range(w.size):
+            k = w.key(rnd.number, "s", rank)
+            if w.store.check([k]):
+                summaries[rank] = bytes(w.store.get(k))
+        try:
+            verdict = verdict_of(summaries, hang_after=w.after * 0.9)
+        except Exception as e:  # noqa: BLE001 - say so rather than go silent
+            verdict = {"class": "unknown", "verdict": f"live diagnosis failed: {e}",
+                       "text": f"cadence: live diagnosis failed: {e}", "ranks": [],
+                       "links": [], "hosts": [], "evidence": [], "op": None,
+                       "summaries": sorted(summaries)}
+        verdict["round"] = rnd.number
+        verdict["coordinator"] = w.rank
+        w.store.set(w.key(rnd.number, "verdict"), json.dumps(verdict))
+        for rank in summaries:
+            try:
+                w.store.delete_key(w.key(rnd.number, "s", rank))
+            except Exception:  # noqa: BLE001 - some stores cannot delete; harmless
+                break
+
+    def _deliver(self, w: _Watched, core, verdict: dict, total: int) -> None:
+        core._set_diagnosis(verdict)
+        w.verdict_at_ops = total
+        op = verdict.get("op") or {}
+        ident = (verdict.get("class"), op.get("comm"), op.get("seq"))
+        if ident in w.logged:
+            return
+        w.logged.add(ident)
+        if verdict.get("class") == "healthy":
+            log.info("cadence: %s", verdict.get("verdict"))
+        else:
+            log.warning("cadence: %s", verdict.get("verdict"))
+        for fn in list(_listeners):
+            try:
+                fn(w.comm(), verdict)
+            except Exception as e:  # noqa: BLE001 - a listener must not stop the watchdog
+                log.debug("cadence: a verdict listener failed: %s", e)
+
+
+def ask(store, prefix: str = "cadence/init1", gather: float = 5.0,
+        hang_after: float = 10.0) -> dict:
+    """Asks a running job for a verdict (`cadence doctor --store`): opens a
+    round under `prefix` (a communicator's store prefix; `cadence/init1` is
+    the first `cadence.init()` of a job), waits up to `gather` seconds for
+    every rank's watchdog to publish its summary, classifies, and publishes
+    the verdict so that the ranks log it too. Raises LookupError when no
+    rank answers (wrong prefix, or the watchdog is off)."""
+    def key(*parts):
+        return "/".join([prefix, "diag", *map(str, parts)])
+
+    r = int(store.add(key("round"), 1))
+    deadline = time.monotonic() + gather
+    nranks = None
+    summaries: dict[int, bytes] = {}
+    while time.monotonic() < deadline:
+        if nranks is None and store.check([key(r, "s", 0)]):
+            first = bytes(store.get(key(r, "s", 0)))
+            nranks = json.loads(zlib.decompress(first).decode())["nranks"]
+        if nranks is not None and int(store.add(key(r, "count"), 0)) >= nranks:
+            break
+        time.sleep(0.1)
+    count = int(store.add(key(r, "count"), 0))
+    if count == 0:
+        raise LookupError(f"no rank answered under {prefix!r} within {gather:g}s (is the "
+                          "job running with the live watchdog on, and is the prefix right?)")
+    for rank in range(nranks or 4096):
+        k = key(r, "s", rank)
+        if store.check([k]):
+            summaries[rank] = bytes(store.get(k))
+        elif nranks is None and len(summaries) >= count:
+            break
+    verdict = verdict_of(summaries, hang_after=hang_after)
+    verdict["round"] = r
+    verdict["coordinator"] = "cadence doctor"
+    store.set(key(r, "verdict"), json.dumps(verdict))
+    return verdict
+
+
+def _ident(v) -> tuple | None:
+    if v is None:
+        return None
+    return (v.cls, tuple(v.ranks), tuple(v.hosts), tuple(v.links))
+
+
+def _delete(store, key: str) -> None:
+    try:
+        store.delete_key(key)
+    except Exception:  # noqa: BLE001 - some stores cannot delete; harmless
+        pass
+
+
+_watchdog = Watchdog()
+_listeners: list = []
+
+
+def add_listener(fn) -> None:
+    """Calls `fn(communicator, verdict dict)` for every new verdict this
+    process's watchdog delivers (after it is logged): metrics, a test
+    harness, an application's own alerting."""
+    _listeners.append(fn)
+
+
+def watch(comm, store, prefix: str, timeout: float) -> None:
+    """Puts `comm` under the live watchdog (see the module comment)."""
+    _watchdog.watch(comm, store, prefix, timeout)
+
+
+def unwatch(comm) -> None:
+    _watchdog.unwatch(comm)

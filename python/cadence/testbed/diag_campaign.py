@@ -1,0 +1,286 @@
+"""The diagnosis campaign (issue 12's acceptance): on an emulated cluster,
+inject one fault per trial with the culprit drawn at random while a loop of
+mixed collectives runs, and score the live verdict: right class, right
+culprit, in time. Prints a confusion matrix (rows: what was injected,
+columns: the verdict).
+
+    python -m cadence.testbed.diag_campaign --trials 20 --out diag-results
+
+Needs root (network namespaces). The cluster gets two rails: jobs carry data
+on rail 0 (`eth0`) and reach the job's Store on rail 1, as a management
+network would be separate from the data network — so cutting a host's data
+link does not also cut it off from the Store. Faults:
+
+- `link_down`: host H's rail-0 link is cut (`set_link up=False`). Right:
+  comm_hang naming host H, or only links of H's ranks, or a rank on H.
+- `freeze`: rank R SIGSTOPs itself inside a collective. Right: comm_hang
+  naming rank R.
+- `hold`: rank R stays out of the next collective (a sleep in "compute").
+  Right: noncomm_hang naming rank R.
+- `slow_link`: host H's rail-0 link is slowed (`--slow-rate`). Right:
+  comm_slow naming host H (or only links of H's ranks).
+- `straggle`: rank R computes `--delay` s more before every collective.
+  Right: noncomm_slow naming rank R.
+- `none`: nothing, for `--clean-duration` seconds. Right: no verdict.
+
+A hang must be named within 30 s of the fault, a slowness within 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cadence.testbed import cluster as tb
+from cadence.testbed import jobs
+
+HANG_LIMIT_S = 30.0
+SLOW_LIMIT_S = 60.0
+EXPECTED = {"link_down": "comm_hang", "freeze": "comm_hang", "hold": "noncomm_hang",
+            "slow_link": "comm_slow", "straggle": "noncomm_slow", "none": "healthy"}
+
+
+@dataclass
+class Trial:
+    n: int
+    fault: str
+    culprit_host: int | None = None
+    culprit_rank: int | None = None
+    fault_t: float | None = None
+    verdict: dict | None = None
+    verdict_t: float | None = None
+    cls: str = "none"
+    right_class: bool = False
+    right_culprit: bool = False
+    in_time: bool = False
+    note: str = ""
+    ranks_host: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        if self.fault == "none":
+            return self.cls in ("none", "healthy")
+        return self.right_class and self.right_culprit and self.in_time
+
+
+def _read_events(out: Path, nranks: int) -> dict[int, list[dict]]:
+    evs = {}
+    for r in range(nranks):
+        p = out / f"rank{r}.jsonl"
+        evs[r] = []
+        if p.exists():
+            for line in p.read_text().splitlines():
+                try:
+                    evs[r].append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by a kill
+    return evs
+
+
+def _first_verdict(evs: dict[int, list[dict]]) -> tuple[dict | None, float | None]:
+    found = [(e["t"], e["verdict"]) for es in evs.values() for e in es
+             if e.get("ev") == "verdict" and e["verdict"].get("class") != "healthy"]
+    if not found:
+        return None, None
+    t, v = min(found, key=lambda x: x[0])
+    return v, t
+
+
+def _score(t: Trial, nranks_per_host: int) -> None:
+    v = t.verdict
+    t.cls = v["class"] if v else "none"
+    t.right_class = t.cls == EXPECTED[t.fault]
+    if v is None or t.fault == "none":
+        t.right_culprit = t.fault == "none"
+        t.in_time = True
+        return
+    host_of = t.ranks_host
+    ranks, links, hosts = v.get("ranks") or [], v.get("links") or [], v.get("hosts") or []
+    if t.fault in ("link_down", "slow_link"):
+        h = f"{t.culprit_host}"
+        hname = next((n for r, n in host_of.items() if r // nranks_per_host == t.culprit_host),
+                     h)
+        on_h = {r for r, n in host_of.items() if n == hname}
+        if ranks:
+            t.right_culprit = set(ranks) <= on_h
+        elif links:
+            t.right_culprit = all(a in on_h or b in on_h for a, b in links)
+        else:
+            t.right_culprit = hosts == [hname]
+        limit = HANG_LIMIT_S if t.fault == "link_down" else SLOW_LIMIT_S
+    else:
+        t.right_culprit = ranks == [t.culprit_rank]
+        limit = HANG_LIMIT_S if t.fault in ("freeze", "hold") else SLOW_LIMIT_S
+    t.in_time = t.fault_t is not None and t.verdict_t is not None and \
+        t.verdict_t - t.fault_t <= limit
+
+
+def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Trial:
+    nhosts, rph = len(c.hosts), args.ranks_per_host
+    world = nhosts * rph
+    t = Trial(n, fault)
+    if fault in ("link_down", "slow_link"):
+        t.culprit_host = rng.randrange(nhosts)
+    elif fault != "none":
+        t.culprit_rank = rng.randrange(world)
+    out = Path(args.out) / f"trial-{n:03d}-{fault}"
+    out.mkdir(parents=True, exist_ok=True)
+    port = args.master_port + n % 200
+    store_addr = c.hosts[0].nics[1].address
+    env = dict(os.environ, CADENCE_DIAG_AFTER=f"{args.diag_after:g}",
+               CADENCE_TIMEOUT=f"{args.timeout:g}", CADENCE_CALIBRATE="0",
+               TORCHELASTIC_USE_AGENT_STORE="True")  # fmt: skip
+    places = jobs.placements(c, rph)
+    for p in places:
+        t.ranks_host[p.rank] = p.host.name
+    procs = []
+    store_env = jobs.rank_env(c, places[0], rph, port, env)
+    store_env["MASTER_ADDR"] = store_addr
+    procs.append(subprocess.Popen(
+        jobs.in_host(places[0].host, [sys.executable, "-m", "cadence.testbed.soak_rank",
+                                      "--seed", "1", "--serve-store"]),
+        env=store_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
+    time.sleep(1.0)
+    duration = args.clean_duration if fault == "none" else args.warmup + (
+        HANG_LIMIT_S if fault in ("link_down", "freeze", "hold") else SLOW_LIMIT_S) + 5
+    rank_fault = {"freeze": "freeze", "hold": "hold", "straggle": "straggle"}.get(fault, "none")
+    cmd = [sys.executable, "-m", "cadence.testbed.diag_rank", "--out", str(out),
+           "--seed", str(n), "--fault", rank_fault,
+           "--culprit", str(t.culprit_rank if t.culprit_rank is not None else -1),
+           "--at", str(args.at_step), "--delay", f"{args.delay:g}"]  # fmt: skip
+    logs = []
+    for p in places:
+        e = jobs.rank_env(c, p, rph, port, env)
+        e["MASTER_ADDR"] = store_addr
+        log = open(out / f"rank{p.rank}.log", "w")  # noqa: SIM115
+        logs.append(log)
+        procs.append(subprocess.Popen(jobs.in_host(p.host, cmd), env=e, stdin=subprocess.DEVNULL,
+                                      stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))  # fmt: skip
+    try:
+        start_deadline = time.time() + 60
+        while time.time() < start_deadline:
+            evs = _read_events(out, world)
+            if all(any(e.get("ev") == "ready" for e in evs[r]) for r in range(world)):
+                break
+            time.sleep(0.2)
+        else:
+            t.note = "the job did not start"
+            return t
+        ready_at = time.time()
+        if fault in ("link_down", "slow_link"):
+            time.sleep(args.warmup)
+            t.fault_t = time.time()
+            if fault == "link_down":
+                tb.set_link(c, t.culprit_host, 0, up=False)
+            else:
+                tb.set_link(c, t.culprit_host, 0, rate=args.slow_rate)
+        end = ready_at + duration
+        while time.time() < end:
+            evs = _read_events(out, world)
+            if t.fault_t is None and t.culprit_rank is not None:
+                fe = [e for e in evs[t.culprit_rank] if e.get("ev") == "fault"]
+                if fe:
+                    t.fault_t = fe[0]["t"]
+            v, vt = _first_verdict(evs)
+            if v is not None:
+                t.verdict, t.verdict_t = v, vt
+                break
+            if all(any(e.get("ev") in ("done", "error") for e in evs[r]) for r in range(world)):
+                break
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            p.wait()
+        for log in logs:
+            log.close()
+        if fault == "link_down":
+            tb.set_link(c, t.culprit_host, 0, up=True)
+        elif fault == "slow_link":
+            tb.set_link(c, t.culprit_host, 0, rate=c.rate)
+    _score(t, rph)
+    return t
+
+
+def matrix(trials: list[Trial]) -> str:
+    cols = ["comm_hang", "noncomm_hang", "comm_slow", "noncomm_slow", "mismatch", "none"]
+    rows = [f for f in EXPECTED if any(t.fault == f for t in trials)]
+    head = "| injected \\ verdict | " + " | ".join(cols) + " | right class + culprit + in time |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    for f in rows:
+        ts = [t for t in trials if t.fault == f]
+        counts = [sum(1 for t in ts if (t.cls if t.cls != "healthy" else "none") == c)
+                  for c in cols]
+        good = sum(t.ok for t in ts)
+        lines.append(f"| {f} ({EXPECTED[f]}) | " + " | ".join(map(str, counts)) +
+                     f" | {good}/{len(ts)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="issue 12's diagnosis campaign on an emulated cluster")
+    p.add_argument("--name", default="diagc", help="cluster name (created and removed)")
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--ranks-per-host", type=int, default=2)
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--slow-rate", default="200mbit")
+    p.add_argument("--trials", type=int, default=20, help="trials per fault")
+    p.add_argument("--faults", default="link_down,freeze,hold,none",
+                   help="comma-separated, of: " + ",".join(EXPECTED))
+    p.add_argument("--diag-after", type=float, default=10.0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--warmup", type=float, default=4.0)
+    p.add_argument("--at-step", type=int, default=30)
+    p.add_argument("--delay", type=float, default=0.2)
+    p.add_argument("--clean-duration", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=12)
+    p.add_argument("--master-port", type=int, default=29600)
+    p.add_argument("--out", default="diag-results")
+    args = p.parse_args(argv)
+    faults = args.faults.split(",")
+    bad = [f for f in faults if f not in EXPECTED]
+    if bad:
+        p.error(f"unknown fault(s) {bad}; known: {', '.join(EXPECTED)}")
+    rng = random.Random(args.seed)
+    c = tb.build(args.name, args.hosts, 2, args.rate)
+    tb.up(c)
+    trials = []
+    order = [f for f in faults for _ in range(args.trials)]
+    rng.shuffle(order)
+    try:
+        for n, fault in enumerate(order):
+            t = run_trial(c, args, n, fault, rng)
+            trials.append(t)
+            took = (t.verdict_t - t.fault_t) if t.verdict_t and t.fault_t else None
+            who = f"host {t.culprit_host}" if t.culprit_host is not None else t.culprit_rank
+            when = f" in {took:.1f}s" if took is not None else ""
+            print(f"trial {n + 1}/{len(order)} {fault:9s} culprit {who}: {t.cls}{when} "
+                  f"{'ok' if t.ok else 'WRONG'}"
+                  f"{' — ' + t.verdict.get('verdict', '') if t.verdict else ''}"
+                  f"{' (' + t.note + ')' if t.note else ''}", flush=True)
+    finally:
+        tb.down(args.name)
+    print()
+    print(matrix(trials))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with open(Path(args.out) / "campaign.json", "w") as f:
+        json.dump([t.__dict__ for t in trials], f, indent=1)
+    return 0 if all(t.ok for t in trials) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

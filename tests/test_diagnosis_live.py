@@ -1,0 +1,235 @@
+"""Live diagnosis (issue 12): the watchdog opens a round once an operation
+passes CADENCE_DIAG_AFTER, every rank publishes a summary through the job's
+Store, one verdict is logged by every rank as one line and carried by the
+CommError raised later (`e.diagnosis`) — on real ranks that hang: one that
+never enters (stuck in compute: the verdict shows where), one frozen inside
+the operation. A healthy job opens no round at all."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from harness import run_ranks
+
+OP_TIMEOUT = 5.0
+LIVE = {"CADENCE_DIAG_AFTER": "1"}
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _capture():
+    h = _Lines()
+    logging.getLogger("cadence").addHandler(h)
+    return h
+
+
+def load_batch(seconds):
+    """Stands for a data loader that got stuck."""
+    time.sleep(seconds)
+
+
+def _never_enters(comm, stuck):
+    import cadence
+
+    logs = _capture()
+    x = np.ones(1000, dtype=np.float32)
+    comm.allreduce(x)
+    comm.barrier()
+    t0 = time.monotonic()
+    if comm.rank == stuck:
+        load_batch(OP_TIMEOUT + 3.0)  # past the deadline and its grace period
+        try:
+            comm.allreduce(x)
+            comm.barrier()
+        except cadence.CommError:
+            pass
+        return {"logs": logs.lines}
+    try:
+        comm.allreduce(x)
+        return {"logs": logs.lines, "error": None}
+    except cadence.CommError as e:
+        return {"logs": logs.lines, "error": str(e), "diagnosis": e.diagnosis,
+                "after": time.monotonic() - t0}
+
+
+def test_a_rank_stuck_in_compute_is_named_live_with_its_stack():
+    stuck = 2
+    res = run_ranks(_never_enters, 3, transport="shm", args=(stuck,), env=LIVE,
+                    op_timeout=OP_TIMEOUT, timeout=60)
+    assert all(res[r][0] == "ok" for r in range(3)), res
+    for r in (0, 1):
+        out = res[r][1]
+        d = out["diagnosis"]
+        assert d is not None, out
+        assert d["class"] == "noncomm_hang" and d["ranks"] == [stuck], d["text"]
+        assert d["op"]["collective"] == "allreduce", d
+        # Where the stuck rank was: its Python stack, innermost frame first.
+        assert "load_batch" in d["stacks"][str(stuck)], d["stacks"]
+        assert any("load_batch" in e for e in d["evidence"]), d["evidence"]
+        # One line, logged once, well before the deadline's error.
+        lines = [x for x in out["logs"] if "noncomm_hang" in x]
+        assert len(lines) == 1 and "\n" not in lines[0], out["logs"]
+        assert lines[0].startswith("cadence: noncomm_hang in allreduce #"), lines
+    # The stuck rank logged the same verdict while it was still computing.
+    assert any("noncomm_hang" in x for x in res[stuck][1]["logs"]), res[stuck]
+
+
+def _frozen_inside(comm, victim):
+    import cadence
+
+    logs = _capture()
+    x = np.ones(1 << 16, dtype=np.float32)
+    comm.allreduce(x)
+    pids = {p["rank"]: p["pid"] for p in comm.dump_records()["peers"]}
+    comm.barrier()
+    t0 = time.monotonic()
+    if comm.rank == 0:
+        time.sleep(0.5)  # the victim is inside the allreduce by now
+        os.kill(pids[victim], signal.SIGSTOP)
+    try:
+        comm.allreduce(x, algo="ring")
+        out = {"error": None}
+    except cadence.CommError as e:
+        out = {"error": str(e), "diagnosis": e.diagnosis}
+    if comm.rank == 0:
+        time.sleep(max(0.0, t0 + OP_TIMEOUT + 2.0 - time.monotonic()))
+        os.kill(pids[victim], signal.SIGCONT)
+    out["logs"] = logs.lines
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_rank_frozen_inside_the_operation_is_named_live(transport):
+    victim = 2
+    res = run_ranks(_frozen_inside, 4, transport=transport, args=(victim,), env=LIVE,
+                    op_timeout=OP_TIMEOUT, timeout=60)
+    assert all(res[r][0] == "ok" for r in range(4)), res
+    for r in (0, 1, 3):
+        out = res[r][1]
+        assert out["error"] is not None, out
+        d = out["diagnosis"]
+        assert d is not None and d["class"] == "comm_hang", out
+        assert d["ranks"] == [victim], d["text"]
+        # The frozen process published nothing: the verdict was made without it.
+        assert victim not in d["summaries"], d
+        assert sum("comm_hang" in x for x in out["logs"]) == 1, out["logs"]
+        # One round: the first rank to claim the stuck operation opened it.
+        assert d["round"] == 1, d
+
+
+def _healthy(comm):
+    logs = _capture()
+    x = np.ones(4096, dtype=np.float32)
+    n = 0
+    for _ in range(200):  # ~2.5 s: ten watchdog ticks
+        comm.allreduce(x)
+        comm.allgather(x[:16])
+        time.sleep(0.01)
+        n += 1
+    time.sleep(1.0)  # a few watchdog ticks with nothing running
+    return {"logs": logs.lines, "n": n}
+
+
+def test_a_healthy_job_opens_no_round_and_logs_nothing():
+    res = run_ranks(_healthy, 3, transport="shm", env=LIVE,
+                    op_timeout=OP_TIMEOUT, timeout=60)
+    assert all(res[r][0] == "ok" for r in range(3)), res
+    for r in range(3):
+        assert res[r][1]["n"] > 10 and res[r][1]["logs"] == [], res[r]
+
+
+def test_diag_after_is_bounded_by_the_timeout_and_can_be_turned_off(monkeypatch):
+    from cadence.diagnosis.live import diag_after
+
+    monkeypatch.delenv("CADENCE_DIAG_AFTER", raising=False)
+    assert diag_after(300) == 30 and diag_after(10) == 5
+    monkeypatch.setenv("CADENCE_DIAG_AFTER", "7")
+    assert diag_after(300) == 7
+    for off in ("0", "off"):
+        monkeypatch.setenv("CADENCE_DIAG_AFTER", off)
+        assert diag_after(300) is None
+    monkeypatch.setenv("CADENCE_DIAG_AFTER", "soon")
+    with pytest.raises(ValueError, match="CADENCE_DIAG_AFTER"):
+        diag_after(300)
+
+
+def _doctor_asks(comm, stuck):
+    import subprocess
+    import sys
+    import threading
+
+    import cadence
+
+    x = np.ones(1000, dtype=np.float32)
+    comm.allreduce(x)
+    comm.barrier()
+    if comm.rank == stuck:
+        load_batch(OP_TIMEOUT + 3.0)
+        try:
+            comm.allreduce(x)
+        except cadence.CommError:
+            pass
+        return None
+    result = {}
+
+    def ask():
+        time.sleep(1.5)
+        p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "doctor", "--store",
+                            f"{comm._store.host}:{comm._store.port}", "--prefix", comm._prefix,
+                            "--hang-after", "1", "--json"],
+                           capture_output=True, text=True, timeout=30)
+        result["rc"], result["out"], result["err"] = p.returncode, p.stdout, p.stderr
+
+    t = threading.Thread(target=ask) if comm.rank == 0 else None
+    if t:
+        t.start()
+    try:
+        comm.allreduce(x)
+    except cadence.CommError:
+        pass
+    if t:
+        t.join()
+    return result
+
+
+def test_doctor_asks_a_running_job_through_its_store():
+    stuck = 1
+    res = run_ranks(_doctor_asks, 3, transport="tcp", args=(stuck,),
+                    env={"CADENCE_DIAG_AFTER": "60"}, op_timeout=OP_TIMEOUT, timeout=60)
+    assert all(res[r][0] == "ok" for r in range(3)), res
+    out = res[0][1]
+    assert out["rc"] == 1, out
+    import json
+
+    v = json.loads(out["out"])
+    assert v["class"] == "noncomm_hang" and v["ranks"] == [stuck], v
+    assert v["coordinator"] == "cadence doctor" and v["summaries"] == [0, 1, 2], v
+    assert "load_batch" in v["stacks"][str(stuck)]
+
+
+def test_doctor_store_errors_are_one_line():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for target in (f"127.0.0.1:{port}", "nohost"):
+        p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "doctor", "--store", target,
+                            "--gather", "0.5"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p
+        assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+        assert p.stderr.startswith("cadence doctor: "), p.stderr
