@@ -356,6 +356,16 @@ def test_html_report_of_healthy_mismatched_and_running_jobs():
         _self_contained(text)
         return v, html.unescape(text)
 
+    # A rank that never entered, with its Python stack in its dump (as the
+    # live diagnosis's summaries carry it): the page shows it.
+    never = [dump(r, 3, done_before(2) + [ring_fail(r)]) for r in (0, 1)]
+    never.append({**dump(2, 3, done_before(2)),
+                  "stack": 'Thread 0x1 (most recent call first):\n  File "train.py", line 12 '
+                           "in load_batch\n"})
+    v, text = page(never)
+    assert v.cls == "noncomm_hang" and v.ranks == [2]
+    assert "Python stacks of the named ranks" in text and 'line 12 in load_batch' in text
+
     # Healthy, two communicators: the largest is drawn, its last collective.
     v, text = page([dump(r, 3, done_before(4)) for r in range(3)] +
                    [dump(r, 2, done_before(2), comm="sub") for r in range(2)])

@@ -638,6 +638,12 @@ def render(dumps: list[Dump], verdict, *, last: int = 20,
     out.append("<h2>Evidence</h2><ul class=\"evidence\">")
     out += [f"<li>{esc(e)}</li>" for e in verdict.evidence]
     out.append("</ul>")
+    stacks = getattr(verdict, "stacks", None) or {}
+    if stacks:
+        out.append("<h2>Python stacks of the named ranks</h2>")
+        for r, text in sorted(stacks.items()):
+            out.append(f'<p class="note">{esc(v.who(r))}, when the others were stuck:</p>'
+                       f'<pre class="mono scroll">{esc(text.rstrip())}</pre>')
     if v.others:
         out.append(f'<p class="note">other communicators in these dumps (not drawn): '
                    f"{esc(', '.join(v.others))}</p>")
