@@ -45,9 +45,9 @@ RUN_ARGS ?= --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 50 -w 
 BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 
 .PHONY: build run test test-torch-oldest bench bench-cluster tune soak lint fuzz clean clean-cache \
-	deps mpi iproute2
+	deps mpi iproute2 chromium
 
-build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2 $(VENV)/.stamp-tools
+build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2 $(VENV)/.stamp-chromium $(VENV)/.stamp-tools
 
 # --- Python environment -----------------------------------------------------
 
@@ -129,6 +129,28 @@ $(VENV)/.stamp-iproute2: | $(VENV)/bin/python
 	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then \
 	  echo "make: iproute2 (ip, tc) is not available; the emulated cluster and its tests" >&2; \
 	  echo "make:   stay unavailable until someone runs: sudo apt-get install iproute2" >&2; \
+	  exit 0; \
+	fi; \
+	touch $@
+
+chromium: $(VENV)/.stamp-chromium
+
+# Headless Chromium (apt: chromium), in which tests/test_doctor_reports.py
+# renders `cadence doctor --html` pages (screenshot, script errors, verdict
+# shown). As with iproute2: installed when missing if we are root; otherwise
+# those tests skip, and no stamp is written.
+$(VENV)/.stamp-chromium: | $(VENV)/bin/python
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing Chromium (apt-get install chromium)"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	      || echo "make: apt-get could not install chromium" >&2; \
+	  fi; \
+	fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "make: chromium is not available; the HTML report's browser tests skip until" >&2; \
+	  echo "make:   someone runs: sudo apt-get install chromium" >&2; \
 	  exit 0; \
 	fi; \
 	touch $@

@@ -16,17 +16,33 @@ When everything completed, it looks at how fast:
   healthy       none of the above
 
 The verdict comes first, then its evidence. Exit status: 0 healthy, 1 a
-problem was found, 2 the input could not be used (one line on stderr).
+problem was found, 2 the input could not be used or an output could not be
+written (one line on stderr).
+
+Reports, besides the text (docs/diagnosis.md, "Reports"):
+
+  --trace FILE         Chrome/Perfetto trace: a track per rank (grouped by
+                       host), a slice per operation and per message, on rank
+                       0's clock; open it in ui.perfetto.dev or chrome://tracing
+  --html FILE          one self-contained page: the verdict, the link matrix of
+                       the stuck operation as a heatmap, the ranks' arrival
+                       timeline of the last collectives, the evidence
+  --exclude-file FILE  the culprit machines' host names, one per line (empty
+                       when healthy, and for a mismatch), for the launcher
 
 examples:
   cadence doctor /tmp/dumps
   cadence doctor /tmp/dumps --json | jq .ranks
+  cadence doctor /tmp/dumps --html report.html --trace trace.json
+  cadence doctor /tmp/dumps --exclude-file bad-hosts
+  srun --exclude="$(paste -sd, bad-hosts)" ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 NAME = "doctor"
@@ -55,11 +71,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "counts as stuck (10)")
     p.add_argument("--skip-bad", action="store_true",
                    help="diagnose without dump files that cannot be read, instead of stopping")
+    p.add_argument("--trace", metavar="FILE",
+                   help="write a Chrome/Perfetto trace (JSON) of every rank's operations and "
+                   "messages (open in ui.perfetto.dev or chrome://tracing)")
+    p.add_argument("--html", metavar="FILE",
+                   help="write a self-contained HTML report: verdict, link matrix heatmap, "
+                   "arrival timeline of the last collectives, evidence")
+    p.add_argument("--exclude-file", metavar="FILE",
+                   help="write the culprit machines' host names, one per line, for a launcher "
+                   "to leave out on restart (empty when nothing is to blame)")
+
+
+def _check_output(flag: str, path: str) -> str | None:
+    """Why `path` cannot be written, before any work is done (None: it can)."""
+    if os.path.isdir(path):
+        return f"{flag} {path}: is a directory; give a file name"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"{flag} {path}: no such directory {parent}"
+    if not os.access(parent, os.W_OK):
+        return f"{flag} {path}: cannot write into {parent}"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"{flag} {path}: not writable"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     from cadence.diagnosis import HEALTHY, DumpError, diagnose, load_dir
 
+    outputs = [(flag, path) for flag, path in (("--trace", args.trace), ("--html", args.html),
+                                               ("--exclude-file", args.exclude_file)) if path]
+    if outputs and (args.store or args.cluster):
+        print(f"cadence doctor: {outputs[0][0]} reads a dump directory, not --store/--cluster "
+              "(have the ranks dump with comm.dump(DIR) or CADENCE_DUMP_DIR)", file=sys.stderr)
+        return 2
+    for flag, path in outputs:
+        err = _check_output(flag, path)
+        if err is not None:
+            print(f"cadence doctor: {err}", file=sys.stderr)
+            return 2
     if args.cluster:
         return _ask_cluster(args)
     if args.store:
@@ -75,11 +125,31 @@ def run(args: argparse.Namespace) -> int:
         print(f"cadence doctor: {e}", file=sys.stderr)
         return 2
     verdict.evidence += [f"skipped: {s}" for s in skipped]
+    if outputs and not _write_reports(args, dumps, verdict):
+        return 2
     if args.json:
         print(json.dumps(verdict.to_json(), indent=1))
     else:
         print(verdict.text())
     return 0 if verdict.cls == HEALTHY else 1
+
+
+def _write_reports(args: argparse.Namespace, dumps, verdict) -> bool:
+    """Writes the files asked for; on failure, one line on stderr."""
+    from cadence.diagnosis import exclude, report_html, trace
+
+    try:
+        if args.trace:
+            trace.write(args.trace, dumps, verdict)
+        if args.html:
+            report_html.write(args.html, dumps, verdict, source=args.dumpdir)
+        if args.exclude_file:
+            exclude.write(args.exclude_file, exclude.exclusion_hosts(verdict, dumps))
+    except OSError as e:
+        print(f"cadence doctor: cannot write {e.filename or 'a report'}: {e.strerror or e}",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def _ask_store(args: argparse.Namespace) -> int:
