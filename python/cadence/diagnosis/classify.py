@@ -300,6 +300,14 @@ def _diagnose_comm(c: _Comm) -> Verdict:
                       f"{names} between hosts all touch it); ranks "
                       f"{ranks_text(sorted(present))} all entered")
         return v
+    cross = [(s, d) for s, d in links if c.host(s) != c.host(d)]
+    if not frozen and not c.missing and cross and len(cross) < len(links):
+        # Every rank reported and data stalls between hosts: a shared-memory
+        # link inside a host (both ends alive, answering) only waited on them.
+        v.evidence.append(f"{len(links) - len(cross)} stalled link(s) inside hosts left out: "
+                          "they waited on the links between hosts")
+        links = cross
+        v.links = sorted(links)
     culprits = sorted({r for r, _ in frozen}) or _common_rank(c, links)
     entered = ranks_text(sorted(set(present) | (set(c.missing) - set(unknown))))
     if culprits:
