@@ -679,8 +679,8 @@ impl Engine {
             .map(|(q, _)| *q)
             .chain(recvs[rs].iter().map(|(q, _)| *q));
         for peer in peers {
-            if let Some(l) = self.links[peer].as_mut() {
-                l.stats().busy_ns += busy;
+            if let Some(l) = self.links[peer].as_ref() {
+                l.stats().busy_ns.add(busy);
             }
         }
     }
@@ -1004,9 +1004,19 @@ impl Engine {
         }
     }
 
-    pub fn link_stats(&mut self) -> Vec<crate::transport::LinkStats> {
+    pub fn link_stats(&self) -> Vec<crate::transport::LinkStats> {
         self.links
-            .iter_mut()
+            .iter()
+            .flatten()
+            .map(|l| l.stats().snapshot())
+            .collect()
+    }
+
+    /// Every link's counters, shared: readable from any thread while the
+    /// engine runs.
+    pub fn link_counters(&self) -> Vec<std::sync::Arc<crate::transport::LinkCounters>> {
+        self.links
+            .iter()
             .flatten()
             .map(|l| l.stats().clone())
             .collect()
