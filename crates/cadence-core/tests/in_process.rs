@@ -448,3 +448,42 @@ fn metrics_count_every_operation_and_read_links_while_one_runs() {
     assert_eq!(during["links"].as_array().unwrap().len(), 2);
     assert_eq!(during["collectives"][0]["ok"], 7);
 }
+
+#[test]
+fn a_links_busy_time_is_counted_once_per_phase() {
+    // Two ranks on one host: every phase sends to and receives from the one
+    // peer, which is one stretch of busy time, so the link's busy time
+    // cannot grow more than the operations' durations (set-up's own barrier
+    // is busy time too: compared from after it).
+    use serde_json::Value;
+    fn busy_and_ops(c: &Comm) -> (u64, u64) {
+        let m: Value = serde_json::from_str(&c.metrics()).unwrap();
+        let ops = m["collectives"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["duration_ns"].as_u64().unwrap())
+            .sum();
+        (m["links"][0]["busy_ns"].as_u64().unwrap(), ops)
+    }
+    let got = world(
+        2,
+        |_| "one-host".into(),
+        Duration::from_secs(30),
+        |c| {
+            let before = busy_and_ops(c);
+            for _ in 0..20 {
+                let mut v = vec![1.0f32; 65_536];
+                allreduce_f32(c, &mut v).unwrap();
+            }
+            let after = busy_and_ops(c);
+            (after.0 - before.0, after.1 - before.1)
+        },
+    );
+    for (busy, ops) in got {
+        assert!(
+            busy > 0 && busy <= ops,
+            "busy {busy} ns, operations {ops} ns"
+        );
+    }
+}
