@@ -198,6 +198,9 @@ class Communicator:
         self.id: str = core.id
         # The native method directly: no Python frame on the latency path.
         self.allreduce = core.allreduce
+        from cadence.diagnosis import metrics  # Prometheus: CADENCE_METRICS_PORT
+
+        metrics.track(self)
 
     def __repr__(self) -> str:
         return f"<cadence.Communicator {self.id} rank {self.rank}/{self.size}>"
