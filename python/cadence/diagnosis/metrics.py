@@ -165,7 +165,7 @@ class Collector:
             except Exception:  # noqa: BLE001 - one broken communicator must not end the scrape
                 continue
             base = [m["comm_id"], str(m["rank"]), m["host"]]
-            fam["info"].add_metric(base, {"job": m["job"], "nranks": str(m["nranks"])})
+            fam["info"].add_metric(base, {"cadence_job": m["job"], "nranks": str(m["nranks"])})
             for c in m["collectives"]:
                 kind = [*base, c["collective"]]
                 fam["ops"].add_metric([*kind, "ok"], c["ok"])
