@@ -201,6 +201,9 @@ class Communicator:
         self.allreduce = core.allreduce
         # Live diagnosis (CADENCE_DIAG_AFTER): a watchdog thread, off the data path.
         _live.watch(self, store, prefix, timeout)
+        from cadence.diagnosis import metrics  # Prometheus: CADENCE_METRICS_PORT
+
+        metrics.track(self)
 
     def __repr__(self) -> str:
         return f"<cadence.Communicator {self.id} rank {self.rank}/{self.size}>"

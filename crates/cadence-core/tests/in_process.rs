@@ -345,3 +345,145 @@ fn no_calibration_on_one_host_or_when_turned_off() {
     let off = world_with(4, |r| format!("host{r}"), off, |c| c.cost_model());
     assert!(off.iter().all(Option::is_none));
 }
+
+#[test]
+fn metrics_count_every_operation_and_read_links_while_one_runs() {
+    // Three ranks, two hosts: rank 0-1 over shared memory, rank 2 over TCP.
+    // 7 allreduces of 4000 bytes and one barrier; then rank 1 is late for an
+    // allreduce while rank 0's metrics are read from another thread.
+    use serde_json::Value;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let got = world(
+        3,
+        |r| format!("host{}", r / 2),
+        Duration::from_secs(30),
+        |c| {
+            for _ in 0..7 {
+                let mut v = vec![1.0f32; 1000];
+                allreduce_f32(c, &mut v).unwrap();
+            }
+            c.run(OpRequest::barrier()).unwrap();
+            let after: Value = serde_json::from_str(&c.metrics()).unwrap();
+            // Rank 1 stays out until rank 0's reader saw the operation run.
+            static SEEN: AtomicBool = AtomicBool::new(false);
+            let during = std::thread::scope(|s| {
+                let reader = s.spawn(|| {
+                    let t0 = std::time::Instant::now();
+                    while c.rank() == 0 {
+                        let m: Value = serde_json::from_str(&c.metrics()).unwrap();
+                        if !m["running"].is_null() || t0.elapsed() > Duration::from_secs(10) {
+                            SEEN.store(true, Ordering::Release);
+                            return m;
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Value::Null
+                });
+                if c.rank() == 1 {
+                    let t0 = std::time::Instant::now();
+                    while !SEEN.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(10) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                let mut v = vec![1.0f32; 1000];
+                allreduce_f32(c, &mut v).unwrap();
+                reader.join().unwrap()
+            });
+            (after, during)
+        },
+    );
+    for (r, (m, _)) in got.iter().enumerate() {
+        let kinds = m["collectives"].as_array().unwrap();
+        assert_eq!(kinds.len(), 2, "rank {r}: {m}");
+        let ar = &kinds[0];
+        assert_eq!(ar["collective"], "allreduce");
+        assert_eq!(
+            (ar["ok"].as_u64(), ar["failed"].as_u64()),
+            (Some(7), Some(0))
+        );
+        assert_eq!(ar["bytes"], 28_000);
+        let buckets = ar["buckets"].as_array().unwrap();
+        assert_eq!(
+            buckets.len(),
+            m["bucket_bounds_ns"].as_array().unwrap().len() + 1
+        );
+        assert_eq!(buckets.iter().map(|b| b.as_u64().unwrap()).sum::<u64>(), 7);
+        assert!(ar["duration_ns"].as_u64().unwrap() > 0);
+        assert_eq!(kinds[1]["collective"], "barrier");
+        assert_eq!(kinds[1]["ok"], 1);
+        assert!(m["running"].is_null());
+        // Each link: what one end sent the other received, byte for byte.
+        let links = m["links"].as_array().unwrap();
+        assert_eq!(links.len(), 2);
+        // Any allreduce brings a rank at least (n-1)/n of the data.
+        let got_in: u64 = links
+            .iter()
+            .map(|l| l["bytes_recv"].as_u64().unwrap())
+            .sum();
+        assert!(got_in >= 7 * 4000 * 2 / 3, "rank {r}: {m}");
+        for l in links {
+            let q = l["peer"].as_u64().unwrap() as usize;
+            let tr = if (r < 2) == (q < 2) { "shm" } else { "tcp" };
+            assert_eq!(l["transport"], tr, "rank {r} -> {q}");
+            assert_eq!(l["peer_host"], format!("host{}", q / 2));
+            assert!(l["busy_ns"].as_u64().unwrap() > 0, "{l}");
+            let back = got[q].0["links"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|b| b["peer"] == r)
+                .unwrap();
+            assert_eq!(l["bytes_sent"], back["bytes_recv"], "{r} -> {q}");
+            assert_eq!(l["msgs_sent"], back["msgs_recv"], "{r} -> {q}");
+        }
+    }
+    // Read while rank 0 waited for rank 1 inside the allreduce: the running
+    // operation is named, the counters are there, nothing waited for it.
+    let during = &got[0].1;
+    assert_eq!(during["running"]["collective"], "allreduce", "{during}");
+    // Set-up's own collectives (clock, calibration) are numbered too.
+    assert!(during["running"]["seq"].as_u64().unwrap() >= 9, "{during}");
+    let started = during["running"]["start_ns"].as_u64().unwrap();
+    assert!(during["now_ns"].as_u64().unwrap() > started);
+    assert_eq!(during["links"].as_array().unwrap().len(), 2);
+    assert_eq!(during["collectives"][0]["ok"], 7);
+}
+
+#[test]
+fn a_links_busy_time_is_counted_once_per_phase() {
+    // Two ranks on one host: every phase sends to and receives from the one
+    // peer, which is one stretch of busy time, so the link's busy time
+    // cannot grow more than the operations' durations (set-up's own barrier
+    // is busy time too: compared from after it).
+    use serde_json::Value;
+    fn busy_and_ops(c: &Comm) -> (u64, u64) {
+        let m: Value = serde_json::from_str(&c.metrics()).unwrap();
+        let ops = m["collectives"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["duration_ns"].as_u64().unwrap())
+            .sum();
+        (m["links"][0]["busy_ns"].as_u64().unwrap(), ops)
+    }
+    let got = world(
+        2,
+        |_| "one-host".into(),
+        Duration::from_secs(30),
+        |c| {
+            let before = busy_and_ops(c);
+            for _ in 0..20 {
+                let mut v = vec![1.0f32; 65_536];
+                allreduce_f32(c, &mut v).unwrap();
+            }
+            let after = busy_and_ops(c);
+            (after.0 - before.0, after.1 - before.1)
+        },
+    );
+    for (busy, ops) in got {
+        assert!(
+            busy > 0 && busy <= ops,
+            "busy {busy} ns, operations {ops} ns"
+        );
+    }
+}

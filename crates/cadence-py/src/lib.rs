@@ -680,6 +680,15 @@ impl PyComm {
         py.allow_threads(move || comm.dump_records())
     }
 
+    /// Cumulative totals for metrics as JSON: operations, bytes and a
+    /// duration histogram per collective kind, every link's counters, the
+    /// oldest running operation (cadence.diagnosis.metrics reads it at
+    /// scrape time). Never waits for a running operation.
+    fn metrics(&self, py: Python<'_>) -> String {
+        let comm = self.comm.clone();
+        py.allow_threads(move || comm.metrics())
+    }
+
     /// Writes the dump into directory `dir`; returns the file's path.
     fn dump(&self, py: Python<'_>, dir: std::path::PathBuf) -> PyResult<String> {
         let comm = self.comm.clone();

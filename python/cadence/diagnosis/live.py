@@ -333,6 +333,7 @@ class Watchdog:
                 running is None or running[2] < w.after):
             core._set_diagnosis(None)
             w.verdict_at_ops = None
+            _metrics_verdict(w, {"class": "healthy", "verdict": "recovered"})
 
     def _windows(self, w: _Watched, core) -> None:
         """Slowness: every rank publishes each finished window's operations;
@@ -394,6 +395,7 @@ class Watchdog:
         if ident == w.slow_logged:
             return
         w.slow_logged = ident
+        _metrics_verdict(w, verdict)
         if verdict.get("class") == "healthy":
             log.info("cadence: comm %s: %s", w.prefix, verdict.get("verdict"))
             return
@@ -444,6 +446,7 @@ class Watchdog:
     def _deliver(self, w: _Watched, core, verdict: dict, total: int) -> None:
         core._set_diagnosis(verdict)
         w.verdict_at_ops = total
+        _metrics_verdict(w, verdict)
         op = verdict.get("op") or {}
         ident = (verdict.get("class"), op.get("comm"), op.get("seq"))
         if ident in w.logged:
@@ -497,6 +500,15 @@ def ask(store, prefix: str = "cadence/init1", gather: float = 5.0,
     verdict["coordinator"] = "cadence doctor"
     store.set(key(r, "verdict"), json.dumps(verdict))
     return verdict
+
+
+def _metrics_verdict(w: _Watched, verdict: dict) -> None:
+    """The verdict as `cadence_verdict` (CADENCE_METRICS_PORT)."""
+    from cadence.diagnosis import metrics
+
+    comm = w.comm()
+    if comm is not None:
+        metrics.set_verdict(comm.id, str(verdict.get("class")), str(verdict.get("verdict", "")))
 
 
 def _ident(v) -> tuple | None:

@@ -290,6 +290,7 @@ impl Bootstrap {
         drop(inner);
         comm.measure_clock()?;
         comm.calibrate()?;
+        comm.reset_totals();
         comm.announce_selection();
         Ok(comm)
     }

@@ -21,7 +21,7 @@ use crate::engine::{Buffers, Cancel, Engine, Evidence, Moment, OpCtx};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::monitor::{Dir, Messages, MsgRecord, MsgState, OpRecord, Recorder};
 use crate::schedule::{self, lower::Lowering, Algo, CollArgs, CostModel, Schedule, Topology};
-use crate::transport::{JobTrace, Link, OpMeta, RecvJob, SendJob};
+use crate::transport::{JobTrace, Link, LinkCounters, OpMeta, RecvJob, SendJob};
 use crate::types::{CollKind, DType, RedOp};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -301,6 +301,9 @@ struct Shared {
     cfg: Config,
     inner: Mutex<Inner>,
     recorder: Mutex<Recorder>,
+    /// Every link's counters (shared with the engine's links), readable
+    /// while an operation runs.
+    links: Vec<Arc<LinkCounters>>,
     /// Submitted asynchronous operations not yet finished.
     pending: AtomicUsize,
     /// Threads blocked until the progress thread finishes something.
@@ -361,6 +364,7 @@ impl Comm {
         engine.cancel = cancel.clone();
         engine.stamp_messages = cfg.record_messages > 0;
         let recorder = Recorder::new(cfg.flight_recorder, cfg.record_messages);
+        let links = engine.link_counters();
         let auto = {
             let topo = Topology::from_hosts(&hosts);
             let tuned = cfg.tuning.as_ref().and_then(|t| t.file.for_topology(&topo));
@@ -391,6 +395,7 @@ impl Comm {
                     last_schedule: None,
                 }),
                 recorder: Mutex::new(recorder),
+                links,
                 pending: AtomicUsize::new(0),
                 watchers: Arc::new(AtomicUsize::new(0)),
                 cancel,
@@ -444,6 +449,14 @@ impl Comm {
         );
         Arc::get_mut(&mut self.shared).ok_or(refused)?.clock = clock;
         Ok(())
+    }
+
+    /// The end of set-up: the totals metrics report count the application's
+    /// operations, not set-up's own (clock ping-pongs, calibration; their
+    /// records stay in the flight recorder, their bytes in the links'
+    /// counters).
+    fn reset_totals(&self) {
+        self.shared.recorder.lock().unwrap().reset_totals();
     }
 
     /// `CADENCE_DEBUG=INFO`: rank 0 prints how algorithms are chosen.
@@ -601,6 +614,15 @@ impl Comm {
     /// running): cheap enough to poll every second from a watchdog.
     pub fn progress(&self) -> crate::monitor::Progress {
         self.shared.recorder.lock().unwrap().progress()
+    }
+
+    /// Cumulative totals for metrics, as JSON: per collective kind,
+    /// operations (ok, failed), bytes and a duration histogram since the
+    /// communicator was created; every link's byte, message and busy-time
+    /// counters; the oldest running operation. Cheap, and never waits for a
+    /// running operation (format: docs/diagnosis.md, "Metrics").
+    pub fn metrics(&self) -> String {
+        self.shared.metrics_json()
     }
 
     /// Writes [`Comm::dump_records`] into `dir` (created if needed) as
@@ -960,6 +982,7 @@ impl Shared {
             seq: meta.map_or(0, |m| m.seq),
             sig: meta.map_or(0, |m| m.sig),
             collective: req.kind.name(),
+            kind: req.kind,
             algo: algo.name(),
             dtype: req.dtype.name(),
             redop: if req.kind.reduces() {
@@ -994,18 +1017,17 @@ impl Shared {
         }
     }
 
+    /// Closes the record of operation `id` and counts it in the totals.
     fn record_end(&self, id: u64, result: &Result<()>) {
+        let status = match result {
+            Ok(()) => Cow::Borrowed("ok"),
+            Err(e) => Cow::Owned(e.to_string()),
+        };
         let mut rec = self.recorder.lock().unwrap();
-        let now = rec.now_ns();
-        if let Some(r) = rec.get_mut(id) {
-            r.end_ns = now;
-            r.status = match result {
-                Ok(()) => Cow::Borrowed("ok"),
-                Err(e) => Cow::Owned(e.to_string()),
-            };
+        if let Some(r) = rec.end(id, result.is_ok(), status) {
             if self.cfg.debug >= DebugLevel::Trace {
                 // One JSON line per operation, as the flight recorder has it.
-                let line = serde_json::to_string(&*r).unwrap_or_default();
+                let line = serde_json::to_string(r).unwrap_or_default();
                 eprintln!("cadence rank {} TRACE {line}", self.rank);
             }
         }
@@ -1015,16 +1037,17 @@ impl Shared {
     /// messages, and its link counters (format: docs/diagnosis.md).
     fn dump_json(&self, reason: &str) -> String {
         use serde_json::{json, Value};
-        // While an operation runs, the engine (and its links) is busy: the
-        // counters are left out rather than waited for.
-        let (links, failure, waits) = match self.inner.try_lock() {
-            Ok(mut i) => (
-                json!(i.engine.link_stats()),
+        // While an operation runs, the engine is busy: its failure and wait
+        // statistics are left out rather than waited for. The links'
+        // counters can be read at any time.
+        let (failure, waits) = match self.inner.try_lock() {
+            Ok(i) => (
                 json!(i.failed.as_ref().map(|e| e.to_string())),
                 json!(i.engine.wait_stats),
             ),
-            Err(_) => (Value::Null, Value::Null, Value::Null),
+            Err(_) => (Value::Null, Value::Null),
         };
+        let links: Vec<_> = self.links.iter().map(|l| l.snapshot()).collect();
         let rec = self.recorder.lock().unwrap();
         let dump_ns = rec.now_ns();
         let ops: Vec<Value> = rec
@@ -1072,6 +1095,58 @@ impl Shared {
             "ops": ops,
             "links": links,
             "waits": waits,
+        })
+        .to_string()
+    }
+
+    /// The totals Prometheus metrics are made of, as JSON (format:
+    /// docs/diagnosis.md): per collective kind, operations ok and failed,
+    /// bytes and a duration histogram; per link, its counters; the oldest
+    /// operation still running. Never waits for a running operation: one
+    /// short lock of the recorder (which operations take for a few adds).
+    fn metrics_json(&self) -> String {
+        use crate::monitor::totals::{bucket_bound_ns, DURATION_BUCKETS};
+        use serde_json::json;
+        let (now, totals, running) = {
+            let rec = self.recorder.lock().unwrap();
+            (rec.now_ns(), rec.totals().clone(), rec.oldest_running())
+        };
+        let collectives: Vec<_> = totals
+            .used()
+            .map(|(k, t)| {
+                json!({
+                    "collective": k.name(),
+                    "ok": t.ok,
+                    "failed": t.failed,
+                    "bytes": t.bytes,
+                    "duration_ns": t.duration_ns,
+                    "buckets": t.buckets,
+                })
+            })
+            .collect();
+        let links: Vec<_> = self
+            .links
+            .iter()
+            .map(|l| {
+                let mut v = json!(l.snapshot());
+                v["peer_host"] = json!(self.hosts.get(l.peer));
+                v
+            })
+            .collect();
+        let bounds: Vec<u64> = (0..DURATION_BUCKETS).map(bucket_bound_ns).collect();
+        json!({
+            "comm_id": self.id,
+            "job": self.job,
+            "rank": self.rank,
+            "nranks": self.nranks,
+            "host": self.hosts[self.rank],
+            "now_ns": now,
+            "bucket_bounds_ns": bounds,
+            "collectives": collectives,
+            "links": links,
+            "running": running.map(|(k, seq, start)| json!({
+                "collective": k.name(), "seq": seq, "start_ns": start,
+            })),
         })
         .to_string()
     }

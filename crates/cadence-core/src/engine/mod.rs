@@ -264,6 +264,8 @@ pub struct Engine {
     /// (resp. receive), so later messages to them wait their turn.
     busy_tx: Vec<bool>,
     busy_rx: Vec<bool>,
+    /// Reused by `account_phase`: peers already charged for the phase.
+    charged: Vec<bool>,
     pollfds: Vec<libc::pollfd>,
     /// Reused by `idle_wait`: the shared-memory transfers it waits on
     /// (peer, is a send).
@@ -306,6 +308,7 @@ impl Engine {
             scratch: Vec::new(),
             busy_tx: vec![false; nranks],
             busy_rx: vec![false; nranks],
+            charged: vec![false; nranks],
             pollfds: Vec::new(),
             shm_waits: Vec::new(),
             jobs: Jobs::default(),
@@ -661,7 +664,9 @@ impl Engine {
         }
     }
 
-    /// Adds phase `p`'s duration to the busy time of the links it used.
+    /// Adds phase `p`'s duration to the busy time of the links it used,
+    /// once per link (a phase that sends to and receives from one peer, or
+    /// sends it several pieces, is one stretch of busy time for that link).
     #[allow(clippy::too_many_arguments)]
     fn account_phase(
         &mut self,
@@ -678,10 +683,17 @@ impl Engine {
             .iter()
             .map(|(q, _)| *q)
             .chain(recvs[rs].iter().map(|(q, _)| *q));
-        for peer in peers {
-            if let Some(l) = self.links[peer].as_mut() {
-                l.stats().busy_ns += busy;
+        for peer in peers.clone() {
+            if self.charged[peer] {
+                continue;
             }
+            self.charged[peer] = true;
+            if let Some(l) = self.links[peer].as_ref() {
+                l.stats().busy_ns.add(busy);
+            }
+        }
+        for peer in peers {
+            self.charged[peer] = false;
         }
     }
 
@@ -1004,9 +1016,19 @@ impl Engine {
         }
     }
 
-    pub fn link_stats(&mut self) -> Vec<crate::transport::LinkStats> {
+    pub fn link_stats(&self) -> Vec<crate::transport::LinkStats> {
         self.links
-            .iter_mut()
+            .iter()
+            .flatten()
+            .map(|l| l.stats().snapshot())
+            .collect()
+    }
+
+    /// Every link's counters, shared: readable from any thread while the
+    /// engine runs.
+    pub fn link_counters(&self) -> Vec<std::sync::Arc<crate::transport::LinkCounters>> {
+        self.links
+            .iter()
             .flatten()
             .map(|l| l.stats().clone())
             .collect()

@@ -14,11 +14,19 @@
 //! `engine::Evidence`); an operation that waits long also publishes a
 //! snapshot of its messages so far (the *live* messages), so a dump taken
 //! meanwhile shows which are still pending.
+//!
+//! What the rings forget, [`totals`] keeps: per collective kind, operations
+//! and bytes since the communicator was created and a histogram of their
+//! durations, counted as each operation ends (Prometheus metrics read them).
 
+pub mod totals;
+
+use crate::types::CollKind;
 use serde::{Serialize, Serializer};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use totals::OpTotals;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct OpRecord {
@@ -36,6 +44,9 @@ pub struct OpRecord {
     #[serde(serialize_with = "hex")]
     pub sig: u64,
     pub collective: &'static str,
+    /// The collective as a kind (`collective` is its name).
+    #[serde(skip)]
+    pub kind: CollKind,
     pub algo: &'static str,
     pub dtype: &'static str,
     pub redop: &'static str,
@@ -160,6 +171,12 @@ pub struct Recorder {
     /// Snapshot of running operations' messages, and when it was taken.
     live: Vec<MsgRecord>,
     live_ns: u64,
+    /// Every operation ended so far, by kind (what the ring forgets).
+    totals: OpTotals,
+    /// Operations whose record left the ring while they still ran (more
+    /// running at once than the ring holds: a large point-to-point batch),
+    /// so that their end still counts: (id, kind, bytes, start_ns).
+    evicted_running: Vec<(u64, CollKind, u64, u64)>,
 }
 
 /// Wall-clock nanoseconds since the Unix epoch.
@@ -185,6 +202,8 @@ impl Recorder {
             msgs_total: 0,
             live: Vec::new(),
             live_ns: 0,
+            totals: OpTotals::default(),
+            evicted_running: Vec::new(),
         }
     }
 
@@ -205,10 +224,55 @@ impl Recorder {
     /// Adds a record (its `id` must grow with every push).
     pub fn push(&mut self, rec: OpRecord) {
         if self.ops.len() == self.capacity {
-            self.ops.pop_front();
+            if let Some(old) = self.ops.pop_front().filter(|r| r.is_running()) {
+                let kept = (old.id, old.kind, old.bytes, old.start_ns);
+                self.evicted_running.push(kept);
+            }
         }
         self.total_ops += 1;
         self.ops.push_back(rec);
+    }
+
+    /// Ends operation `id` now with `status` ("ok" when `ok`, else the
+    /// error's text) and counts it in the totals. Returns its record, if
+    /// still in the buffer. One search from the back (O(1) when it is the
+    /// latest) and a few adds: no allocation.
+    pub fn end(&mut self, id: u64, ok: bool, status: Cow<'static, str>) -> Option<&OpRecord> {
+        let now = self.now_ns();
+        if let Some(r) = self.ops.iter_mut().rev().find(|r| r.id == id) {
+            r.end_ns = now;
+            r.status = status;
+            let dur = now.saturating_sub(r.start_ns);
+            self.totals.add(r.kind, r.bytes, dur, ok);
+            return Some(r);
+        }
+        if let Some(i) = self.evicted_running.iter().position(|e| e.0 == id) {
+            let (_, kind, bytes, start) = self.evicted_running.swap_remove(i);
+            self.totals.add(kind, bytes, now.saturating_sub(start), ok);
+        }
+        None
+    }
+
+    /// Forgets the totals counted so far (the communicator's own set-up
+    /// operations).
+    pub fn reset_totals(&mut self) {
+        self.totals = OpTotals::default();
+    }
+
+    /// Totals of every operation ended so far.
+    pub fn totals(&self) -> &OpTotals {
+        &self.totals
+    }
+
+    /// The oldest operation still running: (kind, seq, start_ns); the seq
+    /// is 0 when its record left the ring.
+    pub fn oldest_running(&self) -> Option<(CollKind, u64, u64)> {
+        let evicted = self.evicted_running.iter().min_by_key(|e| e.3);
+        if let Some(&(_, kind, _, start)) = evicted {
+            return Some((kind, 0, start));
+        }
+        let r = self.ops.iter().find(|r| r.is_running())?;
+        Some((r.kind, r.seq, r.start_ns))
     }
 
     /// The record of operation `id`, if still in the buffer.
@@ -315,6 +379,7 @@ mod tests {
             seq: id,
             sig: 0xabc,
             collective: "allreduce",
+            kind: CollKind::AllReduce,
             algo: "ring",
             dtype: "float32",
             redop: "sum",
@@ -407,6 +472,33 @@ mod tests {
         r.get_mut(1).unwrap().status = Cow::Borrowed("ok");
         let op = r.records().next().unwrap().clone();
         assert!(matches!(r.messages(&op), Messages::Final(_, 1)));
+    }
+
+    #[test]
+    fn totals_outlive_the_ring() {
+        let mut r = Recorder::new(2, 0);
+        for id in 1..=5u64 {
+            r.push(rec(id));
+            assert!(r.end(id, id != 3, Cow::Borrowed("x")).is_some());
+        }
+        // Two running at once in a ring of one: the first is evicted
+        // before it ends and still counts.
+        let mut r2 = Recorder::new(1, 0);
+        r2.push(rec(1));
+        r2.push(rec(2));
+        assert_eq!(r2.oldest_running().map(|o| o.1), Some(0));
+        assert!(r2.end(1, true, Cow::Borrowed("ok")).is_none());
+        assert_eq!(r2.oldest_running().map(|o| o.1), Some(2));
+        assert!(r2.end(2, true, Cow::Borrowed("ok")).is_some());
+        assert_eq!(r2.oldest_running(), None);
+        assert_eq!(r2.totals().of(CollKind::AllReduce).ok, 2);
+
+        let t = r.totals().of(CollKind::AllReduce);
+        assert_eq!((t.ok, t.failed, t.bytes), (4, 1, 16));
+        assert_eq!(t.buckets.iter().sum::<u64>(), 4);
+        assert_eq!(r.records().count(), 2);
+        assert_eq!(r.records().last().unwrap().status, "x");
+        assert!(r.records().all(|o| o.end_ns >= o.start_ns));
     }
 
     #[test]

@@ -20,6 +20,8 @@ use crate::error::ErrorKind;
 use crate::reduce;
 use crate::types::{CollKind, DType, ElemOp, RedOp};
 use bytemuck::{Pod, Zeroable};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// "CDNC" little-endian.
 pub const MAGIC: u32 = 0x434e_4443;
@@ -481,7 +483,70 @@ impl RecvJob {
     }
 }
 
-/// Counters every connection keeps (always on, cheap: a few adds per frame).
+/// A counter with one writer (the engine, which owns the link; the
+/// communicator's lock hands it from thread to thread) and readers on any
+/// thread at any time (metrics, dumps, also while an operation runs). The
+/// writer adds with a relaxed load and store: plain moves, no locked
+/// instruction; a reader sees a recent value, never a torn one.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`. Only the link's owner may call it (one writer: see above).
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Counters every connection keeps (always on, cheap: a few adds per
+/// frame), shared with the communicator so they can be read while the
+/// engine runs (see [`Counter`]).
+#[derive(Debug, Default)]
+pub struct LinkCounters {
+    pub peer: usize,
+    pub transport: &'static str,
+    pub bytes_sent: Counter,
+    pub bytes_recv: Counter,
+    pub msgs_sent: Counter,
+    pub msgs_recv: Counter,
+    /// Nanoseconds during which this link had a transfer pending.
+    pub busy_ns: Counter,
+    /// Messages sent by single copy.
+    pub single_copy_sent: Counter,
+}
+
+impl LinkCounters {
+    pub fn new(peer: usize, transport: &'static str) -> Arc<LinkCounters> {
+        Arc::new(LinkCounters {
+            peer,
+            transport,
+            ..Default::default()
+        })
+    }
+
+    /// The counters' values now.
+    pub fn snapshot(&self) -> LinkStats {
+        LinkStats {
+            peer: self.peer,
+            transport: self.transport,
+            bytes_sent: self.bytes_sent.get(),
+            bytes_recv: self.bytes_recv.get(),
+            msgs_sent: self.msgs_sent.get(),
+            msgs_recv: self.msgs_recv.get(),
+            busy_ns: self.busy_ns.get(),
+            single_copy_sent: self.single_copy_sent.get(),
+        }
+    }
+}
+
+/// A link's counters at one moment ([`LinkCounters::snapshot`]).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct LinkStats {
     pub peer: usize,
@@ -516,10 +581,10 @@ impl Link {
             Link::Tcp(l) => l.recv_progress(job),
         }
     }
-    pub fn stats(&mut self) -> &mut LinkStats {
+    pub fn stats(&self) -> &Arc<LinkCounters> {
         match self {
-            Link::Shm(l) => &mut l.stats,
-            Link::Tcp(l) => &mut l.stats,
+            Link::Shm(l) => &l.stats,
+            Link::Tcp(l) => &l.stats,
         }
     }
     pub fn is_tcp(&self) -> bool {

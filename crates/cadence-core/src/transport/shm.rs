@@ -39,8 +39,8 @@
 //! call, `CADENCE_SHM_CMA_MIN=0`) the ring carries everything.
 
 use super::{
-    AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, WireHeader, ABORT_TEXT_MAX, FRAME_CMA,
-    FRAME_DATA, HEADER_BYTES, STALL_CHAIN_MAX,
+    AbortNotice, LinkCounters, RecvJob, SendJob, StallNotice, WireHeader, ABORT_TEXT_MAX,
+    FRAME_CMA, FRAME_DATA, HEADER_BYTES, STALL_CHAIN_MAX,
 };
 use crate::error::ErrorKind;
 use memmap2::MmapRaw;
@@ -458,7 +458,7 @@ pub struct ShmLink {
     tx: RingEnd,
     rx: RingEnd,
     peer_inbox: Arc<Region>,
-    pub stats: LinkStats,
+    pub stats: Arc<LinkCounters>,
     /// This rank's single-copy threshold (see the module notes; 0: off).
     cma_min: usize,
     /// A single-copy send in flight: the `tail` that says the receiver is
@@ -554,11 +554,7 @@ impl ShmLink {
             tx,
             rx,
             peer_inbox,
-            stats: LinkStats {
-                peer,
-                transport: "shm",
-                ..Default::default()
-            },
+            stats: LinkCounters::new(peer, "shm"),
             cma_min: my_inbox.cfg.cma_min,
             cma_wait: None,
             cma_rx_start: None,
@@ -602,7 +598,7 @@ impl ShmLink {
         self.cma_wait = Some(self.tx.mine);
         job.sent = total;
         job.started = true;
-        self.stats.bytes_sent += total as u64;
+        self.stats.bytes_sent.add(total as u64);
         true
     }
 
@@ -616,8 +612,8 @@ impl ShmLink {
             }
             self.cma_wait = None;
             job.done = true;
-            self.stats.msgs_sent += 1;
-            self.stats.single_copy_sent += 1;
+            self.stats.msgs_sent.add(1);
+            self.stats.single_copy_sent.add(1);
             return Ok(true);
         }
         let total = job.src.len();
@@ -651,10 +647,10 @@ impl ShmLink {
             job.started = true;
             job.done = job.sent == total;
             progressed = true;
-            self.stats.bytes_sent += n as u64;
+            self.stats.bytes_sent.add(n as u64);
         }
         if job.done && progressed {
-            self.stats.msgs_sent += 1;
+            self.stats.msgs_sent.add(1);
         }
         Ok(progressed)
     }
@@ -688,10 +684,10 @@ impl ShmLink {
             job.started = true;
             job.done = job.got == total;
             progressed = true;
-            self.stats.bytes_recv += want as u64;
+            self.stats.bytes_recv.add(want as u64);
         }
         if job.done && progressed {
-            self.stats.msgs_recv += 1;
+            self.stats.msgs_recv.add(1);
         }
         Ok(progressed)
     }
@@ -755,7 +751,7 @@ impl ShmLink {
         }
         job.got += n;
         job.started = true;
-        self.stats.bytes_recv += n as u64;
+        self.stats.bytes_recv.add(n as u64);
         if job.got < total {
             return Ok(true);
         }
@@ -770,7 +766,7 @@ impl ShmLink {
         self.rx.tail().store(self.rx.mine, Ordering::Release);
         ring_doorbell(&self.peer_inbox);
         job.done = true;
-        self.stats.msgs_recv += 1;
+        self.stats.msgs_recv.add(1);
         Ok(true)
     }
 

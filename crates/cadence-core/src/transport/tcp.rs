@@ -15,13 +15,14 @@
 //! authenticated) in `tcp_setup.rs`.
 
 use super::{
-    AbortNotice, LinkStats, RecvJob, SendJob, StallNotice, StripeCursor, WireHeader,
+    AbortNotice, LinkCounters, RecvJob, SendJob, StallNotice, StripeCursor, WireHeader,
     ABORT_TEXT_MAX, FRAME_ABORT, FRAME_STALL, HEADER_BYTES, MAGIC, STALL_CHAIN_MAX,
 };
 use crate::error::ErrorKind;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Messages smaller than this use one stream.
@@ -51,7 +52,7 @@ pub struct TcpLink {
     rx_ctl: Vec<Option<CtlIn>>,
     /// The last stall notice the peer sent.
     pub stall: Option<StallNotice>,
-    pub stats: LinkStats,
+    pub stats: Arc<LinkCounters>,
 }
 
 /// A control frame being received: its header and the payload so far.
@@ -158,11 +159,7 @@ impl TcpLink {
             tx_ctl_done: 0,
             rx_ctl: (0..n).map(|_| None).collect(),
             stall: None,
-            stats: LinkStats {
-                peer,
-                transport: "tcp",
-                ..Default::default()
-            },
+            stats: LinkCounters::new(peer, "tcp"),
         })
     }
 
@@ -218,7 +215,7 @@ impl TcpLink {
                         st.hdr_done += h;
                         n -= h;
                         st.done += n;
-                        self.stats.bytes_sent += n as u64;
+                        self.stats.bytes_sent.add(n as u64);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -233,7 +230,7 @@ impl TcpLink {
         }
         if all_done {
             job.done = true;
-            self.stats.msgs_sent += 1;
+            self.stats.msgs_sent.add(1);
         }
         Ok(progressed)
     }
@@ -320,7 +317,7 @@ impl TcpLink {
                     Ok(0) => return Err(self.closed()),
                     Ok(n) => {
                         progressed = true;
-                        self.stats.bytes_recv += n as u64;
+                        self.stats.bytes_recv.add(n as u64);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -333,7 +330,7 @@ impl TcpLink {
         }
         if all_done {
             job.done = true;
-            self.stats.msgs_recv += 1;
+            self.stats.msgs_recv.add(1);
         }
         Ok(progressed)
     }
