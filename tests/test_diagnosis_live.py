@@ -165,6 +165,11 @@ def test_diag_after_is_bounded_by_the_timeout_and_can_be_turned_off(monkeypatch)
         diag_after(300)
 
 
+# Long enough for the doctor's process to start (torch's import) and gather
+# while every rank is still in the job.
+ASK_TIMEOUT = 12.0
+
+
 def _doctor_asks(comm, stuck):
     import subprocess
     import sys
@@ -176,7 +181,7 @@ def _doctor_asks(comm, stuck):
     comm.allreduce(x)
     comm.barrier()
     if comm.rank == stuck:
-        load_batch(OP_TIMEOUT + 3.0)
+        load_batch(ASK_TIMEOUT + 3.0)
         try:
             comm.allreduce(x)
         except cadence.CommError:
@@ -188,7 +193,7 @@ def _doctor_asks(comm, stuck):
         time.sleep(1.5)
         p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "doctor", "--store",
                             f"{comm._store.host}:{comm._store.port}", "--prefix", comm._prefix,
-                            "--hang-after", "1", "--json"],
+                            "--hang-after", "1", "--gather", "3", "--json"],
                            capture_output=True, text=True, timeout=30)
         result["rc"], result["out"], result["err"] = p.returncode, p.stdout, p.stderr
 
@@ -207,7 +212,7 @@ def _doctor_asks(comm, stuck):
 def test_doctor_asks_a_running_job_through_its_store():
     stuck = 1
     res = run_ranks(_doctor_asks, 3, transport="tcp", args=(stuck,),
-                    env={"CADENCE_DIAG_AFTER": "60"}, op_timeout=OP_TIMEOUT, timeout=60)
+                    env={"CADENCE_DIAG_AFTER": "60"}, op_timeout=ASK_TIMEOUT, timeout=90)
     assert all(res[r][0] == "ok" for r in range(3)), res
     out = res[0][1]
     assert out["rc"] == 1, out
