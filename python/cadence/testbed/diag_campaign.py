@@ -17,8 +17,11 @@ link does not also cut it off from the Store. Faults:
   naming rank R.
 - `hold`: rank R stays out of the next collective (a sleep in "compute").
   Right: noncomm_hang naming rank R.
-- `slow_link`: host H's rail-0 link is slowed (`--slow-rate`). Right:
-  comm_slow naming host H (or only links of H's ranks).
+- `slow_link`: host H's rail-0 link is slowed (`--slow-rate`) before the
+  job starts (a tbf changed under load drops its queue, and TCP's back-off
+  then stalls the link for seconds: a hang, not a slow link). Right:
+  comm_slow naming host H (or only links of H's ranks), within 60 s of the
+  job being ready.
 - `straggle`: rank R computes `--delay` s more before every collective.
   Right: noncomm_slow naming rank R.
 - `none`: nothing, for `--clean-duration` seconds. Right: no verdict.
@@ -149,6 +152,11 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
                                       "--seed", "1", "--serve-store"]),
         env=store_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
+    if fault == "slow_link":
+        # Slowed before the job starts: changing a tbf under load drops the
+        # queued packets, and TCP's retransmission back-off then stalls the
+        # link for seconds (a hang, not a slow link).
+        tb.set_link(c, t.culprit_host, 0, rate=args.slow_rate)
     time.sleep(1.0)
     duration = args.clean_duration if fault == "none" else args.warmup + (
         HANG_LIMIT_S if fault in ("link_down", "freeze", "hold") else SLOW_LIMIT_S) + 5
@@ -177,13 +185,12 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
             t.note = "the job did not start"
             return t
         ready_at = time.time()
-        if fault in ("link_down", "slow_link"):
+        if fault == "slow_link":
+            t.fault_t = ready_at  # slow from the start
+        if fault == "link_down":
             time.sleep(args.warmup)
             t.fault_t = time.time()
-            if fault == "link_down":
-                tb.set_link(c, t.culprit_host, 0, up=False)
-            else:
-                tb.set_link(c, t.culprit_host, 0, rate=args.slow_rate)
+            tb.set_link(c, t.culprit_host, 0, up=False)
         end = ready_at + duration
         while time.time() < end:
             evs = _read_events(out, world)
