@@ -675,9 +675,14 @@ impl PyComm {
 
     /// The flight recorder (last operations and their messages), link
     /// counters and this rank's identity, as JSON (the dump format).
-    fn dump_records(&self, py: Python<'_>) -> String {
+    /// `last`: the newest `last` operations only.
+    #[pyo3(signature = (last=None))]
+    fn dump_records(&self, py: Python<'_>, last: Option<usize>) -> String {
         let comm = self.comm.clone();
-        py.allow_threads(move || comm.dump_records())
+        py.allow_threads(move || match last {
+            Some(n) => comm.dump_recent(n),
+            None => comm.dump_records(),
+        })
     }
 
     /// Cumulative totals for metrics as JSON: operations, bytes and a

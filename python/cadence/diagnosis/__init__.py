@@ -1,14 +1,16 @@
-"""Diagnosis of hangs from the records every rank keeps (issue 12, first
-slice: post-mortem).
+"""Diagnosis of hangs and slowdowns from the records every rank keeps.
 
     from cadence.diagnosis import load_dir, diagnose
     dumps, skipped = load_dir("/tmp/dumps")
     verdict = diagnose(dumps)
     print(verdict.text())            # or verdict.to_json()
 
-`cadence doctor DUMPDIR` is the command-line face. Classes: `comm_hang`,
-`noncomm_hang`, `mismatch`, `healthy` (see `classify.py`); the slowness
-classes and the live exchange are not built yet (docs/diagnosis.md).
+Classes: `comm_hang`, `noncomm_hang`, `mismatch` (classify.py),
+`comm_slow`, `noncomm_slow` (slow.py), `healthy`. The same classifier runs
+post-mortem (`cadence doctor DUMPDIR`: dumps.py, with trace.py,
+report_html.py and exclude.py for its reports) and live inside the job
+(live.py: the watchdog, `cadence doctor --store`); metrics.py serves
+Prometheus metrics (`CADENCE_METRICS_PORT`). See docs/diagnosis.md.
 """
 
 from cadence.diagnosis.classify import (

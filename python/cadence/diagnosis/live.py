@@ -56,6 +56,9 @@ DEFAULT_WINDOW_S = 10.0
 #: Operations kept in a summary (the stuck one, the ones before it on slower
 #: ranks, and enough history to find a rank's last completed operation).
 SUMMARY_OPS = 64
+#: Operations a slowness window looks at, at most (the newest): enough for
+#: the slowness classifier's evidence, and a quarter of the full ring's cost.
+WINDOW_OPS = 256
 #: A round's verdict is waited for this much longer than its gather time
 #: before a rank stops expecting it.
 VERDICT_SLACK_S = 5.0
@@ -118,8 +121,7 @@ def python_stacks(skip_thread: int | None = None) -> str:
 def summary(core, skip_thread: int | None = None) -> bytes:
     """This rank's summary for a round: its dump (the last SUMMARY_OPS
     operations) plus its Python stacks, compressed."""
-    d = json.loads(core.dump_records())
-    d["ops"] = d["ops"][-SUMMARY_OPS:]
+    d = json.loads(core.dump_records(SUMMARY_OPS))
     d["reason"] = "live diagnosis"
     d["stack"] = python_stacks(skip_thread)
     return zlib.compress(json.dumps(d).encode(), 6)
@@ -128,7 +130,7 @@ def summary(core, skip_thread: int | None = None) -> bytes:
 def window_summary(core, start_unix: float, end_unix: float) -> bytes | None:
     """This rank's operations that completed within [start, end) (wall
     clock), as a dump, compressed; None when there were none."""
-    d = json.loads(core.dump_records())
+    d = json.loads(core.dump_records(WINDOW_OPS))
     base = d["base_unix_ns"]
     lo, hi = (int(start_unix * 1e9) - base, int(end_unix * 1e9) - base)
     d["ops"] = [o for o in d["ops"] if o["status"] == "ok" and lo <= o["end_ns"] < hi]

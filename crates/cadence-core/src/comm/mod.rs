@@ -607,7 +607,13 @@ impl Comm {
     /// and who this rank is, as JSON (the dump format `cadence doctor`
     /// reads; see docs/diagnosis.md).
     pub fn dump_records(&self) -> String {
-        self.shared.dump_json("on demand")
+        self.shared.dump_json("on demand", None)
+    }
+
+    /// [`Comm::dump_records`] with the newest `last` operations only (what
+    /// the live watchdog sends: cheaper than the whole ring).
+    pub fn dump_recent(&self, last: usize) -> String {
+        self.shared.dump_json("on demand", Some(last))
     }
 
     /// Where this rank stands (operations started, the oldest still
@@ -1034,8 +1040,9 @@ impl Shared {
     }
 
     /// The dump: who this rank is, its clock, its records with their
-    /// messages, and its link counters (format: docs/diagnosis.md).
-    fn dump_json(&self, reason: &str) -> String {
+    /// messages (the newest `last` only, when given), and its link counters
+    /// (format: docs/diagnosis.md).
+    fn dump_json(&self, reason: &str, last: Option<usize>) -> String {
         use serde_json::{json, Value};
         // While an operation runs, the engine is busy: its failure and wait
         // statistics are left out rather than waited for. The links'
@@ -1048,22 +1055,46 @@ impl Shared {
             Err(_) => (Value::Null, Value::Null),
         };
         let links: Vec<_> = self.links.iter().map(|l| l.snapshot()).collect();
-        let rec = self.recorder.lock().unwrap();
-        let dump_ns = rec.now_ns();
-        let ops: Vec<Value> = rec
-            .records()
-            .map(|r| {
-                let mut v = serde_json::to_value(r).unwrap_or_default();
+        // Copy what the dump needs under the recorder's lock (the operations
+        // take it at start and end), and build the JSON after letting go:
+        // serializing a full ring takes tens of milliseconds.
+        struct Copied {
+            rec: OpRecord,
+            state: &'static str,
+            msgs: Option<Vec<MsgRecord>>,
+            at: Option<u64>,
+        }
+        let (copied, dump_ns, base_unix_ns, total_ops) = {
+            let rec = self.recorder.lock().unwrap();
+            let n = rec.records().count();
+            let copied: Vec<Copied> = rec
+                .records()
+                .skip(n.saturating_sub(last.unwrap_or(usize::MAX)))
+                .map(|r| {
+                    let (state, msgs, at) = match rec.messages(r) {
+                        Messages::Final(it, _) => ("final", Some(it.copied().collect()), None),
+                        Messages::Live(m, at) => ("live", Some(m.to_vec()), Some(at)),
+                        Messages::Dropped => ("dropped", None, None),
+                        Messages::None => ("none", None, None),
+                    };
+                    Copied {
+                        rec: r.clone(),
+                        state,
+                        msgs,
+                        at,
+                    }
+                })
+                .collect();
+            (copied, rec.now_ns(), rec.base_unix_ns, rec.total_ops)
+        };
+        let ops: Vec<Value> = copied
+            .into_iter()
+            .map(|c| {
+                let mut v = serde_json::to_value(&c.rec).unwrap_or_default();
                 v["comm_id"] = Value::from(self.id.as_str());
-                let (state, msgs, at) = match rec.messages(r) {
-                    Messages::Final(it, _) => ("final", json!(it.collect::<Vec<_>>()), None),
-                    Messages::Live(m, at) => ("live", json!(m), Some(at)),
-                    Messages::Dropped => ("dropped", Value::Null, None),
-                    Messages::None => ("none", Value::Null, None),
-                };
-                v["messages_state"] = Value::from(state);
-                v["messages"] = msgs;
-                if let Some(at) = at {
+                v["messages_state"] = Value::from(c.state);
+                v["messages"] = json!(c.msgs);
+                if let Some(at) = c.at {
                     v["messages_at_ns"] = Value::from(at);
                 }
                 v
@@ -1084,12 +1115,12 @@ impl Shared {
             "pid": std::process::id(),
             "peers": peers,
             "timeout_s": self.cfg.timeout.as_secs_f64(),
-            "base_unix_ns": rec.base_unix_ns,
+            "base_unix_ns": base_unix_ns,
             "dump_ns": dump_ns,
             "clock": self.clock,
             "reason": reason,
             "failure": failure,
-            "total_ops": rec.total_ops,
+            "total_ops": total_ops,
             "record_capacity": self.cfg.flight_recorder,
             "message_capacity": self.cfg.record_messages,
             "ops": ops,
@@ -1156,7 +1187,7 @@ impl Shared {
         let name = format!("cadence-{}-rank{}.json", self.id, self.rank);
         let path = dir.join(&name);
         let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, self.dump_json(reason))?;
+        std::fs::write(&tmp, self.dump_json(reason, None))?;
         std::fs::rename(&tmp, &path).inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
         })?;
