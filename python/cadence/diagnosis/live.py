@@ -299,18 +299,17 @@ class Watchdog:
         # Our own operation is past the soft deadline: open a round, unless
         # one ran recently (another rank opened it for the same hang).
         if running is not None:
-            seq, _collective, secs = running
+            seq, collective, secs = running
             mine = (total, seq)
             if secs >= w.after and w.opened_for != mine and now - w.last_round_at >= w.after:
                 w.opened_for = mine
                 # Every rank stuck in this operation gets here within a
                 # tick of the others: the first to claim it opens the round.
-                claim = store.compare_set(w.key("claim", seq), "", str(w.rank))
-                if bytes(claim).decode() != str(w.rank):
-                    return
-                r = int(store.add(w.key("round"), 1))
-                w.seen_round = max(w.seen_round, r)
-                self._publish(w, core, r, coordinator=True, now=now)
+                claim = store.compare_set(w.key("claim", collective, seq), "", str(w.rank))
+                if bytes(claim).decode() == str(w.rank):
+                    r = int(store.add(w.key("round"), 1))
+                    w.seen_round = max(w.seen_round, r)
+                    self._publish(w, core, r, coordinator=True, now=now)
 
         for r, rnd in list(w.rounds.items()):
             if rnd.coordinator and rnd.gather_until is not None:
