@@ -36,6 +36,7 @@ complete; the post-mortem `cadence doctor` still works from the dumps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -401,11 +402,7 @@ class Watchdog:
             log.info("cadence: comm %s: %s", w.prefix, verdict.get("verdict"))
             return
         log.warning("cadence: %s", verdict.get("verdict"))
-        for fn in list(_listeners):
-            try:
-                fn(w.comm(), verdict)
-            except Exception as e:  # noqa: BLE001 - a listener must not stop the watchdog
-                log.debug("cadence: a verdict listener failed: %s", e)
+        _notify(w, verdict)
 
     def _publish(self, w: _Watched, core, r: int, coordinator: bool, now: float) -> None:
         if r in w.rounds or r <= 0:
@@ -439,10 +436,7 @@ class Watchdog:
         verdict["coordinator"] = w.rank
         w.store.set(w.key(rnd.number, "verdict"), json.dumps(verdict))
         for rank in summaries:
-            try:
-                w.store.delete_key(w.key(rnd.number, "s", rank))
-            except Exception:  # noqa: BLE001 - some stores cannot delete; harmless
-                break
+            _delete(w.store, w.key(rnd.number, "s", rank))
 
     def _deliver(self, w: _Watched, core, verdict: dict, total: int) -> None:
         core._set_diagnosis(verdict)
@@ -457,11 +451,7 @@ class Watchdog:
             log.info("cadence: %s", verdict.get("verdict"))
         else:
             log.warning("cadence: %s", verdict.get("verdict"))
-        for fn in list(_listeners):
-            try:
-                fn(w.comm(), verdict)
-            except Exception as e:  # noqa: BLE001 - a listener must not stop the watchdog
-                log.debug("cadence: a verdict listener failed: %s", e)
+        _notify(w, verdict)
 
 
 def ask(store, prefix: str = "cadence/init1", gather: float = 5.0,
@@ -512,6 +502,15 @@ def _metrics_verdict(w: _Watched, verdict: dict) -> None:
         metrics.set_verdict(comm.id, str(verdict.get("class")), str(verdict.get("verdict", "")))
 
 
+def _notify(w: _Watched, verdict: dict) -> None:
+    """Calls the listeners (`add_listener`) with a new verdict."""
+    for fn in list(_listeners):
+        try:
+            fn(w.comm(), verdict)
+        except Exception as e:  # noqa: BLE001 - a listener must not stop the watchdog
+            log.debug("cadence: a verdict listener failed: %s", e)
+
+
 def _ident(v) -> tuple | None:
     if v is None:
         return None
@@ -519,10 +518,9 @@ def _ident(v) -> tuple | None:
 
 
 def _delete(store, key: str) -> None:
-    try:
+    # Some stores cannot delete; a key left behind is harmless.
+    with contextlib.suppress(Exception):
         store.delete_key(key)
-    except Exception:  # noqa: BLE001 - some stores cannot delete; harmless
-        pass
 
 
 _watchdog = Watchdog()
