@@ -155,11 +155,9 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
         def replay():
             # Record what a legitimate client answers to one challenge, and
             # replay the whole transcript on a second connection. Both connect
-            # now, while rank 0 still waits for the late rank: its listener
-            # serves them in arrival order, before the members' streams, so
-            # the replay is judged by the handshake and not cut short by the
-            # end of set-up (which closes the listener; a second connection
-            # made only after the first finished once lost that race).
+            # now, while rank 0 still waits for the late rank, so the replay
+            # is usually judged by the handshake; set-up's end can still win
+            # the race on a loaded machine (see the log check below).
             nc = os.urandom(32)
             hello = _hello(comm_id, 2, 1, 0, nc)
             first = socket.create_connection(addr)
@@ -221,7 +219,14 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
     count = lambda pat: sum(pat in w for w in warns)  # noqa: E731
     assert count("not a cadence handshake") == 3, warns  # zeros, random, HTTP
     assert count("sent nothing") == 1, warns  # idle
-    # The wrong secret and the replay; the recording connection hung up.
-    assert count("failed to prove membership") == 2, warns
+    # The wrong secret, and the replay: the handshake judges it when its proof
+    # arrives before the late rank's streams, and set-up's end closes it when
+    # they win the race (both happen on a loaded 2-core machine; the
+    # handshake's own refusal of a replay is proven deterministically by
+    # handshake.rs's replayed_client_transcript_fails_against_a_new_nonce).
+    # The recording connection hung up.
+    proved = count("failed to prove membership")
+    unfinished = count("did not complete the handshake before set-up finished")
+    assert proved >= 1 and proved + unfinished == 2, warns
     assert count("closed the connection during the handshake") == 1, warns
     assert len(warns) == 7, warns
