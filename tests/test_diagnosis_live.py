@@ -266,3 +266,68 @@ def test_a_healthy_job_raises_no_slowness_verdict():
     assert all(res[r][0] == "ok" for r in range(3)), res
     for r in range(3):
         assert res[r][1]["verdicts"] == [], res[r]
+
+
+def _window_and_pause(comm):
+    import json
+
+    from cadence.diagnosis import live
+
+    small = np.ones(16, dtype=np.float32)  # 64 B: no timed receive in it
+    big = np.ones(1 << 18, dtype=np.float32)  # 1 MiB: ring messages of 512 KiB
+    comm.barrier()
+    t0 = time.time()
+    for _ in range(5):
+        comm.allreduce(small)
+    time.sleep(0.05)
+    t1 = time.time()
+    for _ in range(6):
+        if comm.rank == 1:
+            time.sleep(0.05)  # rank 0 waits, so its messages are recorded
+        comm.allreduce(big)
+    comm.barrier()
+    t2 = time.time()
+    c = comm._c
+    ns = lambda t: int(t * 1e9)  # noqa: E731
+    before = c.dump_window(0, ns(t0 - 60), 128, 64 * 1024)
+    first = json.loads(c.dump_window(ns(t0), ns(t1), 128, 64 * 1024))
+    second = json.loads(c.dump_window(ns(t1), ns(t2), 128, 64 * 1024))
+    newest = json.loads(c.dump_window(ns(t1), ns(t2), 3, 64 * 1024))
+    # The watchdog: paused, it does no work; running, it does.
+    live.pause()
+    time.sleep(0.3)  # a tick under way finishes
+    paused = live.cost()["ticks"]
+    time.sleep(2.5)
+    still = live.cost()["ticks"]
+    live.pause(False)
+    time.sleep(2.5)
+    resumed = live.cost()
+    return {"before": before, "first": first, "second": second, "newest": newest,
+            "paused": paused, "still": still, "resumed": resumed}
+
+
+def test_slowness_windows_send_only_their_operations_and_timed_receives():
+    res = run_ranks(_window_and_pause, 2, transport="shm", env=LIVE,
+                    op_timeout=OP_TIMEOUT, timeout=60)
+    assert all(res[r][0] == "ok" for r in range(2)), res
+    for r in range(2):
+        out = res[r][1]
+        assert out["before"] is None  # nothing completed then
+        first, second = out["first"], out["second"]
+        assert first["reason"] == "slowness window"
+        assert [o["collective"] for o in first["ops"]] == ["allreduce"] * 5, first["ops"]
+        assert not any(o["messages"] for o in first["ops"])  # 64 B: no rate in them
+        colls = [o["collective"] for o in second["ops"]]
+        assert colls == ["allreduce"] * 6 + ["barrier"], colls
+        assert all(o["status"] == "ok" for o in second["ops"])
+        msgs = [m for o in second["ops"][:6] for m in o["messages"] or ()]
+        if r == 0:
+            assert msgs, second["ops"]
+        # Only receives of at least 64 KiB that took time are sent.
+        assert all(m["dir"] == "recv" and m["state"] == "done" and m["bytes"] >= 64 * 1024
+                   and m["last_ns"] > m["first_ns"] for m in msgs), msgs
+        # The newest N of the window.
+        assert [o["seq"] for o in out["newest"]["ops"]] == [o["seq"] for o in second["ops"][-3:]]
+        # Paused: no tick did work; resumed: ticks again, and their CPU is counted.
+        assert out["still"] == out["paused"], out
+        assert out["resumed"]["ticks"] >= out["still"] + 1 and out["resumed"]["cpu_s"] > 0, out

@@ -685,6 +685,21 @@ impl PyComm {
         })
     }
 
+    /// The operations that completed in a slowness window (Unix ns, end
+    /// excluded), the newest `last`, as a dump with only their timed
+    /// receives of at least `min_recv_bytes`; None when there were none.
+    fn dump_window(
+        &self,
+        py: Python<'_>,
+        from_unix_ns: u64,
+        to_unix_ns: u64,
+        last: usize,
+        min_recv_bytes: u64,
+    ) -> Option<String> {
+        let comm = self.comm.clone();
+        py.allow_threads(move || comm.dump_window(from_unix_ns, to_unix_ns, last, min_recv_bytes))
+    }
+
     /// Cumulative totals for metrics as JSON: operations, bytes and a
     /// duration histogram per collective kind, every link's counters, the
     /// oldest running operation (cadence.diagnosis.metrics reads it at

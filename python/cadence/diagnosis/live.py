@@ -58,8 +58,10 @@ DEFAULT_WINDOW_S = 10.0
 #: ranks, and enough history to find a rank's last completed operation).
 SUMMARY_OPS = 64
 #: Operations a slowness window looks at, at most (the newest): enough for
-#: the slowness classifier's evidence, and a quarter of the full ring's cost.
-WINDOW_OPS = 256
+#: the slowness classifier's evidence (10 collectives, 8 timed receives per
+#: unit), and rank 0 parses and judges every rank's window: 128 ops of 8
+#: ranks took it about 0.15 s of CPU per window.
+WINDOW_OPS = 128
 #: A round's verdict is waited for this much longer than its gather time
 #: before a rank stops expecting it.
 VERDICT_SLACK_S = 5.0
@@ -130,15 +132,15 @@ def summary(core, skip_thread: int | None = None) -> bytes:
 
 def window_summary(core, start_unix: float, end_unix: float) -> bytes | None:
     """This rank's operations that completed within [start, end) (wall
-    clock), as a dump, compressed; None when there were none."""
-    d = json.loads(core.dump_records(WINDOW_OPS))
-    base = d["base_unix_ns"]
-    lo, hi = (int(start_unix * 1e9) - base, int(end_unix * 1e9) - base)
-    d["ops"] = [o for o in d["ops"] if o["status"] == "ok" and lo <= o["end_ns"] < hi]
-    if not d["ops"]:
-        return None
-    d["reason"] = "slowness window"
-    return zlib.compress(json.dumps(d).encode(), 6)
+    clock), the newest WINDOW_OPS, as a dump, compressed; None when there
+    were none. Their messages are only the timed receives the slowness
+    classifier reads (slow._timed_receives). The core filters before it
+    serializes, and the compression is zlib's fastest: a window is sent every
+    few seconds by every rank, and rank 0 parses them all."""
+    from cadence.diagnosis.slow import MIN_MSG_BYTES
+
+    d = core.dump_window(int(start_unix * 1e9), int(end_unix * 1e9), WINDOW_OPS, MIN_MSG_BYTES)
+    return None if d is None else zlib.compress(d.encode(), 1)
 
 
 def verdict_of(summaries: dict[int, bytes], hang_after: float) -> dict:
@@ -224,6 +226,13 @@ class Watchdog:
         self._watched: list[_Watched] = []
         self._thread: threading.Thread | None = None
         self._clients: dict = {}
+        #: Cleared by pause(): the thread sleeps through its ticks.
+        self._enabled = threading.Event()
+        self._enabled.set()
+        #: What the watchdog itself has cost this process: ticks that did
+        #: work, and the thread's CPU time in them (native calls included).
+        self.ticks = 0
+        self.cpu_s = 0.0
 
     def watch(self, comm, store, prefix: str, timeout: float) -> None:
         after = diag_after(timeout)
@@ -267,23 +276,31 @@ class Watchdog:
     def _loop(self) -> None:
         while True:
             time.sleep(self._tick_s())
-            with self._lock:
-                self._watched = [w for w in self._watched if w.comm() is not None]
-                watched = list(self._watched)
-            for w in watched:
-                comm = w.comm()
-                if comm is None or time.monotonic() < w.resume_at:
-                    continue
-                try:
-                    self._check(w, comm)
-                    w.failures = 0
-                except Exception as e:  # noqa: BLE001 - the watchdog must survive
-                    # Most often the Store is gone (the job is ending): back
-                    # off, since torch prints every failed Store call.
-                    w.failures += 1
-                    w.resume_at = time.monotonic() + STORE_BACKOFF_S
-                    log.debug("cadence: live diagnosis of comm %s: %s", comm.id, e)
-                del comm
+            if not self._enabled.is_set():
+                continue
+            cpu0 = time.thread_time()
+            self._tick()
+            self.cpu_s += time.thread_time() - cpu0
+            self.ticks += 1
+
+    def _tick(self) -> None:
+        with self._lock:
+            self._watched = [w for w in self._watched if w.comm() is not None]
+            watched = list(self._watched)
+        for w in watched:
+            comm = w.comm()
+            if comm is None or time.monotonic() < w.resume_at:
+                continue
+            try:
+                self._check(w, comm)
+                w.failures = 0
+            except Exception as e:  # noqa: BLE001 - the watchdog must survive
+                # Most often the Store is gone (the job is ending): back
+                # off, since torch prints every failed Store call.
+                w.failures += 1
+                w.resume_at = time.monotonic() + STORE_BACKOFF_S
+                log.debug("cadence: live diagnosis of comm %s: %s", comm.id, e)
+            del comm
 
     def _check(self, w: _Watched, comm) -> None:
         core = comm._c
@@ -541,3 +558,20 @@ def watch(comm, store, prefix: str, timeout: float) -> None:
 
 def unwatch(comm) -> None:
     _watchdog.unwatch(comm)
+
+
+def pause(paused: bool = True) -> None:
+    """Stops (or, with `False`, restarts) this process's watchdog ticks: no
+    Store calls, no summaries, no windows. `cadence.bench.overhead`
+    alternates it inside one job to measure what it costs."""
+    if paused:
+        _watchdog._enabled.clear()
+    else:
+        _watchdog._enabled.set()
+
+
+def cost() -> dict:
+    """What the watchdog has cost this process so far: `ticks` that did work
+    and `cpu_s`, the watchdog thread's CPU time in them (its Store calls,
+    dumps and classifier runs included)."""
+    return {"ticks": _watchdog.ticks, "cpu_s": _watchdog.cpu_s}

@@ -303,6 +303,8 @@ class _Job:
         for d in dumps:
             self.hosts[d.rank] = d.host
         self.transport: dict[tuple[int, int], str] = {}
+        #: klass() per rank pair (a live window asks for it per message).
+        self._klass: dict[tuple[int, int], str] = {}
         for d in dumps:
             for c in d.links or ():
                 self.transport.setdefault((d.rank, c.peer), c.transport)
@@ -313,9 +315,12 @@ class _Job:
 
     def klass(self, s: int, d: int) -> str:
         """The class a link is compared within."""
-        cross = self.host(s) != self.host(d)
-        t = self.transport.get((s, d)) or ("tcp" if cross else "shm")
-        return t if cross or t == "shm" else f"{t} within a host"
+        k = self._klass.get((s, d))
+        if k is None:
+            cross = self.host(s) != self.host(d)
+            t = self.transport.get((s, d)) or ("tcp" if cross else "shm")
+            k = self._klass[s, d] = t if cross or t == "shm" else f"{t} within a host"
+        return k
 
     def unit(self, s: int, d: int) -> tuple[int | str, int | str]:
         """A host pair across hosts over TCP, else the rank pair."""
@@ -346,10 +351,15 @@ def _timed_receives(job: _Job, after: int):
                 yield m.peer, dst, o.seq, d.wall(m.first_ns), d.wall(m.last_ns), m.bytes
 
 
-def _rates(job: _Job, key, after: int) -> dict:
+def _rates(job: _Job, key, after: int, receives: list | None = None) -> dict:
+    """LinkRates per unit `key(src, dst)`, from `receives` (the timed
+    receives after #`after`, when the caller has them already)."""
     acc: dict = {}
-    for s, d, seq, a, b, n in _timed_receives(job, after):
-        k = key(s, d)
+    keys: dict = {}  # key() per rank pair: a window has thousands of receives
+    for s, d, seq, a, b, n in (_timed_receives(job, after) if receives is None else receives):
+        k = keys.get((s, d), keys)
+        if k is keys:
+            k = keys[s, d] = key(s, d)
         if k is None:
             continue
         acc.setdefault(k, (job.klass(s, d), {}))[1].setdefault(seq, []).append((a, b, n))
@@ -424,8 +434,9 @@ class _CommFinding:
 def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
     """(finding, evidence lines: each class's reference and matrix), from the
     collectives with seq above `after`."""
-    units = {k: u for k, u in _rates(job, job.unit, after).items() if u.enough}
-    rank_links = _rates(job, lambda s, d: (s, d), after)
+    receives = list(_timed_receives(job, after))
+    units = {k: u for k, u in _rates(job, job.unit, after, receives).items() if u.enough}
+    rank_links = _rates(job, lambda s, d: (s, d), after, receives)
     classes: dict[str, list[LinkRate]] = {}
     for u in units.values():
         classes.setdefault(u.transport, []).append(u)

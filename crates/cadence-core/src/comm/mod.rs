@@ -286,6 +286,24 @@ struct Inner {
     last_schedule: Option<(CollArgs, Algo, Arc<Schedule>)>,
 }
 
+/// Wall-clock bounds of a slowness window (Unix ns, end excluded).
+#[derive(Clone, Copy)]
+struct Window {
+    from_unix_ns: u64,
+    to_unix_ns: u64,
+    /// Messages kept: timed receives of at least this many bytes.
+    min_recv_bytes: u64,
+}
+
+impl Window {
+    fn keeps(&self, m: &MsgRecord) -> bool {
+        m.dir == Dir::Recv
+            && m.state == MsgState::Done
+            && m.bytes >= self.min_recv_bytes
+            && matches!((m.first_ns, m.last_ns), (Some(a), Some(b)) if b > a)
+    }
+}
+
 struct Shared {
     id: String,
     /// The job this communicator belongs to (its sub-communicators share
@@ -614,6 +632,32 @@ impl Comm {
     /// the live watchdog sends: cheaper than the whole ring).
     pub fn dump_recent(&self, last: usize) -> String {
         self.shared.dump_json("on demand", Some(last))
+    }
+
+    /// The newest `last` operations that completed successfully between
+    /// `from_unix_ns` (included) and `to_unix_ns` (excluded), as a dump
+    /// (what a slowness window sends); `None` when there were none. The
+    /// filter runs before anything is serialized: a window costs the
+    /// watchdog only the operations it sends.
+    ///
+    /// Of their messages only the timed receives of at least
+    /// `min_recv_bytes` are kept (done, and with time between their first
+    /// and last progress): the only ones the slowness classifier reads, and
+    /// a fraction of the bytes to send and parse.
+    pub fn dump_window(
+        &self,
+        from_unix_ns: u64,
+        to_unix_ns: u64,
+        last: usize,
+        min_recv_bytes: u64,
+    ) -> Option<String> {
+        let window = Window {
+            from_unix_ns,
+            to_unix_ns,
+            min_recv_bytes,
+        };
+        self.shared
+            .dump_json_filtered("slowness window", Some(last), Some(window))
     }
 
     /// Where this rank stands (operations started, the oldest still
@@ -1043,6 +1087,18 @@ impl Shared {
     /// messages (the newest `last` only, when given), and its link counters
     /// (format: docs/diagnosis.md).
     fn dump_json(&self, reason: &str, last: Option<usize>) -> String {
+        self.dump_json_filtered(reason, last, None)
+            .expect("an unfiltered dump always has a body")
+    }
+
+    /// The dump, of the newest `last` operations (of those that completed in
+    /// `window`, when given); `None` when a window holds no operation.
+    fn dump_json_filtered(
+        &self,
+        reason: &str,
+        last: Option<usize>,
+        window: Option<Window>,
+    ) -> Option<String> {
         use serde_json::{json, Value};
         // While an operation runs, the engine is busy: its failure and wait
         // statistics are left out rather than waited for. The links'
@@ -1066,13 +1122,31 @@ impl Shared {
         }
         let (copied, dump_ns, base_unix_ns, total_ops) = {
             let rec = self.recorder.lock().unwrap();
-            let n = rec.records().count();
+            let base = rec.base_unix_ns;
+            let wanted = |r: &&OpRecord| match window {
+                None => true,
+                Some(w) => {
+                    r.status == "ok" && (w.from_unix_ns..w.to_unix_ns).contains(&(base + r.end_ns))
+                }
+            };
+            let n = rec.records().filter(wanted).count();
+            if n == 0 && window.is_some() {
+                return None;
+            }
             let copied: Vec<Copied> = rec
                 .records()
+                .filter(wanted)
                 .skip(n.saturating_sub(last.unwrap_or(usize::MAX)))
                 .map(|r| {
                     let (state, msgs, at) = match rec.messages(r) {
-                        Messages::Final(it, _) => ("final", Some(it.copied().collect()), None),
+                        Messages::Final(it, _) => match window {
+                            Some(w) => (
+                                "final",
+                                Some(it.filter(|m| w.keeps(m)).copied().collect()),
+                                None,
+                            ),
+                            None => ("final", Some(it.copied().collect()), None),
+                        },
                         Messages::Live(m, at) => ("live", Some(m.to_vec()), Some(at)),
                         Messages::Dropped => ("dropped", None, None),
                         Messages::None => ("none", None, None),
@@ -1128,6 +1202,7 @@ impl Shared {
             "waits": waits,
         })
         .to_string()
+        .into()
     }
 
     /// The totals Prometheus metrics are made of, as JSON (format:
