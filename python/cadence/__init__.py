@@ -23,7 +23,8 @@ from cadence import _buffers
 from cadence._core import ANY_SOURCE, Bootstrap, CommError, Work, algorithms
 from cadence.diagnosis import live as _live
 
-__all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_identity"]
+__all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_identity",
+           "socket_interfaces"]
 __version__ = "0.1.0"
 
 _init_counter = 0
@@ -62,12 +63,33 @@ def _interface_ip(ifname: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
+def socket_interfaces(spec: str) -> list[str]:
+    """The interfaces `CADENCE_SOCKET_IFNAME` names, in order: a comma list
+    (`eth0,eth1`); an entry that is not an interface's name is a prefix and
+    takes every interface it starts (`eth`: eth0, eth1, ...), sorted."""
+    present = sorted(name for _, name in socket.if_nameindex())
+    out: list[str] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if not entry:
+            continue
+        names = [entry] if entry in present else [n for n in present if n.startswith(entry)]
+        if not names:
+            raise ValueError(f"CADENCE_SOCKET_IFNAME={spec!r}: no interface is named or "
+                             f"starts with {entry!r} (this host has {', '.join(present)})")
+        out += [n for n in names if n not in out]
+    if not out:
+        raise ValueError(f"CADENCE_SOCKET_IFNAME={spec!r} names no interface")
+    return out
+
+
 def _local_ip(toward: str | None) -> str:
-    """The address peers should reach us at: CADENCE_SOCKET_IFNAME's, else the
-    source address of the route toward the store (no packet is sent)."""
+    """The addresses peers should reach us at: one per interface of
+    CADENCE_SOCKET_IFNAME (comma-separated: a message between two hosts is
+    striped over every NIC they share), else the source address of the
+    route toward the store (no packet is sent)."""
     ifname = os.environ.get("CADENCE_SOCKET_IFNAME")
     if ifname:
-        return _interface_ip(ifname)
+        return ",".join(_interface_ip(n) for n in socket_interfaces(ifname))
     if not toward:
         return "127.0.0.1"
     try:

@@ -211,12 +211,12 @@ fn strangers_are_refused_without_delaying_set_up() {
     let other_job = thread::spawn(move || {
         let other = JobSecret::random().unwrap();
         let dl = Instant::now() + Duration::from_secs(3);
-        connect(addr0, &other, &id1, 1, 0, 0, dl).unwrap_err()
+        connect(addr0, None, &other, &id1, 1, 0, 0, dl).unwrap_err()
     });
     let (id2, s2) = (format!("{id}-other"), secret.clone());
     let other_comm = thread::spawn(move || {
         let dl = Instant::now() + Duration::from_millis(600);
-        connect(addr0, &s2, &id2, 1, 0, 0, dl).unwrap_err()
+        connect(addr0, None, &s2, &id2, 1, 0, 0, dl).unwrap_err()
     });
 
     let mut results: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();

@@ -807,10 +807,16 @@ impl Bootstrap {
             }
             cfg.timeout = Duration::from_secs_f64(t);
         }
-        let ip: IpAddr = ip
-            .parse()
-            .map_err(|_| PyValueError::new_err(format!("bad IP address {ip:?}")))?;
-        let mut b = CoreBootstrap::new(comm_id, rank, size, host, ip, cfg, secret)
+        // One address, or one per NIC separated by commas.
+        let ips: Vec<IpAddr> = ip
+            .split(',')
+            .map(|a| {
+                a.trim()
+                    .parse()
+                    .map_err(|_| PyValueError::new_err(format!("bad IP address {a:?}")))
+            })
+            .collect::<PyResult<_>>()?;
+        let mut b = CoreBootstrap::with_nics(comm_id, rank, size, host, &ips, cfg, secret)
             .map_err(|e| to_py_err(py, e))?;
         if let Some(job) = job {
             b.set_job(job).map_err(|e| to_py_err(py, e))?;

@@ -169,6 +169,9 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
     for p in places:
         e = jobs.rank_env(c, p, rph, port, env)
         e["MASTER_ADDR"] = store_addr
+        # Data on rail 0 only: rail 1 stands for a management network (the
+        # Store's), not a second data NIC.
+        e["CADENCE_SOCKET_IFNAME"] = jobs.socket_ifname(c)
         log = open(out / f"rank{p.rank}.log", "w")  # noqa: SIM115
         logs.append(log)
         procs.append(subprocess.Popen(jobs.in_host(p.host, cmd), env=e, stdin=subprocess.DEVNULL,

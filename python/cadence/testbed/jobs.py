@@ -9,7 +9,8 @@ torchrun's environment plus what selects the cluster's network:
     ROLE_RANK ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT OMP_NUM_THREADS (1 if unset)
     CADENCE_HOST CADENCE_SOCKET_IFNAME GLOO_SOCKET_IFNAME
 
-MASTER_ADDR is host 0's rail-0 address, which every host reaches.
+MASTER_ADDR is host 0's rail-0 address, which every host reaches. cadence is
+given every rail (it stripes over them); gloo rail 0.
 
 Open MPI cannot enter a namespace by itself, so `mpirun` runs inside host 0's
 namespace with a hostfile naming the hosts and, as its "remote shell"
@@ -55,8 +56,14 @@ def placements(cluster: Cluster, ranks_per_host: int) -> list[Placement]:
 
 
 def socket_ifname(cluster: Cluster) -> str:
-    """The interface jobs talk over: rail 0 (single-NIC libraries use one)."""
+    """The interface single-NIC libraries talk over (gloo, Open MPI): rail 0."""
     return cluster.hosts[0].nics[0].ifname
+
+
+def cadence_ifnames(cluster: Cluster) -> str:
+    """The interfaces cadence talks over: every rail (CADENCE_SOCKET_IFNAME
+    takes a list, and a message between hosts is striped over them)."""
+    return ",".join(n.ifname for n in cluster.hosts[0].nics)
 
 
 def rank_env(
@@ -83,7 +90,7 @@ def rank_env(
         MASTER_ADDR=cluster.master_addr,
         MASTER_PORT=str(master_port),
         CADENCE_HOST=place.host.name,
-        CADENCE_SOCKET_IFNAME=ifname,
+        CADENCE_SOCKET_IFNAME=cadence_ifnames(cluster),
         GLOO_SOCKET_IFNAME=ifname,
     )
     # As torchrun: one thread per rank unless the user says otherwise.

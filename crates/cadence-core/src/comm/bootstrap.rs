@@ -35,7 +35,30 @@ pub struct PeerInfo {
     #[serde(default)]
     pub tuning: String,
     pub pid: u32,
+    /// The listener of its first NIC.
     pub addr: String,
+    /// One listener per NIC (`CADENCE_SOCKET_IFNAME=eth0,eth1`), the first
+    /// being `addr`; empty from a rank that publishes one address only.
+    #[serde(default)]
+    pub addrs: Vec<String>,
+}
+
+impl PeerInfo {
+    /// Where the rank listens, one address per NIC, in its NICs' order.
+    pub fn nic_addrs(&self) -> Vec<&str> {
+        if self.addrs.is_empty() {
+            vec![self.addr.as_str()]
+        } else {
+            self.addrs.iter().map(String::as_str).collect()
+        }
+    }
+}
+
+/// The paths between two hosts: NIC k of one with NIC k of the other (rails:
+/// on a multi-rail cluster NIC k of every host shares a switch), as many as
+/// the host with fewer NICs has.
+pub fn paths_between(a: &PeerInfo, b: &PeerInfo) -> usize {
+    a.nic_addrs().len().min(b.nic_addrs().len()).max(1)
 }
 
 /// The kernel's boot id: the same in every namespace of one machine.
@@ -59,7 +82,8 @@ pub struct Bootstrap {
     pub rank: usize,
     pub nranks: usize,
     pub info: PeerInfo,
-    listener: TcpListener,
+    /// One per NIC, in the order of `info.addrs`.
+    listeners: Vec<TcpListener>,
     cfg: Config,
     secret: JobSecret,
     warn: Option<Box<dyn FnMut(String) + Send + Sync>>,
@@ -75,6 +99,24 @@ impl Bootstrap {
         cfg: Config,
         secret: JobSecret,
     ) -> Result<Bootstrap> {
+        Self::with_nics(comm_id, rank, nranks, host, &[ip], cfg, secret)
+    }
+
+    /// [`Bootstrap::new`] listening on several NICs (one address each): a
+    /// peer host reaches this rank over every NIC the two have in common,
+    /// and a message between them is striped over all of them.
+    pub fn with_nics(
+        comm_id: &str,
+        rank: usize,
+        nranks: usize,
+        host: &str,
+        ips: &[IpAddr],
+        cfg: Config,
+        secret: JobSecret,
+    ) -> Result<Bootstrap> {
+        if ips.is_empty() {
+            return Err(CommError::invalid("no address to listen on".to_string()));
+        }
         if nranks == 0 || rank >= nranks {
             return Err(CommError::invalid(format!(
                 "rank {rank} is not in a world of {nranks}"
@@ -90,11 +132,18 @@ impl Bootstrap {
                 "bad communicator id {comm_id:?}"
             )));
         }
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-            .map_err(|e| CommError::setup(format!("cannot listen on {ip}: {e}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| CommError::setup(e.to_string()))?;
+        let mut listeners = Vec::with_capacity(ips.len());
+        let mut addrs = Vec::with_capacity(ips.len());
+        for &ip in ips {
+            let l = TcpListener::bind(SocketAddr::new(ip, 0))
+                .map_err(|e| CommError::setup(format!("cannot listen on {ip}: {e}")))?;
+            addrs.push(
+                l.local_addr()
+                    .map_err(|e| CommError::setup(e.to_string()))?
+                    .to_string(),
+            );
+            listeners.push(l);
+        }
         Ok(Bootstrap {
             comm_id: comm_id.to_string(),
             job: comm_id.to_string(),
@@ -110,9 +159,10 @@ impl Bootstrap {
                     .map(|t| format!("{}#{:016x}", t.path.display(), t.hash))
                     .unwrap_or_default(),
                 pid: std::process::id(),
-                addr: addr.to_string(),
+                addr: addrs[0].clone(),
+                addrs: if addrs.len() > 1 { addrs } else { Vec::new() },
             },
-            listener,
+            listeners,
             cfg,
             secret,
             warn: None,
@@ -213,31 +263,57 @@ impl Bootstrap {
         };
 
         // TCP with other hosts: the higher rank connects, the lower accepts.
+        // Each path (NIC k to the peer's NIC k) gets `nstreams` streams,
+        // interleaved: stream s runs on path s % paths, so the stripes of a
+        // large message are spread evenly over the NICs.
         let nstreams = self.cfg.nstreams;
+        let streams_to = |p: usize| nstreams * paths_between(&infos[rank], &infos[p]);
+        let my_ips: Vec<IpAddr> = self
+            .listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.ip()))
+            .collect::<std::io::Result<_>>()
+            .map_err(|e| fail(format!("listener: {e}")))?;
         let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
         for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
-            let addr: SocketAddr = infos[peer].addr.parse().map_err(|_| {
-                blaming(
-                    format!("rank {peer} published a bad address {:?}", infos[peer].addr),
-                    Some(peer),
-                )
-            })?;
+            let npaths = paths_between(&infos[rank], &infos[peer]);
+            let peer_addrs = infos[peer].nic_addrs();
             let mut v = Vec::new();
-            for s in 0..nstreams {
-                let sock = connect(addr, &self.secret, &self.comm_id, rank, s, peer, deadline)
-                    .map_err(|e| {
-                        blaming(
-                            format!("connecting to rank {peer} at {addr}: {e}"),
-                            Some(peer),
-                        )
-                    })?;
+            for s in 0..streams_to(peer) {
+                let path = s % npaths;
+                let addr: SocketAddr = peer_addrs[path].parse().map_err(|_| {
+                    blaming(
+                        format!("rank {peer} published a bad address {:?}", peer_addrs[path]),
+                        Some(peer),
+                    )
+                })?;
+                // From this rank's NIC of the same rail (with one NIC, the
+                // kernel's choice, as before).
+                let from = (npaths > 1).then(|| my_ips[path]);
+                let sock = connect(
+                    addr,
+                    from,
+                    &self.secret,
+                    &self.comm_id,
+                    rank,
+                    s,
+                    peer,
+                    deadline,
+                )
+                .map_err(|e| {
+                    let via = from.map(|ip| format!(" from {ip}")).unwrap_or_default();
+                    blaming(
+                        format!("connecting to rank {peer} at {addr}{via}: {e}"),
+                        Some(peer),
+                    )
+                })?;
                 v.push(Some(sock));
             }
             streams.insert(peer, v);
         }
         let expected: Vec<(usize, usize)> = ((rank + 1)..n)
             .filter(|p| infos[*p].host != *my_host)
-            .flat_map(|p| (0..nstreams).map(move |s| (p, s)))
+            .flat_map(|p| (0..streams_to(p)).map(move |s| (p, s)))
             .collect();
         let debug = self.cfg.debug;
         let mut warn = |m: String| match &mut sink {
@@ -246,7 +322,7 @@ impl Bootstrap {
             None => {}
         };
         for ((peer, s), sock) in accept_all(
-            &self.listener,
+            &self.listeners,
             &self.secret,
             &self.comm_id,
             rank,
@@ -258,9 +334,9 @@ impl Bootstrap {
         {
             streams
                 .entry(peer)
-                .or_insert_with(|| (0..nstreams).map(|_| None).collect())[s] = Some(sock);
+                .or_insert_with(|| (0..streams_to(peer)).map(|_| None).collect())[s] = Some(sock);
         }
-        drop(self.listener);
+        drop(self.listeners);
         for (peer, v) in streams {
             let socks: Vec<_> = v
                 .into_iter()

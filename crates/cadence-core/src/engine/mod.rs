@@ -856,9 +856,13 @@ impl Engine {
         self.busy_rx.iter_mut().for_each(|b| *b = false);
         let heads = sends
             .iter()
-            .map(|(p, j)| (*p, true, j.done, j.held))
-            .chain(recvs.iter().map(|(p, j)| (*p, false, j.done, j.held)));
-        for (peer, is_send, done, held) in heads {
+            .map(|(p, j)| (*p, true, j.done, j.held, &j.stripes[..]))
+            .chain(
+                recvs
+                    .iter()
+                    .map(|(p, j)| (*p, false, j.done, j.held, &j.stripes[..])),
+            );
+        for (peer, is_send, done, held, stripes) in heads {
             let first = if is_send {
                 &mut self.busy_tx[peer]
             } else {
@@ -870,7 +874,7 @@ impl Engine {
             match &self.links[peer] {
                 Some(Link::Tcp(t)) => {
                     let events = if is_send { libc::POLLOUT } else { libc::POLLIN };
-                    for fd in t.fds() {
+                    for fd in t.waiting_fds(stripes) {
                         self.pollfds.push(libc::pollfd {
                             fd,
                             events,

@@ -501,6 +501,25 @@ impl TcpLink {
         self.streams.iter().map(|s| s.as_raw_fd())
     }
 
+    /// The streams a transfer with these stripes still waits on (all of
+    /// them before it starts). A stream whose stripe is finished must not
+    /// be polled: it is writable (or holds the next message) at once, and
+    /// poll(2) would return at once until the slowest stripe ends — a spin
+    /// that takes cores from the kernel's network work.
+    pub fn waiting_fds<'a>(
+        &'a self,
+        stripes: &'a [StripeCursor],
+    ) -> impl Iterator<Item = RawFd> + 'a {
+        let all = stripes.is_empty();
+        self.streams.iter().enumerate().filter_map(move |(i, s)| {
+            let waits = all
+                || stripes.iter().any(|st| {
+                    st.stream == i && !(st.hdr_done == HEADER_BYTES && st.done == st.len)
+                });
+            waits.then(|| s.as_raw_fd())
+        })
+    }
+
     /// Test hook: writes bytes that are not a frame on stream 0.
     pub fn inject_garbage(&mut self) -> io::Result<()> {
         let _ = self.streams[0].set_nonblocking(false);

@@ -11,7 +11,7 @@
 use super::handshake::{fresh_nonce, Acceptor, Connector, JobSecret, Reject, Step, StreamKey};
 use super::tcp::poll_fds;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,7 @@ impl SetupFailure {
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     addr: SocketAddr,
+    from: Option<IpAddr>,
     secret: &JobSecret,
     comm_id: &str,
     my_rank: usize,
@@ -71,7 +72,7 @@ pub fn connect(
                 format!("connecting to {addr} timed out{why}"),
             ));
         }
-        let sock = match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+        let sock = match connect_from(addr, from, left.min(Duration::from_secs(5))) {
             Ok(s) => s,
             Err(e)
                 if matches!(
@@ -99,6 +100,27 @@ pub fn connect(
             Err(Attempt::Fatal(e)) => return Err(e),
         }
     }
+}
+
+/// A TCP connection to `addr`, from the local address `from` when given
+/// (the NIC of a path: a multi-rail host has a route to each rail through
+/// its NIC, and binding makes the source address that NIC's as well).
+fn connect_from(
+    addr: SocketAddr,
+    from: Option<IpAddr>,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let Some(ip) = from else {
+        return TcpStream::connect_timeout(&addr, timeout);
+    };
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.bind(&SocketAddr::new(ip, 0).into())?;
+    sock.connect_timeout(&addr.into(), timeout)?;
+    Ok(sock.into())
 }
 
 enum Attempt {
@@ -219,7 +241,7 @@ impl Rejections<'_> {
 /// the reason; they are never fatal and never hold up members: a port
 /// scanner must not kill or slow a job.
 pub fn accept_all(
-    listener: &TcpListener,
+    listeners: &[TcpListener],
     secret: &JobSecret,
     comm_id: &str,
     my_rank: usize,
@@ -230,9 +252,11 @@ pub fn accept_all(
     let mut got: Vec<(StreamKey, TcpStream)> = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
     let mut rejected = Rejections { warn, count: 0 };
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| SetupFailure::new(format!("listener: {e}")))?;
+    for listener in listeners {
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| SetupFailure::new(format!("listener: {e}")))?;
+    }
     let mut buf = [0u8; 512];
     while got.len() < expected.len() {
         let now = Instant::now();
@@ -260,12 +284,12 @@ pub fn accept_all(
         }
         // Wait for a new connection, bytes from a pending one, room to send,
         // or the next expiry.
-        let mut fds = Vec::with_capacity(pending.len() + 1);
-        fds.push(libc::pollfd {
-            fd: listener.as_raw_fd(),
+        let mut fds = Vec::with_capacity(pending.len() + listeners.len());
+        fds.extend(listeners.iter().map(|l| libc::pollfd {
+            fd: l.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
-        });
+        }));
         for p in &pending {
             let out = p.out_done < p.out.len();
             fds.push(libc::pollfd {
@@ -285,44 +309,17 @@ pub fn accept_all(
             .clamp(Duration::from_millis(1), Duration::from_millis(100));
         poll_fds(&mut fds, wait);
 
-        // New connections.
-        loop {
-            match listener.accept() {
-                Ok((sock, from)) => {
-                    if pending.len() >= MAX_PENDING {
-                        rejected.drop_conn(from, "too many handshakes under way");
-                        continue;
-                    }
-                    if let Err(e) = sock.set_nonblocking(true) {
-                        rejected.drop_conn(from, &format!("socket: {e}"));
-                        continue;
-                    }
-                    let nonce = fresh_nonce().map_err(SetupFailure::new)?;
-                    pending.push(Pending {
-                        sock,
-                        from,
-                        machine: Acceptor::new(secret, comm_id, my_rank, expected, nonce),
-                        out: Vec::new(),
-                        out_done: 0,
-                        key: None,
-                        expires: Instant::now() + HANDSHAKE_TIMEOUT,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // A connection reset before we took it, or fds exhausted:
-                // neither is a reason to fail the job; wait and go on.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
-                    ) || e.raw_os_error() == Some(libc::EMFILE)
-                        || e.raw_os_error() == Some(libc::ENFILE) =>
-                {
-                    break
-                }
-                Err(e) => return Err(SetupFailure::new(format!("accept: {e}"))),
-            }
+        // New connections, on every NIC's listener.
+        for listener in listeners {
+            accept_new(
+                listener,
+                &mut pending,
+                &mut rejected,
+                secret,
+                comm_id,
+                my_rank,
+                expected,
+            )?;
         }
 
         // Progress every pending handshake; keep the ones still under way.
@@ -372,6 +369,58 @@ pub fn accept_all(
         (rejected.warn)(format!("dropped {} connections in all", rejected.count));
     }
     Ok(got)
+}
+
+/// Takes every connection waiting on `listener` into `pending` (as a
+/// handshake under way), without blocking.
+#[allow(clippy::too_many_arguments)]
+fn accept_new<'a>(
+    listener: &TcpListener,
+    pending: &mut Vec<Pending<'a>>,
+    rejected: &mut Rejections<'_>,
+    secret: &'a JobSecret,
+    comm_id: &'a str,
+    my_rank: usize,
+    expected: &'a [StreamKey],
+) -> Result<(), SetupFailure> {
+    loop {
+        match listener.accept() {
+            Ok((sock, from)) => {
+                if pending.len() >= MAX_PENDING {
+                    rejected.drop_conn(from, "too many handshakes under way");
+                    continue;
+                }
+                if let Err(e) = sock.set_nonblocking(true) {
+                    rejected.drop_conn(from, &format!("socket: {e}"));
+                    continue;
+                }
+                let nonce = fresh_nonce().map_err(SetupFailure::new)?;
+                pending.push(Pending {
+                    sock,
+                    from,
+                    machine: Acceptor::new(secret, comm_id, my_rank, expected, nonce),
+                    out: Vec::new(),
+                    out_done: 0,
+                    key: None,
+                    expires: Instant::now() + HANDSHAKE_TIMEOUT,
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // A connection reset before we took it, or fds exhausted:
+            // neither is a reason to fail the job; wait and go on.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                ) || e.raw_os_error() == Some(libc::EMFILE)
+                    || e.raw_os_error() == Some(libc::ENFILE) =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(SetupFailure::new(format!("accept: {e}"))),
+        }
+    }
 }
 
 /// Moves one handshake forward without blocking: `Ok(true)` when it is done
