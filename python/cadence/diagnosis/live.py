@@ -36,6 +36,7 @@ complete; the post-mortem `cadence doctor` still works from the dumps.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -229,6 +230,8 @@ class Watchdog:
         #: Cleared by pause(): the thread sleeps through its ticks.
         self._enabled = threading.Event()
         self._enabled.set()
+        #: Set at interpreter exit: the thread ends after its current tick.
+        self._stop = threading.Event()
         #: What the watchdog itself has cost this process: ticks that did
         #: work, and the thread's CPU time in them (native calls included).
         self.ticks = 0
@@ -274,14 +277,24 @@ class Watchdog:
         return min([1.0] + [a / 4 for a in afters])
 
     def _loop(self) -> None:
-        while True:
-            time.sleep(self._tick_s())
+        while not self._stop.wait(self._tick_s()):
             if not self._enabled.is_set():
                 continue
             cpu0 = time.thread_time()
             self._tick()
             self.cpu_s += time.thread_time() - cpu0
             self.ticks += 1
+
+    def stop(self, timeout: float) -> None:
+        """Ends the thread and waits for it (at most `timeout` s). At exit a
+        daemon thread still inside a Store call (a C++ call that released
+        the GIL) would be killed as it takes the GIL back, which aborts the
+        process (SIGABRT from a forced unwind through C++); so it is
+        stopped before the interpreter finalizes."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
 
     def _tick(self) -> None:
         with self._lock:
@@ -542,6 +555,8 @@ def _delete(store, key: str) -> None:
 
 _watchdog = Watchdog()
 _listeners: list = []
+# The longest a tick can take is a Store call's timeout (5 s, _store_client).
+atexit.register(_watchdog.stop, 6.0)
 
 
 def add_listener(fn) -> None:
