@@ -92,6 +92,40 @@ def test_mismatched_arguments(what, transport):
     assert expect[what] in joined, joined
 
 
+def _mismatch_large(comm):
+    import cadence
+
+    # 64 MiB: same-host peers read it in one copy from this rank's memory,
+    # for milliseconds per message.
+    x = np.ones(1 << 24, dtype=np.float32)
+    try:
+        for _ in range(3):  # a slow rank may get the abort still in these
+            comm.allreduce(x)
+        if comm.rank == 2:
+            comm.barrier()
+        else:
+            comm.allreduce(x)
+    except cadence.CommError as e:
+        del x  # unmapped at once (glibc mmaps buffers this large)
+        return {"msg": str(e), "culprit": e.culprit}
+    return {"msg": "no error", "culprit": None}
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_mismatch_is_reported_as_such_when_a_peers_buffer_is_gone(attempt):
+    # A rank that detects the mismatch fails and frees its buffer while
+    # same-host peers may still be reading it (single copy): they must report
+    # the mismatch (the failure's abort notice), not the read that found the
+    # memory gone ("Bad address", which once blamed an innocent rank).
+    res = run_ranks(_mismatch_large, 4, transport="shm", op_timeout=OP_TIMEOUT, timeout=60)
+    for r in range(4):
+        status, v = res[r]
+        assert status == "ok", f"rank {r}: {v}"
+        assert "Bad address" not in v["msg"], f"rank {r}: {v['msg']}"
+        assert "mismatch" in v["msg"], f"rank {r}: {v['msg']}"
+        assert v["culprit"] in (2, 3) or "rank 2" in v["msg"], f"rank {r}: {v['msg']}"
+
+
 def _garbage(comm):
     import cadence
 

@@ -742,12 +742,23 @@ impl ShmLink {
                 detail: format!("single-copy read of {n} bytes at {from:#x}: {e}"),
             },
         };
-        if let Some(dst) = job.sink.direct(job.got, n) {
-            cma_read(desc.pid, from, dst).map_err(failed)?;
+        let read = if let Some(dst) = job.sink.direct(job.got, n) {
+            cma_read(desc.pid, from, dst)
         } else {
             self.cma_scratch.resize(n, 0);
-            cma_read(desc.pid, from, &mut self.cma_scratch[..n]).map_err(failed)?;
-            job.sink.deliver(job.got, &self.cma_scratch[..n]);
+            cma_read(desc.pid, from, &mut self.cma_scratch[..n]).inspect(|_| {
+                job.sink.deliver(job.got, &self.cma_scratch[..n]);
+            })
+        };
+        if let Err(e) = read {
+            // A sender that failed leaves its abort notice before it hands
+            // its buffer back, so a read that found the buffer gone (EFAULT)
+            // is that failure's consequence: report the failure, which names
+            // its origin, not this peer's vanished memory.
+            if let Some(notice) = read_abort(&self.my_inbox) {
+                return Err(notice.into_error(job.meta.sig));
+            }
+            return Err(failed(e));
         }
         job.got += n;
         job.started = true;
