@@ -1,8 +1,9 @@
-"""Several NICs per host (issue 13, first slice): CADENCE_SOCKET_IFNAME takes
-a list or a prefix, every rank listens on each NIC, and a message between
-two hosts is striped over every rail they share — checked on an emulated
-cluster with two rails (root), where both NICs must carry the traffic and
-every result must match numpy."""
+"""Several NICs per host (issue 13): CADENCE_SOCKET_IFNAME takes a list or a
+prefix, every rank listens on each NIC, and a message between two hosts is
+carried by every rail they share, each chunk on the path expected to deliver
+it first — checked on an emulated cluster with two rails (root): both NICs
+carry the traffic, a throttled rail carries a share that follows its rate,
+and every result matches numpy."""
 
 from __future__ import annotations
 
@@ -83,3 +84,66 @@ def test_a_job_stripes_over_both_rails(make_cluster, tmp_path):  # noqa: F811
         eth0, eth1 = r["sent"]["eth0"], r["sent"]["eth1"]
         assert eth0 > 5e6 and eth1 > 5e6, r["sent"]
         assert 0.5 < eth0 / eth1 < 2.0, r["sent"]
+
+
+THROTTLED = r"""
+import json
+import numpy as np
+import cadence
+from cadence.diagnosis.metrics import snapshot
+comm = cadence.init(timeout=120)
+n = 8 << 20  # 32 MiB of float32: ring steps of many 64 KiB chunks
+x = np.full(n, float(comm.rank + 1), dtype=np.float32)
+for _ in range(3):
+    y = x.copy()
+    comm.allreduce(y)
+    assert (y == sum(range(1, comm.size + 1))).all()
+paths = {str(link["peer"]): link["paths"] for link in snapshot(comm)["links"]
+         if link["transport"] == "tcp"}
+print(json.dumps({"rank": comm.rank, "paths": paths}))
+comm.close()
+"""
+
+
+@needs_clusters
+def test_chunks_follow_the_paths_rates(make_cluster, tmp_path):  # noqa: F811
+    """One host's second rail at a fifth of the others' rate: the links of
+    that host send it a small share of their bytes (a fixed half/half split
+    would send it half), and the per-path counters say so."""
+    cluster = make_cluster(3, nics=2, rate="250mbit", tag="mr")
+    subprocess.run(
+        [sys.executable, "-m", "cadence.cli.main", "cluster", "link", "--name", cluster.name,
+         "--host", "1", "--nic", "1", "--rate", "50mbit"],
+        check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(PYTHON_DIR)},
+    )  # fmt: skip
+    script = tmp_path / "rank.py"
+    script.write_text(THROTTLED)
+    p = subprocess.run(
+        [sys.executable, "-m", "cadence.cli.main", "cluster", "run", "--name", cluster.name,
+         "--timeout", "200", "--", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=260,
+        env={**os.environ, "PYTHONPATH": str(PYTHON_DIR)},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = {r["rank"]: r for r in (json.loads(line.partition(": ")[2])
+                                  for line in p.stdout.splitlines() if line.startswith("[rank"))}
+    assert sorted(res) == [0, 1, 2], p.stdout
+    checked = {True: 0, False: 0}  # directions checked, touching host 1 or not
+    for rank, r in res.items():
+        for peer, paths in r["paths"].items():
+            assert len(paths) == 2, paths
+            slow = rank == 1 or peer == "1"
+            for way in ("sent", "recv"):
+                moved = [q[f"bytes_{way}"] for q in paths]
+                if sum(moved) < 10e6:
+                    continue  # the algorithm sends little this way
+                checked[slow] += 1
+                share = moved[1] / sum(moved)
+                if slow:
+                    # 50 of 300 Mbit/s: ~1/6; a fixed split would give 1/2.
+                    assert share < 0.3, (rank, peer, way, paths)
+                else:
+                    assert 0.3 < share < 0.7, (rank, peer, way, paths)
+                if way == "sent" and slow:
+                    assert paths[0]["rate_bps"] > 2 * paths[1]["rate_bps"] > 0, (rank, peer, paths)
+    assert checked[True] >= 2 and checked[False] >= 1, (checked, res)

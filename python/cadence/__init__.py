@@ -84,8 +84,8 @@ def socket_interfaces(spec: str) -> list[str]:
 
 def _local_ip(toward: str | None) -> str:
     """The addresses peers should reach us at: one per interface of
-    CADENCE_SOCKET_IFNAME (comma-separated: a message between two hosts is
-    striped over every NIC they share), else the source address of the
+    CADENCE_SOCKET_IFNAME (comma-separated: a large message between two
+    hosts is carried by every NIC they share), else the source address of the
     route toward the store (no packet is sent)."""
     ifname = os.environ.get("CADENCE_SOCKET_IFNAME")
     if ifname:

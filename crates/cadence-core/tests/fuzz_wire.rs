@@ -16,9 +16,9 @@ use cadence_core::transport::handshake::{
     Acceptor, Connector, JobSecret, Reject, Step, CHALLENGE_BYTES, HELLO_BYTES, PROOF_BYTES,
     WELCOME_BYTES,
 };
-use cadence_core::transport::tcp::{poll_fds, TcpLink, STRIPE_MIN};
+use cadence_core::transport::tcp::{poll_fds, TcpHeader, TcpLink, CHUNK_BYTES, TCP_HEADER_BYTES};
 use cadence_core::transport::{
-    OpMeta, RecvJob, Sink, SinkMode, WireHeader, FRAME_ABORT, FRAME_DATA, FRAME_STALL, HEADER_BYTES,
+    OpMeta, RecvJob, Sink, SinkMode, FRAME_ABORT, FRAME_DATA, FRAME_STALL,
 };
 use cadence_core::types::ElemOp;
 use cadence_core::{CollKind, DType, ErrorKind, RedOp};
@@ -294,7 +294,7 @@ fn receive(
         }
         tx
     });
-    let mut link = TcpLink::new(1, rx).unwrap();
+    let mut link = TcpLink::new(1, rx, 1).unwrap();
     // Guard bytes on both sides of the destination catch stray writes.
     let mut mem = vec![0xA5u8; len + 2 * GUARD];
     let mode = if reduce {
@@ -345,10 +345,17 @@ fn receive(
     (outcome, mem[GUARD..GUARD + len].to_vec(), link)
 }
 
-fn header(frame: u8, len: u64) -> WireHeader {
-    let mut h = meta(DType::I32, 0).header(0);
-    h.frame = frame;
-    h.len = len;
+fn header(frame: u8, len: u64) -> TcpHeader {
+    let mut h = TcpHeader::control(meta(DType::I32, 0).header(0));
+    h.base.frame = frame;
+    h.base.len = len;
+    h
+}
+
+/// The header of a data chunk of message 0 at byte offset `off`.
+fn chunk_header(m: &OpMeta, len: usize, off: usize) -> TcpHeader {
+    let mut h = TcpHeader::control(m.header(len));
+    h.off = off as u64;
     h
 }
 
@@ -365,6 +372,8 @@ enum Piece {
         len: Option<u64>,
         payload: usize,
         garble_rest: Option<(usize, u8)>,
+        /// A message number other than 0 (a later or earlier message).
+        other_msg: Option<u32>,
     },
 }
 
@@ -391,15 +400,17 @@ fn piece() -> impl Strategy<Value = Piece> {
             prop::bool::weighted(0.8),
             len,
             0usize..5000,
-            prop::option::weighted(0.2, (0usize..HEADER_BYTES, 1u8..)),
+            prop::option::weighted(0.2, (0usize..TCP_HEADER_BYTES, 1u8..)),
+            prop::option::weighted(0.1, 1u32..),
         )
-            .prop_map(|(magic_ok, frame, seq_ok, sig_ok, len, payload, garble_rest)| {
-                Piece::Frame { magic_ok, frame, seq_ok, sig_ok, len, payload, garble_rest }
+            .prop_map(|(magic_ok, frame, seq_ok, sig_ok, len, payload, garble_rest, other_msg)| {
+                Piece::Frame { magic_ok, frame, seq_ok, sig_ok, len, payload, garble_rest, other_msg }
             }),
     ]
 }
 
-fn render(pieces: &[Piece], want_len: usize, fill: u8) -> Vec<u8> {
+/// The bytes of `pieces`; data frames are chunks at byte offset `off`.
+fn render(pieces: &[Piece], want_len: usize, off: usize, fill: u8) -> Vec<u8> {
     let mut out = Vec::new();
     for p in pieces {
         match p {
@@ -412,16 +423,21 @@ fn render(pieces: &[Piece], want_len: usize, fill: u8) -> Vec<u8> {
                 len,
                 payload,
                 garble_rest,
+                other_msg,
             } => {
                 let mut h = header(*frame, len.unwrap_or(want_len as u64));
+                if *frame == FRAME_DATA {
+                    h.off = off as u64;
+                    h.msg = other_msg.unwrap_or(0);
+                }
                 if !magic_ok {
-                    h.magic ^= 0x0101_0000;
+                    h.base.magic ^= 0x0101_0000;
                 }
                 if !seq_ok {
-                    h.seq = h.seq.wrapping_add(1);
+                    h.base.seq = h.base.seq.wrapping_add(1);
                 }
                 if !sig_ok {
-                    h.sig ^= 0xff;
+                    h.base.sig ^= 0xff;
                 }
                 let mut hb = bytemuck::bytes_of(&h).to_vec();
                 if let Some((at, x)) = garble_rest {
@@ -467,7 +483,7 @@ proptest! {
         chunk in 1usize..4096,
     ) {
         let len = elems * dt.size();
-        let mut bytes = render(&pieces, len, 0x11);
+        let mut bytes = render(&pieces, len, 0, 0x11);
         if let Some(t) = truncate {
             let n = bytes.len() + 1;
             bytes.truncate(t % n);
@@ -485,11 +501,10 @@ proptest! {
         pieces1 in prop::collection::vec(piece(), 1..3),
         reduce in any::<bool>(),
     ) {
-        // Large enough to stripe over both streams.
-        let len = STRIPE_MIN + 4096;
-        let half = len / 2;
-        let b0 = render(&pieces0, half, 0x22);
-        let b1 = render(&pieces1, len - half, 0x22);
+        // Two chunks: one on each stream.
+        let len = CHUNK_BYTES + 4096;
+        let b0 = render(&pieces0, CHUNK_BYTES, 0, 0x22);
+        let b1 = render(&pieces1, 4096, CHUNK_BYTES, 0x22);
         let (_out, _, _) = receive(vec![b0, b1], DType::I32, len, reduce, 65536);
     }
 
@@ -509,7 +524,7 @@ proptest! {
                 bytes.extend_from_slice(&v.to_le_bytes());
             }
         }
-        bytes.extend_from_slice(bytemuck::bytes_of(&meta(DType::I32, len / 4).header(len)));
+        bytes.extend_from_slice(bytemuck::bytes_of(&chunk_header(&meta(DType::I32, len / 4), len, 0)));
         bytes.extend_from_slice(payload);
         let (out, data, link) = receive(vec![bytes], DType::I32, len, reduce, chunk);
         prop_assert_eq!(out, Outcome::Done);
@@ -517,4 +532,214 @@ proptest! {
         prop_assert_eq!(&data[..], payload);
         prop_assert_eq!(link.stall.map(|s| s.chain), stalls.last().cloned());
     }
+}
+
+/// Sends, on `nstreams` loopback streams, the chunks of two messages with
+/// each chunk on the stream `placement` names (message 0's chunks first on
+/// every stream, then message 1's), and receives both on one link.
+fn receive_two(
+    payloads: [&[u8]; 2],
+    placement: &[usize],
+    nstreams: usize,
+    reduce: bool,
+) -> Vec<Result<Vec<u8>, ErrorKind>> {
+    let (tx, rx) = socket_pairs(nstreams);
+    let mut per_stream = vec![Vec::new(); nstreams];
+    let mut k = 0;
+    for (msg, payload) in payloads.iter().enumerate() {
+        let m = meta(DType::I32, payload.len() / 4);
+        let n = payload.len().div_ceil(CHUNK_BYTES).max(1);
+        for c in 0..n {
+            let off = c * CHUNK_BYTES;
+            let len = CHUNK_BYTES.min(payload.len() - off);
+            let mut h = chunk_header(&m, len, off);
+            h.msg = msg as u32;
+            let s = placement[k % placement.len()] % nstreams;
+            k += 1;
+            per_stream[s].extend_from_slice(bytemuck::bytes_of(&h));
+            per_stream[s].extend_from_slice(&payload[off..off + len]);
+        }
+    }
+    let writer = std::thread::spawn(move || {
+        let mut tx = tx;
+        // Interleave the streams' writes so arrival order is mixed too.
+        let mut at = vec![0usize; tx.len()];
+        while at.iter().zip(&per_stream).any(|(a, b)| a < &b.len()) {
+            for (s, b) in per_stream.iter().enumerate() {
+                let end = (at[s] + 50_000).min(b.len());
+                if tx[s].write_all(&b[at[s]..end]).is_err() {
+                    return tx;
+                }
+                at[s] = end;
+            }
+        }
+        tx
+    });
+    let mut link = TcpLink::new(1, rx, 1).unwrap();
+    let mut out = Vec::new();
+    for payload in payloads {
+        let len = payload.len();
+        let mut mem = vec![0u8; len];
+        let mode = if reduce {
+            SinkMode::ReduceInPlace
+        } else {
+            SinkMode::Copy
+        };
+        // SAFETY: `mem` is valid for `len` bytes, outlives the job (dropped
+        // at the end of this iteration, after the job), and nothing else
+        // touches it meanwhile.
+        let sink = unsafe { Sink::new(mem.as_mut_ptr(), len, mode, DType::I32, ElemOp::Sum) };
+        let mut job = RecvJob::new(meta(DType::I32, len / 4), sink);
+        let limit = Instant::now() + Duration::from_secs(10);
+        let r = loop {
+            match link.recv_progress(&mut job) {
+                Ok(_) if job.done => break Ok(()),
+                Ok(true) => {}
+                Ok(false) => {
+                    assert!(Instant::now() < limit, "hang: no outcome within 10 s");
+                    let mut fds: Vec<libc::pollfd> = link
+                        .waiting_fds(false, true)
+                        .map(|fd| libc::pollfd {
+                            fd,
+                            events: libc::POLLIN,
+                            revents: 0,
+                        })
+                        .collect();
+                    poll_fds(&mut fds, Duration::from_millis(10));
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        drop(job);
+        let failed = r.is_err();
+        out.push(r.map(|_| mem));
+        if failed {
+            break;
+        }
+    }
+    drop(link);
+    let _ = writer.join().unwrap();
+    out
+}
+
+proptest! {
+    #![proptest_config(cases(24))]
+
+    #[test]
+    fn chunks_in_any_order_on_any_stream_make_each_message_whole(
+        sizes in (0usize..5 * CHUNK_BYTES / 4, 0usize..3 * CHUNK_BYTES / 4),
+        placement in prop::collection::vec(0usize..3, 1..12),
+        nstreams in 1usize..4,
+        reduce in any::<bool>(),
+        seed in any::<u8>(),
+    ) {
+        let a: Vec<u8> = (0..sizes.0 * 4).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect();
+        let b: Vec<u8> = (0..sizes.1 * 4).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect();
+        let out = receive_two([&a, &b], &placement, nstreams, reduce);
+        prop_assert_eq!(out.len(), 2);
+        // Onto zeros, an i32 sum is the payload itself.
+        prop_assert_eq!(out[0].as_ref().unwrap(), &a);
+        prop_assert_eq!(out[1].as_ref().unwrap(), &b);
+    }
+}
+
+#[test]
+fn a_chunk_that_arrives_twice_is_garbage_not_a_double_sum() {
+    // Message 0 of two chunks whose second frame repeats the first chunk.
+    let (tx, rx) = socket_pairs(2);
+    let len = CHUNK_BYTES + 64;
+    let m = meta(DType::I32, len / 4);
+    let mut bytes = Vec::new();
+    for _ in 0..2 {
+        bytes.extend_from_slice(bytemuck::bytes_of(&chunk_header(&m, CHUNK_BYTES, 0)));
+        bytes.extend(std::iter::repeat_n(1u8, CHUNK_BYTES));
+    }
+    let mut tx = tx;
+    tx[0].write_all(&bytes).unwrap();
+    let mut link = TcpLink::new(1, rx, 1).unwrap();
+    let mut mem = vec![0u8; len];
+    // SAFETY: `mem` is valid for `len` bytes and outlives the job.
+    let sink = unsafe {
+        Sink::new(
+            mem.as_mut_ptr(),
+            len,
+            SinkMode::ReduceInPlace,
+            DType::I32,
+            ElemOp::Sum,
+        )
+    };
+    let mut job = RecvJob::new(m, sink);
+    let limit = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match link.recv_progress(&mut job) {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(!job.done, "a repeated chunk completed the message");
+                assert!(Instant::now() < limit, "hang");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    assert!(
+        matches!(&err, ErrorKind::Garbage { detail, .. } if detail.contains("twice")),
+        "{err:?}"
+    );
+    drop(job);
+}
+
+#[test]
+fn a_message_on_one_stream_is_received_after_the_peer_closed_another() {
+    // The peer sent its last message on stream 1 and closed both streams:
+    // the end of stream 0 must not hide the message waiting on stream 1.
+    let (tx, rx) = socket_pairs(2);
+    let m = meta(DType::I32, 4);
+    let mut tx = tx;
+    tx[1]
+        .write_all(bytemuck::bytes_of(&chunk_header(&m, 16, 0)))
+        .unwrap();
+    tx[1].write_all(&[7u8; 16]).unwrap();
+    for s in &tx {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut link = TcpLink::new(1, rx, 1).unwrap();
+    let mut mem = [0u8; 16];
+    // SAFETY: `mem` is valid for 16 bytes and outlives the job.
+    let sink = unsafe {
+        Sink::new(
+            mem.as_mut_ptr(),
+            16,
+            SinkMode::Copy,
+            DType::I32,
+            ElemOp::Sum,
+        )
+    };
+    let mut job = RecvJob::new(m, sink);
+    let limit = Instant::now() + Duration::from_secs(10);
+    while !job.done {
+        link.recv_progress(&mut job)
+            .expect("the message on stream 1 is received");
+        assert!(Instant::now() < limit, "hang");
+    }
+    drop(job);
+    assert_eq!(mem, [7u8; 16]);
+    // The next receive finds every stream closed: a clean error, no hang.
+    let mut mem2 = [0u8; 16];
+    // SAFETY: as above.
+    let sink = unsafe {
+        Sink::new(
+            mem2.as_mut_ptr(),
+            16,
+            SinkMode::Copy,
+            DType::I32,
+            ElemOp::Sum,
+        )
+    };
+    let mut job = RecvJob::new(m, sink);
+    let err = loop {
+        match link.recv_progress(&mut job) {
+            Err(e) => break e,
+            Ok(_) => assert!(Instant::now() < limit, "hang"),
+        }
+    };
+    assert!(matches!(err, ErrorKind::PeerClosed { .. }), "{err:?}");
 }

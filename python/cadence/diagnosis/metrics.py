@@ -189,6 +189,10 @@ class Collector:
                 if busy > 0:
                     moved = link["bytes_sent"] + link["bytes_recv"]
                     fam["peer_rate"].add_metric(peer, moved / busy)
+                for k, path in enumerate(link.get("paths", [])):
+                    fam["path_bytes"].add_metric([*peer, str(k), "send"], path["bytes_sent"])
+                    fam["path_bytes"].add_metric([*peer, str(k), "recv"], path["bytes_recv"])
+                    fam["path_rate"].add_metric([*peer, str(k)], path["rate_bps"])
             running = m["running"]
             fam["running"].add_metric(
                 base, 0.0 if running is None else (m["now_ns"] - running["start_ns"]) / 1e9
@@ -234,6 +238,13 @@ def _families() -> dict:
         "peer_rate": GaugeMetricFamily(
             "cadence_peer_rate_bytes_per_second", "Bytes moved on the link to a peer (both "
             "directions) over its busy time, since the communicator was created", labels=peer),
+        "path_bytes": CounterMetricFamily(
+            "cadence_path_bytes", "Bytes moved on one path (local NIC k to the peer's NIC k) "
+            "of a TCP link, by direction", labels=[*peer, "path", "direction"]),
+        "path_rate": GaugeMetricFamily(
+            "cadence_path_rate_bytes_per_second", "Delivery rate of one path of a TCP link as "
+            "the sender measures it (what chunks are assigned by; 0 until measured)",
+            labels=[*peer, "path"]),
         "running": GaugeMetricFamily(
             "cadence_running_operation_seconds", "How long the oldest operation still running "
             "has run (0: none)", labels=base),

@@ -342,7 +342,9 @@ impl Bootstrap {
                 .into_iter()
                 .map(|s| s.expect("all streams connected"))
                 .collect();
-            let link = TcpLink::new(peer, socks).map_err(|e| fail(format!("rank {peer}: {e}")))?;
+            let npaths = paths_between(&infos[rank], &infos[peer]);
+            let link =
+                TcpLink::new(peer, socks, npaths).map_err(|e| fail(format!("rank {peer}: {e}")))?;
             links[peer] = Some(Link::Tcp(link));
         }
 

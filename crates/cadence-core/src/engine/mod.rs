@@ -856,13 +856,13 @@ impl Engine {
         self.busy_rx.iter_mut().for_each(|b| *b = false);
         let heads = sends
             .iter()
-            .map(|(p, j)| (*p, true, j.done, j.held, &j.stripes[..]))
+            .map(|(p, j)| (*p, true, j.done, j.held, j.started))
             .chain(
                 recvs
                     .iter()
-                    .map(|(p, j)| (*p, false, j.done, j.held, &j.stripes[..])),
+                    .map(|(p, j)| (*p, false, j.done, j.held, j.started)),
             );
-        for (peer, is_send, done, held, stripes) in heads {
+        for (peer, is_send, done, held, started) in heads {
             let first = if is_send {
                 &mut self.busy_tx[peer]
             } else {
@@ -874,7 +874,7 @@ impl Engine {
             match &self.links[peer] {
                 Some(Link::Tcp(t)) => {
                     let events = if is_send { libc::POLLOUT } else { libc::POLLIN };
-                    for fd in t.waiting_fds(stripes) {
+                    for fd in t.waiting_fds(is_send, started) {
                         self.pollfds.push(libc::pollfd {
                             fd,
                             events,

@@ -6,8 +6,8 @@
 //!
 //! Terms: a **message** is what one schedule `Send` step transfers (possibly 0
 //! bytes: it still carries its header, which is how barriers signal). A message
-//! travels as one or more **frames** (shm: one per slot; TCP: one per stream
-//! stripe), each led by a [`WireHeader`] so that the receiver checks, before
+//! travels as one or more **frames** (shm: one per slot; TCP: one per chunk,
+//! see `tcp.rs`), each led by a [`WireHeader`] so that the receiver checks, before
 //! touching data, that the sender is running the same operation with the same
 //! arguments.
 
@@ -126,18 +126,7 @@ impl OpMeta {
     /// Checks an incoming frame header against this operation; `want_len` is
     /// the payload length the receiver expects for this frame.
     pub fn check(&self, h: &WireHeader, peer: usize, want_len: usize) -> Result<(), ErrorKind> {
-        if h.magic != MAGIC {
-            return Err(ErrorKind::Garbage {
-                peer,
-                detail: format!("bad frame magic {:#010x} (expected {MAGIC:#010x})", h.magic),
-            });
-        }
-        if h.frame != FRAME_DATA {
-            return Err(ErrorKind::Garbage {
-                peer,
-                detail: format!("unknown frame type {}", h.frame),
-            });
-        }
+        check_data_frame(h, peer)?;
         if h.seq != self.seq || h.sig != self.sig || h.len != want_len as u64 {
             let mut theirs = describe(h.coll, h.seq, h.count, h.dtype, h.redop, h.root);
             if h.seq == self.seq && h.sig == self.sig {
@@ -156,6 +145,24 @@ impl OpMeta {
         }
         Ok(())
     }
+}
+
+/// Checks that `h` leads a data frame at all (magic, frame type), before
+/// anything of the operation it belongs to is compared.
+pub fn check_data_frame(h: &WireHeader, peer: usize) -> Result<(), ErrorKind> {
+    if h.magic != MAGIC {
+        return Err(ErrorKind::Garbage {
+            peer,
+            detail: format!("bad frame magic {:#010x} (expected {MAGIC:#010x})", h.magic),
+        });
+    }
+    if h.frame != FRAME_DATA {
+        return Err(ErrorKind::Garbage {
+            peer,
+            detail: format!("unknown frame type {}", h.frame),
+        });
+    }
+    Ok(())
 }
 
 fn describe(coll: u8, seq: u64, count: u64, dtype: u8, redop: u8, root: u32) -> String {
@@ -372,7 +379,8 @@ pub struct SendJob {
     /// Looked ahead into a later phase but not allowed to move yet (the
     /// engine's hazard check); transports never see held jobs.
     pub held: bool,
-    pub stripes: Vec<StripeCursor>,
+    /// TCP's chunk bookkeeping (unused on shared memory).
+    pub tcp: ChunkCursor,
     /// Evidence for the records (see [`JobTrace`]).
     pub trace: JobTrace,
 }
@@ -407,25 +415,33 @@ pub struct RecvJob {
     pub done: bool,
     /// See [`SendJob::held`].
     pub held: bool,
-    pub stripes: Vec<StripeCursor>,
+    /// See [`SendJob::tcp`].
+    pub tcp: ChunkCursor,
     /// See [`SendJob::trace`].
     pub trace: JobTrace,
 }
 
-/// Progress of one stripe of a message on one TCP stream.
+/// Where a message stands in its chunks (TCP; see `tcp.rs`). A message of
+/// `nchunks` chunks is done when every chunk has been written (sender) or
+/// received (receiver); which stream carries which chunk is decided as
+/// streams free up, so the cursor counts chunks rather than tracking stripes.
 #[derive(Clone, Debug, Default)]
-pub struct StripeCursor {
-    pub stream: usize,
-    /// Byte range of the message this stripe carries.
-    pub off: usize,
-    pub len: usize,
-    /// Header bytes written/read so far (of HEADER_BYTES).
-    pub hdr_done: usize,
-    /// Payload bytes written/read so far.
-    pub done: usize,
-    /// Receiving and reducing: bytes held back because they do not yet make a
-    /// whole element.
-    pub carry: usize,
+pub struct ChunkCursor {
+    /// The message's number on its link and direction (wrapping).
+    pub msg: u32,
+    pub nchunks: usize,
+    /// Sender: the next chunk no stream has taken yet.
+    pub next: usize,
+    /// Receiver: chunks complete so far, and which ones (a bit per chunk).
+    pub received: usize,
+    pub seen: Vec<u64>,
+}
+
+impl ChunkCursor {
+    /// Sender: whether some chunk still waits for a stream.
+    pub fn unassigned(&self) -> bool {
+        self.next < self.nchunks
+    }
 }
 
 impl SendJob {
@@ -441,18 +457,13 @@ impl SendJob {
             started: false,
             done: false,
             held: false,
-            stripes: Vec::new(),
+            tcp: ChunkCursor::default(),
             trace: JobTrace::default(),
         }
     }
-    /// Payload bytes handed to the transport so far (shared memory counts
-    /// them in `sent`, TCP per stripe).
+    /// Payload bytes handed to the transport so far.
     pub fn moved(&self) -> usize {
-        if self.stripes.is_empty() {
-            self.sent
-        } else {
-            self.stripes.iter().map(|s| s.done).sum()
-        }
+        self.sent
     }
 }
 
@@ -469,17 +480,13 @@ impl RecvJob {
             started: false,
             done: false,
             held: false,
-            stripes: Vec::new(),
+            tcp: ChunkCursor::default(),
             trace: JobTrace::default(),
         }
     }
-    /// Payload bytes received so far (see [`SendJob::moved`]).
+    /// Payload bytes received so far.
     pub fn moved(&self) -> usize {
-        if self.stripes.is_empty() {
-            self.got
-        } else {
-            self.stripes.iter().map(|s| s.done).sum()
-        }
+        self.got
     }
 }
 
@@ -499,6 +506,11 @@ impl Counter {
             self.0.load(Ordering::Relaxed).wrapping_add(n),
             Ordering::Relaxed,
         );
+    }
+    /// Replaces the value (a gauge). Only the link's owner may call it.
+    #[inline]
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
     }
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
@@ -520,13 +532,31 @@ pub struct LinkCounters {
     pub busy_ns: Counter,
     /// Messages sent by single copy.
     pub single_copy_sent: Counter,
+    /// TCP: the same per path (local NIC k to the peer's NIC k); empty on
+    /// shared memory.
+    pub paths: Vec<PathCounters>,
+}
+
+/// What one path of a TCP link carried, and how fast it delivers.
+#[derive(Debug, Default)]
+pub struct PathCounters {
+    pub bytes_sent: Counter,
+    pub bytes_recv: Counter,
+    /// Delivery rate, bytes per second, as the sender measures it (the sum
+    /// over the path's streams; 0 until measured).
+    pub rate_bps: Counter,
 }
 
 impl LinkCounters {
     pub fn new(peer: usize, transport: &'static str) -> Arc<LinkCounters> {
+        Self::with_paths(peer, transport, 0)
+    }
+
+    pub fn with_paths(peer: usize, transport: &'static str, paths: usize) -> Arc<LinkCounters> {
         Arc::new(LinkCounters {
             peer,
             transport,
+            paths: (0..paths).map(|_| PathCounters::default()).collect(),
             ..Default::default()
         })
     }
@@ -542,8 +572,25 @@ impl LinkCounters {
             msgs_recv: self.msgs_recv.get(),
             busy_ns: self.busy_ns.get(),
             single_copy_sent: self.single_copy_sent.get(),
+            paths: self
+                .paths
+                .iter()
+                .map(|p| PathStats {
+                    bytes_sent: p.bytes_sent.get(),
+                    bytes_recv: p.bytes_recv.get(),
+                    rate_bps: p.rate_bps.get(),
+                })
+                .collect(),
         }
     }
+}
+
+/// A path's counters at one moment.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PathStats {
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    pub rate_bps: u64,
 }
 
 /// A link's counters at one moment ([`LinkCounters::snapshot`]).
@@ -560,6 +607,8 @@ pub struct LinkStats {
     /// Messages sent by single copy (shared memory: read by the receiver
     /// straight from this rank's buffer).
     pub single_copy_sent: u64,
+    /// TCP: per path (local NIC k to the peer's NIC k).
+    pub paths: Vec<PathStats>,
 }
 
 /// A connection to one peer, over shared memory or TCP.
