@@ -265,6 +265,19 @@ fn socket_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
     (tx, rx)
 }
 
+/// Waits (at most 10 ms) until a stream a receive waits on has bytes.
+fn wait_readable(link: &TcpLink) {
+    let mut fds: Vec<libc::pollfd> = link
+        .waiting_fds(false, true)
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    poll_fds(&mut fds, Duration::from_millis(10));
+}
+
 #[derive(Debug, PartialEq)]
 enum Outcome {
     Done,
@@ -315,15 +328,7 @@ fn receive(
             Ok(true) => {}
             Ok(false) => {
                 assert!(Instant::now() < limit, "hang: no outcome within 10 s");
-                let mut fds: Vec<libc::pollfd> = link
-                    .fds()
-                    .map(|fd| libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    })
-                    .collect();
-                poll_fds(&mut fds, Duration::from_millis(10));
+                wait_readable(&link);
             }
             Err(e) => break Outcome::Failed(e),
         }
@@ -597,15 +602,7 @@ fn receive_two(
                 Ok(true) => {}
                 Ok(false) => {
                     assert!(Instant::now() < limit, "hang: no outcome within 10 s");
-                    let mut fds: Vec<libc::pollfd> = link
-                        .waiting_fds(false, true)
-                        .map(|fd| libc::pollfd {
-                            fd,
-                            events: libc::POLLIN,
-                            revents: 0,
-                        })
-                        .collect();
-                    poll_fds(&mut fds, Duration::from_millis(10));
+                    wait_readable(&link);
                 }
                 Err(e) => break Err(e),
             }

@@ -265,6 +265,18 @@ struct RxChunk {
     carry: usize,
 }
 
+/// What reading a stream's next header came to.
+enum HeaderStep {
+    /// Incomplete: the socket has no more now (`moved`: some bytes came).
+    Blocked { moved: bool },
+    /// The peer closed the stream between frames.
+    Closed,
+    /// A control frame's header; its payload is to be read next.
+    Control,
+    /// A data frame's header.
+    Data(TcpHeader),
+}
+
 /// A control frame being received: its header and the payload so far.
 struct CtlIn {
     hdr: WireHeader,
@@ -617,29 +629,17 @@ impl TcpLink {
                     self.rx[s] = RxState::Chunk(c);
                 }
                 RxState::Closed => return Ok(progressed),
-                RxState::Header { buf, done } => {
-                    match self.streams[s].read(&mut buf[*done..]) {
-                        Ok(0) if *done == 0 => {
-                            self.rx[s] = RxState::Closed;
-                            return Ok(true);
-                        }
-                        Ok(0) => return Err(self.closed()),
-                        Ok(n) => {
+                RxState::Header { .. } => {
+                    let h = match self.read_header(s)? {
+                        HeaderStep::Blocked { moved } => return Ok(progressed || moved),
+                        HeaderStep::Closed => return Ok(true),
+                        HeaderStep::Control => {
                             progressed = true;
-                            *done += n;
+                            continue;
                         }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progressed),
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(self.io_err(e)),
-                    }
-                    if *done < TCP_HEADER_BYTES {
-                        continue;
-                    }
-                    let h: TcpHeader = bytemuck::pod_read_unaligned(&buf[..]);
-                    self.rx[s] = RxState::idle();
-                    if self.take_control(s, &h.base)? {
-                        continue;
-                    }
+                        HeaderStep::Data(h) => h,
+                    };
+                    progressed = true;
                     if h.msg == job.tcp.msg {
                         let c = self.begin_chunk(&h, job)?;
                         self.rx[s] = RxState::Chunk(c);
@@ -698,6 +698,44 @@ impl TcpLink {
                     }
                 }
             }
+        }
+    }
+
+    /// Reads stream `s`'s next frame header (the stream is between frames)
+    /// as far as the socket has it. A control frame's header sets the
+    /// stream up to read its payload; the end of the stream here marks it
+    /// closed; the end inside a header is an error.
+    fn read_header(&mut self, s: usize) -> Result<HeaderStep, ErrorKind> {
+        let mut moved = false;
+        loop {
+            let RxState::Header { buf, done } = &mut self.rx[s] else {
+                unreachable!("read_header on a stream inside a frame");
+            };
+            match self.streams[s].read(&mut buf[*done..]) {
+                Ok(0) if *done == 0 => {
+                    self.rx[s] = RxState::Closed;
+                    return Ok(HeaderStep::Closed);
+                }
+                Ok(0) => return Err(self.closed()),
+                Ok(n) => {
+                    moved = true;
+                    *done += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(HeaderStep::Blocked { moved })
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.io_err(e)),
+            }
+            if *done < TCP_HEADER_BYTES {
+                continue;
+            }
+            let h: TcpHeader = bytemuck::pod_read_unaligned(&buf[..]);
+            self.rx[s] = RxState::idle();
+            if self.take_control(s, &h.base)? {
+                return Ok(HeaderStep::Control);
+            }
+            return Ok(HeaderStep::Data(h));
         }
     }
 
@@ -792,28 +830,14 @@ impl TcpLink {
                     self.note_control(ctl, 0)?;
                     continue;
                 }
-                let RxState::Header { buf, done } = &mut self.rx[s] else {
+                if !matches!(self.rx[s], RxState::Header { .. }) {
                     break;
+                }
+                let h = match self.read_header(s)? {
+                    HeaderStep::Blocked { .. } | HeaderStep::Closed => break,
+                    HeaderStep::Control => continue,
+                    HeaderStep::Data(h) => h,
                 };
-                match self.streams[s].read(&mut buf[*done..]) {
-                    Ok(0) if *done == 0 => {
-                        self.rx[s] = RxState::Closed;
-                        break;
-                    }
-                    Ok(0) => return Err(self.closed()),
-                    Ok(n) => *done += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(self.io_err(e)),
-                }
-                if *done < TCP_HEADER_BYTES {
-                    continue;
-                }
-                let h: TcpHeader = bytemuck::pod_read_unaligned(&buf[..]);
-                self.rx[s] = RxState::idle();
-                if self.take_control(s, &h.base)? {
-                    continue;
-                }
                 if h.msg == self.rx_msg {
                     check_data_frame(&h.base, self.peer)?;
                     self.rx[s] = RxState::Stashed(h);
