@@ -334,6 +334,10 @@ pub struct Config {
     /// depends on whether ranks outnumber cores). For measuring a machine.
     pub spin: Option<Duration>,
     pub yield_for: Option<Duration>,
+    /// `CADENCE_PATH_TIMEOUT`: how long one path of a TCP link (a NIC pair)
+    /// may deliver nothing while the kernel retries before its chunks go
+    /// again on the other paths. Far below `timeout`.
+    pub path_timeout: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -358,6 +362,7 @@ impl Default for Config {
             calibrate: true,
             spin: None,
             yield_for: None,
+            path_timeout: crate::transport::tcp::PATH_TIMEOUT,
         }
     }
 }
@@ -381,6 +386,15 @@ impl Config {
                 ));
             }
             c.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = get("CADENCE_PATH_TIMEOUT") {
+            let secs: f64 = num("CADENCE_PATH_TIMEOUT", &v)?;
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(format!(
+                    "CADENCE_PATH_TIMEOUT={v:?} must be a positive number of seconds"
+                ));
+            }
+            c.path_timeout = Duration::from_secs_f64(secs);
         }
         if let Some(v) = get("CADENCE_ALGO") {
             c.algo = AlgoOverride::parse(&v)?;

@@ -343,8 +343,19 @@ impl Bootstrap {
                 .map(|s| s.expect("all streams connected"))
                 .collect();
             let npaths = paths_between(&infos[rank], &infos[peer]);
-            let link =
+            let mut link =
                 TcpLink::new(peer, socks, npaths).map_err(|e| fail(format!("rank {peer}: {e}")))?;
+            let peer_addrs = infos[peer].nic_addrs();
+            let names = (0..npaths)
+                .map(|p| {
+                    let ip = |a: &str| a.rsplit_once(':').map_or(a, |(h, _)| h).to_string();
+                    let mine = my_ips.get(p).map_or_else(|| "?".into(), |a| a.to_string());
+                    format!("{mine} -> {}", ip(peer_addrs[p]))
+                })
+                .collect();
+            let log_as =
+                (self.cfg.debug >= DebugLevel::Warn).then(|| format!("cadence rank {rank}"));
+            link.set_failover(self.cfg.path_timeout, names, log_as);
             links[peer] = Some(Link::Tcp(link));
         }
 

@@ -36,6 +36,8 @@ const YIELD: Duration = Duration::from_millis(2);
 const SPIN_OVERSUBSCRIBED: Duration = Duration::from_micros(2);
 const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+/// How often links with several paths get their background work done.
+const MAINTAIN_EVERY: Duration = Duration::from_millis(1);
 
 /// How this engine's waits went, for `dump_records()` ("waits"): a missed
 /// wake-up shows as a `late_wakeup`, a stall as a long `longest_idle_us`.
@@ -291,6 +293,10 @@ pub struct Engine {
     pub stamp_messages: bool,
     /// ... and whether they are, in the operation running now.
     stamping: bool,
+    /// Whether some TCP link has several paths (it then needs
+    /// [`Link::maintain`] now and then), and when that last ran.
+    multipath: bool,
+    last_maintain: Instant,
 }
 
 impl Engine {
@@ -300,6 +306,10 @@ impl Engine {
         links: Vec<Option<Link>>,
         inbox: Option<Inbox>,
     ) -> Engine {
+        let multipath = links
+            .iter()
+            .flatten()
+            .any(|l| matches!(l, Link::Tcp(t) if t.multipath()));
         Engine {
             rank,
             nranks,
@@ -320,7 +330,29 @@ impl Engine {
             wait_stats: WaitStats::default(),
             stamp_messages: true,
             stamping: false,
+            multipath,
+            last_maintain: Instant::now(),
         }
+    }
+
+    /// Runs the links' background work (see [`Link::maintain`]) when it
+    /// has not run for [`MAINTAIN_EVERY`]: failing paths are found and
+    /// their chunks sent again even while the operation moves on other
+    /// links, or on none. Returns whether any byte moved.
+    fn maintain_links(&mut self) -> Result<bool, ErrorKind> {
+        if !self.multipath {
+            return Ok(false);
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last_maintain) < MAINTAIN_EVERY {
+            return Ok(false);
+        }
+        self.last_maintain = now;
+        let mut moved = false;
+        for l in self.links.iter_mut().flatten() {
+            moved |= l.maintain()?;
+        }
+        Ok(moved)
     }
 
     /// Fixed spin and yield budgets instead of the policy of
@@ -635,7 +667,8 @@ impl Engine {
                 }
                 Turn::Move(m) => m,
             };
-            let (progressed, pending) = self.progress_round(sends, recvs)?;
+            let (mut progressed, pending) = self.progress_round(sends, recvs)?;
+            progressed |= self.maintain_links()?;
             if progressed {
                 if let Some(since) = wait.idle_since {
                     let idle = since.elapsed().as_micros() as u64;
@@ -883,6 +916,21 @@ impl Engine {
                     }
                 }
                 _ => self.shm_waits.push((peer, is_send)),
+            }
+        }
+        if self.multipath {
+            // Chunks a link writes on its own (sent again after a path
+            // failed, or the rest of a completed send) wake us too.
+            for (peer, l) in self.links.iter().enumerate() {
+                if let (Some(Link::Tcp(t)), false) = (l, self.busy_tx[peer]) {
+                    for fd in t.background_fds() {
+                        self.pollfds.push(libc::pollfd {
+                            fd,
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        });
+                    }
+                }
             }
         }
         let tcp_pending = !self.pollfds.is_empty();

@@ -312,6 +312,11 @@ impl Sink {
         }
     }
 
+    /// Whether received bytes are copied (not reduced) into the destination.
+    pub fn copies(&self) -> bool {
+        matches!(self.mode, SinkMode::Copy)
+    }
+
     /// For copy sinks, the destination bytes themselves, so a transport can
     /// read from a socket straight into them. `None` for reducing sinks.
     pub fn direct(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
@@ -545,6 +550,12 @@ pub struct PathCounters {
     /// Delivery rate, bytes per second, as the sender measures it (the sum
     /// over the path's streams; 0 until measured).
     pub rate_bps: Counter,
+    /// 1 while the path is down (failed over), 0 while it carries chunks.
+    pub down: Counter,
+    /// Times the path went down, and payload bytes written again on other
+    /// paths because it did.
+    pub downs: Counter,
+    pub resent_bytes: Counter,
 }
 
 impl LinkCounters {
@@ -579,6 +590,9 @@ impl LinkCounters {
                     bytes_sent: p.bytes_sent.get(),
                     bytes_recv: p.bytes_recv.get(),
                     rate_bps: p.rate_bps.get(),
+                    up: p.down.get() == 0,
+                    downs: p.downs.get(),
+                    resent_bytes: p.resent_bytes.get(),
                 })
                 .collect(),
         }
@@ -591,6 +605,10 @@ pub struct PathStats {
     pub bytes_sent: u64,
     pub bytes_recv: u64,
     pub rate_bps: u64,
+    /// Whether the path carries chunks now (false: down, failed over).
+    pub up: bool,
+    pub downs: u64,
+    pub resent_bytes: u64,
 }
 
 /// A link's counters at one moment ([`LinkCounters::snapshot`]).
@@ -674,6 +692,16 @@ impl Link {
     }
     /// Writes what is left of queued control frames (stall notices), never
     /// blocking.
+    /// Background work of a TCP link with several paths: path failure and
+    /// recovery, and writing chunks the link owns (see
+    /// [`tcp::TcpLink::maintain`]). Nothing to do on other links.
+    pub fn maintain(&mut self) -> Result<bool, ErrorKind> {
+        match self {
+            Link::Tcp(l) => l.maintain(),
+            Link::Shm(_) => Ok(false),
+        }
+    }
+
     pub fn flush_control(&mut self) {
         if let Link::Tcp(l) = self {
             l.flush_control();

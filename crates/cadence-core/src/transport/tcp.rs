@@ -33,11 +33,12 @@
 //! authenticated) in `tcp_setup.rs`.
 
 use super::{
-    check_data_frame, AbortNotice, ChunkCursor, LinkCounters, RecvJob, SendJob, StallNotice,
-    WireHeader, ABORT_TEXT_MAX, FRAME_ABORT, FRAME_STALL, MAGIC, STALL_CHAIN_MAX,
+    check_data_frame, AbortNotice, ChunkCursor, LinkCounters, RecvJob, SendJob, Source,
+    StallNotice, WireHeader, ABORT_TEXT_MAX, FRAME_ABORT, FRAME_STALL, MAGIC, STALL_CHAIN_MAX,
 };
 use crate::error::ErrorKind;
 use bytemuck::{Pod, Zeroable};
+use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -52,6 +53,8 @@ use std::time::{Duration, Instant};
 pub const CHUNK_BYTES: usize = 64 * 1024;
 /// How often a stream's delivery rate is sampled (at most).
 const RATE_SAMPLE: Duration = Duration::from_millis(2);
+/// How far back the published rate looks (see [`TxRate::published_bps`]).
+const PUBLISHED_WINDOW: Duration = Duration::from_secs(1);
 /// Weight of a new rate sample in the running estimate.
 const RATE_GAIN: f64 = 0.3;
 /// A rate estimate this old counts double, and so on (see
@@ -62,8 +65,6 @@ const RATE_STALE: Duration = Duration::from_millis(250);
 /// congestion window has in flight. Bounds how long a slow path holds the
 /// last chunks of a message.
 const NOTSENT_LOWAT: usize = 128 * 1024;
-/// Receive staging for reducing receives (bytes per stream).
-const STAGING: usize = 256 * 1024;
 /// Longest payload of a stall notice: its chain of u32 ranks.
 const STALL_PAYLOAD_MAX: usize = STALL_CHAIN_MAX * 4;
 
@@ -76,7 +77,8 @@ pub struct TcpHeader {
     /// The message's number on this link and direction (wrapping); 0 on
     /// control frames.
     pub msg: u32,
-    pub _pad: u32,
+    /// [`FLAG_RESENT`] or 0.
+    pub flags: u32,
     /// Byte offset of this chunk in its message.
     pub off: u64,
 }
@@ -113,13 +115,16 @@ pub struct TcpLink {
     rx: Vec<RxState>,
     /// Number of the next message this link receives.
     rx_msg: u32,
+    /// Per stream: a reducing receive's chunk, staged whole before it is
+    /// reduced (a chunk cut off by a failing path is never half-applied).
     staging: Vec<Vec<u8>>,
-    /// Control frames (stall notices) waiting to go on stream 0, whole
+    /// Control frames (stall notices) waiting to go on `ctl_stream`, whole
     /// frames only, and how many of their bytes are written. A chunk starts
-    /// on stream 0 only once this is empty, and a control frame only between
-    /// chunks, so neither is ever spliced into the other.
+    /// on that stream only once this is empty, and a control frame only
+    /// between chunks, so neither is ever spliced into the other.
     tx_ctl: Vec<u8>,
     tx_ctl_done: usize,
+    ctl_stream: usize,
     /// Per stream: a control frame whose header has arrived and whose
     /// payload is being read (non-blocking, like everything else).
     rx_ctl: Vec<Option<CtlIn>>,
@@ -127,8 +132,91 @@ pub struct TcpLink {
     pub stall: Option<StallNotice>,
     /// Paths the streams run on (stream s: path s % npaths).
     npaths: usize,
+    /// Failover (only with several paths; see [`Failover`]); boxed, as it
+    /// is large and touched off the hot path mostly.
+    fo: Box<Failover>,
     pub stats: Arc<LinkCounters>,
 }
+
+/// What a link with several paths keeps so that no chunk is lost when a
+/// path fails: copies of the chunks the peer's kernel has not yet
+/// acknowledged, each path's state, and (receiving) frames of later
+/// messages read ahead of the chunks sent again.
+struct Failover {
+    /// Whether failover is on (several paths).
+    on: bool,
+    /// Per stream: frames written whose last byte the peer's kernel has not
+    /// acknowledged yet, oldest first.
+    unacked: Vec<VecDeque<Copy>>,
+    /// Chunks to write again on a path that works, oldest message first.
+    resend: VecDeque<Copy>,
+    /// Chunk buffers to reuse.
+    spare: Vec<Vec<u8>>,
+    paths: Vec<PathState>,
+    /// No delivery for this long, with the kernel retrying: the path is
+    /// down (`CADENCE_PATH_TIMEOUT`).
+    timeout: Duration,
+    /// "10.0.1.2 -> 10.0.1.3" per path, for log lines and errors.
+    names: Vec<String>,
+    /// Prefix of log lines ("cadence rank 3"); `None`: no log lines.
+    log_as: Option<String>,
+    last_check: Instant,
+    /// Receiver: the peer has sent a chunk again (copies that arrive twice
+    /// are then expected and dropped, not garbage).
+    rx_resent: bool,
+    /// Receiver: frames of later messages read ahead (see `park`), and
+    /// their bytes.
+    parked: Vec<(TcpHeader, Vec<u8>)>,
+    parked_bytes: usize,
+    /// Receiver: the message whose receive reads later frames ahead.
+    parking_for: Option<u32>,
+}
+
+/// A chunk's frame, with its own copy of the payload.
+struct Copy {
+    /// Stream position just past the frame (unacked frames only).
+    end: u64,
+    hdr: TcpHeader,
+    data: Vec<u8>,
+}
+
+/// One path's state.
+struct PathState {
+    up: bool,
+    /// Failed with an error (reset, broken pipe): never comes back (taking
+    /// it back would need a new connection).
+    dead: bool,
+    /// Why it went down.
+    reason: String,
+    /// Down: per stream of the path, the stream position its kernel must
+    /// deliver before the path counts as working again.
+    probe: Vec<(usize, u64)>,
+    since: Instant,
+}
+
+/// Header flag: the chunk is sent again, after the path that carried it
+/// first failed. A copy may then arrive twice.
+pub const FLAG_RESENT: u32 = 1;
+/// Default for `CADENCE_PATH_TIMEOUT`.
+pub const PATH_TIMEOUT: Duration = Duration::from_secs(2);
+/// Later messages' bytes a receiver reads ahead, per link, while it waits
+/// for chunks sent again (see [`TcpLink::park`]).
+const PARK_MAX: usize = 512 << 20;
+/// A later message's frame that has waited this long while the message
+/// being received stays incomplete is read ahead (parked), since the
+/// chunks that complete it may be queued behind it.
+const PARK_AFTER: Duration = Duration::from_millis(100);
+/// Longest wait between retransmissions on a stream of a link with several
+/// paths (`TCP_RTO_MAX_MS`, Linux 6.15+; the kernel's default is 120 s).
+const RTO_MAX: Duration = Duration::from_secs(1);
+/// `TCP_RTO_MAX_MS` from `linux/tcp.h` (not in the libc crate yet).
+const TCP_RTO_MAX_MS: libc::c_int = 44;
+/// How long a stream of a link with several paths may go without an
+/// acknowledgement before the kernel drops the connection
+/// (`TCP_USER_TIMEOUT`): a cut path stays a connection that can come back.
+const OUTAGE_MAX: Duration = Duration::from_secs(600);
+/// How often paths are checked for failure and recovery (at most).
+const PATH_CHECK: Duration = Duration::from_millis(1);
 
 /// What one stream has delivered to the peer, and its measured rate.
 #[derive(Clone, Debug)]
@@ -147,6 +235,14 @@ struct TxRate {
     bps: f64,
     /// When `bps` last rested on a sample.
     measured_at: Instant,
+    /// When the stream last delivered a byte or had nothing queued, and
+    /// what it had delivered then (failure detection).
+    progress_at: Instant,
+    progress_mark: u64,
+    /// Bytes delivered and seconds spent while backlogged, recent ones
+    /// weighing most (see [`TxRate::published_bps`]).
+    busy_bytes: f64,
+    busy_secs: f64,
 }
 
 /// Bytes the kernel still holds for a socket: not yet sent, or sent and not
@@ -174,7 +270,29 @@ impl TxRate {
             backlogged: false,
             bps: 0.0,
             measured_at: now,
+            progress_at: now,
+            progress_mark: 0,
+            busy_bytes: 0.0,
+            busy_secs: 0.0,
         }
+    }
+
+    /// The delivery rate the counters show: bytes over time while the
+    /// stream was backlogged, over about the last [`PUBLISHED_WINDOW`] of
+    /// such time. Steadier than `bps`, whose short samples follow bursts
+    /// of acknowledgements (fine for choosing the next chunk's stream, not
+    /// for a figure a user reads).
+    fn published_bps(&self) -> f64 {
+        if self.busy_secs > 0.0 {
+            self.busy_bytes / self.busy_secs
+        } else {
+            0.0
+        }
+    }
+
+    /// Bytes the peer's kernel has acknowledged, as last read.
+    fn acked(&self) -> u64 {
+        self.written - self.queued
     }
 
     /// Reads the socket's queue and, at most every [`RATE_SAMPLE`], folds
@@ -185,6 +303,10 @@ impl TxRate {
     /// barrier message over an idle millisecond is no measure of a path).
     fn sample(&mut self, sock: &TcpStream, now: Instant) {
         self.queued = queued_bytes(sock).min(self.written);
+        if self.queued == 0 || self.acked() > self.progress_mark {
+            self.progress_at = now;
+            self.progress_mark = self.acked();
+        }
         let dt = now.duration_since(self.at);
         if dt < RATE_SAMPLE {
             return;
@@ -192,6 +314,11 @@ impl TxRate {
         let delivered = self.written - self.queued;
         let inst = delivered.saturating_sub(self.delivered) as f64 / dt.as_secs_f64();
         if self.backlogged && self.queued > 0 {
+            // The published rate: bytes over time while backlogged, with
+            // older intervals fading over about a second.
+            let fade = (-dt.as_secs_f64() / PUBLISHED_WINDOW.as_secs_f64()).exp();
+            self.busy_bytes = self.busy_bytes * fade + inst * dt.as_secs_f64();
+            self.busy_secs = self.busy_secs * fade + dt.as_secs_f64();
             self.bps = if self.bps == 0.0 {
                 inst
             } else {
@@ -199,7 +326,10 @@ impl TxRate {
             };
             self.measured_at = now;
         } else if self.backlogged && self.bps > 0.0 && inst > self.bps {
-            self.bps = inst;
+            // Smoothed too: a burst of acknowledgements (delayed ACKs, a
+            // shaper's bucket) can make one short interval look far faster
+            // than the path.
+            self.bps += RATE_GAIN * (inst - self.bps);
             self.measured_at = now;
         }
         self.delivered = delivered;
@@ -227,6 +357,9 @@ struct TxChunk {
     hdr_done: usize,
     /// Payload bytes written so far.
     done: usize,
+    /// The payload, when the link keeps its own copy (failover on): the
+    /// chunk may then outlive its send, and be sent again.
+    copy: Option<Vec<u8>>,
 }
 
 /// Where one stream's incoming bytes stand.
@@ -239,8 +372,9 @@ enum RxState {
     /// Inside a chunk of the message being received.
     Chunk(RxChunk),
     /// The next frame belongs to a later message; its header, read and
-    /// checked for sanity, waits here until that message's receive starts.
-    Stashed(TcpHeader),
+    /// checked for sanity, waits here until that message's receive starts
+    /// (or, failover on, until it is read ahead: see [`TcpLink::park`]).
+    Stashed { hdr: TcpHeader, at: Instant },
     /// The peer closed the stream between frames. Not an error by itself:
     /// a peer that sent everything and closed may have left the last
     /// message on another stream.
@@ -257,12 +391,26 @@ impl RxState {
 }
 
 struct RxChunk {
+    hdr: TcpHeader,
     index: usize,
     off: usize,
     len: usize,
     done: usize,
-    /// Reducing receives: bytes staged that do not yet make a whole element.
-    carry: usize,
+    to: Into,
+}
+
+/// Where a chunk's payload goes as it is read.
+enum Into {
+    /// Straight into the receive's destination (copying receives).
+    Sink,
+    /// Into the stream's staging buffer, applied whole at the end
+    /// (reducing receives).
+    Stage,
+    /// Read and dropped: a second copy, or the rest of a chunk whose
+    /// message is complete.
+    Discard,
+    /// Into a buffer kept until that (later) message's receive starts.
+    Park(Vec<u8>),
 }
 
 /// What reading a stream's next header came to.
@@ -346,14 +494,18 @@ fn is_later(msg: u32, current: u32) -> bool {
 
 /// Sets `TCP_NOTSENT_LOWAT` on a socket (see [`NOTSENT_LOWAT`]).
 fn set_notsent_lowat(s: &TcpStream, bytes: usize) -> io::Result<()> {
-    let v = bytes as libc::c_int;
+    set_tcp_option(s, libc::TCP_NOTSENT_LOWAT, bytes as libc::c_int)
+}
+
+/// Sets an `IPPROTO_TCP` option whose value is an int.
+fn set_tcp_option(s: &TcpStream, option: libc::c_int, v: libc::c_int) -> io::Result<()> {
     // SAFETY: FFI call on a socket descriptor `s` owns and keeps open; the
     // option value is a valid c_int whose size is passed with it.
     let rc = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
             libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
+            option,
             (&v as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
@@ -374,6 +526,7 @@ impl TcpLink {
             set_notsent_lowat(s, NOTSENT_LOWAT)?;
         }
         let n = streams.len();
+        let now = Instant::now();
         Ok(TcpLink {
             peer,
             streams,
@@ -385,11 +538,68 @@ impl TcpLink {
             staging: vec![Vec::new(); n],
             tx_ctl: Vec::new(),
             tx_ctl_done: 0,
+            ctl_stream: 0,
             rx_ctl: (0..n).map(|_| None).collect(),
             stall: None,
             npaths,
+            fo: Box::new(Failover {
+                on: npaths > 1,
+                unacked: (0..n).map(|_| VecDeque::new()).collect(),
+                resend: VecDeque::new(),
+                spare: Vec::new(),
+                paths: (0..npaths)
+                    .map(|_| PathState {
+                        up: true,
+                        dead: false,
+                        reason: String::new(),
+                        probe: Vec::new(),
+                        since: now,
+                    })
+                    .collect(),
+                timeout: PATH_TIMEOUT,
+                names: (0..npaths).map(|p| format!("path {p}")).collect(),
+                log_as: None,
+                last_check: now,
+                rx_resent: false,
+                parked: Vec::new(),
+                parked_bytes: 0,
+                parking_for: None,
+            }),
             stats: LinkCounters::with_paths(peer, "tcp", npaths),
         })
+    }
+
+    /// Sets how long a path may deliver nothing (while its kernel retries)
+    /// before it counts as down, names the paths for log lines and errors
+    /// (one name per path), and where log lines go (`None`: nowhere).
+    ///
+    /// With several paths it also tunes the streams' retransmission (best
+    /// effort: older kernels lack the options): the kernel retries at least
+    /// every [`RTO_MAX`], so a path that comes back is found within about
+    /// that long, and keeps a connection whose path is cut for up to
+    /// [`OUTAGE_MAX`] instead of the 15 retries (~15 min by default, but
+    /// ~13 s with the shorter retry interval) after which it would give up.
+    pub fn set_failover(&mut self, timeout: Duration, names: Vec<String>, log_as: Option<String>) {
+        self.fo.timeout = timeout;
+        if names.len() == self.npaths {
+            self.fo.names = names;
+        }
+        self.fo.log_as = log_as;
+        if self.fo.on {
+            for s in &self.streams {
+                let _ = set_tcp_option(s, TCP_RTO_MAX_MS, RTO_MAX.as_millis() as libc::c_int);
+                let _ = set_tcp_option(
+                    s,
+                    libc::TCP_USER_TIMEOUT,
+                    OUTAGE_MAX.as_millis() as libc::c_int,
+                );
+            }
+        }
+    }
+
+    /// Whether the link has several paths (and so fails over).
+    pub fn multipath(&self) -> bool {
+        self.fo.on
     }
 
     fn io_err(&self, e: io::Error) -> ErrorKind {
@@ -416,6 +626,22 @@ impl TcpLink {
         self.tx[s].as_ref().is_some_and(|c| c.hdr_done > 0)
     }
 
+    /// The streams of path `p`.
+    fn streams_of(&self, p: usize) -> std::iter::StepBy<std::ops::Range<usize>> {
+        (p..self.streams.len()).step_by(self.npaths)
+    }
+
+    /// Whether stream `s`'s path carries chunks.
+    fn stream_up(&self, s: usize) -> bool {
+        self.fo.paths[s % self.npaths].up
+    }
+
+    fn log(&self, line: String) {
+        if let Some(who) = &self.fo.log_as {
+            eprintln!("{who}: WARN {line}");
+        }
+    }
+
     pub fn send_progress(&mut self, job: &mut SendJob) -> Result<bool, ErrorKind> {
         let total = job.src.len();
         if !job.started {
@@ -429,98 +655,189 @@ impl TcpLink {
         }
         let mut progressed = false;
         if !self.tx_ctl.is_empty() {
-            // A control frame goes first on stream 0, between chunks.
+            // A control frame goes first on its stream, between chunks.
             progressed |= self.flush_ctl()?;
         }
-        // Queues and rates are read once per call, and only when a free
-        // stream has to decide whether the next chunk is its own.
-        let multi = self.streams.len() > 1;
-        let mut sampled = false;
-        for s in 0..self.streams.len() {
-            loop {
-                if self.tx[s].is_none() {
-                    if s == 0 && !self.tx_ctl.is_empty() {
-                        break;
-                    }
-                    if !job.tcp.unassigned() {
-                        break;
-                    }
-                    let index = job.tcp.next;
-                    let off = index * CHUNK_BYTES;
-                    let len = CHUNK_BYTES.min(total - off);
-                    if multi {
-                        if !sampled {
-                            self.sample_rates();
-                            sampled = true;
-                        }
-                        if self.first_to_finish(len) != s {
-                            break;
-                        }
-                    }
-                    job.tcp.next += 1;
-                    self.tx[s] = Some(TxChunk {
-                        hdr: TcpHeader {
-                            base: job.meta.header(len),
-                            msg: job.tcp.msg,
-                            _pad: 0,
-                            off: off as u64,
-                        },
-                        hdr_done: 0,
-                        done: 0,
-                    });
-                }
-                let Some(c) = self.tx[s].as_mut() else {
-                    unreachable!("a chunk was just assigned");
-                };
-                let off = c.hdr.off as usize;
-                let len = c.hdr.base.len as usize;
-                let payload = job.src.bytes(off + c.done, len - c.done);
-                let hdr_bytes = bytemuck::bytes_of(&c.hdr);
-                let res = if c.hdr_done < TCP_HEADER_BYTES {
-                    self.streams[s].write_vectored(&[
-                        IoSlice::new(&hdr_bytes[c.hdr_done..]),
-                        IoSlice::new(payload),
-                    ])
-                } else {
-                    self.streams[s].write(payload)
-                };
-                match res {
-                    Ok(0) => return Err(self.closed()),
-                    Ok(mut n) => {
-                        progressed = true;
-                        let h = n.min(TCP_HEADER_BYTES - c.hdr_done);
-                        c.hdr_done += h;
-                        n -= h;
-                        self.rate[s].written += (h + n) as u64;
-                        self.rate[s].queued += (h + n) as u64;
-                        c.done += n;
-                        job.sent += n;
-                        self.stats.bytes_sent.add(n as u64);
-                        self.stats.paths[s % self.npaths].bytes_sent.add(n as u64);
-                        if c.hdr_done == TCP_HEADER_BYTES && c.done == len {
-                            // Finished: the stream is free for the next chunk.
-                            self.tx[s] = None;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(self.io_err(e)),
-                }
-            }
-        }
-        if !job.tcp.unassigned() && self.tx.iter().all(Option::is_none) {
+        progressed |= self.pump(Some(job))?;
+        if !job.tcp.unassigned() && self.tx_idle() {
             job.done = true;
             self.stats.msgs_sent.add(1);
         }
         Ok(progressed)
     }
 
+    /// Whether nothing is being written: no chunk under way on a working
+    /// path, none waiting to go again.
+    fn tx_idle(&self) -> bool {
+        self.fo.resend.is_empty()
+            && (0..self.streams.len()).all(|s| self.tx[s].is_none() || !self.stream_up(s))
+    }
+
+    /// Writes on every working stream as far as the sockets take it:
+    /// first chunks to send again (a path failed), then `job`'s next
+    /// chunks, each on the stream expected to deliver it first.
+    fn pump(&mut self, mut job: Option<&mut SendJob>) -> Result<bool, ErrorKind> {
+        // Queues and rates are read once per call, and only when a free
+        // stream has to decide whether the next chunk is its own.
+        let multi = self.streams.len() > 1;
+        let mut sampled = false;
+        let mut progressed = false;
+        for s in 0..self.streams.len() {
+            if !self.stream_up(s) {
+                continue;
+            }
+            loop {
+                if self.tx[s].is_none() {
+                    if s == self.ctl_stream && !self.tx_ctl.is_empty() {
+                        break;
+                    }
+                    if let Some(mut c) = self.fo.resend.pop_front() {
+                        c.hdr.flags |= FLAG_RESENT;
+                        self.tx[s] = Some(TxChunk {
+                            hdr: c.hdr,
+                            hdr_done: 0,
+                            done: 0,
+                            copy: Some(c.data),
+                        });
+                    } else {
+                        let Some(job) = job.as_deref_mut() else {
+                            break;
+                        };
+                        if !job.tcp.unassigned() {
+                            break;
+                        }
+                        let index = job.tcp.next;
+                        let off = index * CHUNK_BYTES;
+                        let len = CHUNK_BYTES.min(job.src.len() - off);
+                        if multi {
+                            if !sampled {
+                                self.sample_rates();
+                                sampled = true;
+                            }
+                            if self.first_to_finish(len) != s {
+                                break;
+                            }
+                        }
+                        job.tcp.next += 1;
+                        // With failover on, the link keeps its own copy:
+                        // the send completes when its chunks are written,
+                        // and the caller may then reuse its buffer while a
+                        // chunk may still have to go again.
+                        let copy = self.fo.on.then(|| {
+                            let mut v = self.fo.spare.pop().unwrap_or_default();
+                            v.clear();
+                            v.extend_from_slice(job.src.bytes(off, len));
+                            v
+                        });
+                        self.tx[s] = Some(TxChunk {
+                            hdr: TcpHeader {
+                                base: job.meta.header(len),
+                                msg: job.tcp.msg,
+                                flags: 0,
+                                off: off as u64,
+                            },
+                            hdr_done: 0,
+                            done: 0,
+                            copy,
+                        });
+                    }
+                }
+                match self.write_chunk(s, job.as_deref().map(|j| &j.src)) {
+                    Ok(None) => break,
+                    Ok(Some(n)) => {
+                        progressed = true;
+                        if let Some(j) = job.as_deref_mut() {
+                            j.sent += n;
+                        }
+                    }
+                    Err(e) => {
+                        let why = self.io_err(e);
+                        self.stream_failed(s, why)?;
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Writes what stream `s`'s socket takes of its chunk. `Ok(None)`: it
+    /// took nothing (full, or no chunk); else the payload bytes written. A
+    /// finished chunk frees the stream (and, failover on, its copy waits
+    /// for the peer's kernel to acknowledge it).
+    fn write_chunk(&mut self, s: usize, src: Option<&Source>) -> io::Result<Option<usize>> {
+        let Some(c) = self.tx[s].as_mut() else {
+            return Ok(None);
+        };
+        let off = c.hdr.off as usize;
+        let len = c.hdr.base.len as usize;
+        let payload: &[u8] = match (&c.copy, src) {
+            (Some(v), _) => &v[c.done..],
+            (None, Some(src)) => src.bytes(off + c.done, len - c.done),
+            // A chunk without a copy is written only by its own send.
+            (None, None) => return Ok(None),
+        };
+        let stream = &mut self.streams[s];
+        let hdr_bytes = bytemuck::bytes_of(&c.hdr);
+        let res = loop {
+            let r = if c.hdr_done < TCP_HEADER_BYTES {
+                stream.write_vectored(&[
+                    IoSlice::new(&hdr_bytes[c.hdr_done..]),
+                    IoSlice::new(payload),
+                ])
+            } else {
+                stream.write(payload)
+            };
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        };
+        let mut n = match res {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let h = n.min(TCP_HEADER_BYTES - c.hdr_done);
+        c.hdr_done += h;
+        let total = n as u64;
+        n -= h;
+        c.done += n;
+        let finished = c.hdr_done == TCP_HEADER_BYTES && c.done == len;
+        let r = &mut self.rate[s];
+        r.written += total;
+        r.queued += total;
+        self.stats.bytes_sent.add(n as u64);
+        self.stats.paths[s % self.npaths].bytes_sent.add(n as u64);
+        if finished {
+            let done = self.tx[s].take().expect("the chunk just written");
+            if let Some(data) = done.copy {
+                self.fo.unacked[s].push_back(Copy {
+                    end: self.rate[s].written,
+                    hdr: done.hdr,
+                    data,
+                });
+            }
+        }
+        Ok(Some(n))
+    }
+
     /// Reads every stream's queue and updates the rates (see
-    /// [`TxRate::sample`]) and the per-path rate counters.
+    /// [`TxRate::sample`]) and the per-path rate counters; drops the copies
+    /// of chunks the peer's kernel has acknowledged since.
     fn sample_rates(&mut self) {
         let now = Instant::now();
-        for (r, sock) in self.rate.iter_mut().zip(&self.streams) {
+        for (s, (r, sock)) in self.rate.iter_mut().zip(&self.streams).enumerate() {
             r.sample(sock, now);
+            let acked = r.acked();
+            let q = &mut self.fo.unacked[s];
+            while q.front().is_some_and(|c| c.end <= acked) {
+                let c = q.pop_front().expect("front exists");
+                if self.fo.spare.len() < 64 {
+                    self.fo.spare.push(c.data);
+                }
+            }
         }
         for (p, c) in self.stats.paths.iter().enumerate() {
             let bps: f64 = self
@@ -528,26 +845,27 @@ impl TcpLink {
                 .iter()
                 .skip(p)
                 .step_by(self.npaths)
-                .map(|r| r.bps)
+                .map(TxRate::published_bps)
                 .sum();
             c.rate_bps.set(bps as u64);
         }
     }
 
-    /// The stream expected to deliver a further `len`-byte chunk first:
-    /// what it holds (in the kernel, and the unwritten rest of its chunk),
-    /// plus the chunk, over its rate. Streams not measured yet count at the
-    /// fastest measured rate (so each gets tried); ties go to the lowest
-    /// stream, which keeps small messages on stream 0.
+    /// The working stream expected to deliver a further `len`-byte chunk
+    /// first: what it holds (in the kernel, and the unwritten rest of its
+    /// chunk), plus the chunk, over its rate. Streams not measured yet
+    /// count at the fastest measured rate (so each gets tried); ties go to
+    /// the lowest stream, which keeps small messages on stream 0.
     fn first_to_finish(&self, len: usize) -> usize {
         let now = Instant::now();
-        let fastest = self
-            .rate
-            .iter()
-            .filter_map(|r| r.planning_bps(now))
+        let up = |s: &usize| self.stream_up(*s);
+        let fastest = (0..self.rate.len())
+            .filter(up)
+            .filter_map(|s| self.rate[s].planning_bps(now))
             .fold(0.0, f64::max);
-        let mut best = (f64::INFINITY, 0);
-        for (s, r) in self.rate.iter().enumerate() {
+        let mut best = (f64::INFINITY, usize::MAX);
+        for s in (0..self.rate.len()).filter(up) {
+            let r = &self.rate[s];
             let pending = self.tx[s].as_ref().map_or(0, |c| {
                 (TCP_HEADER_BYTES - c.hdr_done) + (c.hdr.base.len as usize - c.done)
             });
@@ -559,6 +877,207 @@ impl TcpLink {
             }
         }
         best.1
+    }
+
+    /// Background work of a link with several paths (the engine calls it
+    /// between rounds and while it waits): checks the paths for failure
+    /// and recovery, and writes what the link itself owns — chunks sent
+    /// again, and the rest of chunks whose sends have completed. Returns
+    /// whether any byte moved.
+    pub fn maintain(&mut self) -> Result<bool, ErrorKind> {
+        if !self.fo.on {
+            return Ok(false);
+        }
+        let now = Instant::now();
+        if now.duration_since(self.fo.last_check) >= PATH_CHECK {
+            self.fo.last_check = now;
+            self.sample_rates();
+            self.check_paths(now)?;
+        }
+        let mut moved = false;
+        if !self.tx_ctl.is_empty() {
+            moved |= self.flush_ctl()?;
+        }
+        if !self.tx_idle() {
+            moved |= self.pump(None)?;
+        }
+        Ok(moved)
+    }
+
+    /// Streams the link's own writes wait on (see [`TcpLink::maintain`]).
+    pub fn background_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
+        let on = self.fo.on;
+        self.streams
+            .iter()
+            .enumerate()
+            .filter(move |(s, _)| on && self.tx[*s].is_some() && self.stream_up(*s))
+            .map(|(_, sock)| sock.as_raw_fd())
+    }
+
+    /// Marks paths down that stopped delivering, and up those that
+    /// delivered again.
+    fn check_paths(&mut self, now: Instant) -> Result<(), ErrorKind> {
+        for p in 0..self.npaths {
+            if self.fo.paths[p].up {
+                let stuck = self.streams_of(p).find(|&s| {
+                    let r = &self.rate[s];
+                    r.queued > 0
+                        && now.duration_since(r.progress_at) >= self.fo.timeout
+                        && peer_silent(&self.streams[s], self.fo.timeout)
+                });
+                if let Some(s) = stuck {
+                    let r = &self.rate[s];
+                    let why = format!(
+                        "no answer for {:.1} s with {} bytes outstanding",
+                        now.duration_since(r.progress_at).as_secs_f64(),
+                        r.queued
+                    );
+                    self.path_down(p, why, false)?;
+                }
+            } else if !self.fo.paths[p].dead {
+                let back = self.fo.paths[p]
+                    .probe
+                    .iter()
+                    .all(|&(s, mark)| self.rate[s].acked() >= mark);
+                if back {
+                    self.path_up(p, now);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream `s` failed with an error. With several paths, its path goes
+    /// down for good and its chunks go again on the others; otherwise (or
+    /// when no path is left) the error is the link's.
+    fn stream_failed(&mut self, s: usize, why: ErrorKind) -> Result<(), ErrorKind> {
+        if !self.fo.on {
+            return Err(why);
+        }
+        let p = s % self.npaths;
+        self.fo.paths[p].dead = true;
+        if !self.fo.paths[p].up {
+            for s in self.streams_of(p) {
+                self.drop_tx(s);
+            }
+            return Ok(());
+        }
+        self.path_down(p, why.to_string(), true)
+    }
+
+    /// Stops writing stream `s`'s chunk (its copy is already queued to go
+    /// again).
+    fn drop_tx(&mut self, s: usize) {
+        if let Some(data) = self.tx[s].take().and_then(|c| c.copy) {
+            self.fo.spare.push(data);
+        }
+    }
+
+    /// Takes path `p` out of use: every chunk its streams carry that the
+    /// peer's kernel has not acknowledged goes again on the other paths,
+    /// oldest message first. Errs when no other path works.
+    fn path_down(&mut self, p: usize, why: String, dead: bool) -> Result<(), ErrorKind> {
+        let now = Instant::now();
+        if !self.fo.paths[p].up {
+            return Ok(());
+        }
+        if !(0..self.npaths).any(|q| q != p && self.fo.paths[q].up) {
+            let tried: Vec<String> = (0..self.npaths)
+                .map(|q| {
+                    let st = &self.fo.paths[q];
+                    let reason = if q == p { &why } else { &st.reason };
+                    format!("{} ({reason})", self.fo.names[q])
+                })
+                .collect();
+            return Err(ErrorKind::PeerClosed {
+                peer: self.peer,
+                detail: format!("no path to it works: {}", tried.join("; ")),
+            });
+        }
+        let mut again = Vec::new();
+        let mut probe = Vec::new();
+        for s in self.streams_of(p) {
+            self.rate[s].sample(&self.streams[s], now);
+            let acked = self.rate[s].acked();
+            for c in self.fo.unacked[s].drain(..) {
+                if c.end > acked {
+                    again.push(c);
+                }
+            }
+            if let Some(c) = &self.tx[s] {
+                if let Some(data) = &c.copy {
+                    again.push(Copy {
+                        end: 0,
+                        hdr: c.hdr,
+                        data: data.clone(),
+                    });
+                }
+            }
+            if dead {
+                self.drop_tx(s);
+            }
+            if self.rate[s].written > acked {
+                probe.push((s, self.rate[s].written));
+            }
+            self.rate[s].bps = 0.0;
+        }
+        let bytes: usize = again.iter().map(|c| c.data.len()).sum();
+        let chunks = again.len();
+        self.fo.resend.extend(again);
+        // Oldest message first: the peer waits on it.
+        let newest = self.tx_msg;
+        self.fo
+            .resend
+            .make_contiguous()
+            .sort_by_key(|c| (std::cmp::Reverse(newest.wrapping_sub(c.hdr.msg)), c.hdr.off));
+        let st = &mut self.fo.paths[p];
+        st.up = false;
+        st.dead = dead;
+        st.reason = why.clone();
+        st.probe = probe;
+        st.since = now;
+        let c = &self.stats.paths[p];
+        c.down.set(1);
+        c.downs.add(1);
+        c.resent_bytes.add(bytes as u64);
+        if self.tx_ctl_done == 0 && !self.stream_up(self.ctl_stream) {
+            self.ctl_stream = (0..self.streams.len())
+                .find(|&s| self.stream_up(s))
+                .expect("another path works");
+        }
+        let others: Vec<&str> = (0..self.npaths)
+            .filter(|&q| self.fo.paths[q].up)
+            .map(|q| self.fo.names[q].as_str())
+            .collect();
+        self.log(format!(
+            "path {} to rank {} is down ({why}); {chunks} chunks ({bytes} bytes) go again on {}",
+            self.fo.names[p],
+            self.peer,
+            others.join(", ")
+        ));
+        Ok(())
+    }
+
+    /// Takes path `p` back: it delivered everything it held when it went
+    /// down. Its rates are measured afresh (unknown counts as the fastest,
+    /// so it is tried at once).
+    fn path_up(&mut self, p: usize, now: Instant) {
+        let down_for = now.duration_since(self.fo.paths[p].since).as_secs_f64();
+        let st = &mut self.fo.paths[p];
+        st.up = true;
+        st.reason.clear();
+        st.probe.clear();
+        for s in self.streams_of(p) {
+            let r = &mut self.rate[s];
+            r.bps = 0.0;
+            r.measured_at = now;
+            r.progress_at = now;
+        }
+        self.stats.paths[p].down.set(0);
+        self.log(format!(
+            "path {} to rank {} works again (down {down_for:.1} s); it carries chunks again",
+            self.fo.names[p], self.peer
+        ));
     }
 
     pub fn recv_progress(&mut self, job: &mut RecvJob) -> Result<bool, ErrorKind> {
@@ -573,26 +1092,29 @@ impl TcpLink {
             job.started = true;
         }
         let mut progressed = false;
+        if !self.fo.parked.is_empty() {
+            progressed |= self.take_parked(job)?;
+        }
         for s in 0..self.streams.len() {
-            progressed |= self.recv_stream(s, job)?;
             if job.tcp.received == job.tcp.nchunks {
                 break;
             }
+            progressed |= self.recv_stream(s, job)?;
         }
         if job.tcp.received == job.tcp.nchunks {
-            job.done = true;
-            self.rx_msg = self.rx_msg.wrapping_add(1);
-            self.stats.msgs_recv.add(1);
+            self.finish_recv(job);
         } else if self.rx.iter().all(|r| matches!(r, RxState::Closed)) {
             return Err(self.closed());
-        } else if self
-            .rx
-            .iter()
-            .all(|r| matches!(r, RxState::Stashed(_) | RxState::Closed))
+        } else if !self.fo.on
+            && self
+                .rx
+                .iter()
+                .all(|r| matches!(r, RxState::Stashed { .. } | RxState::Closed))
         {
             // Each stream is in order, and every open one's next frame
             // belongs to a later message: the rest of this one can never
-            // come.
+            // come. (With several paths it may: sent again behind those
+            // frames, which are then read ahead; see `park`.)
             if self.rx.iter().any(|r| matches!(r, RxState::Closed)) {
                 return Err(self.closed());
             }
@@ -605,6 +1127,113 @@ impl TcpLink {
             )));
         }
         Ok(progressed)
+    }
+
+    /// The receive `job` has every chunk. A copy of one of its chunks still
+    /// being read on another stream (sent again, or cut off when its path
+    /// failed) is read on into nothing: the destination belongs to the
+    /// caller again.
+    fn finish_recv(&mut self, job: &mut RecvJob) {
+        job.done = true;
+        self.rx_msg = self.rx_msg.wrapping_add(1);
+        self.stats.msgs_recv.add(1);
+        for r in &mut self.rx {
+            if let RxState::Chunk(c) = r {
+                if c.hdr.msg == job.tcp.msg && matches!(c.to, Into::Sink | Into::Stage) {
+                    c.to = Into::Discard;
+                }
+            }
+        }
+    }
+
+    /// Applies the read-ahead frames that belong to `job`'s message, and
+    /// drops those of messages already complete.
+    fn take_parked(&mut self, job: &mut RecvJob) -> Result<bool, ErrorKind> {
+        let mut moved = false;
+        let mut i = 0;
+        while i < self.fo.parked.len() {
+            let msg = self.fo.parked[i].0.msg;
+            if is_later(msg, job.tcp.msg) {
+                i += 1;
+                continue;
+            }
+            let (h, data) = self.fo.parked.swap_remove(i);
+            self.fo.parked_bytes -= data.len();
+            if msg != job.tcp.msg {
+                continue;
+            }
+            moved = true;
+            let c = self.begin_chunk(&h, job)?;
+            if data.len() != c.len {
+                return Err(self.garbage(format!(
+                    "a {}-byte frame at byte offset {} of message {msg}",
+                    data.len(),
+                    c.off
+                )));
+            }
+            if !matches!(c.to, Into::Discard) {
+                job.sink.deliver(c.off, &data);
+                job.got += c.len;
+                job.tcp.seen[c.index / 64] |= 1 << (c.index % 64);
+                job.tcp.received += 1;
+            }
+            if job.tcp.received == job.tcp.nchunks {
+                break;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Reads the frame whose header waits on stream `s` (a later message's)
+    /// into memory, so that what follows it on the stream can be read:
+    /// chunks of the message being received that were sent again after a
+    /// path failed may be queued behind it.
+    fn park(&mut self, s: usize, h: TcpHeader) -> Result<(), ErrorKind> {
+        let len = h.base.len as usize;
+        if len > CHUNK_BYTES {
+            return Err(self.garbage(format!("a {len}-byte chunk (at most {CHUNK_BYTES})")));
+        }
+        if self.fo.parked_bytes + len > PARK_MAX {
+            return Err(self.garbage(format!(
+                "more than {} MiB of later messages arrived while message {} is incomplete",
+                PARK_MAX >> 20,
+                self.rx_msg
+            )));
+        }
+        self.fo.parked_bytes += len;
+        self.rx[s] = RxState::Chunk(RxChunk {
+            hdr: h,
+            index: 0,
+            off: 0,
+            len,
+            done: 0,
+            to: Into::Park(vec![0; len]),
+        });
+        Ok(())
+    }
+
+    /// Stream `s` broke while receiving (an error, or its end inside a
+    /// frame). With several paths that is its path failing: the peer sends
+    /// what it carried again on the others, and the path is not written to
+    /// either. Otherwise (or when no path is left) the error is the link's.
+    fn lose_stream(&mut self, s: usize, why: ErrorKind) -> Result<(), ErrorKind> {
+        if !self.fo.on {
+            return Err(why);
+        }
+        if let RxState::Chunk(RxChunk {
+            to: Into::Park(_),
+            len,
+            ..
+        }) = &self.rx[s]
+        {
+            self.fo.parked_bytes -= len;
+        }
+        self.rx[s] = RxState::Closed;
+        self.rx_ctl[s] = None;
+        if self.rx.iter().all(|r| matches!(r, RxState::Closed)) {
+            return Err(why);
+        }
+        self.stream_failed(s, why)
     }
 
     /// Moves what stream `s` has for the receive `job`.
@@ -620,11 +1249,21 @@ impl TcpLink {
                 continue;
             }
             match &mut self.rx[s] {
-                RxState::Stashed(h) => {
-                    if h.msg != job.tcp.msg {
+                RxState::Stashed { hdr, at } => {
+                    if hdr.msg != job.tcp.msg {
+                        // Once one frame is read ahead for this receive,
+                        // the rest follow at once: there may be megabytes
+                        // of them before the copies sent again.
+                        let parking = self.fo.parking_for == Some(job.tcp.msg);
+                        if self.fo.on && (parking || at.elapsed() >= PARK_AFTER) {
+                            let h = *hdr;
+                            self.fo.parking_for = Some(job.tcp.msg);
+                            self.park(s, h)?;
+                            continue;
+                        }
                         return Ok(progressed);
                     }
-                    let h = *h;
+                    let h = *hdr;
                     let c = self.begin_chunk(&h, job)?;
                     self.rx[s] = RxState::Chunk(c);
                 }
@@ -643,99 +1282,138 @@ impl TcpLink {
                     if h.msg == job.tcp.msg {
                         let c = self.begin_chunk(&h, job)?;
                         self.rx[s] = RxState::Chunk(c);
-                    } else {
-                        self.stash(s, h, job.tcp.msg)?;
+                    } else if self.set_aside(s, h, job.tcp.msg)? {
                         return Ok(progressed);
                     }
                 }
                 RxState::Chunk(c) => {
+                    if matches!(c.to, Into::Sink | Into::Stage) && c.hdr.msg != job.tcp.msg {
+                        // A message's chunks are only ever read into its own
+                        // receive (see `finish_recv`).
+                        c.to = Into::Discard;
+                    }
                     if c.done == c.len {
-                        let index = c.index;
-                        job.tcp.seen[index / 64] |= 1 << (index % 64);
-                        job.tcp.received += 1;
-                        self.rx[s] = RxState::idle();
+                        let RxState::Chunk(c) = std::mem::replace(&mut self.rx[s], RxState::idle())
+                        else {
+                            unreachable!("matched a chunk");
+                        };
+                        self.chunk_read(s, c, job);
                         if job.tcp.received == job.tcp.nchunks {
                             return Ok(progressed);
                         }
                         continue;
                     }
-                    let elem = job.sink.elem_size();
                     let remaining = c.len - c.done;
                     let stream = &mut self.streams[s];
-                    let res = if let Some(dst) = job.sink.direct(c.off + c.done, remaining) {
-                        // Copying receive: straight from the socket into the
-                        // destination.
-                        stream.read(dst).inspect(|&n| c.done += n)
-                    } else {
-                        // Reducing receive: stage, then reduce whole elements.
-                        let stage = &mut self.staging[s];
-                        if stage.len() < STAGING {
-                            stage.resize(STAGING, 0);
+                    let stage = &mut self.staging[s];
+                    if stage.len() < CHUNK_BYTES {
+                        stage.resize(CHUNK_BYTES, 0);
+                    }
+                    let res = match &mut c.to {
+                        Into::Sink => {
+                            let dst = job
+                                .sink
+                                .direct(c.off + c.done, remaining)
+                                .expect("copying receives read in place");
+                            stream.read(dst)
                         }
-                        let want = (STAGING - c.carry).min(remaining - c.carry);
-                        stream
-                            .read(&mut stage[c.carry..c.carry + want])
-                            .inspect(|&n| {
-                                let avail = c.carry + n;
-                                let whole = avail - avail % elem;
-                                job.sink.deliver(c.off + c.done, &stage[..whole]);
-                                c.done += whole;
-                                stage.copy_within(whole..avail, 0);
-                                c.carry = avail - whole;
-                            })
+                        Into::Stage => stream.read(&mut stage[c.done..c.len]),
+                        Into::Discard => stream.read(&mut stage[..remaining.min(CHUNK_BYTES)]),
+                        Into::Park(buf) => stream.read(&mut buf[c.done..]),
                     };
                     match res {
-                        Ok(0) => return Err(self.closed()),
+                        Ok(0) => {
+                            let why = ErrorKind::PeerClosed {
+                                peer: self.peer,
+                                detail: "end of stream inside a frame".into(),
+                            };
+                            self.lose_stream(s, why)?;
+                            return Ok(true);
+                        }
                         Ok(n) => {
                             progressed = true;
-                            job.got += n;
+                            c.done += n;
+                            if matches!(c.to, Into::Sink | Into::Stage) {
+                                job.got += n;
+                            }
                             self.stats.bytes_recv.add(n as u64);
                             self.stats.paths[s % self.npaths].bytes_recv.add(n as u64);
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progressed),
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(self.io_err(e)),
+                        Err(e) => {
+                            let why = self.io_err(e);
+                            self.lose_stream(s, why)?;
+                            return Ok(true);
+                        }
                     }
                 }
             }
         }
     }
 
+    /// A chunk's last byte has been read on stream `s`: applies it, unless
+    /// a copy of it came first.
+    fn chunk_read(&mut self, s: usize, c: RxChunk, job: &mut RecvJob) {
+        let bit = 1u64 << (c.index % 64);
+        let fresh = c.hdr.msg == job.tcp.msg && job.tcp.seen[c.index / 64] & bit == 0;
+        match c.to {
+            Into::Sink | Into::Stage if fresh => {
+                if matches!(c.to, Into::Stage) {
+                    job.sink.deliver(c.off, &self.staging[s][..c.len]);
+                }
+                job.tcp.seen[c.index / 64] |= bit;
+                job.tcp.received += 1;
+            }
+            Into::Park(data) => self.fo.parked.push((c.hdr, data)),
+            _ => {}
+        }
+    }
+
     /// Reads stream `s`'s next frame header (the stream is between frames)
     /// as far as the socket has it. A control frame's header sets the
     /// stream up to read its payload; the end of the stream here marks it
-    /// closed; the end inside a header is an error.
+    /// closed; the end inside a header, or an error, is the stream lost
+    /// (see [`TcpLink::lose_stream`]).
     fn read_header(&mut self, s: usize) -> Result<HeaderStep, ErrorKind> {
         let mut moved = false;
         loop {
             let RxState::Header { buf, done } = &mut self.rx[s] else {
                 unreachable!("read_header on a stream inside a frame");
             };
-            match self.streams[s].read(&mut buf[*done..]) {
+            let lost = match self.streams[s].read(&mut buf[*done..]) {
                 Ok(0) if *done == 0 => {
                     self.rx[s] = RxState::Closed;
                     return Ok(HeaderStep::Closed);
                 }
-                Ok(0) => return Err(self.closed()),
+                Ok(0) => ErrorKind::PeerClosed {
+                    peer: self.peer,
+                    detail: "end of stream inside a frame header".into(),
+                },
                 Ok(n) => {
                     moved = true;
                     *done += n;
+                    if *done < TCP_HEADER_BYTES {
+                        continue;
+                    }
+                    let h: TcpHeader = bytemuck::pod_read_unaligned(&buf[..]);
+                    self.rx[s] = RxState::idle();
+                    if self.take_control(s, &h.base)? {
+                        return Ok(HeaderStep::Control);
+                    }
+                    if h.flags & FLAG_RESENT != 0 {
+                        self.fo.rx_resent = true;
+                    }
+                    return Ok(HeaderStep::Data(h));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     return Ok(HeaderStep::Blocked { moved })
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.io_err(e)),
-            }
-            if *done < TCP_HEADER_BYTES {
-                continue;
-            }
-            let h: TcpHeader = bytemuck::pod_read_unaligned(&buf[..]);
-            self.rx[s] = RxState::idle();
-            if self.take_control(s, &h.base)? {
-                return Ok(HeaderStep::Control);
-            }
-            return Ok(HeaderStep::Data(h));
+                Err(e) => self.io_err(e),
+            };
+            self.lose_stream(s, lost)?;
+            return Ok(HeaderStep::Closed);
         }
     }
 
@@ -766,23 +1444,41 @@ impl TcpLink {
         }
     }
 
-    /// Keeps the header of a later message's frame on stream `s` until its
-    /// receive starts. Only data frames of a later message may wait; an
-    /// earlier message number, or bytes that are not a frame, is garbage.
-    fn stash(&mut self, s: usize, h: TcpHeader, current: u32) -> Result<(), ErrorKind> {
+    /// A data frame on stream `s` that is not of the message `current`
+    /// being received. A later message's header waits there until its
+    /// receive starts (returns `true`). An earlier message's frame is a
+    /// copy sent again after a path failed, read and dropped, once the peer
+    /// is known to have sent copies again; otherwise, like bytes that are
+    /// not a frame, it is garbage.
+    fn set_aside(&mut self, s: usize, h: TcpHeader, current: u32) -> Result<bool, ErrorKind> {
         check_data_frame(&h.base, self.peer)?;
-        if !is_later(h.msg, current) {
-            return Err(self.garbage(format!(
-                "a frame of message {} arrived while message {current} is received",
-                h.msg
-            )));
+        if is_later(h.msg, current) {
+            self.rx[s] = RxState::Stashed {
+                hdr: h,
+                at: Instant::now(),
+            };
+            return Ok(true);
         }
-        self.rx[s] = RxState::Stashed(h);
-        Ok(())
+        if self.fo.rx_resent && h.base.len <= CHUNK_BYTES as u64 {
+            self.rx[s] = RxState::Chunk(RxChunk {
+                hdr: h,
+                index: 0,
+                off: 0,
+                len: h.base.len as usize,
+                done: 0,
+                to: Into::Discard,
+            });
+            return Ok(false);
+        }
+        Err(self.garbage(format!(
+            "a frame of message {} arrived while message {current} is received",
+            h.msg
+        )))
     }
 
     /// Checks the header of a chunk of the message `job` receives and
-    /// returns its cursor.
+    /// returns its cursor. A chunk already received is dropped when it may
+    /// be a copy sent again, and is garbage otherwise.
     fn begin_chunk(&self, h: &TcpHeader, job: &RecvJob) -> Result<RxChunk, ErrorKind> {
         let total = job.sink.len();
         let off = h.off;
@@ -800,18 +1496,26 @@ impl TcpLink {
         let len = CHUNK_BYTES.min(total - off);
         job.meta.check(&h.base, self.peer, len)?;
         let index = off / CHUNK_BYTES;
-        if job.tcp.seen[index / 64] & (1 << (index % 64)) != 0 {
-            return Err(self.garbage(format!(
-                "chunk at byte offset {off} of message {} arrived twice",
-                h.msg
-            )));
-        }
+        let to = if job.tcp.seen[index / 64] & (1 << (index % 64)) != 0 {
+            if !self.fo.rx_resent {
+                return Err(self.garbage(format!(
+                    "chunk at byte offset {off} of message {} arrived twice",
+                    h.msg
+                )));
+            }
+            Into::Discard
+        } else if job.sink.copies() {
+            Into::Sink
+        } else {
+            Into::Stage
+        };
         Ok(RxChunk {
+            hdr: *h,
             index,
             off,
             len,
             done: 0,
-            carry: 0,
+            to,
         })
     }
 
@@ -821,6 +1525,9 @@ impl TcpLink {
     /// receive would). `None` while none has arrived. Only valid between
     /// receives.
     pub fn peek_header(&mut self) -> Result<Option<WireHeader>, ErrorKind> {
+        if let Some((h, _)) = self.fo.parked.iter().find(|(h, _)| h.msg == self.rx_msg) {
+            return Ok(Some(h.base));
+        }
         for s in 0..self.streams.len() {
             loop {
                 if self.rx_ctl[s].is_some() {
@@ -840,15 +1547,18 @@ impl TcpLink {
                 };
                 if h.msg == self.rx_msg {
                     check_data_frame(&h.base, self.peer)?;
-                    self.rx[s] = RxState::Stashed(h);
+                    self.rx[s] = RxState::Stashed {
+                        hdr: h,
+                        at: Instant::now(),
+                    };
                 } else {
-                    self.stash(s, h, self.rx_msg)?;
+                    self.set_aside(s, h, self.rx_msg)?;
                 }
                 break;
             }
         }
         let next = self.rx.iter().find_map(|r| match r {
-            RxState::Stashed(h) if h.msg == self.rx_msg => Some(h.base),
+            RxState::Stashed { hdr, .. } if hdr.msg == self.rx_msg => Some(hdr.base),
             _ => None,
         });
         if next.is_none() && self.rx.iter().all(|r| matches!(r, RxState::Closed)) {
@@ -868,41 +1578,52 @@ impl TcpLink {
         let mut buf = [0u8; 512];
         while c.payload.len() < want {
             let k = (want - c.payload.len()).min(buf.len());
-            match stream.read(&mut buf[..k]) {
-                Ok(0) => {
-                    return Err(ErrorKind::PeerClosed {
-                        peer,
-                        detail: "end of stream inside a control frame".into(),
-                    })
+            let lost = match stream.read(&mut buf[..k]) {
+                Ok(0) => ErrorKind::PeerClosed {
+                    peer,
+                    detail: "end of stream inside a control frame".into(),
+                },
+                Ok(n) => {
+                    c.payload.extend_from_slice(&buf[..n]);
+                    continue;
                 }
-                Ok(n) => c.payload.extend_from_slice(&buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io_error(peer, e)),
-            }
+                Err(e) => io_error(peer, e),
+            };
+            self.lose_stream(s, lost)?;
+            return Ok(None);
         }
         Ok(self.rx_ctl[s].take())
     }
 
-    /// Writes queued control bytes on stream 0 as far as the socket takes
-    /// them, unless a chunk is half-written there. Returns whether any
-    /// byte moved.
+    /// Writes queued control bytes on the control stream as far as the
+    /// socket takes them, unless a chunk is half-written there. Returns
+    /// whether any byte moved. With several paths, a control stream that
+    /// fails takes its path down and the notice is dropped (notices are
+    /// advice; the next one goes on a path that works).
     fn flush_ctl(&mut self) -> Result<bool, ErrorKind> {
-        if self.tx_ctl.is_empty() || self.tx_mid_frame(0) {
+        let s = self.ctl_stream;
+        if self.tx_ctl.is_empty() || self.tx_mid_frame(s) {
             return Ok(false);
         }
         let mut moved = false;
         while self.tx_ctl_done < self.tx_ctl.len() {
-            match self.streams[0].write(&self.tx_ctl[self.tx_ctl_done..]) {
-                Ok(0) => return Err(self.closed()),
+            let why = match self.streams[s].write(&self.tx_ctl[self.tx_ctl_done..]) {
+                Ok(0) => self.closed(),
                 Ok(n) => {
                     self.tx_ctl_done += n;
                     moved = true;
+                    continue;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(moved),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.io_err(e)),
-            }
+                Err(e) => self.io_err(e),
+            };
+            self.tx_ctl.clear();
+            self.tx_ctl_done = 0;
+            self.stream_failed(s, why)?;
+            return Ok(moved);
         }
         self.tx_ctl.clear();
         self.tx_ctl_done = 0;
@@ -916,7 +1637,7 @@ impl TcpLink {
         let _ = self.flush_ctl();
     }
 
-    /// Queues a stall notice on stream 0 and writes what the socket takes
+    /// Queues a stall notice on the control stream and writes what the socket takes
     /// now, never blocking: the rest goes out between chunks. A newer
     /// notice replaces one not yet started.
     pub fn post_stall(&mut self, n: &StallNotice) {
@@ -967,7 +1688,7 @@ impl TcpLink {
         frame.extend_from_slice(text.as_bytes());
         let ctl_mid = self.tx_ctl_done > 0;
         for i in 0..self.streams.len() {
-            let mid = self.tx_mid_frame(i) || (i == 0 && ctl_mid);
+            let mid = self.tx_mid_frame(i) || (i == self.ctl_stream && ctl_mid);
             let sock = &mut self.streams[i];
             if mid || !write_all_now(sock, &frame) {
                 let _ = sock.shutdown(Shutdown::Both);
@@ -997,12 +1718,20 @@ impl TcpLink {
         self.streams.iter().enumerate().filter_map(move |(i, s)| {
             let waits = !started
                 || if is_send {
-                    self.tx[i].is_some() || (i == 0 && !self.tx_ctl.is_empty())
+                    (self.tx[i].is_some() && self.stream_up(i))
+                        || (i == self.ctl_stream && !self.tx_ctl.is_empty())
                 } else {
-                    !matches!(self.rx[i], RxState::Stashed(_) | RxState::Closed)
+                    !matches!(self.rx[i], RxState::Stashed { .. } | RxState::Closed)
                 };
             waits.then(|| s.as_raw_fd())
         })
+    }
+
+    /// Test hook: takes path `p` down as if it had stopped delivering (its
+    /// streams stay open; it comes back once they deliver what they hold).
+    pub fn force_path_down(&mut self, p: usize) -> Result<(), ErrorKind> {
+        self.sample_rates();
+        self.path_down(p, "taken down by a test".into(), false)
     }
 
     /// Test hook: writes bytes that are not a frame on stream 0.
@@ -1012,6 +1741,34 @@ impl TcpLink {
         let _ = self.streams[0].set_nonblocking(true);
         r
     }
+}
+
+/// Whether this socket's peer has answered nothing for `quiet` while the
+/// kernel has something out to it (bytes in flight, or a zero-window probe).
+/// A live peer answers every retransmission and probe with an ACK, even
+/// when it does not read (its window closed, or its receive memory full so
+/// that it drops what arrives): only a path that carries nothing is silent.
+/// With [`RTO_MAX`] the kernel retries at least every second, so a live
+/// path is never silent for much longer than that.
+fn peer_silent(s: &TcpStream, quiet: Duration) -> bool {
+    // SAFETY: tcp_info is plain old data; all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: FFI call on a socket descriptor `s` owns and keeps open;
+    // `info` and `len` are valid and exclusively borrowed, and `len` says
+    // how many bytes the kernel may write into `info`.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    rc == 0
+        && (info.tcpi_unacked > 0 || info.tcpi_probes > 0)
+        && u128::from(info.tcpi_last_ack_recv) >= quiet.as_millis()
 }
 
 /// The error an I/O failure on a link to `peer` means.
