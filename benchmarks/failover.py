@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restore-at", type=int, default=12)
     ap.add_argument("--delay", type=float, default=0.3,
                     help="seconds into the iteration when the change lands")
+    ap.add_argument("--algo", help="CADENCE_ALGO for the job (default: cadence's choice)")
     ap.add_argument("--json", help="write the per-iteration records here")
     a = ap.parse_args(argv)
     from cadence.bench.common import parse_size
@@ -86,12 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     args = {"cluster": a.cluster, "host": a.host, "nic": a.nic, "size": size, "iters": a.iters,
             "cut_at": a.cut_at, "restore_at": a.restore_at, "delay": a.delay}
     env = {**os.environ, "FO_ARGS": json.dumps(args)}
+    if a.algo:
+        env["CADENCE_ALGO"] = a.algo
     script = f"/tmp/cadence-failover-{os.getpid()}.py"
     with open(script, "w") as f:
         f.write(RANK)
     print(f"cluster {a.cluster}: {len(cluster.hosts)} hosts x {cluster.nics} NICs; "
           f"{a.iters} x allreduce {a.size} float32; cut host {a.host} NIC {a.nic} in "
-          f"iteration {a.cut_at}, restore in {a.restore_at}", flush=True)
+          f"iteration {a.cut_at}, restore in {a.restore_at}"
+          + (f"; CADENCE_ALGO={a.algo}" if a.algo else ""), flush=True)
     t = time.time()
     # Output is read as it comes, so that log lines carry the time they
     # appeared (`cluster run` merges the ranks' stderr into its stdout).

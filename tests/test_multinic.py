@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import cadence
 import pytest
@@ -147,3 +148,97 @@ def test_chunks_follow_the_paths_rates(make_cluster, tmp_path):  # noqa: F811
                 if way == "sent" and slow:
                     assert paths[0]["rate_bps"] > 2 * paths[1]["rate_bps"] > 0, (rank, peer, paths)
     assert checked[True] >= 2 and checked[False] >= 1, (checked, res)
+
+
+CUT = r"""
+import json, os, subprocess, sys, threading, time
+import numpy as np
+import cadence
+from cadence.diagnosis.metrics import snapshot
+
+cfg = json.loads(os.environ["CUT_ARGS"])
+changes = {int(k): v for k, v in cfg["changes"].items()}  # iteration -> [[nic, flag]]
+comm = cadence.init(timeout=120)
+n = 4 << 20  # 16 MiB of float32 per call
+pattern = (np.arange(n, dtype=np.int64) % 251).astype(np.float32)
+want = pattern * (comm.size * (comm.size + 1) // 2)  # exact in float32
+cli = [sys.executable, "-m", "cadence.cli.main", "cluster", "link", "--name", cfg["cluster"],
+       "--host", "1"]
+def change(flags):
+    time.sleep(0.2)  # into the allreduce, not between two
+    for nic, flag in flags:
+        subprocess.run(cli + ["--nic", str(nic), flag], check=True, capture_output=True)
+exact = []
+for it in range(cfg["iters"]):
+    if comm.rank == 0 and it in changes:
+        threading.Thread(target=change, args=(changes[it],), daemon=True).start()
+    x = pattern * (comm.rank + 1)
+    comm.allreduce(x)
+    exact.append(bool(np.array_equal(x, want)))
+def paths():
+    return {str(link["peer"]): link["paths"] for link in snapshot(comm)["links"]
+            if link["transport"] == "tcp"}
+# Every path that went down comes back once restored (small calls keep the
+# links busy meanwhile).
+limit = time.time() + 20
+while time.time() < limit and not all(p["up"] for ps in paths().values() for p in ps):
+    y = np.ones(1024, dtype=np.float32)
+    comm.allreduce(y)
+    time.sleep(0.05)
+print(json.dumps({"rank": comm.rank, "exact": exact, "paths": paths()}))
+comm.close()
+"""
+
+
+def _run_cut(cluster, tmp_path, changes: dict, iters: int, timeout: int = 240):
+    script = tmp_path / "rank.py"
+    env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR),
+           "CUT_ARGS": json.dumps({"cluster": cluster.name, "iters": iters,
+                                   "changes": {str(k): v for k, v in changes.items()}})}
+    script.write_text(CUT)
+    return subprocess.run(
+        [sys.executable, "-m", "cadence.cli.main", "cluster", "run", "--name", cluster.name,
+         "--timeout", str(timeout), "--", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=timeout + 60, env=env,
+    )  # fmt: skip
+
+
+@needs_clusters
+def test_a_nic_cut_mid_loop_loses_nothing_and_comes_back(make_cluster, tmp_path):  # noqa: F811
+    """Host 1's second NIC is cut during a loop of allreduces and restored
+    later: no call fails, every result is bit-exact, the links to host 1
+    took that path down (and said so), and it carries traffic again."""
+    cluster = make_cluster(3, nics=2, rate="250mbit", tag="fo")
+    p = _run_cut(cluster, tmp_path, {2: [[1, "--down"]], 7: [[1, "--up"]]}, iters=10)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    res = {r["rank"]: r for r in (json.loads(line.partition(": ")[2])
+                                  for line in p.stdout.splitlines()
+                                  if line.startswith("[rank") and '"exact"' in line)}
+    assert sorted(res) == [0, 1, 2], p.stdout[-4000:]
+    downs = 0
+    for rank, r in res.items():
+        assert all(r["exact"]) and len(r["exact"]) == 10, (rank, r["exact"])
+        for peer, paths in r["paths"].items():
+            assert all(q["up"] for q in paths), (rank, peer, paths, p.stdout[-3000:])
+            if rank != 1 and peer != "1":
+                assert all(q["downs"] == 0 for q in paths), (rank, peer, paths)
+            downs += paths[1]["downs"]
+    assert downs >= 1, res
+    # Each side that took a path down said so, and said when it came back.
+    assert "is down (" in p.stdout and "works again" in p.stdout, p.stdout[-3000:]
+
+
+@needs_clusters
+def test_cutting_every_nic_of_a_host_fails_naming_it(make_cluster, tmp_path):  # noqa: F811
+    """Both of host 1's NICs cut: no path to it is left, and the job ends
+    with an error naming host 1, not a hang."""
+    cluster = make_cluster(3, nics=2, rate="250mbit", tag="fx")
+    t = time.time()
+    p = _run_cut(cluster, tmp_path, {2: [[0, "--down"], [1, "--down"]]}, iters=6, timeout=120)
+    took = time.time() - t
+    assert p.returncode != 0, p.stdout[-3000:]
+    out = p.stdout + p.stderr
+    assert "no path to it works (host " in out, out[-4000:]
+    host1 = cluster.host(1).name
+    assert f"no path to it works (host {host1})" in out, out[-4000:]
+    assert took < 90, took

@@ -297,6 +297,7 @@ fn taking_the_last_path_down_is_an_error_naming_the_peer_and_paths() {
     let mut tx = TcpLink::new(5, a, 2).unwrap();
     tx.set_failover(
         Duration::from_secs(1),
+        "node7",
         vec!["10.0.0.1 -> 10.0.0.2".into(), "10.0.1.1 -> 10.0.1.2".into()],
         None,
     );
@@ -308,7 +309,9 @@ fn taking_the_last_path_down_is_an_error_naming_the_peer_and_paths() {
         "{text}"
     );
     assert!(
-        text.contains("10.0.0.1 -> 10.0.0.2") && text.contains("10.0.1.1 -> 10.0.1.2"),
+        text.contains("node7")
+            && text.contains("10.0.0.1 -> 10.0.0.2")
+            && text.contains("10.0.1.1 -> 10.0.1.2"),
         "{text}"
     );
 }
@@ -323,6 +326,7 @@ fn a_peer_that_stops_reading_is_not_a_failed_path() {
     let mut tx = TcpLink::new(1, a, 2).unwrap();
     tx.set_failover(
         Duration::from_millis(1500),
+        "b",
         vec!["a".into(), "b".into()],
         None,
     );

@@ -121,6 +121,16 @@ class CadenceBackend(Backend):
     def barrier(self):
         self.comm.barrier()
 
+    def links(self) -> list[dict]:
+        """Each TCP link's per-path traffic over the whole run (`--paths`)."""
+        from cadence.diagnosis.metrics import snapshot
+
+        return [
+            {"peer": link["peer"], "peer_host": link["peer_host"], "paths": link["paths"]}
+            for link in snapshot(self.comm)["links"]
+            if link["transport"] == "tcp" and link.get("paths")
+        ]
+
     def close(self):
         self.comm.close()
 
@@ -445,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
                     backend, args.op, dtype, size, args.iters, args.warmup, algos
                 ):
                     emit(record)
+            if isinstance(backend, CadenceBackend):
+                emit({"links": backend.links()})
     backend.barrier()  # nobody tears down while a peer still reads from it
     backend.close()
     return 0

@@ -129,6 +129,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON records")
     p.add_argument(
+        "--paths", action="store_true",
+        help="also show how cadence's traffic split over each link's paths (NIC pairs): "
+        "bytes, share, measured rate, times a path went down",
+    )  # fmt: skip
+    p.add_argument(
         "--plot", metavar="FILE.png",
         help="also draw time (median, p99 shaded) and busbw against size, one line per "
         "backend or algorithm (matplotlib)",
@@ -341,6 +346,30 @@ def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
     return notes
 
 
+def path_lines(outcomes: list[Outcome]) -> list[str]:
+    """Per rank and TCP link, what each path carried over cadence's whole
+    run (every algorithm and size), its measured rate, and its failures."""
+    links = next((o.links for o in outcomes if o.links), {})
+    lines = []
+    for rank in sorted(links):
+        for link in links[rank]:
+            paths = link["paths"]
+            total = sum(q["bytes_sent"] for q in paths)
+            if len(paths) < 2 or total < 1e6:  # control messages only
+                continue
+            parts = [
+                f"path {k} {q['bytes_sent'] / 1e6:.1f} MB ({q['bytes_sent'] / total:.0%}) "
+                f"{q['rate_bps'] * 8 / 1e6:.0f} Mbit/s"
+                + (f", down {q['downs']}x, {q['resent_bytes'] / 1e6:.1f} MB sent again"
+                   if q["downs"] else "")
+                + ("" if q["up"] else " [DOWN]")
+                for k, q in enumerate(paths)
+            ]  # fmt: skip
+            lines.append(f"rank {rank} -> rank {link['peer']} ({link['peer_host']}): "
+                         + "; ".join(parts))  # fmt: skip
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
@@ -409,6 +438,12 @@ def run(args: argparse.Namespace) -> int:
         print_rich(table, title)
     else:
         print(f"# {title}\n{render_plain(table)}", flush=True)
+    if args.paths:
+        lines = path_lines(outcomes)
+        print("# traffic per path (cadence, sent)" if lines else
+              "# --paths: no link with several paths carried cadence's traffic")  # fmt: skip
+        for line in lines:
+            print(line)
     if args.json:
         records = json_records(job, outcomes)
         if cluster:

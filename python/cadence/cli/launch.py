@@ -64,6 +64,8 @@ class Outcome:
     seconds: float = 0.0
     algo: str | None = None  # cadence: the algorithm ("auto": its own choice); None for peers
     label: str = ""  # the column group: "cadence:ring"; empty means the backend's name
+    # cadence: per rank, its TCP links' per-path traffic over the run
+    links: dict[int, list[dict]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -313,6 +315,8 @@ def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
         for rec in records:
             if "na" in rec:
                 outcome.na = rec["na"]
+            if "links" in rec:
+                outcome.links[rec.get("rank", 0)] = rec["links"]
             if rec.get("nranks", job.nranks) != job.nranks and outcome.error is None:
                 outcome.error = f"worker saw {rec['nranks']} ranks, not {job.nranks}"
     for size in job.sizes:

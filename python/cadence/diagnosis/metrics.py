@@ -193,6 +193,9 @@ class Collector:
                     fam["path_bytes"].add_metric([*peer, str(k), "send"], path["bytes_sent"])
                     fam["path_bytes"].add_metric([*peer, str(k), "recv"], path["bytes_recv"])
                     fam["path_rate"].add_metric([*peer, str(k)], path["rate_bps"])
+                    fam["path_up"].add_metric([*peer, str(k)], 1.0 if path.get("up", True) else 0.0)
+                    fam["path_downs"].add_metric([*peer, str(k)], path.get("downs", 0))
+                    fam["path_resent"].add_metric([*peer, str(k)], path.get("resent_bytes", 0))
             running = m["running"]
             fam["running"].add_metric(
                 base, 0.0 if running is None else (m["now_ns"] - running["start_ns"]) / 1e9
@@ -243,8 +246,17 @@ def _families() -> dict:
             "of a TCP link, by direction", labels=[*peer, "path", "direction"]),
         "path_rate": GaugeMetricFamily(
             "cadence_path_rate_bytes_per_second", "Delivery rate of one path of a TCP link as "
-            "the sender measures it (what chunks are assigned by; 0 until measured)",
+            "the sender measures it (bytes over time while it had bytes queued, over about "
+            "the last second of such time; 0 until measured)", labels=[*peer, "path"]),
+        "path_up": GaugeMetricFamily(
+            "cadence_path_up", "1 while one path of a TCP link carries chunks, 0 while it is "
+            "down (failed over to the link's other paths)", labels=[*peer, "path"]),
+        "path_downs": CounterMetricFamily(
+            "cadence_path_downs", "Times one path of a TCP link went down",
             labels=[*peer, "path"]),
+        "path_resent": CounterMetricFamily(
+            "cadence_path_resent_bytes", "Payload bytes sent again on other paths because "
+            "this path went down", labels=[*peer, "path"]),
         "running": GaugeMetricFamily(
             "cadence_running_operation_seconds", "How long the oldest operation still running "
             "has run (0: none)", labels=base),

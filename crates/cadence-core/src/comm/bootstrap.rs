@@ -355,7 +355,7 @@ impl Bootstrap {
                 .collect();
             let log_as =
                 (self.cfg.debug >= DebugLevel::Warn).then(|| format!("cadence rank {rank}"));
-            link.set_failover(self.cfg.path_timeout, names, log_as);
+            link.set_failover(self.cfg.path_timeout, &infos[peer].host, names, log_as);
             links[peer] = Some(Link::Tcp(link));
         }
 

@@ -156,8 +156,10 @@ struct Failover {
     /// No delivery for this long, with the kernel retrying: the path is
     /// down (`CADENCE_PATH_TIMEOUT`).
     timeout: Duration,
-    /// "10.0.1.2 -> 10.0.1.3" per path, for log lines and errors.
+    /// "10.0.1.2 -> 10.0.1.3" per path, and the peer's host, for log lines
+    /// and errors.
     names: Vec<String>,
+    peer_host: String,
     /// Prefix of log lines ("cadence rank 3"); `None`: no log lines.
     log_as: Option<String>,
     last_check: Instant,
@@ -558,6 +560,7 @@ impl TcpLink {
                     .collect(),
                 timeout: PATH_TIMEOUT,
                 names: (0..npaths).map(|p| format!("path {p}")).collect(),
+                peer_host: String::new(),
                 log_as: None,
                 last_check: now,
                 rx_resent: false,
@@ -579,7 +582,14 @@ impl TcpLink {
     /// that long, and keeps a connection whose path is cut for up to
     /// [`OUTAGE_MAX`] instead of the 15 retries (~15 min by default, but
     /// ~13 s with the shorter retry interval) after which it would give up.
-    pub fn set_failover(&mut self, timeout: Duration, names: Vec<String>, log_as: Option<String>) {
+    pub fn set_failover(
+        &mut self,
+        timeout: Duration,
+        peer_host: &str,
+        names: Vec<String>,
+        log_as: Option<String>,
+    ) {
+        self.fo.peer_host = peer_host.to_string();
         self.fo.timeout = timeout;
         if names.len() == self.npaths {
             self.fo.names = names;
@@ -991,7 +1001,11 @@ impl TcpLink {
                 .collect();
             return Err(ErrorKind::PeerClosed {
                 peer: self.peer,
-                detail: format!("no path to it works: {}", tried.join("; ")),
+                detail: format!(
+                    "no path to it works (host {}): {}",
+                    self.fo.peer_host,
+                    tried.join("; ")
+                ),
             });
         }
         let mut again = Vec::new();
