@@ -180,7 +180,7 @@ def paths():
             if link["transport"] == "tcp"}
 # Every path that went down comes back once restored (small calls keep the
 # links busy meanwhile).
-limit = time.time() + 20
+limit = time.time() + (20 if cfg.get("await_up", True) else 0)
 while time.time() < limit and not all(p["up"] for ps in paths().values() for p in ps):
     y = np.ones(1024, dtype=np.float32)
     comm.allreduce(y)
@@ -190,10 +190,11 @@ comm.close()
 """
 
 
-def _run_cut(cluster, tmp_path, changes: dict, iters: int, timeout: int = 240):
+def _run_cut(cluster, tmp_path, changes: dict, iters: int, timeout: int = 240,
+             await_up: bool = True):
     script = tmp_path / "rank.py"
     env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR),
-           "CUT_ARGS": json.dumps({"cluster": cluster.name, "iters": iters,
+           "CUT_ARGS": json.dumps({"cluster": cluster.name, "iters": iters, "await_up": await_up,
                                    "changes": {str(k): v for k, v in changes.items()}})}
     script.write_text(CUT)
     return subprocess.run(
@@ -242,3 +243,29 @@ def test_cutting_every_nic_of_a_host_fails_naming_it(make_cluster, tmp_path):  #
     host1 = cluster.host(1).name
     assert f"no path to it works (host {host1})" in out, out[-4000:]
     assert took < 90, took
+
+
+@needs_clusters
+def test_a_nic_down_at_start_up_is_skipped(make_cluster, tmp_path):  # noqa: F811
+    """Host 1's second NIC is down before the job starts: its streams
+    connect on the first NIC instead, the job runs bit-exact, and the
+    links to host 1 report that path down from the start."""
+    cluster = make_cluster(3, nics=2, rate="250mbit", tag="fs")
+    subprocess.run(
+        [sys.executable, "-m", "cadence.cli.main", "cluster", "link", "--name", cluster.name,
+         "--host", "1", "--nic", "1", "--down"],
+        check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(PYTHON_DIR)},
+    )  # fmt: skip
+    p = _run_cut(cluster, tmp_path, {}, iters=3, await_up=False)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    res = {r["rank"]: r for r in (json.loads(line.partition(": ")[2])
+                                  for line in p.stdout.splitlines()
+                                  if line.startswith("[rank") and '"exact"' in line)}
+    assert sorted(res) == [0, 1, 2], p.stdout[-4000:]
+    for rank, r in res.items():
+        assert all(r["exact"]) and len(r["exact"]) == 3, (rank, r["exact"])
+        for peer, paths in r["paths"].items():
+            touches_1 = rank == 1 or peer == "1"
+            assert paths[1]["up"] == (not touches_1), (rank, peer, paths)
+            assert paths[0]["up"], (rank, peer, paths)
+    assert "does not connect" in p.stdout, p.stdout[-3000:]

@@ -56,13 +56,15 @@ def placements(cluster: Cluster, ranks_per_host: int) -> list[Placement]:
 
 
 def socket_ifname(cluster: Cluster) -> str:
-    """The interface single-NIC libraries talk over (gloo, Open MPI): rail 0."""
+    """Rail 0's interface: where jobs meet (the Store, Open MPI's control)."""
     return cluster.hosts[0].nics[0].ifname
 
 
 def cadence_ifnames(cluster: Cluster) -> str:
-    """The interfaces cadence talks over: every rail (CADENCE_SOCKET_IFNAME
-    takes a list, and a message between hosts is striped over them)."""
+    """Every rail's interface, comma-separated: what cadence, gloo and Open
+    MPI's TCP transport are given, so that each library may use all NICs
+    (cadence spreads a message over them; gloo takes a list too, and gives
+    each call one device; Open MPI's TCP BTL stripes over its interfaces)."""
     return ",".join(n.ifname for n in cluster.hosts[0].nics)
 
 
@@ -77,7 +79,7 @@ def rank_env(
     env = dict(os.environ if base is None else base)
     nhosts = len(cluster.hosts)
     world = nhosts * ranks_per_host
-    ifname = socket_ifname(cluster)
+    rails = cadence_ifnames(cluster)
     env.update(
         RANK=str(place.rank),
         LOCAL_RANK=str(place.local_rank),
@@ -90,8 +92,8 @@ def rank_env(
         MASTER_ADDR=cluster.master_addr,
         MASTER_PORT=str(master_port),
         CADENCE_HOST=place.host.name,
-        CADENCE_SOCKET_IFNAME=cadence_ifnames(cluster),
-        GLOO_SOCKET_IFNAME=ifname,
+        CADENCE_SOCKET_IFNAME=rails,
+        GLOO_SOCKET_IFNAME=rails,
     )
     # As torchrun: one thread per rank unless the user says otherwise.
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -139,9 +141,9 @@ def mpirun_command(
         "--hostfile", str(hostfile), "--map-by", "slot",
         "-np", str(nranks),
         "--mca", "plm_rsh_agent", str(agent),
-        # Control and data both on rail 0, like the other backends' traffic.
+        # Control on rail 0; data on every rail, as the other backends get.
         "--mca", "oob_tcp_if_include", ifname,
-        "--mca", "btl_tcp_if_include", ifname,
+        "--mca", "btl_tcp_if_include", cadence_ifnames(cluster),
         "--mca", "btl", "self,vader,tcp",
         *crowded,
         *(extra or []),

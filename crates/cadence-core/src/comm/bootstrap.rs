@@ -14,6 +14,12 @@ use crate::transport::tcp::TcpLink;
 use crate::transport::tcp_setup::{accept_all, connect};
 use crate::transport::Link;
 use serde::{Deserialize, Serialize};
+
+/// How long one stream may try to connect on one path, when a peer has
+/// several, before the path counts as unreachable and the stream goes on
+/// another (at start-up; the listener may still be coming up, so a refused
+/// connection is tried again until then).
+const PATH_CONNECT: Duration = Duration::from_secs(10);
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -275,38 +281,86 @@ impl Bootstrap {
             .collect::<std::io::Result<_>>()
             .map_err(|e| fail(format!("listener: {e}")))?;
         let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
+        let debug = self.cfg.debug;
+        let mut warn = |m: String| match &mut sink {
+            Some(f) => f(m),
+            None if debug >= DebugLevel::Warn => eprintln!("cadence rank {rank}: WARN {m}"),
+            None => {}
+        };
+        // Paths that did not connect, per peer: (path, why). Their streams
+        // run on a path that did, and the link starts with them down.
+        let mut unreachable: HashMap<usize, Vec<(usize, String)>> = HashMap::new();
         for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
             let npaths = paths_between(&infos[rank], &infos[peer]);
             let peer_addrs = infos[peer].nic_addrs();
-            let mut v = Vec::new();
-            for s in 0..streams_to(peer) {
-                let path = s % npaths;
-                let addr: SocketAddr = peer_addrs[path].parse().map_err(|_| {
+            let addr_of = |path: usize| -> Result<SocketAddr> {
+                peer_addrs[path].parse().map_err(|_| {
                     blaming(
                         format!("rank {peer} published a bad address {:?}", peer_addrs[path]),
                         Some(peer),
                     )
-                })?;
-                // From this rank's NIC of the same rail (with one NIC, the
-                // kernel's choice, as before).
-                let from = (npaths > 1).then(|| my_ips[path]);
-                let sock = connect(
-                    addr,
-                    from,
-                    &self.secret,
-                    &self.comm_id,
-                    rank,
-                    s,
-                    peer,
-                    deadline,
-                )
-                .map_err(|e| {
+                })
+            };
+            let failed = unreachable.entry(peer).or_default();
+            let mut v = Vec::new();
+            for s in 0..streams_to(peer) {
+                // Its own path first, then (with several) the others, each
+                // tried once per peer: a path that does not connect within
+                // PATH_CONNECT is skipped for the rest of the peer's streams.
+                let mut sock = None;
+                for path in (0..npaths).map(|k| (s + k) % npaths) {
+                    if failed.iter().any(|(p, _)| *p == path) {
+                        continue;
+                    }
+                    let addr = addr_of(path)?;
+                    // From this rank's NIC of the same rail (with one NIC,
+                    // the kernel's choice, as before).
+                    let from = (npaths > 1).then(|| my_ips[path]);
+                    let until = if npaths > 1 {
+                        deadline.min(Instant::now() + PATH_CONNECT)
+                    } else {
+                        deadline
+                    };
                     let via = from.map(|ip| format!(" from {ip}")).unwrap_or_default();
-                    blaming(
-                        format!("connecting to rank {peer} at {addr}{via}: {e}"),
+                    match connect(
+                        addr,
+                        from,
+                        &self.secret,
+                        &self.comm_id,
+                        rank,
+                        s,
+                        peer,
+                        until,
+                    ) {
+                        Ok(c) => {
+                            sock = Some(c);
+                            break;
+                        }
+                        Err(e) if npaths > 1 => {
+                            warn(format!(
+                                "the path{via} to rank {peer} at {addr} does not connect ({e}); \
+                                 its streams use the other paths, and it stays down"
+                            ));
+                            failed.push((path, format!("did not connect at start-up: {e}")));
+                        }
+                        Err(e) => {
+                            return Err(blaming(
+                                format!("connecting to rank {peer} at {addr}{via}: {e}"),
+                                Some(peer),
+                            ))
+                        }
+                    }
+                }
+                let Some(sock) = sock else {
+                    let tried: Vec<String> = failed
+                        .iter()
+                        .map(|(p, why)| format!("{} ({why})", peer_addrs[*p]))
+                        .collect();
+                    return Err(blaming(
+                        format!("no path to rank {peer} connects: {}", tried.join("; ")),
                         Some(peer),
-                    )
-                })?;
+                    ));
+                };
                 v.push(Some(sock));
             }
             streams.insert(peer, v);
@@ -315,12 +369,6 @@ impl Bootstrap {
             .filter(|p| infos[*p].host != *my_host)
             .flat_map(|p| (0..streams_to(p)).map(move |s| (p, s)))
             .collect();
-        let debug = self.cfg.debug;
-        let mut warn = |m: String| match &mut sink {
-            Some(f) => f(m),
-            None if debug >= DebugLevel::Warn => eprintln!("cadence rank {rank}: WARN {m}"),
-            None => {}
-        };
         for ((peer, s), sock) in accept_all(
             &self.listeners,
             &self.secret,
@@ -356,6 +404,30 @@ impl Bootstrap {
             let log_as =
                 (self.cfg.debug >= DebugLevel::Warn).then(|| format!("cadence rank {rank}"));
             link.set_failover(self.cfg.path_timeout, &infos[peer].host, names, log_as);
+            if npaths > 1 {
+                // Each stream's path is its local NIC: a stream whose own
+                // path did not connect runs on another (see above), on
+                // either side of the link.
+                let path_of: Vec<usize> = link
+                    .local_ips()
+                    .iter()
+                    .enumerate()
+                    .map(|(s, ip)| {
+                        ip.and_then(|ip| my_ips.iter().position(|m| *m == ip))
+                            .filter(|&p| p < npaths)
+                            .unwrap_or(s % npaths)
+                    })
+                    .collect();
+                let why = unreachable.remove(&peer).unwrap_or_default();
+                for p in link.place_streams(path_of, &why) {
+                    if !why.iter().any(|(q, _)| *q == p) {
+                        warn(format!(
+                            "path {p} to rank {peer} carries no stream (the peer could not \
+                             connect on it); it stays down"
+                        ));
+                    }
+                }
+            }
             links[peer] = Some(Link::Tcp(link));
         }
 

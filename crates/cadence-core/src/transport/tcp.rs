@@ -130,8 +130,10 @@ pub struct TcpLink {
     rx_ctl: Vec<Option<CtlIn>>,
     /// The last stall notice the peer sent.
     pub stall: Option<StallNotice>,
-    /// Paths the streams run on (stream s: path s % npaths).
+    /// Paths, and the one each stream runs on (s % npaths unless set by
+    /// [`TcpLink::place_streams`]).
     npaths: usize,
+    path_of: Vec<usize>,
     /// Failover (only with several paths; see [`Failover`]); boxed, as it
     /// is large and touched off the hot path mostly.
     fo: Box<Failover>,
@@ -544,6 +546,7 @@ impl TcpLink {
             rx_ctl: (0..n).map(|_| None).collect(),
             stall: None,
             npaths,
+            path_of: (0..n).map(|s| s % npaths).collect(),
             fo: Box::new(Failover {
                 on: npaths > 1,
                 unacked: (0..n).map(|_| VecDeque::new()).collect(),
@@ -637,13 +640,52 @@ impl TcpLink {
     }
 
     /// The streams of path `p`.
-    fn streams_of(&self, p: usize) -> std::iter::StepBy<std::ops::Range<usize>> {
-        (p..self.streams.len()).step_by(self.npaths)
+    fn streams_of(&self, p: usize) -> Vec<usize> {
+        (0..self.streams.len())
+            .filter(|&s| self.path_of[s] == p)
+            .collect()
     }
 
     /// Whether stream `s`'s path carries chunks.
     fn stream_up(&self, s: usize) -> bool {
-        self.fo.paths[s % self.npaths].up
+        self.fo.paths[self.path_of[s]].up
+    }
+
+    /// Each stream's local address (its NIC), where known.
+    pub fn local_ips(&self) -> Vec<Option<std::net::IpAddr>> {
+        self.streams
+            .iter()
+            .map(|s| s.local_addr().ok().map(|a| a.ip()))
+            .collect()
+    }
+
+    /// Says which path each stream really runs on (at set-up, a stream
+    /// whose own path did not connect runs on another). A path left with
+    /// no stream starts down for good, with the reason given in `why` (or
+    /// "no stream connected on it"); returns those paths.
+    pub fn place_streams(&mut self, path_of: Vec<usize>, why: &[(usize, String)]) -> Vec<usize> {
+        assert_eq!(path_of.len(), self.streams.len());
+        self.path_of = path_of;
+        let mut empty = Vec::new();
+        for p in 0..self.npaths {
+            if !self.path_of.contains(&p) {
+                let st = &mut self.fo.paths[p];
+                st.up = false;
+                st.dead = true;
+                st.reason = why
+                    .iter()
+                    .find(|(q, _)| *q == p)
+                    .map_or_else(|| "no stream connected on it".into(), |(_, w)| w.clone());
+                self.stats.paths[p].down.set(1);
+                empty.push(p);
+            }
+        }
+        if self.tx_ctl_done == 0 && !self.stream_up(self.ctl_stream) {
+            if let Some(s) = (0..self.streams.len()).find(|&s| self.stream_up(s)) {
+                self.ctl_stream = s;
+            }
+        }
+        empty
     }
 
     fn log(&self, line: String) {
@@ -819,7 +861,7 @@ impl TcpLink {
         r.written += total;
         r.queued += total;
         self.stats.bytes_sent.add(n as u64);
-        self.stats.paths[s % self.npaths].bytes_sent.add(n as u64);
+        self.stats.paths[self.path_of[s]].bytes_sent.add(n as u64);
         if finished {
             let done = self.tx[s].take().expect("the chunk just written");
             if let Some(data) = done.copy {
@@ -850,12 +892,9 @@ impl TcpLink {
             }
         }
         for (p, c) in self.stats.paths.iter().enumerate() {
-            let bps: f64 = self
-                .rate
-                .iter()
-                .skip(p)
-                .step_by(self.npaths)
-                .map(TxRate::published_bps)
+            let bps: f64 = (0..self.rate.len())
+                .filter(|&s| self.path_of[s] == p)
+                .map(|s| self.rate[s].published_bps())
                 .sum();
             c.rate_bps.set(bps as u64);
         }
@@ -929,7 +968,7 @@ impl TcpLink {
     fn check_paths(&mut self, now: Instant) -> Result<(), ErrorKind> {
         for p in 0..self.npaths {
             if self.fo.paths[p].up {
-                let stuck = self.streams_of(p).find(|&s| {
+                let stuck = self.streams_of(p).into_iter().find(|&s| {
                     let r = &self.rate[s];
                     r.queued > 0
                         && now.duration_since(r.progress_at) >= self.fo.timeout
@@ -964,7 +1003,7 @@ impl TcpLink {
         if !self.fo.on {
             return Err(why);
         }
-        let p = s % self.npaths;
+        let p = self.path_of[s];
         self.fo.paths[p].dead = true;
         if !self.fo.paths[p].up {
             for s in self.streams_of(p) {
@@ -1351,7 +1390,7 @@ impl TcpLink {
                                 job.got += n;
                             }
                             self.stats.bytes_recv.add(n as u64);
-                            self.stats.paths[s % self.npaths].bytes_recv.add(n as u64);
+                            self.stats.paths[self.path_of[s]].bytes_recv.add(n as u64);
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progressed),
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
