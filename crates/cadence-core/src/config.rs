@@ -335,7 +335,7 @@ pub struct Config {
     pub spin: Option<Duration>,
     pub yield_for: Option<Duration>,
     /// `CADENCE_PATH_TIMEOUT`: how long one path of a TCP link (a NIC pair)
-    /// may deliver nothing while the kernel retries before its chunks go
+    /// may hold bytes while its peer answers nothing before its chunks go
     /// again on the other paths. Far below `timeout`.
     pub path_timeout: Duration,
 }

@@ -14,16 +14,16 @@ use crate::transport::tcp::TcpLink;
 use crate::transport::tcp_setup::{accept_all, connect};
 use crate::transport::Link;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 /// How long one stream may try to connect on one path, when a peer has
 /// several, before the path counts as unreachable and the stream goes on
 /// another (at start-up; the listener may still be coming up, so a refused
 /// connection is tried again until then).
 const PATH_CONNECT: Duration = Duration::from_secs(10);
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 /// What each rank publishes through the store at bootstrap.
 #[derive(Clone, Debug, Serialize, Deserialize)]

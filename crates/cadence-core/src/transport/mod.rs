@@ -690,8 +690,6 @@ impl Link {
             Link::Tcp(l) => l.peek_header(),
         }
     }
-    /// Writes what is left of queued control frames (stall notices), never
-    /// blocking.
     /// Background work of a TCP link with several paths: path failure and
     /// recovery, and writing chunks the link owns (see
     /// [`tcp::TcpLink::maintain`]). Nothing to do on other links.
@@ -701,7 +699,8 @@ impl Link {
             Link::Shm(_) => Ok(false),
         }
     }
-
+    /// Writes what is left of queued control frames (stall notices), never
+    /// blocking.
     pub fn flush_control(&mut self) {
         if let Link::Tcp(l) = self {
             l.flush_control();

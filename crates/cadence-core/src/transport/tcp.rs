@@ -27,6 +27,13 @@
 //!   finished its share of this one while another stream still carries the
 //!   rest): its header is read and kept ("stashed"), and that stream waits
 //!   until the receive of that message starts.
+//! - **failover** (several paths; see `Failover`): the link keeps a copy
+//!   of each chunk until the peer's kernel acknowledges it; a path whose
+//!   peer stops answering, or that errs, goes down, and its unacknowledged
+//!   chunks go again on the others (flagged [`FLAG_RESENT`]). Receivers
+//!   drop second copies and read later messages' frames ahead ("park")
+//!   when the chunks they wait for may be queued behind them. A path that
+//!   was only silent comes back once it has delivered what it held.
 //!
 //! Sockets are non-blocking; the engine calls `*_progress` and, when nothing
 //! moves, waits in `poll(2)` on the streams it needs. Streams are set up (and
@@ -575,9 +582,10 @@ impl TcpLink {
         })
     }
 
-    /// Sets how long a path may deliver nothing (while its kernel retries)
-    /// before it counts as down, names the paths for log lines and errors
-    /// (one name per path), and where log lines go (`None`: nowhere).
+    /// Sets how long a path may hold bytes while its peer answers nothing
+    /// before it counts as down, the peer's host and the paths' names (one
+    /// per path) for log lines and errors, and where log lines go (`None`:
+    /// nowhere).
     ///
     /// With several paths it also tunes the streams' retransmission (best
     /// effort: older kernels lack the options): the kernel retries at least
