@@ -453,6 +453,7 @@ impl Bootstrap {
         comm.calibrate()?;
         comm.reset_totals();
         comm.announce_selection();
+        comm.start_path_keeper();
         Ok(comm)
     }
 }

@@ -339,7 +339,7 @@ impl Engine {
     /// has not run for [`MAINTAIN_EVERY`]: failing paths are found and
     /// their chunks sent again even while the operation moves on other
     /// links, or on none. Returns whether any byte moved.
-    fn maintain_links(&mut self) -> Result<bool, ErrorKind> {
+    pub fn maintain_links(&mut self) -> Result<bool, ErrorKind> {
         if !self.multipath {
             return Ok(false);
         }
@@ -353,6 +353,11 @@ impl Engine {
             moved |= l.maintain()?;
         }
         Ok(moved)
+    }
+
+    /// Whether some TCP link has several paths (see [`Engine::maintain_links`]).
+    pub fn multipath(&self) -> bool {
+        self.multipath
     }
 
     /// Fixed spin and yield budgets instead of the policy of
