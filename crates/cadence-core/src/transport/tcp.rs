@@ -802,11 +802,19 @@ impl TcpLink {
                         });
                     }
                 }
+                // Whether the chunk is the send's own (not a copy going
+                // again, nor the rest of an earlier send's chunk): only
+                // those count as the send's progress.
+                let own = job.as_deref().is_some_and(|j| {
+                    self.tx[s]
+                        .as_ref()
+                        .is_some_and(|c| c.hdr.msg == j.tcp.msg && c.hdr.flags & FLAG_RESENT == 0)
+                });
                 match self.write_chunk(s, job.as_deref().map(|j| &j.src)) {
                     Ok(None) => break,
                     Ok(Some(n)) => {
                         progressed = true;
-                        if let Some(j) = job.as_deref_mut() {
+                        if let Some(j) = job.as_deref_mut().filter(|_| own) {
                             j.sent += n;
                         }
                     }
