@@ -640,3 +640,23 @@ def test_plot_path_is_checked_before_the_sweep(capsys):
                         "--plot", "/no/such/dir/x.png"])  # fmt: skip
     assert rc == 2
     assert "--plot: directory /no/such/dir does not exist" in capsys.readouterr().err
+
+
+def test_paths_lines_show_each_paths_share_rate_and_failures():
+    """`--paths`: one line per rank and link with several paths that carried
+    data, each path's MB, share of the link's bytes, rate and failures."""
+    def path(sent, rate, up=True, downs=0, resent=0):
+        return {"bytes_sent": sent, "bytes_recv": 0, "rate_bps": rate, "up": up,
+                "downs": downs, "resent_bytes": resent}
+    out = Outcome("cadence", algo="auto")
+    out.links = {
+        1: [{"peer": 0, "peer_host": "h0", "paths": [path(30e6, 25e6), path(10e6, 5e6, False, 2,
+                                                                              3e6)]},
+            {"peer": 2, "peer_host": "h2", "paths": [path(100, 0), path(0, 0)]}],  # control only
+        0: [{"peer": 1, "peer_host": "h1", "paths": [path(5e6, 1e6)]}],  # one path
+    }
+    lines = bench_cli.path_lines([Outcome("gloo"), out])
+    assert lines == [
+        "rank 1 -> rank 0 (h0): path 0 30.0 MB (75%) 200 Mbit/s; "
+        "path 1 10.0 MB (25%) 40 Mbit/s, down 2x, 3.0 MB sent again [DOWN]"
+    ]
