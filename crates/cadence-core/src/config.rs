@@ -373,28 +373,25 @@ fn num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, String> {
         .map_err(|_| format!("{name}={v:?} is not a valid number"))
 }
 
+/// A positive, finite number of seconds.
+fn seconds(name: &str, v: &str) -> Result<Duration, String> {
+    let secs: f64 = num(name, v)?;
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("{name}={v:?} must be a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
 impl Config {
     /// Reads the `CADENCE_*` variables through `get` (the environment in
     /// production, a map in tests).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
         let mut c = Config::default();
         if let Some(v) = get("CADENCE_TIMEOUT") {
-            let secs: f64 = num("CADENCE_TIMEOUT", &v)?;
-            if !(secs > 0.0 && secs.is_finite()) {
-                return Err(format!(
-                    "CADENCE_TIMEOUT={v:?} must be a positive number of seconds"
-                ));
-            }
-            c.timeout = Duration::from_secs_f64(secs);
+            c.timeout = seconds("CADENCE_TIMEOUT", &v)?;
         }
         if let Some(v) = get("CADENCE_PATH_TIMEOUT") {
-            let secs: f64 = num("CADENCE_PATH_TIMEOUT", &v)?;
-            if !(secs > 0.0 && secs.is_finite()) {
-                return Err(format!(
-                    "CADENCE_PATH_TIMEOUT={v:?} must be a positive number of seconds"
-                ));
-            }
-            c.path_timeout = Duration::from_secs_f64(secs);
+            c.path_timeout = seconds("CADENCE_PATH_TIMEOUT", &v)?;
         }
         if let Some(v) = get("CADENCE_ALGO") {
             c.algo = AlgoOverride::parse(&v)?;

@@ -4,46 +4,22 @@
 //! back), and a sending link whose path is taken down mid-message.
 //! The emulated-cluster test (`tests/test_multinic.py`) cuts a real NIC.
 
-use cadence_core::transport::tcp::{poll_fds, TcpHeader, TcpLink, CHUNK_BYTES, FLAG_RESENT};
-use cadence_core::transport::{OpMeta, RecvJob, SendJob, Sink, SinkMode, Source};
+mod common;
+
+use cadence_core::transport::tcp::{TcpHeader, TcpLink, CHUNK_BYTES, FLAG_RESENT};
+use cadence_core::transport::{RecvJob, SendJob, Sink, SinkMode, Source};
 use cadence_core::types::ElemOp;
-use cadence_core::{CollKind, DType, ErrorKind, RedOp};
+use cadence_core::{DType, ErrorKind};
+use common::{cases, meta, socket_pairs, wait_readable};
 use proptest::prelude::*;
-use proptest::test_runner::Config as PtConfig;
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
-
-fn meta(count: usize) -> OpMeta {
-    OpMeta {
-        coll: CollKind::AllReduce,
-        dtype: DType::I32,
-        redop: RedOp::Sum.code(),
-        root: 0,
-        seq: 3,
-        sig: 0x5151,
-        count: count as u64,
-    }
-}
-
-/// `n` connected loopback pairs: (one end, the other end).
-fn socket_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let mut a = Vec::new();
-    let mut b = Vec::new();
-    for _ in 0..n {
-        a.push(TcpStream::connect(addr).unwrap());
-        b.push(l.accept().unwrap().0);
-    }
-    (a, b)
-}
 
 /// A frame: chunk `c` of message `msg` (of `payload`).
 fn frame(msg: u32, payload: &[u8], c: usize, resent: bool) -> Vec<u8> {
     let off = c * CHUNK_BYTES;
     let len = CHUNK_BYTES.min(payload.len() - off);
-    let mut h = TcpHeader::control(meta(payload.len() / 4).header(len));
+    let mut h = TcpHeader::control(meta(DType::I32, payload.len() / 4).header(len));
     h.msg = msg;
     h.off = off as u64;
     if resent {
@@ -70,20 +46,12 @@ fn receive(link: &mut TcpLink, len: usize, reduce: bool) -> Result<Vec<u8>, Erro
     // SAFETY: `mem` is valid for `len` bytes and outlives the job, dropped
     // before `mem` is returned; nothing else touches it meanwhile.
     let sink = unsafe { Sink::new(mem.as_mut_ptr(), len, mode, DType::I32, ElemOp::Sum) };
-    let mut job = RecvJob::new(meta(len / 4), sink);
+    let mut job = RecvJob::new(meta(DType::I32, len / 4), sink);
     let limit = Instant::now() + Duration::from_secs(10);
     while !job.done {
         if !link.recv_progress(&mut job)? {
             assert!(Instant::now() < limit, "hang: no outcome within 10 s");
-            let mut fds: Vec<libc::pollfd> = link
-                .waiting_fds(false, true)
-                .map(|fd| libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
-            poll_fds(&mut fds, Duration::from_millis(5));
+            wait_readable(link);
         }
     }
     drop(job);
@@ -138,18 +106,6 @@ fn failover_streams(
         }
     }
     (s0, s1, late)
-}
-
-fn cases(default: u32) -> PtConfig {
-    let n = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    PtConfig {
-        cases: n,
-        failure_persistence: None,
-        ..PtConfig::default()
-    }
 }
 
 proptest! {
@@ -223,8 +179,8 @@ fn transfer(
             ),
         )
     };
-    let mut send = SendJob::new(meta(len / 4), src);
-    let mut recv = RecvJob::new(meta(len / 4), sink);
+    let mut send = SendJob::new(meta(DType::I32, len / 4), src);
+    let mut recv = RecvJob::new(meta(DType::I32, len / 4), sink);
     let mut hooked = after.is_none();
     let limit = Instant::now() + Duration::from_secs(20);
     while !recv.done {
@@ -335,7 +291,7 @@ fn a_peer_that_stops_reading_is_not_a_failed_path() {
     let len = data.len();
     // SAFETY: `data` is valid for `len` bytes and outlives the job.
     let src = unsafe { Source::new(data.as_ptr(), len) };
-    let mut send = SendJob::new(meta(len / 4), src);
+    let mut send = SendJob::new(meta(DType::I32, len / 4), src);
     let stop = Instant::now() + Duration::from_millis(4000);
     while Instant::now() < stop {
         tx.send_progress(&mut send).unwrap();
@@ -359,7 +315,7 @@ fn a_peer_that_stops_reading_is_not_a_failed_path() {
             ElemOp::Sum,
         )
     };
-    let mut recv = RecvJob::new(meta(len / 4), sink);
+    let mut recv = RecvJob::new(meta(DType::I32, len / 4), sink);
     let limit = Instant::now() + Duration::from_secs(20);
     while !recv.done || !send.done {
         assert!(Instant::now() < limit, "hang");

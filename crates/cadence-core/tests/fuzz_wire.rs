@@ -12,35 +12,22 @@
 //! `cargo test` runs a small budget (a few seconds). `make fuzz` runs the same
 //! properties longer: `PROPTEST_CASES=N` sets the cases per property.
 
+mod common;
+
 use cadence_core::transport::handshake::{
     Acceptor, Connector, JobSecret, Reject, Step, CHALLENGE_BYTES, HELLO_BYTES, PROOF_BYTES,
     WELCOME_BYTES,
 };
-use cadence_core::transport::tcp::{poll_fds, TcpHeader, TcpLink, CHUNK_BYTES, TCP_HEADER_BYTES};
+use cadence_core::transport::tcp::{TcpHeader, TcpLink, CHUNK_BYTES, TCP_HEADER_BYTES};
 use cadence_core::transport::{
     OpMeta, RecvJob, Sink, SinkMode, FRAME_ABORT, FRAME_DATA, FRAME_STALL,
 };
 use cadence_core::types::ElemOp;
-use cadence_core::{CollKind, DType, ErrorKind, RedOp};
+use cadence_core::{DType, ErrorKind};
+use common::{cases, meta, socket_pairs, wait_readable};
 use proptest::prelude::*;
-use proptest::test_runner::Config as PtConfig;
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
-
-/// Cases per property: `PROPTEST_CASES`, else `default` (the `cargo test`
-/// budget).
-fn cases(default: u32) -> PtConfig {
-    let n = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    PtConfig {
-        cases: n,
-        failure_persistence: None,
-        ..PtConfig::default()
-    }
-}
 
 // ---------------------------------------------------------------- handshake
 
@@ -236,47 +223,7 @@ fn handshake_message_sizes_are_stable() {
 
 // ------------------------------------------------------------------- frames
 
-const SEQ: u64 = 5;
-const SIG: u64 = 0x5151_abcd_0000_1234;
 const GUARD: usize = 64;
-
-fn meta(dtype: DType, count: usize) -> OpMeta {
-    OpMeta {
-        coll: CollKind::AllReduce,
-        dtype,
-        redop: RedOp::Sum.code(),
-        root: 0,
-        seq: SEQ,
-        sig: SIG,
-        count: count as u64,
-    }
-}
-
-/// `n` connected loopback pairs: (sending ends, receiving ends).
-fn socket_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let mut tx = Vec::new();
-    let mut rx = Vec::new();
-    for _ in 0..n {
-        tx.push(TcpStream::connect(addr).unwrap());
-        rx.push(l.accept().unwrap().0);
-    }
-    (tx, rx)
-}
-
-/// Waits (at most 10 ms) until a stream a receive waits on has bytes.
-fn wait_readable(link: &TcpLink) {
-    let mut fds: Vec<libc::pollfd> = link
-        .waiting_fds(false, true)
-        .map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    poll_fds(&mut fds, Duration::from_millis(10));
-}
 
 #[derive(Debug, PartialEq)]
 enum Outcome {

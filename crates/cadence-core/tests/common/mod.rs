@@ -1,0 +1,67 @@
+//! Helpers the wire tests share (`fuzz_wire.rs`, `failover.rs`): loopback
+//! socket pairs, a frame's operation metadata, waiting for a receiving link,
+//! and proptest's case budget.
+#![allow(dead_code)] // each test crate uses its own subset
+
+use cadence_core::transport::tcp::{poll_fds, TcpLink};
+use cadence_core::transport::OpMeta;
+use cadence_core::{CollKind, DType, RedOp};
+use proptest::test_runner::Config as PtConfig;
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+pub const SEQ: u64 = 5;
+pub const SIG: u64 = 0x5151_abcd_0000_1234;
+
+/// Cases per property: `PROPTEST_CASES`, else `default` (the `cargo test`
+/// budget).
+pub fn cases(default: u32) -> PtConfig {
+    let n = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    PtConfig {
+        cases: n,
+        failure_persistence: None,
+        ..PtConfig::default()
+    }
+}
+
+/// An allreduce (sum) of `count` elements of `dtype`, call SEQ, signature SIG.
+pub fn meta(dtype: DType, count: usize) -> OpMeta {
+    OpMeta {
+        coll: CollKind::AllReduce,
+        dtype,
+        redop: RedOp::Sum.code(),
+        root: 0,
+        seq: SEQ,
+        sig: SIG,
+        count: count as u64,
+    }
+}
+
+/// `n` connected loopback pairs: (sending ends, receiving ends).
+pub fn socket_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut tx = Vec::new();
+    let mut rx = Vec::new();
+    for _ in 0..n {
+        tx.push(TcpStream::connect(addr).unwrap());
+        rx.push(l.accept().unwrap().0);
+    }
+    (tx, rx)
+}
+
+/// Waits (at most 10 ms) until a stream a receive waits on has bytes.
+pub fn wait_readable(link: &TcpLink) {
+    let mut fds: Vec<libc::pollfd> = link
+        .waiting_fds(false, true)
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    poll_fds(&mut fds, Duration::from_millis(10));
+}
