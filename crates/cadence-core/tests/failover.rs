@@ -10,7 +10,7 @@ use cadence_core::transport::tcp::{TcpHeader, TcpLink, CHUNK_BYTES, FLAG_RESENT}
 use cadence_core::transport::{RecvJob, SendJob, Sink, SinkMode, Source};
 use cadence_core::types::ElemOp;
 use cadence_core::{DType, ErrorKind};
-use common::{cases, meta, socket_pairs, wait_readable};
+use common::{cases, meta, receive_i32, socket_pairs};
 use proptest::prelude::*;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -32,30 +32,6 @@ fn frame(msg: u32, payload: &[u8], c: usize, resent: bool) -> Vec<u8> {
 
 fn nchunks(len: usize) -> usize {
     len.div_ceil(CHUNK_BYTES).max(1)
-}
-
-/// Receives one message of `len` bytes on `link` (reduced onto zeros, or
-/// copied), within 10 s.
-fn receive(link: &mut TcpLink, len: usize, reduce: bool) -> Result<Vec<u8>, ErrorKind> {
-    let mut mem = vec![0u8; len];
-    let mode = if reduce {
-        SinkMode::ReduceInPlace
-    } else {
-        SinkMode::Copy
-    };
-    // SAFETY: `mem` is valid for `len` bytes and outlives the job, dropped
-    // before `mem` is returned; nothing else touches it meanwhile.
-    let sink = unsafe { Sink::new(mem.as_mut_ptr(), len, mode, DType::I32, ElemOp::Sum) };
-    let mut job = RecvJob::new(meta(DType::I32, len / 4), sink);
-    let limit = Instant::now() + Duration::from_secs(10);
-    while !job.done {
-        if !link.recv_progress(&mut job)? {
-            assert!(Instant::now() < limit, "hang: no outcome within 10 s");
-            wait_readable(link);
-        }
-    }
-    drop(job);
-    Ok(mem)
 }
 
 fn payload(len: usize, seed: u8) -> Vec<u8> {
@@ -140,12 +116,12 @@ proptest! {
             tx
         });
         let mut link = TcpLink::new(1, rx, 2).unwrap();
-        let got0 = receive(&mut link, m0.len(), reduce).unwrap();
-        let got1 = receive(&mut link, m1.len(), reduce).unwrap();
+        let got0 = receive_i32(&mut link, m0.len(), reduce).unwrap();
+        let got1 = receive_i32(&mut link, m1.len(), reduce).unwrap();
         prop_assert!(got0 == m0, "message 0 differs");
         prop_assert!(got1 == m1, "message 1 differs");
         if back {
-            let got2 = receive(&mut link, m2.len(), reduce).unwrap();
+            let got2 = receive_i32(&mut link, m2.len(), reduce).unwrap();
             prop_assert!(got2 == m2, "message 2 differs");
         }
         let _tx = writer.join().unwrap();

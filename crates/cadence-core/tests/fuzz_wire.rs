@@ -24,7 +24,7 @@ use cadence_core::transport::{
 };
 use cadence_core::types::ElemOp;
 use cadence_core::{DType, ErrorKind};
-use common::{cases, meta, socket_pairs, wait_readable};
+use common::{cases, meta, receive_i32, socket_pairs, wait_readable};
 use proptest::prelude::*;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -530,33 +530,9 @@ fn receive_two(
     let mut link = TcpLink::new(1, rx, 1).unwrap();
     let mut out = Vec::new();
     for payload in payloads {
-        let len = payload.len();
-        let mut mem = vec![0u8; len];
-        let mode = if reduce {
-            SinkMode::ReduceInPlace
-        } else {
-            SinkMode::Copy
-        };
-        // SAFETY: `mem` is valid for `len` bytes, outlives the job (dropped
-        // at the end of this iteration, after the job), and nothing else
-        // touches it meanwhile.
-        let sink = unsafe { Sink::new(mem.as_mut_ptr(), len, mode, DType::I32, ElemOp::Sum) };
-        let mut job = RecvJob::new(meta(DType::I32, len / 4), sink);
-        let limit = Instant::now() + Duration::from_secs(10);
-        let r = loop {
-            match link.recv_progress(&mut job) {
-                Ok(_) if job.done => break Ok(()),
-                Ok(true) => {}
-                Ok(false) => {
-                    assert!(Instant::now() < limit, "hang: no outcome within 10 s");
-                    wait_readable(&link);
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        drop(job);
+        let r = receive_i32(&mut link, payload.len(), reduce);
         let failed = r.is_err();
-        out.push(r.map(|_| mem));
+        out.push(r);
         if failed {
             break;
         }

@@ -4,11 +4,12 @@
 #![allow(dead_code)] // each test crate uses its own subset
 
 use cadence_core::transport::tcp::{poll_fds, TcpLink};
-use cadence_core::transport::OpMeta;
-use cadence_core::{CollKind, DType, RedOp};
+use cadence_core::transport::{OpMeta, RecvJob, Sink, SinkMode};
+use cadence_core::types::ElemOp;
+use cadence_core::{CollKind, DType, ErrorKind, RedOp};
 use proptest::test_runner::Config as PtConfig;
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const SEQ: u64 = 5;
 pub const SIG: u64 = 0x5151_abcd_0000_1234;
@@ -64,4 +65,28 @@ pub fn wait_readable(link: &TcpLink) {
         })
         .collect();
     poll_fds(&mut fds, Duration::from_millis(10));
+}
+
+/// Receives the next message, `len` bytes of i32 (summed onto zeros, or
+/// copied), on `link`; panics on a hang (no outcome within 10 s).
+pub fn receive_i32(link: &mut TcpLink, len: usize, reduce: bool) -> Result<Vec<u8>, ErrorKind> {
+    let mut mem = vec![0u8; len];
+    let mode = if reduce {
+        SinkMode::ReduceInPlace
+    } else {
+        SinkMode::Copy
+    };
+    // SAFETY: `mem` is valid for `len` bytes and outlives the job, dropped
+    // before `mem` is returned; nothing else touches it meanwhile.
+    let sink = unsafe { Sink::new(mem.as_mut_ptr(), len, mode, DType::I32, ElemOp::Sum) };
+    let mut job = RecvJob::new(meta(DType::I32, len / 4), sink);
+    let limit = Instant::now() + Duration::from_secs(10);
+    while !job.done {
+        if !link.recv_progress(&mut job)? {
+            assert!(Instant::now() < limit, "hang: no outcome within 10 s");
+            wait_readable(link);
+        }
+    }
+    drop(job);
+    Ok(mem)
 }
