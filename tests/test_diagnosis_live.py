@@ -128,6 +128,43 @@ def test_a_rank_frozen_inside_the_operation_is_named_live(transport):
         assert d["round"] == 1, d
 
 
+def _error_during_a_second_round(comm):
+    import cadence
+
+    x = np.ones(16, dtype=np.float32)
+    comm.allreduce(x)
+    comm.barrier()
+    out = {}
+    # A verdict on the hang is held, then another stuck operation opens a
+    # second round (whose coordinator may fail and never publish): an error
+    # raised now carries the verdict at once.
+    comm._c._set_diagnosis({"class": "comm_hang", "verdict": "held"})
+    comm._c._diagnosis_pending(30.0)
+    comm._c.abort("test: fail this rank")
+    t0 = time.monotonic()
+    with pytest.raises(cadence.CommError) as e:
+        comm.allreduce(x)
+    out["held"] = (time.monotonic() - t0, e.value.diagnosis)
+    # With no verdict held, the error waits for the round's (bounded).
+    comm._c._set_diagnosis(None, 0.8)
+    t0 = time.monotonic()
+    with pytest.raises(cadence.CommError) as e:
+        comm.allreduce(x)
+    out["none"] = (time.monotonic() - t0, e.value.diagnosis)
+    return out
+
+
+def test_an_error_during_a_second_round_keeps_the_verdict_it_holds():
+    res = run_ranks(_error_during_a_second_round, 2, transport="shm", env=LIVE,
+                    op_timeout=OP_TIMEOUT, timeout=60)
+    for r in range(2):
+        assert res[r][0] == "ok", res
+        waited, verdict = res[r][1]["held"]
+        assert waited < 0.5 and verdict == {"class": "comm_hang", "verdict": "held"}, res[r]
+        waited, verdict = res[r][1]["none"]
+        assert 0.6 < waited < 3.0 and verdict is None, res[r]
+
+
 def _healthy(comm):
     logs = _capture()
     x = np.ones(4096, dtype=np.float32)

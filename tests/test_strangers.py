@@ -219,14 +219,17 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
     count = lambda pat: sum(pat in w for w in warns)  # noqa: E731
     assert count("not a cadence handshake") == 3, warns  # zeros, random, HTTP
     assert count("sent nothing") == 1, warns  # idle
-    # The wrong secret, and the replay: the handshake judges it when its proof
-    # arrives before the late rank's streams, and set-up's end closes it when
-    # they win the race (both happen on a loaded 2-core machine; the
-    # handshake's own refusal of a replay is proven deterministically by
-    # handshake.rs's replayed_client_transcript_fails_against_a_new_nonce).
-    # The recording connection hung up.
+    # The wrong secret, the replay, and the connection that recorded the
+    # replay's transcript and hung up. In a Python job rank 0 starts accepting
+    # only once every rank's address is in the store, i.e. when the late rank
+    # starts, so each stranger's last message races the late rank's streams:
+    # the handshake judges it when it arrives first, set-up's end drops it
+    # when the streams win (on a loaded 2-core CI machine all three went that
+    # way). Either way each is named exactly once. The handshake's verdicts
+    # themselves are proven without the race by crates/cadence-core/tests/
+    # strangers.rs, which accepts while the late rank sleeps.
     proved = count("failed to prove membership")
+    hung_up = count("closed the connection during the handshake")
     unfinished = count("did not complete the handshake before set-up finished")
-    assert proved >= 1 and proved + unfinished == 2, warns
-    assert count("closed the connection during the handshake") == 1, warns
+    assert proved <= 2 and hung_up <= 1 and proved + hung_up + unfinished == 3, warns
     assert len(warns) == 7, warns

@@ -752,6 +752,18 @@ impl PyComm {
         self.diag.changed.notify_all();
     }
 
+    /// For the live watchdog: a round is being worked out for `pending_s`
+    /// seconds. Unlike `_set_diagnosis(None, s)` it keeps a verdict already
+    /// held: that one is about the hang still going on (the watchdog clears
+    /// verdicts on recovery), and an error raised now must not wait for a
+    /// second round that another stuck operation opened, whose coordinator
+    /// may fail and leave before it publishes.
+    fn _diagnosis_pending(&self, pending_s: f64) {
+        let mut st = self.diag.state.lock().unwrap();
+        st.pending_until = Some(Instant::now() + Duration::from_secs_f64(pending_s.max(0.0)));
+        self.diag.changed.notify_all();
+    }
+
     /// Finishes queued operations and stops the progress thread.
     fn close(&self, py: Python<'_>) {
         let comm = self.comm.clone();

@@ -442,8 +442,9 @@ class Watchdog:
         w.rounds[r] = _Round(r, coordinator, now + w.gather if coordinator else None,
                              now + w.gather + VERDICT_SLACK_S)
         w.last_round_at = now
-        # A CommError raised while the verdict is worked out waits for it.
-        core._set_diagnosis(None, w.gather + VERDICT_SLACK_S)
+        # A CommError raised while the verdict is worked out waits for it,
+        # unless this rank already holds a verdict on the hang.
+        core._diagnosis_pending(w.gather + VERDICT_SLACK_S)
 
     def _coordinate(self, w: _Watched, rnd: _Round, now: float) -> None:
         count = int(w.store.add(w.key(rnd.number, "count"), 0))
