@@ -3,8 +3,12 @@
 Each host is a network namespace with --nics interfaces; interface k of every
 host joins bridge k (one rail per NIC index) in a switch namespace of the
 cluster's own; every link is rate-limited in both directions (tc tbf on both
-ends of its veth pair). Addresses are 10.77.<nic>.<host+1>/24 and exist only
-inside the cluster's namespaces. Everything needs root.
+ends of its veth pair). With --racks R, each rail is a leaf/spine tree: hosts
+join their rack's leaf bridge, and each leaf reaches the spine through an
+uplink of --uplink-rate (oversubscribed when slower than its hosts' links
+together); --placement deals hosts to racks. Addresses are
+10.77.<nic>.<host+1>/24 and exist only inside the cluster's namespaces.
+Everything needs root.
 
   up      create the cluster, or bring an existing one back to this description
   down    remove everything the cluster is made of
@@ -16,6 +20,8 @@ examples:
   cadence cluster up --name tb --hosts 4 --nics 1 --rate 1gbit
   cadence cluster link --name tb --host 2 --nic 0 --rate 500mbit
   cadence cluster link --name tb --host 2 --nic 0 --down
+  cadence cluster up --name tr --hosts 4 --racks 2 --uplink-rate 250mbit --placement interleaved
+  cadence cluster link --name tr --rack 1 --rate 100mbit
   cadence cluster run --name tb --ranks-per-host 2 -- python train.py
   cadence cluster down --name tb
 """
@@ -37,6 +43,13 @@ NAME = "cluster"
 HELP = "an emulated multi-host cluster (network namespaces): up, down, status, link, run"
 
 
+def _rack_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of racks: {text}") from None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -53,6 +66,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--nics", type=_positive, default=1, help="NICs (rails) per host (1)")
     up.add_argument("--rate", default="1gbit", help="every link's rate, each direction (1gbit)")
     up.add_argument("--mtu", type=int, default=testbed.cluster.DEFAULT_MTU, help="MTU (1500)")
+    up.add_argument("--racks", type=_positive, default=1,
+                    help="racks (leaf switches) the hosts are spread over (1: one switch)")
+    up.add_argument("--uplink-rate",
+                    help="each rack's uplink to the spine, each direction (default: --rate)")
+    up.add_argument("--placement", choices=testbed.cluster.PLACEMENTS, default="blocked",
+                    help="how hosts are dealt to racks: blocked (h0.. in rack 0), interleaved "
+                         "(host i in rack i mod R), random (balanced, --seed) (blocked)")
+    up.add_argument("--seed", type=int, default=0, help="seed of --placement random (0)")
+    up.add_argument("--rack-of", type=_rack_list,
+                    help="each host's rack, comma-separated (overrides --placement)")
 
     down = sub.add_parser("down", help="remove the cluster and everything it made")
     down.add_argument("--name", required=True)
@@ -63,7 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     link = sub.add_parser("link", help="change one link now: --rate, --down or --up")
     link.add_argument("--name", required=True)
-    link.add_argument("--host", type=int, required=True, help="host index")
+    which = link.add_mutually_exclusive_group(required=True)
+    which.add_argument("--host", type=int, help="host index")
+    which.add_argument("--rack", type=int, help="a rack's uplink instead of a host's link")
     link.add_argument("--nic", type=int, default=0, help="NIC index (0)")
     link.add_argument("--rate", help="new rate, both directions (e.g. 500mbit)")
     state = link.add_mutually_exclusive_group()
@@ -96,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    cluster = testbed.build(args.name, args.hosts, args.nics, args.rate, args.mtu)
+    racks = max(args.rack_of) + 1 if args.rack_of else args.racks
+    cluster = testbed.build(args.name, args.hosts, args.nics, args.rate, args.mtu, racks=racks,
+                            uplink_rate=args.uplink_rate, placement=args.placement,
+                            seed=args.seed, rack_of=args.rack_of)  # fmt: skip
     created = testbed.up(cluster)
     print(f"cluster {cluster.name}: {'created' if created else 'already up; restored'}")
     _print_status(cluster)
@@ -127,6 +155,12 @@ def _status(args: argparse.Namespace) -> int:
 
 def _status_json(cluster: testbed.Cluster) -> dict:
     data = cluster.to_json()
+    data["uplinks"] = [
+        {"rack": s.uplink.rack, "nic": s.uplink.nic, "leaf": s.uplink.leaf,
+         "spine": s.uplink.spine, "hosts": [h.index for h in s.hosts], "state": s.state,
+         "rate_out": s.rate_out, "rate_in": s.rate_in}
+        for s in testbed.uplink_states(cluster)
+    ]  # fmt: skip
     data["links"] = [
         {"host": s.host.index, "host_name": s.host.name, "nic": s.nic.index,
          "ifname": s.nic.ifname, "address": s.nic.address, "state": s.state,
@@ -141,6 +175,8 @@ def _print_status(cluster: testbed.Cluster) -> None:
         f"cluster {cluster.name}: {len(cluster.hosts)} hosts x {cluster.nics} NIC(s), "
         f"{cluster.rate} links, MTU {cluster.mtu}, switch namespace {cluster.switch}"
     )
+    if cluster.racks > 1:
+        _print_racks(cluster)
     rows = [("host", "netns", "nic", "address", "rate out", "rate in", "state")]
     for s in testbed.link_states(cluster):
         rows.append((
@@ -152,6 +188,20 @@ def _print_status(cluster: testbed.Cluster) -> None:
         print("  " + "  ".join(f"{cell:<{w}}" for cell, w in zip(r, widths, strict=True)).rstrip())
 
 
+def _print_racks(cluster: testbed.Cluster) -> None:
+    """The wiring: which hosts hang off which leaf, and each leaf's uplink
+    against what its hosts could send together (the oversubscription)."""
+    hosts_rate = lambda j: len(cluster.rack_hosts(j)) * cluster.rate_bits  # noqa: E731
+    print(f"  {cluster.racks} racks ({cluster.placement} placement), leaf/spine per rail; "
+          f"uplinks {format_rate(cluster.uplink_bits)} each way")  # fmt: skip
+    for s in testbed.uplink_states(cluster):
+        u = s.uplink
+        over = hosts_rate(u.rack) / s.rate_out if s.rate_out else 0
+        print(f"  rack {u.rack} rail {u.nic}: {' '.join(h.name for h in s.hosts)} -> "
+              f"{u.leaf} =[{u.leaf_port}/{u.spine_port}: out {_rate(s.rate_out)}, "
+              f"in {_rate(s.rate_in)}, {s.state}, {over:.1f}:1]= {u.spine}")  # fmt: skip
+
+
 def _rate(bits: int | None) -> str:
     return "unlimited" if bits is None else format_rate(bits)
 
@@ -161,6 +211,11 @@ def _link(args: argparse.Namespace) -> int:
         print("cadence cluster link: say what to change: --rate, --down or --up", file=sys.stderr)
         return 2
     cluster = testbed.require(args.name)
+    if args.rack is not None:
+        u = testbed.set_uplink(cluster, args.rack, args.nic, rate=args.rate, up=args.up)
+        print(f"cluster {cluster.name}: rack {args.rack} uplink on rail {args.nic}: {u.state}, "
+              f"out {_rate(u.rate_out)}, in {_rate(u.rate_in)}")  # fmt: skip
+        return 0
     s = testbed.set_link(cluster, args.host, args.nic, rate=args.rate, up=args.up)
     print(f"cluster {cluster.name}: {s.host.name} {s.nic.ifname} ({s.nic.address}): "
           f"{s.state}, out {_rate(s.rate_out)}, in {_rate(s.rate_in)}")  # fmt: skip

@@ -5,6 +5,8 @@
     testbed.up(cluster)                               # idempotent
     testbed.set_link(cluster, host=2, nic=0, rate="200mbit")
     testbed.set_link(cluster, host=2, nic=0, up=False)   # cut it
+    racked = testbed.build("tr", hosts=4, nics=1, rate="1gbit", racks=2,
+                           uplink_rate="250mbit", placement="interleaved")
     result = testbed.jobs.run(cluster, 2, ["python", "train.py"], timeout=600)
     testbed.down("tb")
 
@@ -19,6 +21,8 @@ from cadence.testbed.cluster import (
     Host,
     LinkState,
     Nic,
+    Uplink,
+    UplinkState,
     build,
     down,
     link_states,
@@ -26,11 +30,14 @@ from cadence.testbed.cluster import (
     names,
     require,
     set_link,
+    set_uplink,
     up,
+    uplink_states,
 )
 from cadence.testbed.iproute import ROOT_MESSAGE, TestbedError, check_root
 
 __all__ = [
-    "Cluster", "Host", "LinkState", "Nic", "ROOT_MESSAGE", "TestbedError", "build",
-    "check_root", "down", "jobs", "link_states", "load", "names", "require", "set_link", "up",
+    "Cluster", "Host", "LinkState", "Nic", "ROOT_MESSAGE", "TestbedError", "Uplink",
+    "UplinkState", "build", "check_root", "down", "jobs", "link_states", "load", "names",
+    "require", "set_link", "set_uplink", "up", "uplink_states",
 ]  # fmt: skip

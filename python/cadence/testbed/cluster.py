@@ -14,6 +14,16 @@ Model (one cluster, `H` hosts, `K` NICs per host):
   qdisc, so the link is rate-limited in both directions; cutting it sets the
   switch port down, which drops the carrier on the host side, as a pulled cable
   would.
+- **racks** (`racks` > 1): each rail is a two-level tree. Host i's port joins
+  the leaf bridge `rail<k>r<j>` of its rack j; each leaf joins the spine bridge
+  `rail<k>` through an **uplink**, a veth pair `up<j>k<k>` (leaf side) /
+  `dn<j>k<k>` (spine side) rate-limited both ways like a host link. Uplinks
+  slower than the sum of their hosts' links are oversubscribed, as in real
+  clusters. One L2 segment per rail all the same (a tree has no loops), so
+  addresses do not change. `placement` says how hosts are dealt to racks:
+  `blocked` (hosts 0..H/R-1 in rack 0, ...), `interleaved` (host i in rack
+  i mod R, as a scheduler hands out hosts: rank order alternates racks), or
+  `random` (a seeded shuffle of the interleaved deal, so racks stay balanced).
 
 The state file `/run/cadence/<name>.json` records the cluster (written before
 anything is made, so that `down` can always find what to remove); `/run` is a
@@ -26,6 +36,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -49,6 +60,8 @@ MAX_HOSTS = 254
 MAX_NICS = 16
 DEFAULT_MTU = 1500
 STATE_VERSION = 1
+MAX_RACKS = 64
+PLACEMENTS = ("blocked", "interleaved", "random")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,23}$")
 
 
@@ -74,11 +87,43 @@ class Host:
 
 
 @dataclass(frozen=True)
+class Uplink:
+    """Rack `rack`'s link from its leaf bridge to the spine on rail `nic`."""
+
+    rack: int
+    nic: int
+    leaf: str  # the rack's bridge on this rail
+    spine: str  # the rail's spine bridge
+    leaf_port: str  # veth end on the leaf (shapes what the rack sends out)
+    spine_port: str  # veth end on the spine (shapes what the rack receives)
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     rate_bits: int
     mtu: int
     hosts: tuple[Host, ...]
+    #: rack_of[i]: host i's rack; all zeros with one rack (a single switch).
+    rack_of: tuple[int, ...] = ()
+    #: Every uplink's rate, each direction; None with one rack.
+    uplink_bits: int | None = None
+    placement: str = "blocked"
+
+    @property
+    def racks(self) -> int:
+        return max(self.rack_of, default=0) + 1
+
+    @property
+    def uplinks(self) -> list[Uplink]:
+        """Every rack's uplink on every rail (none with one rack)."""
+        if self.racks < 2:
+            return []
+        return [Uplink(j, k, leaf_bridge(k, j), f"rail{k}", f"up{j}k{k}", f"dn{j}k{k}")
+                for k in range(self.nics) for j in range(self.racks)]  # fmt: skip
+
+    def rack_hosts(self, rack: int) -> list[Host]:
+        return [h for h in self.hosts if self.rack_of[h.index] == rack]
 
     @property
     def nics(self) -> int:
@@ -90,7 +135,9 @@ class Cluster:
 
     @property
     def bridges(self) -> list[str]:
-        return [nic.bridge for nic in self.hosts[0].nics]
+        """Every bridge: one per rail, plus one leaf per rack and rail."""
+        spines = [f"rail{k}" for k in range(self.nics)]
+        return spines + [u.leaf for u in self.uplinks]
 
     @property
     def master_addr(self) -> str:
@@ -119,6 +166,10 @@ class Cluster:
             "rate": self.rate,
             "mtu": self.mtu,
             "switch": self.switch,
+            "racks": self.racks,
+            "rack_of": list(self.rack_of),
+            "uplink_rate": None if self.uplink_bits is None else format_rate(self.uplink_bits),
+            "placement": self.placement,
             "hosts": [
                 {"name": h.name, "netns": h.netns,
                  "nics": [{"ifname": n.ifname, "address": n.address, "bridge": n.bridge,
@@ -131,8 +182,12 @@ class Cluster:
     def from_json(cls, data: dict) -> Cluster:
         if data.get("version") != STATE_VERSION:
             raise TestbedError(f"cluster state of version {data.get('version')} is not readable")
+        rack_of = data.get("rack_of")  # absent: a cluster from before racks
         return build(data["name"], len(data["hosts"]), len(data["hosts"][0]["nics"]),
-                     data["rate"], data["mtu"])  # fmt: skip
+                     data["rate"], data["mtu"], racks=data.get("racks", 1),
+                     uplink_rate=data.get("uplink_rate"),
+                     placement=data.get("placement", "blocked"),
+                     rack_of=rack_of)  # fmt: skip
 
 
 def check_name(name: str) -> str:
@@ -148,8 +203,32 @@ def switch_netns(name: str) -> str:
     return f"{NETNS_PREFIX}{name}-sw"
 
 
-def build(name: str, hosts: int, nics: int, rate: str, mtu: int = DEFAULT_MTU) -> Cluster:
-    """The cluster such a command describes (nothing is made here)."""
+def leaf_bridge(nic: int, rack: int) -> str:
+    return f"rail{nic}r{rack}"
+
+
+def place(hosts: int, racks: int, placement: str, seed: int | None = None) -> list[int]:
+    """Each host's rack (see the module comment for the placements)."""
+    if placement not in PLACEMENTS:
+        raise TestbedError(f"--placement must be one of {', '.join(PLACEMENTS)}, not {placement!r}")
+    if placement == "blocked":
+        per = -(-hosts // racks)
+        return [i // per for i in range(hosts)]
+    dealt = [i % racks for i in range(hosts)]
+    if placement == "random":
+        random.Random(seed).shuffle(dealt)
+    return dealt
+
+
+def build(
+    name: str, hosts: int, nics: int, rate: str, mtu: int = DEFAULT_MTU, *,
+    racks: int = 1, uplink_rate: str | None = None, placement: str = "blocked",
+    seed: int | None = None, rack_of: list[int] | None = None,
+) -> Cluster:  # fmt: skip
+    """The cluster such a command describes (nothing is made here). With
+    `racks` > 1 hosts are dealt to racks by `placement` (or exactly as
+    `rack_of` says) and every rack reaches the others through an uplink of
+    `uplink_rate` (default: the host links' rate)."""
     check_name(name)
     if not 1 <= hosts <= MAX_HOSTS:
         raise TestbedError(f"--hosts must be 1..{MAX_HOSTS}, not {hosts}")
@@ -157,10 +236,19 @@ def build(name: str, hosts: int, nics: int, rate: str, mtu: int = DEFAULT_MTU) -
         raise TestbedError(f"--nics must be 1..{MAX_NICS}, not {nics}")
     if not 576 <= mtu <= 65_000:
         raise TestbedError(f"--mtu must be 576..65000, not {mtu}")
+    if not 1 <= racks <= min(MAX_RACKS, hosts):
+        raise TestbedError(f"--racks must be 1..{min(MAX_RACKS, hosts)} (at most one per "
+                           f"host), not {racks}")  # fmt: skip
     try:
         bits = parse_rate(rate)
+        up_bits = parse_rate(uplink_rate) if uplink_rate else bits
     except ValueError as e:
         raise TestbedError(str(e)) from None
+    if rack_of is None:
+        rack_of = place(hosts, racks, placement, seed)
+    if len(rack_of) != hosts or sorted(set(rack_of)) != list(range(racks)):
+        raise TestbedError(f"rack_of {rack_of} must give each of {hosts} hosts one of "
+                           f"racks 0..{racks - 1}, each used")  # fmt: skip
     return Cluster(
         name=name,
         rate_bits=bits,
@@ -171,12 +259,17 @@ def build(name: str, hosts: int, nics: int, rate: str, mtu: int = DEFAULT_MTU) -
                 name=f"{name}-h{i}",
                 netns=f"{NETNS_PREFIX}{name}-h{i}",
                 nics=tuple(
-                    Nic(k, f"eth{k}", f"h{i}e{k}", f"rail{k}", f"{SUBNET}.{k}.{i + 1}")
+                    Nic(k, f"eth{k}", f"h{i}e{k}",
+                        leaf_bridge(k, rack_of[i]) if racks > 1 else f"rail{k}",
+                        f"{SUBNET}.{k}.{i + 1}")  # fmt: skip
                     for k in range(nics)
                 ),
             )
             for i in range(hosts)
         ),
+        rack_of=tuple(rack_of),
+        uplink_bits=up_bits if racks > 1 else None,
+        placement=placement if racks > 1 else "blocked",
     )
 
 
@@ -221,10 +314,19 @@ def require(name: str) -> Cluster:
     if missing:
         raise TestbedError(
             f"cluster {name} is broken ({', '.join(missing)} missing); run "
-            f"`cadence cluster up --name {name} --hosts {len(cluster.hosts)} "
-            f"--nics {cluster.nics}` to repair it, or `down` to remove it"
+            f"`cadence cluster up --name {name} {up_arguments(cluster)}` to repair it, "
+            "or `down` to remove it"
         )
     return cluster
+
+
+def up_arguments(cluster: Cluster) -> str:
+    """The `cluster up` arguments that describe `cluster` (for messages)."""
+    args = f"--hosts {len(cluster.hosts)} --nics {cluster.nics} --rate {cluster.rate}"
+    if cluster.racks > 1:
+        args += (f" --racks {cluster.racks} --uplink-rate {format_rate(cluster.uplink_bits)}"
+                 f" --rack-of {','.join(map(str, cluster.rack_of))}")
+    return args
 
 
 def names() -> list[str]:
@@ -253,10 +355,12 @@ def up(cluster: Cluster) -> bool:
     iproute.check_tools()
     with locked():
         old = load(cluster.name)
-        if old is not None and (len(old.hosts), old.nics) != (len(cluster.hosts), cluster.nics):
+        shape = lambda c: (len(c.hosts), c.nics, c.rack_of)  # noqa: E731
+        if old is not None and shape(old) != shape(cluster):
             raise TestbedError(
-                f"cluster {cluster.name} exists with {len(old.hosts)} hosts x {old.nics} NICs; "
-                f"remove it first: cadence cluster down --name {cluster.name}"
+                f"cluster {cluster.name} exists with {len(old.hosts)} hosts x {old.nics} NICs "
+                f"in {old.racks} rack(s) {list(old.rack_of)}; remove it first: "
+                f"cadence cluster down --name {cluster.name}"
             )
         present = iproute.namespaces()
         fresh = not any(ns in present for ns in cluster.namespaces)
@@ -281,10 +385,20 @@ def _realize(cluster: Cluster, present: set[str]) -> None:
                          "net.ipv6.conf.default.disable_ipv6=1")  # fmt: skip
         iproute.ip(ns, "link", "set", "lo", "up")
     sw = cluster.switch
+    mtu = ("mtu", str(cluster.mtu))
     for bridge in cluster.bridges:
         if not iproute.link_exists(sw, bridge):
             iproute.ip(sw, "link", "add", bridge, "type", "bridge")
-        iproute.ip(sw, "link", "set", bridge, "mtu", str(cluster.mtu), "up")
+        iproute.ip(sw, "link", "set", bridge, *mtu, "up")
+    for u in cluster.uplinks:
+        if not iproute.link_exists(sw, u.leaf_port):
+            iproute.ip(sw, "link", "add", u.leaf_port, "type", "veth", "peer", "name",
+                       u.spine_port)  # fmt: skip
+        iproute.ip(sw, "link", "set", u.leaf_port, *mtu, "master", u.leaf)
+        iproute.ip(sw, "link", "set", u.spine_port, *mtu, "master", u.spine)
+        _set_uplink_rate(cluster, u, cluster.uplink_bits)
+        iproute.ip(sw, "link", "set", u.leaf_port, "up")
+        iproute.ip(sw, "link", "set", u.spine_port, "up")
     for host in cluster.hosts:
         for nic in host.nics:
             if not iproute.link_exists(sw, nic.port):
@@ -292,7 +406,6 @@ def _realize(cluster: Cluster, present: set[str]) -> None:
                 # born where they live.
                 iproute.ip(sw, "link", "add", nic.port, "type", "veth",
                            "peer", "name", nic.ifname, "netns", host.netns)  # fmt: skip
-            mtu = ("mtu", str(cluster.mtu))
             iproute.ip(sw, "link", "set", nic.port, *mtu, "master", nic.bridge)
             iproute.ip(host.netns, "link", "set", nic.ifname, *mtu)
             iproute.ip(host.netns, "addr", "replace", nic.cidr, "dev", nic.ifname)
@@ -308,6 +421,14 @@ def _set_rate(cluster: Cluster, host: Host, nic: Nic, bits: int) -> None:
     bucket = Bucket.for_rate(bits, cluster.mtu)
     iproute.tc(host.netns, "qdisc", "replace", "dev", nic.ifname, "root", *bucket.tc_args())
     iproute.tc(cluster.switch, "qdisc", "replace", "dev", nic.port, "root", *bucket.tc_args())
+
+
+def _set_uplink_rate(cluster: Cluster, u: Uplink, bits: int) -> None:
+    """tbf on both ends: the leaf side shapes what the rack sends out, the
+    spine side what it receives."""
+    bucket = Bucket.for_rate(bits, cluster.mtu)
+    for port in (u.leaf_port, u.spine_port):
+        iproute.tc(cluster.switch, "qdisc", "replace", "dev", port, "root", *bucket.tc_args())
 
 
 def _write_hosts_file(cluster: Cluster, host: Host) -> None:
@@ -427,6 +548,64 @@ def _tbf_rate(netns: str, ifname: str) -> int | None:
     if not qdisc or qdisc.get("kind") != "tbf":
         return None
     return int(qdisc["options"]["rate"]) * 8  # tc's JSON gives bytes per second
+
+
+@dataclass(frozen=True)
+class UplinkState:
+    uplink: Uplink
+    hosts: list[Host]
+    state: str  # "up", "down" (cut), or what the kernel says
+    rate_out: int | None  # bit/s the rack may send to the others (tbf on the leaf end)
+    rate_in: int | None  # bit/s the rack may receive from them (tbf on the spine end)
+
+
+def uplink_states(cluster: Cluster) -> list[UplinkState]:
+    """What the kernel says about every rack's uplinks (none with one rack)."""
+    if not cluster.uplinks:
+        return []
+    ports = {d["ifname"]: d for d in iproute.links(cluster.switch)}
+    states = []
+    for u in cluster.uplinks:
+        leaf, spine = ports.get(u.leaf_port), ports.get(u.spine_port)
+        if leaf is None or spine is None:
+            state = "missing"
+        elif "UP" not in leaf.get("flags", []) or "UP" not in spine.get("flags", []):
+            state = "down"
+        else:
+            state = leaf.get("operstate", "unknown").lower()
+        states.append(UplinkState(
+            u, cluster.rack_hosts(u.rack), state,
+            _tbf_rate(cluster.switch, u.leaf_port) if leaf else None,
+            _tbf_rate(cluster.switch, u.spine_port) if spine else None,
+        ))  # fmt: skip
+    return states
+
+
+def set_uplink(
+    cluster: Cluster, rack: int, nic: int, *, rate: str | None = None, up: bool | None = None
+) -> UplinkState:
+    """Change one rack's uplink on one rail now: its rate in both directions,
+    and/or cut it (both ends go down) or restore it."""
+    iproute.check_root()
+    if cluster.racks < 2:
+        raise TestbedError(f"cluster {cluster.name} has one rack (no uplinks); "
+                           "make one with `cluster up --racks R`")  # fmt: skip
+    if not 0 <= rack < cluster.racks:
+        raise TestbedError(f"cluster {cluster.name} has racks 0..{cluster.racks - 1}, not {rack}")
+    if not 0 <= nic < cluster.nics:
+        raise TestbedError(f"cluster {cluster.name} has NICs 0..{cluster.nics - 1}, not {nic}")
+    u = next(x for x in cluster.uplinks if (x.rack, x.nic) == (rack, nic))
+    with locked():
+        if rate is not None:
+            try:
+                bits = parse_rate(rate)
+            except ValueError as e:
+                raise TestbedError(str(e)) from None
+            _set_uplink_rate(cluster, u, bits)
+        if up is not None:
+            for port in (u.leaf_port, u.spine_port):
+                iproute.ip(cluster.switch, "link", "set", port, "up" if up else "down")
+    return next(s for s in uplink_states(cluster) if s.uplink == u)
 
 
 def set_link(
