@@ -3,8 +3,9 @@
 //!
 //! Terms (see `topology.rs` for host, local rank, uniform):
 //! - **local ring**: the ranks of one host, in local-rank order.
-//! - **column**: the ranks with one local rank, one per host, host by host;
-//!   with L ranks per host there are L columns, each its own cross-host ring.
+//! - **column**: the ranks with one local rank, one per host, in the
+//!   topology's host order; with L ranks per host there are L columns, each
+//!   its own cross-host ring.
 //!
 //! Allreduce with L ranks per host and H hosts, in three stages:
 //! 1. reduce-scatter inside each host over L chunks: local rank ℓ ends with
@@ -180,8 +181,15 @@ pub(crate) fn reduce_scatter(plan: &mut Plan, topo: &Topology, counts: &[usize])
         .collect();
     plan.need_scratch(at);
     reduce_scatter_groups(plan, &local, &own_local, at, &partial);
-    // `column` is in host order, so host h's member's block is partial[h].
-    let own_cross = |x: usize| vec![partial[topo.host_of(x)]];
+    // `partial` follows `column` (the topology's host order, which need not
+    // be host index order).
+    let own_cross = |x: usize| {
+        let at = column
+            .iter()
+            .position(|&c| c == x)
+            .expect("x is in the column");
+        vec![partial[at]]
+    };
     reduce_scatter_groups(plan, &cross, &own_cross, at, &[out]);
 }
 

@@ -310,7 +310,7 @@ pub fn build_on(
             two_stage::broadcast(&mut plan, count, root)
         }
         (CollKind::Broadcast, Algo::PipelinedChain) => {
-            pipelined_chain::broadcast(&mut plan, count, root)
+            pipelined_chain::broadcast(&mut plan, topo, count, root)
         }
         (CollKind::AllGather, Algo::Ring) => ring::allgather(&mut plan, topo, counts),
         (CollKind::AllGather, Algo::Direct) => direct::allgather(&mut plan, counts),

@@ -1,9 +1,12 @@
-//! Pipelined chain broadcast: the data flows down the chain root → root+1 →
-//! … → root-1 in segments, so every link works at once.
+//! Pipelined chain broadcast: the data flows down the chain in segments, so
+//! every link works at once. The chain is the topology's
+//! (`Topology::chain_from`): root → root+1 → … → root-1 on one host, and
+//! across hosts the ring order from the root on, leaving the root's host
+//! once.
 //!
 //! Terms:
-//! - **chain position** i = (rank - root) mod n: the root is 0, and position
-//!   i receives from i-1 and sends to i+1 (the last sends to nobody).
+//! - **chain position** i: the root is 0, and position i receives from i-1
+//!   and sends to i+1 (the last sends to nobody).
 //! - **segment**: one of S balanced pieces of the buffer (see
 //!   [`segments_for`]).
 //! - **slot** t: one phase of every rank. In slot t position i sends segment
@@ -19,7 +22,8 @@
 //! the first segment to reach the end.
 
 use super::ir::Buf;
-use super::plan::{to_virtual, Blocks, Plan};
+use super::plan::{Blocks, Plan};
+use super::topology::Topology;
 
 /// Elements per segment aimed at for large buffers.
 const SEGMENT_ELEMS: usize = 1 << 15;
@@ -41,10 +45,14 @@ fn segments_for(count: usize, n: usize) -> usize {
         .min(count)
 }
 
-pub(crate) fn broadcast(plan: &mut Plan, count: usize, root: usize) {
+pub(crate) fn broadcast(plan: &mut Plan, topo: &Topology, count: usize, root: usize) {
     let n = plan.nranks;
-    let i = to_virtual(plan.rank, root, n);
-    let (next, prev) = ((plan.rank + 1) % n, (plan.rank + n - 1) % n);
+    let chain = topo.chain_from(root);
+    let i = chain
+        .iter()
+        .position(|&r| r == plan.rank)
+        .expect("every rank is on the chain");
+    let (next, prev) = (chain[(i + 1) % n], chain[(i + n - 1) % n]);
     let s = segments_for(count, n);
     if s == 0 {
         return;

@@ -1390,6 +1390,78 @@ mod tests {
         assert!(runs > 100);
     }
 
+    /// A deterministic shuffle (splitmix64), for the random ring orders.
+    fn shuffled(mut v: Vec<usize>, seed: u64) -> Vec<usize> {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        for i in (1..v.len()).rev() {
+            v.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        v
+    }
+
+    #[test]
+    fn every_algorithm_under_random_ring_orders() {
+        // A topology file can give rings any order: a host order from the
+        // path finder, or (the generators must not care) any permutation of
+        // the ranks. Large counts too, so ring steps are sliced across hosts.
+        let mut runs = 0;
+        for (t, topo) in topologies().into_iter().enumerate() {
+            let n = topo.nranks();
+            let hosts = shuffled((0..topo.nhosts()).collect(), t as u64);
+            let orders = [
+                topo.clone().with_host_order(&hosts).unwrap(),
+                topo.clone()
+                    .with_order(shuffled((0..n).collect(), 100 + t as u64))
+                    .unwrap(),
+            ];
+            for topo in orders {
+                for kind in CollKind::ALL {
+                    if matches!(kind, CollKind::Send | CollKind::Recv) {
+                        continue;
+                    }
+                    let patterns = count_patterns(kind, n);
+                    let big = 2 * 16 * 1024 * n + 5;
+                    let extra = match kind {
+                        CollKind::AllReduce | CollKind::Broadcast => vec![vec![big]],
+                        CollKind::AllGather | CollKind::ReduceScatter => vec![vec![big / n; n]],
+                        _ => vec![],
+                    };
+                    let extra = if n <= 4 { extra } else { vec![] };
+                    let chosen: Vec<Vec<usize>> = match kind {
+                        CollKind::AllToAll => patterns[5..6].to_vec(),
+                        _ => patterns
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| [0, 2, 4, 5, 6, 7].contains(i))
+                            .map(|(_, c)| c.clone())
+                            .chain(extra)
+                            .collect(),
+                    };
+                    for counts in chosen {
+                        let a = args(kind, n / 2, counts);
+                        for &algo in algos_for(kind) {
+                            if !applicable_on(&a, &topo, algo) {
+                                continue;
+                            }
+                            if let Err(e) = verify_on(&a, &topo, algo) {
+                                panic!("{e} on hosts {topo:?}");
+                            }
+                            runs += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(runs > 300, "{runs}");
+    }
+
     #[test]
     fn sliced_ring_steps() {
         // Chunks of two and three slices (and a ragged one), flat and across
