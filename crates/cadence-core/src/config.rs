@@ -2,6 +2,7 @@
 //! `CADENCE_` prefix). Unknown or malformed values are errors, not silently
 //! ignored: a typo in `CADENCE_ALGO` should not quietly benchmark the default.
 
+use crate::fabric::file::TopoFile;
 use crate::schedule::Algo;
 use crate::transport::shm::ShmConfig;
 use crate::tuning::TuningFile;
@@ -334,6 +335,10 @@ pub struct Config {
     /// depends on whether ranks outnumber cores). For measuring a machine.
     pub spin: Option<Duration>,
     pub yield_for: Option<Duration>,
+    /// The topology file in force (`CADENCE_TOPO_FILE`), with the hash of
+    /// its text: rings and chains follow the path finder's host order.
+    /// `CADENCE_TOPO_FILE=none` (or unset): the default order.
+    pub topo: Option<LoadedTopo>,
     /// `CADENCE_PATH_TIMEOUT`: how long one path of a TCP link (a NIC pair)
     /// may hold bytes while its peer answers nothing before its chunks go
     /// again on the other paths. Far below `timeout`.
@@ -344,6 +349,13 @@ pub struct Config {
 pub struct LoadedTuning {
     pub path: PathBuf,
     pub file: Arc<TuningFile>,
+    pub hash: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadedTopo {
+    pub path: PathBuf,
+    pub file: Arc<TopoFile>,
     pub hash: u64,
 }
 
@@ -359,6 +371,7 @@ impl Default for Config {
             dump_dir: None,
             debug: DebugLevel::Warn,
             tuning: None,
+            topo: None,
             calibrate: true,
             spin: None,
             yield_for: None,
@@ -464,6 +477,20 @@ impl Config {
                 })?;
                 let file = TuningFile::parse(&text, &path)?;
                 c.tuning = Some(LoadedTuning {
+                    path,
+                    file: Arc::new(file),
+                    hash: crate::tuning::text_hash(&text),
+                });
+            }
+        }
+        if let Some(v) = get("CADENCE_TOPO_FILE").filter(|v| !v.is_empty()) {
+            if !v.eq_ignore_ascii_case("none") {
+                let path = PathBuf::from(v);
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    format!("CADENCE_TOPO_FILE: cannot read {}: {e}", path.display())
+                })?;
+                let file = TopoFile::parse(&text, &path)?;
+                c.topo = Some(LoadedTopo {
                     path,
                     file: Arc::new(file),
                     hash: crate::tuning::text_hash(&text),
@@ -640,6 +667,12 @@ mod tests {
         assert!(missing.unwrap_err().contains("/nonexistent/t.json"));
         let off = Config::from_lookup(env(&[("CADENCE_TUNING_FILE", "none"), ("HOME", "/")]));
         assert!(off.unwrap().tuning.is_none());
+        let topo = Config::from_lookup(env(&[("CADENCE_TOPO_FILE", "/nonexistent/topo.json")]));
+        assert!(topo
+            .unwrap_err()
+            .starts_with("CADENCE_TOPO_FILE: cannot read /nonexistent/topo.json"));
+        let none = Config::from_lookup(env(&[("CADENCE_TOPO_FILE", "none")]));
+        assert!(none.unwrap().topo.is_none());
         let e = Config::from_lookup(env(&[("CADENCE_ALGO", "allreduce:ring:8K-1K")])).unwrap_err();
         assert!(e.contains("CADENCE_ALGO") && e.contains("8K-1K"), "{e}");
         let c = Config::from_lookup(env(&[

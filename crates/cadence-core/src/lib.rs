@@ -5,12 +5,14 @@
 //! [`transport`] (shared memory and TCP links), [`engine`] (runs schedules
 //! with deadlines), [`monitor`] (always-on operation records), [`comm`] (the
 //! communicator that ties them together), [`config`] (`CADENCE_*` variables),
-//! [`tuning`] (tables `cadence tune` measured).
+//! [`tuning`] (tables `cadence tune` measured), [`fabric`] (the network between
+//! hosts: measured model and path finder).
 
 pub mod comm;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod fabric;
 pub mod monitor;
 pub mod reduce;
 pub mod schedule;

@@ -874,6 +874,34 @@ fn algorithms(kind: &str) -> PyResult<Vec<&'static str>> {
         .collect())
 }
 
+/// The path finder on a topology file's text (`cadence topo show`, the
+/// profiler): for `hosts` (names in the file; default all of them, in file
+/// order), the widest ring's host order (indices into `hosts`), its
+/// bottleneck and that of `hosts`' own order (bytes/s per flow with every
+/// ring edge busy), and the chain from host 0.
+#[pyfunction]
+#[pyo3(signature = (text, hosts=None))]
+fn topo_ring(py: Python<'_>, text: &str, hosts: Option<Vec<String>>) -> PyResult<PyObject> {
+    use cadence_core::fabric::{file::TopoFile, pathfind};
+    let file =
+        TopoFile::parse(text, std::path::Path::new("<text>")).map_err(PyValueError::new_err)?;
+    let hosts = hosts.unwrap_or_else(|| file.hosts.clone());
+    let fabric = file.fabric_for(&hosts).map_err(PyValueError::new_err)?;
+    let (order, chain) = py.allow_threads(|| {
+        (
+            pathfind::widest_ring(&fabric),
+            pathfind::widest_chain(&fabric, 0),
+        )
+    });
+    let natural: Vec<usize> = (0..hosts.len()).collect();
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("score", fabric.ring_score(&order))?;
+    d.set_item("default_score", fabric.ring_score(&natural))?;
+    d.set_item("order", order)?;
+    d.set_item("chain", chain)?;
+    Ok(d.into_any().unbind())
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CommError", m.py().get_type::<CommError>())?;
@@ -881,6 +909,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Work>()?;
     m.add_class::<Bootstrap>()?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
+    m.add_function(wrap_pyfunction!(topo_ring, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ANY_SOURCE", ANY_SOURCE)?;
     Ok(())

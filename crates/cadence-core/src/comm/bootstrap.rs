@@ -40,6 +40,10 @@ pub struct PeerInfo {
     /// ranks that would choose algorithms differently must not start.
     #[serde(default)]
     pub tuning: String,
+    /// The topology file this rank loaded (`path#hash`, empty for none):
+    /// ranks that would order rings differently must not start.
+    #[serde(default)]
+    pub topo: String,
     pub pid: u32,
     /// The listener of its first NIC.
     pub addr: String,
@@ -65,6 +69,39 @@ impl PeerInfo {
 /// the host with fewer NICs has.
 pub fn paths_between(a: &PeerInfo, b: &PeerInfo) -> usize {
     a.nic_addrs().len().min(b.nic_addrs().len()).max(1)
+}
+
+/// When ranks loaded different files of one kind (their `path#hash` from
+/// `field`; different paths with the same text are fine), what to tell the
+/// user.
+fn differing_files(
+    infos: &[PeerInfo],
+    field: impl Fn(&PeerInfo) -> &String,
+    what: &str,
+    var: &str,
+    decides: &str,
+) -> Option<String> {
+    let hash_of = |t: &str| {
+        t.rsplit_once('#')
+            .map(|x| x.1.to_string())
+            .unwrap_or_default()
+    };
+    let first = field(&infos[0]);
+    let other = infos.iter().find(|p| hash_of(field(p)) != hash_of(first))?;
+    let name = |t: &str| {
+        if t.is_empty() {
+            format!("no {what}")
+        } else {
+            format!("{what} {t}")
+        }
+    };
+    Some(format!(
+        "ranks loaded different {what}s, so they would choose different {decides}: rank 0 \
+         has {}, rank {} has {} (copy one file to every host or set {var} alike)",
+        name(first),
+        other.rank,
+        name(field(other))
+    ))
 }
 
 /// The kernel's boot id: the same in every namespace of one machine.
@@ -164,6 +201,11 @@ impl Bootstrap {
                     .as_ref()
                     .map(|t| format!("{}#{:016x}", t.path.display(), t.hash))
                     .unwrap_or_default(),
+                topo: cfg
+                    .topo
+                    .as_ref()
+                    .map(|t| format!("{}#{:016x}", t.path.display(), t.hash))
+                    .unwrap_or_default(),
                 pid: std::process::id(),
                 addr: addrs[0].clone(),
                 addrs: if addrs.len() > 1 { addrs } else { Vec::new() },
@@ -214,30 +256,24 @@ impl Bootstrap {
                 "expected peer info for ranks 0..{n} in order"
             )));
         }
-        let hash_of = |t: &str| {
-            t.rsplit_once('#')
-                .map(|x| x.1.to_string())
-                .unwrap_or_default()
+        let tuning = differing_files(
+            &infos,
+            |p| &p.tuning,
+            "tuning table",
+            "CADENCE_TUNING_FILE",
+            "algorithms",
+        );
+        let topo = || {
+            differing_files(
+                &infos,
+                |p| &p.topo,
+                "topology file",
+                "CADENCE_TOPO_FILE",
+                "ring orders",
+            )
         };
-        if let Some(other) = infos
-            .iter()
-            .find(|p| hash_of(&p.tuning) != hash_of(&infos[0].tuning))
-        {
-            let what = |t: &str| {
-                if t.is_empty() {
-                    "no tuning table".to_string()
-                } else {
-                    format!("tuning table {t}")
-                }
-            };
-            return Err(fail(format!(
-                "ranks loaded different tuning tables, so they would choose different \
-                 algorithms: rank 0 has {}, rank {} has {} (copy one file to every host or \
-                 set CADENCE_TUNING_FILE alike)",
-                what(&infos[0].tuning),
-                other.rank,
-                what(&other.tuning)
-            )));
+        if let Some(m) = tuning.or_else(topo) {
+            return Err(fail(m));
         }
         let deadline = Instant::now() + self.cfg.timeout;
         let my_host = &infos[rank].host;

@@ -8,6 +8,7 @@
 mod bootstrap;
 mod calibrate;
 mod clock;
+pub mod order;
 mod p2p;
 pub mod select;
 
@@ -384,11 +385,12 @@ impl Comm {
         let recorder = Recorder::new(cfg.flight_recorder, cfg.record_messages);
         let links = engine.link_counters();
         let auto = {
-            let topo = Topology::from_hosts(&hosts);
+            let (topo, order) = order::choose(Topology::from_hosts(&hosts), &hosts, &cfg);
             let tuned = cfg.tuning.as_ref().and_then(|t| t.file.for_topology(&topo));
             let model = tuned.as_ref().and_then(|t| t.model);
             select::Auto {
                 topo,
+                order,
                 tuned,
                 model,
                 measured_at_start: false,
@@ -485,6 +487,13 @@ impl Comm {
             for line in select::table_lines(&s.cfg.algo, &s.auto, path.as_deref()) {
                 eprintln!("cadence rank {} INFO: {line}", s.rank);
             }
+            let o = &s.auto.order;
+            eprintln!(
+                "cadence rank {} INFO: ring order {}: {}",
+                s.rank,
+                o.hosts.join(" -> "),
+                o.why
+            );
         }
     }
 
@@ -1239,6 +1248,7 @@ impl Shared {
             "ops": ops,
             "links": links,
             "waits": waits,
+            "ring_order": self.auto.order,
         })
         .to_string()
         .into()

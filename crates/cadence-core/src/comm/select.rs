@@ -59,6 +59,8 @@ pub fn coll_bytes(args: &CollArgs, elem_size: usize) -> u64 {
 /// setting), else the size table of [`schedule::default_algo_on`].
 pub struct Auto {
     pub topo: Topology,
+    /// How `topo`'s ring order was chosen (see `order.rs`).
+    pub order: super::order::OrderChoice,
     pub tuned: Option<Tuned>,
     pub model: Option<CostModel>,
     /// The model was measured at start-up (else it is the tuning table's).
@@ -70,6 +72,7 @@ impl Auto {
     pub fn flat(nranks: usize) -> Auto {
         Auto {
             topo: Topology::single_host(nranks),
+            order: Default::default(),
             tuned: None,
             model: None,
             measured_at_start: false,
@@ -597,6 +600,7 @@ mod tests {
         };
         let auto = Auto {
             topo: topo.clone(),
+            order: Default::default(),
             tuned: Some(tuned.clone()),
             model: None,
             measured_at_start: false,
@@ -622,6 +626,7 @@ mod tests {
         // With a model, sizes the table does not cover go to the cheapest.
         let auto = Auto {
             topo,
+            order: Default::default(),
             tuned: Some(tuned),
             model: Some(CostModel::default()),
             measured_at_start: false,
