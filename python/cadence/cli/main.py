@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from cadence.cli import bench, cluster, doctor, soak, tune
+from cadence.cli import bench, cluster, doctor, soak, topo, tune
 
-COMMANDS = (bench, tune, cluster, soak, doctor)
+COMMANDS = (bench, tune, cluster, soak, doctor, topo)
 
 
 def build_parser() -> argparse.ArgumentParser:
