@@ -1,0 +1,118 @@
+"""Ring order from a measured topology against rank order, gloo and Open MPI
+(issue 14), on an emulated cluster with racks.
+
+Profiles the cluster once (`cadence topo profile`, timed), then for each
+collective runs `cadence bench` twice in this one run: cadence with rings in
+rank order (CADENCE_TOPO_FILE=none) beside gloo and Open MPI, and cadence
+with the profiled file. Prints one line per (collective, algorithm) with the
+ratios, and how far each is from what the uplinks allow.
+
+    cadence cluster up --name tr --hosts 4 --racks 2 --uplink-rate 250mbit \\
+        --placement interleaved
+    .venv/bin/python benchmarks/topology.py --cluster tr --size 64M
+
+--ranks-per-host 2 runs two ranks per host; pass --algo hierarchical there
+(its cross-host column rings follow the order; `auto` may pick an algorithm
+that keeps rank order, as the start-up cost model knows hosts but not racks).
+--algo picks cadence's algorithm (default: ring at one rank per host, auto
+otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OPS = ("allreduce", "allgather", "reduce_scatter")
+
+
+def _cadence(*args: str, env: dict | None = None, echo: bool = False) -> None:
+    cmd = [sys.executable, "-m", "cadence.cli.main", *args]
+    print("$ cadence", " ".join(args), flush=True)
+    proc = subprocess.run(cmd, env=env, text=True, capture_output=True)
+    if echo:
+        print(proc.stdout, end="", flush=True)
+    if proc.returncode != 0:
+        sys.exit(f"`cadence {' '.join(args)}` failed ({proc.returncode}):\n"
+                 f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+
+
+def _bench(cluster: str, rph: int, op: str, size: str, iters: int, backends: str,
+           algo: str | None, topo: str, workdir: Path) -> dict[str, float]:
+    """{backend: median seconds} of one `cadence bench` run."""
+    out = workdir / f"{op}-{topo.replace('/', '_')}-{backends.replace(',', '_')}.json"
+    args = ["bench", "--cluster", cluster, "--ranks-per-host", str(rph), "--op", op,
+            "-b", size, "-e", size, "-n", str(iters), "-w", "2", "--backends", backends,
+            "--json", str(out)]  # fmt: skip
+    if algo:
+        args += ["--algo", algo]
+    _cadence(*args, env=dict(os.environ, CADENCE_TOPO_FILE=topo))
+    got = {}
+    for rec in json.loads(out.read_text()):
+        if rec.get("wrong"):
+            sys.exit(f"{rec['backend']} {op}: {rec['wrong']} wrong elements")
+        got[rec["backend"]] = rec["time_us"] / 1e6
+    return got
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--ranks-per-host", type=int, default=1)
+    p.add_argument("--size", default="64M")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--algo", help="cadence's algorithm (default: ring at 1 rank per host)")
+    p.add_argument("--topo", help="use this topology file instead of profiling")
+    p.add_argument("--peers", default="gloo,mpi", help="peers to run beside cadence")
+    args = p.parse_args()
+
+    from cadence import testbed
+    from cadence.testbed.rates import format_rate
+
+    cluster = testbed.require(args.cluster)
+    algo = args.algo or ("ring" if args.ranks_per_host == 1 else None)
+    with tempfile.TemporaryDirectory(prefix="cadence-topo-") as tmp:
+        workdir = Path(tmp)
+        topo = args.topo
+        if topo is None:
+            topo = str(workdir / "topo.json")
+            t0 = time.perf_counter()
+            _cadence("topo", "profile", "--cluster", cluster.name, "-o", topo)
+            took = time.perf_counter() - t0
+            doc = json.loads(Path(topo).read_text())
+            print(f"profile: {took:.1f} s for the whole job (start-up included), "
+                  f"{doc['profile']['seconds']:.1f} s measuring", flush=True)
+        _cadence("topo", "show", topo, echo=True)
+        rows = []
+        for op in args.ops.split(","):
+            plain = _bench(cluster.name, args.ranks_per_host, op, args.size, args.iters,
+                           ",".join(["cadence", *filter(None, args.peers.split(","))]),
+                           algo, "none", workdir)  # fmt: skip
+            found = _bench(cluster.name, args.ranks_per_host, op, args.size, args.iters,
+                           "cadence", algo, topo, workdir)  # fmt: skip
+            rows.append((op, plain, found["cadence"]))
+    uplink = cluster.uplink_bits or cluster.rate_bits
+    print(f"\n# {cluster.name}: {len(cluster.hosts)} hosts x {args.ranks_per_host}, "
+          f"{cluster.racks} racks ({cluster.placement}), host links {cluster.rate}, "
+          f"uplinks {format_rate(uplink)}; {args.size}, cadence algo {algo or 'auto'}")  # fmt: skip
+    print("| collective | rank order (s) | found order (s) | found/rank order "
+          "| gloo (s) | Open MPI (s) | found vs gloo | found vs Open MPI |")
+    print("|---|---|---|---|---|---|---|---|")
+    for op, plain, found in rows:
+        secs = {k: f"{plain[k]:.3f}" if k in plain else "n/a" for k in ("gloo", "mpi")}
+        vs = {k: f"{plain[k] / found:.2f}x" if k in plain else "n/a" for k in ("gloo", "mpi")}
+        print(f"| {op} | {plain['cadence']:.3f} | {found:.3f} | {plain['cadence'] / found:.2f}x "
+              f"| {secs['gloo']} | {secs['mpi']} | {vs['gloo']} | {vs['mpi']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
