@@ -189,8 +189,9 @@ def make_cluster():
     """Brings clusters up; the finalizer brings every one of them down."""
     made = []
 
-    def make(hosts: int, nics: int = 1, rate: str = "1gbit", tag: str = "") -> testbed.Cluster:
-        cluster = testbed.build(_unique_name(tag), hosts, nics, rate)
+    def make(hosts: int, nics: int = 1, rate: str = "1gbit", tag: str = "",
+             **racks) -> testbed.Cluster:  # fmt: skip
+        cluster = testbed.build(_unique_name(tag), hosts, nics, rate, **racks)
         made.append(cluster.name)
         testbed.up(cluster)
         return cluster

@@ -19,7 +19,7 @@ import pytest
 from cadence import _core, testbed
 from cadence.cli import main as cli_main
 from cadence.topo import infer
-from test_testbed import PYTHON_DIR, _unique_name, needs_clusters
+from test_testbed import PYTHON_DIR, make_cluster, needs_clusters  # noqa: F401
 
 GBIT, UPLINK = 1e9 / 8, 250e6 / 8
 
@@ -211,19 +211,12 @@ def test_ranks_with_different_topology_files_refuse_to_start(tmp_path):
 
 
 @pytest.fixture
-def racked():
-    made = []
+def racked(make_cluster):  # noqa: F811 - the fixture imported from test_testbed
+    def make(hosts, racks, placement, seed=0, uplink="250mbit"):
+        return make_cluster(hosts, tag="tp", racks=racks, uplink_rate=uplink,
+                            placement=placement, seed=seed)  # fmt: skip
 
-    def make(hosts, racks, placement, seed=0, uplink="250mbit", rate="1gbit"):
-        c = testbed.build(_unique_name("tp"), hosts, 1, rate, racks=racks, uplink_rate=uplink,
-                          placement=placement, seed=seed)  # fmt: skip
-        made.append(c.name)
-        testbed.up(c)
-        return c
-
-    yield make
-    for name in made:
-        testbed.down(name)
+    return make
 
 
 def test_racks_are_wired_as_placed():

@@ -395,6 +395,11 @@ fn seconds(name: &str, v: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// The text of the file a variable names, or an error naming both.
+fn read_named(var: &str, path: &std::path::Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{var}: cannot read {}: {e}", path.display()))
+}
+
 impl Config {
     /// Reads the `CADENCE_*` variables through `get` (the environment in
     /// production, a map in tests).
@@ -472,9 +477,7 @@ impl Config {
         };
         if let Some(path) = path {
             if required || path.exists() {
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    format!("CADENCE_TUNING_FILE: cannot read {}: {e}", path.display())
-                })?;
+                let text = read_named("CADENCE_TUNING_FILE", &path)?;
                 let file = TuningFile::parse(&text, &path)?;
                 c.tuning = Some(LoadedTuning {
                     path,
@@ -486,9 +489,7 @@ impl Config {
         if let Some(v) = get("CADENCE_TOPO_FILE").filter(|v| !v.is_empty()) {
             if !v.eq_ignore_ascii_case("none") {
                 let path = PathBuf::from(v);
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    format!("CADENCE_TOPO_FILE: cannot read {}: {e}", path.display())
-                })?;
+                let text = read_named("CADENCE_TOPO_FILE", &path)?;
                 let file = TopoFile::parse(&text, &path)?;
                 c.topo = Some(LoadedTopo {
                     path,

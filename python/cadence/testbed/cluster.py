@@ -597,15 +597,18 @@ def set_uplink(
     u = next(x for x in cluster.uplinks if (x.rack, x.nic) == (rack, nic))
     with locked():
         if rate is not None:
-            try:
-                bits = parse_rate(rate)
-            except ValueError as e:
-                raise TestbedError(str(e)) from None
-            _set_uplink_rate(cluster, u, bits)
+            _set_uplink_rate(cluster, u, _bits(rate))
         if up is not None:
             for port in (u.leaf_port, u.spine_port):
                 iproute.ip(cluster.switch, "link", "set", port, "up" if up else "down")
     return next(s for s in uplink_states(cluster) if s.uplink == u)
+
+
+def _bits(rate: str) -> int:
+    try:
+        return parse_rate(rate)
+    except ValueError as e:
+        raise TestbedError(str(e)) from None
 
 
 def set_link(
@@ -620,11 +623,7 @@ def set_link(
     n = h.nics[nic]
     with locked():
         if rate is not None:
-            try:
-                bits = parse_rate(rate)
-            except ValueError as e:
-                raise TestbedError(str(e)) from None
-            _set_rate(cluster, h, n, bits)
+            _set_rate(cluster, h, n, _bits(rate))
         if up is not None:
             iproute.ip(cluster.switch, "link", "set", n.port, "up" if up else "down")
     return next(s for s in link_states(cluster) if s.host == h and s.nic == n)

@@ -35,19 +35,23 @@ def draw(doc: dict, ring: list[int], path: str) -> None:
         at += k
     left.set_title("alone rates, hosts by inferred group")
 
-    pos = {h: (math.cos(2 * math.pi * i / n), math.sin(2 * math.pi * i / n))
-           for i, h in enumerate(range(n))}  # fmt: skip
+    # Hosts around a circle in ring order: the ring is the circle, and its
+    # red arcs are where it crosses between groups.
+    pos = {h: (math.sin(2 * math.pi * i / n), math.cos(2 * math.pi * i / n))
+           for i, h in enumerate(ring)}  # fmt: skip
     group_of = {h: g for g, members in enumerate(groups) for h in members}
     for i in range(len(ring)):
         a, b = ring[i], ring[(i + 1) % len(ring)]
         (x0, y0), (x1, y1) = pos[a], pos[b]
         across = group_of[a] != group_of[b]
         right.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                       arrowprops={"arrowstyle": "->", "lw": 2.5 if across else 1.2,
-                                   "color": "tab:red" if across else "gray"})  # fmt: skip
+                       arrowprops={"arrowstyle": "-|>", "lw": 2.5 if across else 1.2,
+                                   "color": "tab:red" if across else "gray",
+                                   "shrinkA": 14, "shrinkB": 14})  # fmt: skip
     for h, (x, y) in pos.items():
-        right.scatter([x], [y], s=500, color=colors(group_of[h] % 10), zorder=3)
-        right.annotate(hosts[h], (x, y), ha="center", va="center", fontsize=8, zorder=4)
+        right.scatter([x], [y], s=300, color=colors(group_of[h] % 10), zorder=3)
+        right.annotate(f"{hosts[h]} (group {group_of[h]})", (x * 1.18, y * 1.18),
+                       ha="center", va="center", fontsize=9)  # fmt: skip
     right.set_xlim(-1.4, 1.4)
     right.set_ylim(-1.4, 1.4)
     right.set_aspect("equal")
@@ -55,5 +59,6 @@ def draw(doc: dict, ring: list[int], path: str) -> None:
     right.set_title("widest ring (red: crosses between groups)")
     fig.suptitle(doc.get("note", ""))
     fig.tight_layout()
+    fig.subplots_adjust(bottom=0.2)
     fig.savefig(path, dpi=110)
     plt.close(fig)
