@@ -345,18 +345,34 @@ pub struct Config {
     pub path_timeout: Duration,
 }
 
+/// A file a `CADENCE_*_FILE` variable named, parsed, with the hash of its
+/// text (every rank publishes it at bootstrap: ranks must load alike).
 #[derive(Clone, Debug)]
-pub struct LoadedTuning {
+pub struct Loaded<T> {
     pub path: PathBuf,
-    pub file: Arc<TuningFile>,
+    pub file: Arc<T>,
     pub hash: u64,
 }
 
-#[derive(Clone, Debug)]
-pub struct LoadedTopo {
-    pub path: PathBuf,
-    pub file: Arc<TopoFile>,
-    pub hash: u64,
+pub type LoadedTuning = Loaded<TuningFile>;
+pub type LoadedTopo = Loaded<TopoFile>;
+
+impl<T> Loaded<T> {
+    /// Reads and parses the file `var` names (errors name both).
+    fn read(
+        var: &str,
+        path: PathBuf,
+        parse: impl Fn(&str, &std::path::Path) -> Result<T, String>,
+    ) -> Result<Loaded<T>, String> {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("{var}: cannot read {}: {e}", path.display()))?;
+        let file = parse(&text, &path)?;
+        Ok(Loaded {
+            path,
+            file: Arc::new(file),
+            hash: crate::tuning::text_hash(&text),
+        })
+    }
 }
 
 impl Default for Config {
@@ -393,11 +409,6 @@ fn seconds(name: &str, v: &str) -> Result<Duration, String> {
         return Err(format!("{name}={v:?} must be a positive number of seconds"));
     }
     Ok(Duration::from_secs_f64(secs))
-}
-
-/// The text of the file a variable names, or an error naming both.
-fn read_named(var: &str, path: &std::path::Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{var}: cannot read {}: {e}", path.display()))
 }
 
 impl Config {
@@ -477,25 +488,17 @@ impl Config {
         };
         if let Some(path) = path {
             if required || path.exists() {
-                let text = read_named("CADENCE_TUNING_FILE", &path)?;
-                let file = TuningFile::parse(&text, &path)?;
-                c.tuning = Some(LoadedTuning {
+                c.tuning = Some(Loaded::read(
+                    "CADENCE_TUNING_FILE",
                     path,
-                    file: Arc::new(file),
-                    hash: crate::tuning::text_hash(&text),
-                });
+                    TuningFile::parse,
+                )?);
             }
         }
         if let Some(v) = get("CADENCE_TOPO_FILE").filter(|v| !v.is_empty()) {
             if !v.eq_ignore_ascii_case("none") {
                 let path = PathBuf::from(v);
-                let text = read_named("CADENCE_TOPO_FILE", &path)?;
-                let file = TopoFile::parse(&text, &path)?;
-                c.topo = Some(LoadedTopo {
-                    path,
-                    file: Arc::new(file),
-                    hash: crate::tuning::text_hash(&text),
-                });
+                c.topo = Some(Loaded::read("CADENCE_TOPO_FILE", path, TopoFile::parse)?);
             }
         }
         Ok(c)
