@@ -3,9 +3,13 @@
 //! both at once and pipelined in segments.
 //!
 //! Terms:
-//! - **position**: a rank's place in a tree. Tree 0 uses the rank itself;
-//!   tree 1 **mirrors** it (`n-1-r`) when n is even and **shifts** it
-//!   (`r-1 mod n`) when n is odd. Either way the ranks that are leaves in one
+//! - **place** of a rank: its index in the topology's ring order (the
+//!   default order, or the path finder's), so ranks at nearby places are
+//!   near in the network and the trees' low edges stay on a host or in a
+//!   rack.
+//! - **position**: a rank's place in a tree. Tree 0 uses the place itself;
+//!   tree 1 **mirrors** it (`n-1-p`) when n is even and **shifts** it
+//!   (`p-1 mod n`) when n is odd. Either way the ranks that are leaves in one
 //!   tree are inner nodes in the other, so every rank does inner-node work in
 //!   about one tree only and the two trees' traffic spreads over all links.
 //! - **binary tree** over positions 0..n: a position u > 0 with lowest set bit
@@ -46,6 +50,7 @@
 
 use super::ir::Span;
 use super::plan::{Blocks, Plan};
+use super::topology::Topology;
 
 /// Elements per segment the pipeline aims at: long enough that a segment's
 /// latency is small next to its transfer time on fast links.
@@ -59,10 +64,10 @@ fn segments_for(len: usize) -> usize {
     len.div_ceil(SEGMENT_ELEMS).clamp(1, MAX_SEGMENTS)
 }
 
-pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
+pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
     let halves = Blocks::balanced(count, 2);
     let segments = segments_for(halves.max_len());
-    allreduce_in_segments(plan, count, segments);
+    allreduce_in_segments(plan, topo, count, segments);
 }
 
 /// One tree's timing: for every position, its parent, its children in the
@@ -130,17 +135,17 @@ impl Tree {
     }
 }
 
-/// Rank r's position in tree t (see the module comment).
-fn position(t: usize, r: usize, n: usize) -> usize {
+/// Place p's position in tree t (see the module comment).
+fn position(t: usize, p: usize, n: usize) -> usize {
     match (t, n % 2) {
-        (0, _) => r,
-        (_, 0) => n - 1 - r,
-        _ => (r + n - 1) % n,
+        (0, _) => p,
+        (_, 0) => n - 1 - p,
+        _ => (p + n - 1) % n,
     }
 }
 
-/// The rank at position u of tree t: the inverse of [`position`].
-fn rank_at(t: usize, u: usize, n: usize) -> usize {
+/// The place at position u of tree t: the inverse of [`position`].
+fn place_at(t: usize, u: usize, n: usize) -> usize {
     match (t, n % 2) {
         (0, _) => u,
         (_, 0) => n - 1 - u,
@@ -160,13 +165,19 @@ enum Event {
     Recv(usize, Span, Option<Span>),
 }
 
-fn allreduce_in_segments(plan: &mut Plan, count: usize, segments: usize) {
-    let (r, n) = (plan.rank, plan.nranks);
+fn allreduce_in_segments(plan: &mut Plan, topo: &Topology, count: usize, segments: usize) {
+    let n = plan.nranks;
+    let order = topo.ring_order();
+    let place = order
+        .iter()
+        .position(|&x| x == plan.rank)
+        .expect("every rank is in the ring order");
+    let rank_at = |t: usize, u: usize, n: usize| order[place_at(t, u, n)];
     let tree = Tree::new(n);
     let halves = Blocks::balanced(count, 2);
     let mut events: Vec<Keyed> = Vec::new();
     for t in 0..2 {
-        let u = position(t, r, n);
+        let u = position(t, place, n);
         let segs = Blocks::balanced(halves.len(t), segments);
         for j in 0..segments {
             let off = halves.off(t) + segs.off(j);
@@ -222,7 +233,7 @@ mod tests {
         (0..n)
             .map(|r| {
                 let mut plan = Plan::new(r, n);
-                allreduce_in_segments(&mut plan, count, segments);
+                allreduce_in_segments(&mut plan, &Topology::single_host(n), count, segments);
                 plan.finish(Algo::DoubleBinaryTree)
             })
             .collect()
@@ -261,7 +272,7 @@ mod tests {
             let both = (0..n)
                 .filter(|&r| inner(r) && inner(position(1, r, n)))
                 .count();
-            assert!((0..n).all(|r| rank_at(1, position(1, r, n), n) == r));
+            assert!((0..n).all(|p| place_at(1, position(1, p, n), n) == p));
             assert!(both <= 2, "n={n}: {both} ranks are inner in both trees");
         }
     }

@@ -295,7 +295,7 @@ pub fn build_on(
         }
         (CollKind::AllReduce, Algo::Rabenseifner) => rabenseifner::allreduce(&mut plan, count),
         (CollKind::AllReduce, Algo::DoubleBinaryTree) => {
-            double_binary_tree::allreduce(&mut plan, count)
+            double_binary_tree::allreduce(&mut plan, topo, count)
         }
         (CollKind::AllReduce, Algo::Torus2d) => {
             torus2d::allreduce(&mut plan, count, torus2d::RowGather::Direct)
@@ -303,9 +303,9 @@ pub fn build_on(
         (CollKind::AllReduce, Algo::Torus2dRing) => {
             torus2d::allreduce(&mut plan, count, torus2d::RowGather::Ring)
         }
-        (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, count, root),
+        (CollKind::Reduce, Algo::BinomialTree) => tree::reduce(&mut plan, topo, count, root),
         (CollKind::Reduce, Algo::ReduceScatterGather) => two_stage::reduce(&mut plan, count, root),
-        (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, count, root),
+        (CollKind::Broadcast, Algo::BinomialTree) => tree::broadcast(&mut plan, topo, count, root),
         (CollKind::Broadcast, Algo::ScatterAllgather) => {
             two_stage::broadcast(&mut plan, count, root)
         }

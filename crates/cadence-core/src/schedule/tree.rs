@@ -1,7 +1,12 @@
 //! Binomial trees: broadcast and reduce.
 //!
 //! Terms:
-//! - **virtual rank** v = (rank - root) mod n, so the root is 0.
+//! - **virtual rank** v: the rank's place in the chain from the root
+//!   ([`Topology::chain_from`]: the ring order from the root on, the rest of
+//!   the root's host first), so the root is 0 and ranks close in v are
+//!   close in the network: on one host, or next in the order the path
+//!   finder chose across racks. On one host in the default order,
+//!   v = (rank - root) mod n.
 //! - **round** k, for k = 0, 1, … while 2^k < n: one level of the tree.
 //! - **parent** of v ≠ 0: v with its lowest set bit cleared (v - 2^k, where 2^k
 //!   is that bit). **children** of v: v + 2^k for every round k below v's
@@ -11,8 +16,11 @@
 //!   rank's Output (its user tensor, when the call is in place) is left as it
 //!   was, as NCCL does.
 //!
-//! Broadcast: in round k the 2^k ranks that hold the data (v < 2^k) send it to
-//! v + 2^k, doubling the holders each round.
+//! Broadcast: rounds from the largest k down: in round k the holders (v a
+//! multiple of 2^(k+1)) send the data to v + 2^k, doubling the holders each
+//! round. Largest first so that the far edges (across hosts, across racks)
+//! carry one message at a time early on, and the many messages of the last
+//! rounds go to near neighbours.
 //!
 //! Reduce is the mirror image: a rank receives from its children in increasing
 //! k (the smallest subtree is ready first), reducing each on arrival, then
@@ -22,32 +30,45 @@
 //! ceil(log2 n) latencies of whole-buffer messages: for small buffers.
 
 use super::ir::Span;
-use super::plan::{to_real, to_virtual, Plan};
+use super::plan::Plan;
+use super::topology::Topology;
 
 /// The rounds of a tree on n ranks: 0, 1, … while 2^k < n.
 fn rounds(n: usize) -> impl Iterator<Item = usize> {
     (0..usize::BITS as usize).take_while(move |&k| (1usize << k) < n)
 }
 
-pub(crate) fn broadcast(plan: &mut Plan, count: usize, root: usize) {
+/// The chain from `root` and this rank's virtual rank in it.
+fn virtual_ranks(plan: &Plan, topo: &Topology, root: usize) -> (Vec<usize>, usize) {
+    let chain = topo.chain_from(root);
+    let v = chain
+        .iter()
+        .position(|&r| r == plan.rank)
+        .expect("every rank is in the chain");
+    (chain, v)
+}
+
+pub(crate) fn broadcast(plan: &mut Plan, topo: &Topology, count: usize, root: usize) {
     let n = plan.nranks;
-    let v = to_virtual(plan.rank, root, n);
+    let (chain, v) = virtual_ranks(plan, topo, root);
     let data = Span::output(0, count);
-    for k in rounds(n) {
+    let all: Vec<usize> = rounds(n).collect();
+    for &k in all.iter().rev() {
         let bit = 1 << k;
-        if v < bit {
+        let low = v & ((bit << 1) - 1);
+        if low == 0 {
             if v + bit < n {
-                plan.phase().send(to_real(v + bit, root, n), data);
+                plan.phase().send(chain[v + bit], data);
             }
-        } else if v < 2 * bit {
-            plan.phase().recv(to_real(v - bit, root, n), data);
+        } else if low == bit {
+            plan.phase().recv(chain[v - bit], data);
         }
     }
 }
 
-pub(crate) fn reduce(plan: &mut Plan, count: usize, root: usize) {
+pub(crate) fn reduce(plan: &mut Plan, topo: &Topology, count: usize, root: usize) {
     let n = plan.nranks;
-    let v = to_virtual(plan.rank, root, n);
+    let (chain, v) = virtual_ranks(plan, topo, root);
     let input = Span::input(0, count);
     let acc = if v == 0 {
         Span::output(0, count)
@@ -61,12 +82,11 @@ pub(crate) fn reduce(plan: &mut Plan, count: usize, root: usize) {
         let bit = 1 << k;
         let current = if started { acc } else { input };
         if v & bit != 0 {
-            plan.phase().send(to_real(v - bit, root, n), current);
+            plan.phase().send(chain[v - bit], current);
             break;
         }
         if v + bit < n {
-            plan.phase()
-                .recv_reduce(to_real(v + bit, root, n), acc, current);
+            plan.phase().recv_reduce(chain[v + bit], acc, current);
             started = true;
         }
     }
