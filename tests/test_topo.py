@@ -1,11 +1,13 @@
 """Topology (issue 14): racks on the emulated cluster, the profiler's
-inference of groups and capacities, topology files, and rings ordered by the
-path finder in a real job.
+inference of groups, topology files, rings ordered by the path finder in a
+real job, and the profile a job without a file measures at start-up.
 
-Pure parts (inference on synthetic measurements, the file format, `topo
-show`, the core's path finder through `_core.topo_ring`) run everywhere; the
-cluster parts need root (network namespaces) and skip with the reason
-elsewhere."""
+Pure parts (inference on synthetic measurements through `_core.topo_groups`,
+the file format, `topo show`, the core's path finder through
+`_core.topo_ring`) and jobs of several "hosts" on this machine run
+everywhere; the cluster parts need root (network namespaces) and skip with
+the reason elsewhere. The inference's own unit tests (capacities, flows) are
+the core's (crates/cadence-core/src/fabric/infer.rs)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ import sys
 import pytest
 from cadence import _core, testbed
 from cadence.cli import main as cli_main
-from cadence.topo import infer
 from test_testbed import PYTHON_DIR, make_cluster, needs_clusters  # noqa: F401
 
 GBIT, UPLINK = 1e9 / 8, 250e6 / 8
@@ -50,22 +51,12 @@ def test_groups_are_recovered_from_alone_rates_of_random_placements():
         nic = [GBIT * rng.choice([1.0, 1.0, 0.5]) for _ in range(n)]
         uplink = min(nic) * rng.uniform(0.1, 0.5)
         rates = _rack_rates(rack_of, nic, uplink, seed=trial)
-        assert infer.groups_from_rates(rates) == _as_groups(rack_of), (rack_of, nic)
+        assert _core.topo_groups(rates) == _as_groups(rack_of), (rack_of, nic)
 
 
 def test_without_a_slower_uplink_there_is_one_group():
     rates = _rack_rates([0, 1, 0, 1], [GBIT] * 4, 2 * GBIT)
-    assert infer.groups_from_rates(rates) == [[0, 1, 2, 3]]
-
-
-def test_a_shared_bottleneck_is_a_total_below_the_flows_alone():
-    assert infer.capacity([UPLINK / 2, UPLINK / 2], [UPLINK, UPLINK]) == UPLINK
-    assert infer.capacity([GBIT, 0.97 * GBIT], [GBIT, GBIT]) is None  # not shared
-    # Unfair sharing: the slow flow finished last, so the link carried 2 x its rate.
-    assert infer.capacity([0.7 * UPLINK, 0.5 * UPLINK], [UPLINK, UPLINK]) == UPLINK
-    assert infer.capacity([UPLINK], [UPLINK]) is None  # one flow cannot tell
-    assert infer.spread_flows([0, 2], [1, 3, 5]) == [(0, 1), (2, 3)]
-    assert infer.ring_flows([0, 2, 1]) == [(0, 2), (2, 1), (1, 0)]
+    assert _core.topo_groups(rates) == [[0, 1, 2, 3]]
 
 
 def _file(rack_of, nic=None, uplink=UPLINK):
@@ -137,11 +128,11 @@ comm.close()
 """
 
 
-def _run_local(tmp_path, hosts, env):
+def _run_local(tmp_path, hosts, env, port_offset=0):
     """One process per rank on this machine, CADENCE_HOST from `hosts`."""
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    port = 29000 + os.getpid() % 1000
+    port = 29000 + os.getpid() % 1000 + port_offset
     procs = []
     for r, h in enumerate(hosts):
         e = dict(os.environ, **env, RANK=str(r), WORLD_SIZE=str(len(hosts)),
@@ -171,6 +162,39 @@ def test_a_job_orders_its_rings_by_the_topology_file(tmp_path):
         assert r["order"]["hosts"] in (["h0", "h2", "h1", "h3"], ["h0", "h2", "h3", "h1"]), r
         assert r["order"]["source"] == str(path)
     assert "INFO: ring order h0 -> h2 -> " in outs[0] and "(2.00x)" in outs[0], outs[0]
+
+
+def test_without_a_file_a_job_profiles_at_start_up_and_the_next_reads_the_cache(tmp_path):
+    # Four "hosts" over TCP on this machine: rates there are whatever the CPU
+    # gives, so the order may or may not change; what must hold is that
+    # every rank took the same one, the collectives stay right, the cost is
+    # reported, and the second job reads rank 0's cache instead of measuring.
+    hosts = ["h0", "h1", "h2", "h3"]
+    env = {"CADENCE_TOPO_FILE": "", "CADENCE_TOPO_CACHE": str(tmp_path / "cache"),
+           "CADENCE_DEBUG": "INFO"}  # fmt: skip
+    outs, codes = _run_local(tmp_path, hosts, env)
+    assert codes == [0] * 4, outs
+    results = [json.loads(line[7:]) for o in outs for line in o.splitlines()
+               if line.startswith("RESULT ")]  # fmt: skip
+    assert all(r["wrong"] == [] for r in results), results
+    orders = {json.dumps(r["order"]["hosts"]) for r in results}
+    assert len(orders) == 1, results
+    first = results[0]["order"]
+    assert first["profile_seconds"] > 0, first
+    assert first["source"] in ("default", "profile at start-up"), first
+    assert "INFO: topology: profiling 4 hosts: 12 pairs alone" in outs[0], outs[0]
+    cached = list((tmp_path / "cache").glob("topo-*.json"))
+    assert len(cached) == 1, cached
+    doc = json.loads(cached[0].read_text())
+    assert sorted(doc["hosts"]) == hosts and doc["profile"]["ranks"] == 4, doc
+    outs, codes = _run_local(tmp_path, hosts, env, port_offset=1)
+    assert codes == [0] * 4, outs
+    assert "INFO: topology: the profile cached 0 min ago in " in outs[0], outs[0]
+    assert "profiling" not in outs[0], outs[0]
+    again = [json.loads(line[7:]) for o in outs for line in o.splitlines()
+             if line.startswith("RESULT ")]  # fmt: skip
+    assert all(r["order"]["hosts"] == first["hosts"] for r in again), (first, again)
+    assert all(r["order"].get("profile_seconds") is None for r in again), again
 
 
 def test_ranks_with_different_topology_files_refuse_to_start(tmp_path):

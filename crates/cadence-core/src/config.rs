@@ -7,7 +7,7 @@ use crate::schedule::Algo;
 use crate::transport::shm::ShmConfig;
 use crate::tuning::TuningFile;
 use crate::types::CollKind;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -335,10 +335,10 @@ pub struct Config {
     /// depends on whether ranks outnumber cores). For measuring a machine.
     pub spin: Option<Duration>,
     pub yield_for: Option<Duration>,
-    /// The topology file in force (`CADENCE_TOPO_FILE`), with the hash of
-    /// its text: rings and chains follow the path finder's host order.
-    /// `CADENCE_TOPO_FILE=none` (or unset): the default order.
-    pub topo: Option<LoadedTopo>,
+    /// Where the ring order comes from (`CADENCE_TOPO_FILE`): a topology
+    /// file, `none` (hosts by lowest rank), or, unset, a profile of the
+    /// network at start-up (`comm/order.rs`).
+    pub topo: TopoSource,
     /// `CADENCE_PATH_TIMEOUT`: how long one path of a TCP link (a NIC pair)
     /// may hold bytes while its peer answers nothing before its chunks go
     /// again on the other paths. Far below `timeout`.
@@ -357,12 +357,45 @@ pub struct Loaded<T> {
 pub type LoadedTuning = Loaded<TuningFile>;
 pub type LoadedTopo = Loaded<TopoFile>;
 
+/// Where a communicator's ring order comes from.
+#[derive(Clone, Debug)]
+pub enum TopoSource {
+    /// `CADENCE_TOPO_FILE=none`: hosts by lowest rank.
+    Off,
+    /// `CADENCE_TOPO_FILE=PATH`: the path finder over that file.
+    File(LoadedTopo),
+    /// Unset: a job across three hosts or more profiles the network at
+    /// start-up (rank 0 decides), or reads the profile rank 0 cached for
+    /// the same hosts in `cache` (`CADENCE_TOPO_CACHE`, default
+    /// `~/.cache/cadence`; `none`: no cache, profile every time).
+    Profile { cache: Option<PathBuf> },
+}
+
+impl TopoSource {
+    /// The file in force, if one was named.
+    pub fn file(&self) -> Option<&LoadedTopo> {
+        match self {
+            TopoSource::File(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// What each rank publishes at bootstrap: ranks must agree.
+    pub fn fingerprint(&self) -> String {
+        match self {
+            TopoSource::Off => String::new(),
+            TopoSource::File(t) => format!("{}#{:016x}", t.path.display(), t.hash),
+            TopoSource::Profile { .. } => "#profile at start-up".into(),
+        }
+    }
+}
+
 impl<T> Loaded<T> {
     /// Reads and parses the file `var` names (errors name both).
     fn read(
         var: &str,
         path: PathBuf,
-        parse: impl Fn(&str, &std::path::Path) -> Result<T, String>,
+        parse: impl Fn(&str, &Path) -> Result<T, String>,
     ) -> Result<Loaded<T>, String> {
         let text = std::fs::read_to_string(&path)
             .map_err(|e| format!("{var}: cannot read {}: {e}", path.display()))?;
@@ -387,7 +420,7 @@ impl Default for Config {
             dump_dir: None,
             debug: DebugLevel::Warn,
             tuning: None,
-            topo: None,
+            topo: TopoSource::Profile { cache: None },
             calibrate: true,
             spin: None,
             yield_for: None,
@@ -495,12 +528,22 @@ impl Config {
                 )?);
             }
         }
-        if let Some(v) = get("CADENCE_TOPO_FILE").filter(|v| !v.is_empty()) {
-            if !v.eq_ignore_ascii_case("none") {
-                let path = PathBuf::from(v);
-                c.topo = Some(Loaded::read("CADENCE_TOPO_FILE", path, TopoFile::parse)?);
-            }
-        }
+        c.topo = match get("CADENCE_TOPO_FILE").filter(|v| !v.is_empty()) {
+            Some(v) if v.eq_ignore_ascii_case("none") => TopoSource::Off,
+            Some(v) => TopoSource::File(Loaded::read(
+                "CADENCE_TOPO_FILE",
+                PathBuf::from(v),
+                TopoFile::parse,
+            )?),
+            None => TopoSource::Profile {
+                cache: match get("CADENCE_TOPO_CACHE").filter(|v| !v.is_empty()) {
+                    Some(v) if v.eq_ignore_ascii_case("none") => None,
+                    Some(v) => Some(PathBuf::from(v)),
+                    None => crate::tuning::default_path(&get)
+                        .and_then(|p| p.parent().map(PathBuf::from)),
+                },
+            },
+        };
         Ok(c)
     }
 
@@ -676,7 +719,24 @@ mod tests {
             .unwrap_err()
             .starts_with("CADENCE_TOPO_FILE: cannot read /nonexistent/topo.json"));
         let none = Config::from_lookup(env(&[("CADENCE_TOPO_FILE", "none")]));
-        assert!(none.unwrap().topo.is_none());
+        assert!(matches!(none.unwrap().topo, TopoSource::Off));
+        // Unset: profile at start-up, cached beside the tuning table unless
+        // CADENCE_TOPO_CACHE says otherwise.
+        let unset = Config::from_lookup(env(&[("HOME", "/h")])).unwrap();
+        assert!(
+            matches!(&unset.topo, TopoSource::Profile { cache: Some(p) } if p == Path::new("/h/.cache/cadence")),
+            "{:?}",
+            unset.topo
+        );
+        let here = Config::from_lookup(env(&[("HOME", "/h"), ("CADENCE_TOPO_CACHE", "/c")]));
+        assert!(
+            matches!(here.unwrap().topo, TopoSource::Profile { cache: Some(p) } if p == Path::new("/c"))
+        );
+        let nowhere = Config::from_lookup(env(&[("CADENCE_TOPO_CACHE", "none")]));
+        assert!(matches!(
+            nowhere.unwrap().topo,
+            TopoSource::Profile { cache: None }
+        ));
         let e = Config::from_lookup(env(&[("CADENCE_ALGO", "allreduce:ring:8K-1K")])).unwrap_err();
         assert!(e.contains("CADENCE_ALGO") && e.contains("8K-1K"), "{e}");
         let c = Config::from_lookup(env(&[

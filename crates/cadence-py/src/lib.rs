@@ -709,6 +709,46 @@ impl PyComm {
         py.allow_threads(move || comm.metrics())
     }
 
+    /// Profiles the network between the communicator's hosts (collective:
+    /// every rank calls it) and returns the topology file as JSON text, the
+    /// same on every rank. `progress`: rank 0 prints a line per stage with
+    /// this prefix (to stdout); `rings`: also measure the rank-order and
+    /// the found ring under load.
+    #[pyo3(signature = (seconds=0.05, rings=true, note=String::new(), progress=None))]
+    fn profile_topology(
+        &self,
+        py: Python<'_>,
+        seconds: f64,
+        rings: bool,
+        note: String,
+        progress: Option<String>,
+    ) -> PyResult<String> {
+        use cadence_core::comm::profile::ProfileOptions;
+        use std::io::Write;
+        if !(seconds > 0.0 && seconds.is_finite()) {
+            return Err(PyValueError::new_err(format!(
+                "seconds must be positive, not {seconds}"
+            )));
+        }
+        let comm = self.comm.clone();
+        let opts = ProfileOptions {
+            seconds,
+            rings,
+            note,
+        };
+        let say = move |m: &str| {
+            if let Some(prefix) = &progress {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{prefix}{m}");
+                let _ = out.flush();
+            }
+        };
+        let file = py
+            .allow_threads(move || comm.profile_topology(&opts, &say))
+            .map_err(|e| to_py_err(py, e))?;
+        Ok(serde_json::to_string_pretty(&file).expect("a topology file serializes") + "\n")
+    }
+
     /// Writes the dump into directory `dir`; returns the file's path.
     fn dump(&self, py: Python<'_>, dir: std::path::PathBuf) -> PyResult<String> {
         let comm = self.comm.clone();
@@ -902,6 +942,17 @@ fn topo_ring(py: Python<'_>, text: &str, hosts: Option<Vec<String>>) -> PyResult
     Ok(d.into_any().unbind())
 }
 
+/// Groups of hosts that share a bottleneck, from the alone rates the
+/// profiler measured (`rates[a][b]`, bytes/s; what `cadence topo profile`
+/// infers).
+#[pyfunction]
+fn topo_groups(rates: Vec<Vec<f64>>) -> PyResult<Vec<Vec<usize>>> {
+    if rates.iter().any(|row| row.len() != rates.len()) {
+        return Err(PyValueError::new_err("rates must be a square matrix"));
+    }
+    Ok(cadence_core::fabric::infer::groups_from_rates(&rates))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CommError", m.py().get_type::<CommError>())?;
@@ -910,6 +961,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Bootstrap>()?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
     m.add_function(wrap_pyfunction!(topo_ring, m)?)?;
+    m.add_function(wrap_pyfunction!(topo_groups, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ANY_SOURCE", ANY_SOURCE)?;
     Ok(())

@@ -61,14 +61,13 @@ def _profile_in_job(args: argparse.Namespace) -> int:
     import cadence
     from cadence.topo import profile
 
-    # The profile measures the default order (no topology file of its own).
+    # This is the profile: no file to order by, no start-up profile first.
     os.environ["CADENCE_TOPO_FILE"] = "none"
     comm = cadence.init()
     try:
         note = os.environ.get("CADENCE_TOPO_NOTE") or _note(args)
-        doc = profile.profile(comm, seconds=args.seconds, note=note,
-                              progress=lambda m: print(f"cadence topo: {m}", flush=True))
-        if doc is not None:
+        doc = profile.profile(comm, seconds=args.seconds, note=note)
+        if comm.rank == 0:
             path = Path(args.out)
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(json.dumps(doc, indent=1) + "\n")

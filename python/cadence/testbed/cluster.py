@@ -280,6 +280,13 @@ def state_path(name: str) -> Path:
     return STATE_DIR / f"{check_name(name)}.json"
 
 
+def cache_dir(name: str) -> Path:
+    """Where jobs on the cluster cache their start-up topology profiles
+    (CADENCE_TOPO_CACHE): removed with the cluster, so a cluster brought up
+    again under the same name, maybe wired differently, is measured anew."""
+    return STATE_DIR / f"{check_name(name)}.cache"
+
+
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
     """One cluster change at a time on this machine (flock on the state directory)."""
@@ -478,6 +485,7 @@ def _teardown(name: str, cluster: Cluster | None) -> bool:
         with contextlib.suppress(OSError):  # made by us, unless another tool uses it now
             ETC_NETNS.rmdir()
     state_path(name).unlink(missing_ok=True)
+    shutil.rmtree(cache_dir(name), ignore_errors=True)
     return found
 
 

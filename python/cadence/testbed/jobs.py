@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from cadence.testbed.cluster import NETNS_PREFIX, Cluster, Host
+from cadence.testbed.cluster import NETNS_PREFIX, Cluster, Host, cache_dir
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's; every cluster has namespaces of its own
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
@@ -97,6 +97,8 @@ def rank_env(
     )
     # As torchrun: one thread per rank unless the user says otherwise.
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Start-up topology profiles live and die with the cluster.
+    env.setdefault("CADENCE_TOPO_CACHE", str(cache_dir(cluster.name)))
     return env
 
 

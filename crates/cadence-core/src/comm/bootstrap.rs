@@ -40,8 +40,9 @@ pub struct PeerInfo {
     /// ranks that would choose algorithms differently must not start.
     #[serde(default)]
     pub tuning: String,
-    /// The topology file this rank loaded (`path#hash`, empty for none):
-    /// ranks that would order rings differently must not start.
+    /// The topology file this rank loaded (`path#hash`, empty for none,
+    /// `#profile at start-up` when unset): ranks that would order rings
+    /// differently must not start.
     #[serde(default)]
     pub topo: String,
     pub pid: u32,
@@ -88,12 +89,11 @@ fn differing_files(
     };
     let first = field(&infos[0]);
     let other = infos.iter().find(|p| hash_of(field(p)) != hash_of(first))?;
-    let name = |t: &str| {
-        if t.is_empty() {
-            format!("no {what}")
-        } else {
-            format!("{what} {t}")
-        }
+    // "" is none; "#how" none, with how the ranks order otherwise.
+    let name = |t: &str| match t.strip_prefix('#') {
+        _ if t.is_empty() => format!("no {what}"),
+        Some(how) => format!("no {what} ({how})"),
+        None => format!("{what} {t}"),
     };
     Some(format!(
         "ranks loaded different {what}s, so they would choose different {decides}: rank 0 \
@@ -201,11 +201,7 @@ impl Bootstrap {
                     .as_ref()
                     .map(|t| format!("{}#{:016x}", t.path.display(), t.hash))
                     .unwrap_or_default(),
-                topo: cfg
-                    .topo
-                    .as_ref()
-                    .map(|t| format!("{}#{:016x}", t.path.display(), t.hash))
-                    .unwrap_or_default(),
+                topo: cfg.topo.fingerprint(),
                 pid: std::process::id(),
                 addr: addrs[0].clone(),
                 addrs: if addrs.len() > 1 { addrs } else { Vec::new() },
@@ -486,6 +482,7 @@ impl Bootstrap {
         }
         drop(inner);
         comm.measure_clock()?;
+        comm.order_from_profile()?;
         comm.calibrate()?;
         comm.reset_totals();
         comm.announce_selection();

@@ -10,6 +10,7 @@ mod calibrate;
 mod clock;
 pub mod order;
 mod p2p;
+pub mod profile;
 pub mod select;
 
 pub use bootstrap::{Bootstrap, PeerInfo};
@@ -287,6 +288,14 @@ struct Inner {
     last_schedule: Option<(CollArgs, Algo, Arc<Schedule>)>,
 }
 
+impl Inner {
+    /// Drops every built schedule (the ring order changed under them).
+    fn forget_schedules(&mut self) {
+        self.schedules.clear();
+        self.last_schedule = None;
+    }
+}
+
 /// Wall-clock bounds of a slowness window (Unix ns, end excluded).
 #[derive(Clone, Copy)]
 struct Window {
@@ -385,12 +394,14 @@ impl Comm {
         let recorder = Recorder::new(cfg.flight_recorder, cfg.record_messages);
         let links = engine.link_counters();
         let auto = {
-            let (topo, order) = order::choose(Topology::from_hosts(&hosts), &hosts, &cfg);
+            let (topo, order, fabric) =
+                order::choose(Topology::from_hosts(&hosts), &hosts, &cfg.topo);
             let tuned = cfg.tuning.as_ref().and_then(|t| t.file.for_topology(&topo));
             let model = tuned.as_ref().and_then(|t| t.model);
             select::Auto {
                 topo,
                 order,
+                fabric: fabric.map(Arc::new),
                 tuned,
                 model,
                 measured_at_start: false,
@@ -443,14 +454,7 @@ impl Comm {
         };
         // Every rank must install the model, or ranks would choose
         // differently: a failure here is an error, never a silent skip.
-        let refused = self.shared.err(
-            ErrorKind::Setup {
-                detail: "communicator shared before calibration".into(),
-                culprit: None,
-            },
-            None,
-        );
-        let shared = Arc::get_mut(&mut self.shared).ok_or(refused)?;
+        let shared = self.exclusive("calibration")?;
         shared.auto.model = Some(model);
         shared.auto.measured_at_start = true;
         Ok(())
@@ -460,15 +464,21 @@ impl Comm {
     /// (see `clock.rs`). Before the communicator is shared with any thread.
     fn measure_clock(&mut self) -> Result<()> {
         let clock = clock::measure(self)?;
+        self.exclusive("measuring clocks")?.clock = clock;
+        Ok(())
+    }
+
+    /// The shared state, to change during set-up (`during` names the step
+    /// for the error): only while no thread holds it.
+    fn exclusive(&mut self, during: &str) -> Result<&mut Shared> {
         let refused = self.shared.err(
             ErrorKind::Setup {
-                detail: "communicator shared before measuring clocks".into(),
+                detail: format!("communicator shared before {during}"),
                 culprit: None,
             },
             None,
         );
-        Arc::get_mut(&mut self.shared).ok_or(refused)?.clock = clock;
-        Ok(())
+        Arc::get_mut(&mut self.shared).ok_or(refused)
     }
 
     /// The end of set-up: the totals metrics report count the application's
@@ -585,6 +595,42 @@ impl Comm {
                 self.shared.cancel.set(ErrorKind::Interrupted);
                 cancelled = true;
             }
+        }
+    }
+
+    /// Runs `reqs` at once, like a group call (sends and receives move as
+    /// soon as their peers are ready, so a ring of them cannot deadlock),
+    /// and waits for them in the order given. Returns, per request, the time
+    /// from the call until it was seen finished (a request later in `reqs`
+    /// is seen no earlier than the ones before it), or the first error once
+    /// every request has stopped.
+    pub fn run_together(&self, reqs: Vec<OpRequest<'_>>) -> Result<Vec<Duration>> {
+        let start = Instant::now();
+        let mut queued = Vec::with_capacity(reqs.len());
+        let mut first_err = None;
+        for req in reqs {
+            // SAFETY: every request queued here is waited for below, on
+            // every path (also after an error), before this function returns,
+            // so the borrowed buffers outlive its use.
+            match self.submit(unsafe { req.detach() }) {
+                Ok(done) => queued.push(done),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        let mut took = Vec::with_capacity(queued.len());
+        for done in queued {
+            let r = done.wait(None).expect("waits without a deadline");
+            took.push(start.elapsed());
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(took),
         }
     }
 

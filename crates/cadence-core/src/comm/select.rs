@@ -61,6 +61,9 @@ pub struct Auto {
     pub topo: Topology,
     /// How `topo`'s ring order was chosen (see `order.rs`).
     pub order: super::order::OrderChoice,
+    /// The measured network between the hosts, when a topology file or the
+    /// start-up profile gave one: the model prices algorithms on it.
+    pub fabric: Option<std::sync::Arc<crate::fabric::pathfind::Fabric>>,
     pub tuned: Option<Tuned>,
     pub model: Option<CostModel>,
     /// The model was measured at start-up (else it is the tuning table's).
@@ -73,6 +76,7 @@ impl Auto {
         Auto {
             topo: Topology::single_host(nranks),
             order: Default::default(),
+            fabric: None,
             tuned: None,
             model: None,
             measured_at_start: false,
@@ -117,7 +121,8 @@ impl Auto {
                 let all: Result<Vec<_>, _> = (0..n)
                     .map(|r| schedule::build_on(args, r, &self.topo, a))
                     .collect();
-                all.ok().map(|s| (m.estimate(&s, &self.topo, es), a))
+                all.ok()
+                    .map(|s| (m.estimate_on(&s, &self.topo, self.fabric.as_deref(), es), a))
             })
             .min_by(|x, y| x.0.total_cmp(&y.0))
             .map(|(_, a)| a)
@@ -601,6 +606,7 @@ mod tests {
         let auto = Auto {
             topo: topo.clone(),
             order: Default::default(),
+            fabric: None,
             tuned: Some(tuned.clone()),
             model: None,
             measured_at_start: false,
@@ -627,6 +633,7 @@ mod tests {
         let auto = Auto {
             topo,
             order: Default::default(),
+            fabric: None,
             tuned: Some(tuned),
             model: Some(CostModel::default()),
             measured_at_start: false,

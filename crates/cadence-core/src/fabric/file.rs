@@ -25,7 +25,8 @@
 //! - **group_out** / **group_in**: what all flows out of (into) a group
 //!   shared when measured together, bytes/s; `null`: not a bottleneck.
 //! - **patterns**: the raw rounds the profiler ran (for `cadence topo
-//!   show` and for people); the loader ignores them.
+//!   show` and for people); the loader ignores them, as it does
+//!   **profile** (flow size, seconds taken, ranks).
 //!
 //! Every rank must order its rings alike, so every rank publishes a hash of
 //! the file it loaded at bootstrap and a communicator whose ranks loaded
@@ -38,7 +39,7 @@ use std::path::Path;
 
 /// The only version this cadence reads and writes.
 pub const VERSION: u32 = 1;
-const KIND: &str = "cadence-topology";
+pub const KIND: &str = "cadence-topology";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TopoFile {
@@ -53,6 +54,9 @@ pub struct TopoFile {
     pub group_in: Vec<Option<f64>>,
     #[serde(default)]
     pub patterns: serde_json::Value,
+    /// How the profile ran (flow size, seconds, ranks): for people.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub profile: serde_json::Value,
 }
 
 impl TopoFile {

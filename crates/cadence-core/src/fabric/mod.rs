@@ -6,4 +6,5 @@
 //! as possible.
 
 pub mod file;
+pub mod infer;
 pub mod pathfind;

@@ -21,9 +21,20 @@
 //! handles their arrivals) plus the host's TCP bytes times β. The estimate
 //! of a schedule set is its slowest rank. It ignores skew between ranks and overlap across
 //! phases: it ranks algorithms; it does not predict wall time to the percent.
+//!
+//! **With a measured fabric** (a topology file or the start-up profile:
+//! [`Fabric`], indexed like the topology's hosts) the TCP bytes cost what
+//! the network measured instead of one β for every host pair: a host's
+//! bytes over its NIC's rate (the fastest it sent or received alone), each
+//! message at least its size over its host pair's alone rate, and the bytes
+//! every rank of a group (a rack) sends out of it (receives into it) in one
+//! phase over the group's shared capacity. A ring that crosses an
+//! oversubscribed uplink twice then costs what it runs at, and `auto` can
+//! tell hierarchical in the found order from a torus in rank order.
 
 use super::ir::{Schedule, Step};
 use super::topology::Topology;
+use crate::fabric::pathfind::Fabric;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -94,27 +105,91 @@ struct PhaseLoad {
     /// Hosts this rank receives from over TCP, as a bit set (by host index
     /// mod 64: an estimate, not an identity).
     tcp_from: u64,
+    /// With a fabric: bytes to (from) hosts of other groups, and the
+    /// longest one message takes at its host pair's alone rate.
+    cross_out: usize,
+    cross_in: usize,
+    pair_secs: f64,
+}
+
+/// A fabric's per-host NIC rates and group of each host, for the model.
+struct Network<'f> {
+    fabric: &'f Fabric,
+    nic_out: Vec<f64>,
+    nic_in: Vec<f64>,
+}
+
+impl<'f> Network<'f> {
+    fn new(fabric: &'f Fabric) -> Network<'f> {
+        let n = fabric.nhosts();
+        let best = |it: &mut dyn Iterator<Item = f64>| it.fold(0.0f64, f64::max);
+        Network {
+            fabric,
+            nic_out: (0..n)
+                .map(|a| best(&mut (0..n).filter(|&b| b != a).map(|b| fabric.rate[a][b])))
+                .collect(),
+            nic_in: (0..n)
+                .map(|b| best(&mut (0..n).filter(|&a| a != b).map(|a| fabric.rate[a][b])))
+                .collect(),
+        }
+    }
+
+    /// Seconds for `bytes` at `rate` bytes/s (a rate never measured: free,
+    /// the other terms decide).
+    fn secs(bytes: usize, rate: f64) -> f64 {
+        if rate > 0.0 && rate.is_finite() {
+            bytes as f64 / rate
+        } else {
+            0.0
+        }
+    }
 }
 
 impl CostModel {
     /// Estimated seconds for one call, given every rank's schedule (in rank
     /// order) on `topo`, with elements of `elem_size` bytes.
     pub fn estimate(&self, schedules: &[Schedule], topo: &Topology, elem_size: usize) -> f64 {
+        self.estimate_on(schedules, topo, None, elem_size)
+    }
+
+    /// [`CostModel::estimate`] on a measured `fabric` (see the module's
+    /// comment); `None`: one TCP class for every host pair. A fabric that
+    /// does not have `topo`'s hosts is ignored.
+    pub fn estimate_on(
+        &self,
+        schedules: &[Schedule],
+        topo: &Topology,
+        fabric: Option<&Fabric>,
+        elem_size: usize,
+    ) -> f64 {
+        let net = fabric
+            .filter(|f| f.nhosts() == topo.nhosts())
+            .map(Network::new);
+        let net = net.as_ref();
         let loads: Vec<Vec<PhaseLoad>> = schedules
             .iter()
-            .map(|s| phase_loads(s, topo, elem_size))
+            .map(|s| phase_loads(s, topo, net, elem_size))
             .collect();
         let nphases = loads.iter().map(Vec::len).max().unwrap_or(0);
         // Per host and phase index: TCP bytes out of and into the host.
         let mut host_out = vec![vec![0usize; nphases]; topo.nhosts()];
         let mut host_in = vec![vec![0usize; nphases]; topo.nhosts()];
         let mut host_from = vec![vec![0u64; nphases]; topo.nhosts()];
+        // Per group and phase: bytes leaving and entering the group.
+        let ngroups = net.map_or(0, |n| n.fabric.group_out.len());
+        let mut group_out = vec![vec![0usize; nphases]; ngroups];
+        let mut group_in = vec![vec![0usize; nphases]; ngroups];
         for (r, phases) in loads.iter().enumerate() {
             let h = topo.host_of(r);
             for (i, p) in phases.iter().enumerate() {
                 host_out[h][i] += p.tcp_out;
                 host_in[h][i] += p.tcp_in;
                 host_from[h][i] |= p.tcp_from;
+                if let Some(n) = net {
+                    let g = n.fabric.group_of[h];
+                    group_out[g][i] += p.cross_out;
+                    group_in[g][i] += p.cross_in;
+                }
             }
         }
         loads
@@ -131,12 +206,27 @@ impl CostModel {
                         let shm =
                             p.shm_msgs as f64 * self.shm.alpha + p.shm_bytes as f64 * self.shm.beta;
                         let tcp = if p.tcp_out + p.tcp_in > 0 {
-                            let bytes = host_out[h][i].max(host_in[h][i]);
                             let k = host_from[h][i].count_ones().max(1) as f64;
-                            let beta = self.tcp.beta * (1.0 + self.incast * (k - 1.0));
+                            let incast = 1.0 + self.incast * (k - 1.0);
                             let msgs = p.tcp_msgs_out.max(p.tcp_msgs_in).max(1) as f64;
                             let alpha = self.tcp.alpha * (1.0 + self.tcp_serial * (msgs - 1.0));
-                            alpha + bytes as f64 * beta
+                            let wire = match net {
+                                None => {
+                                    let bytes = host_out[h][i].max(host_in[h][i]);
+                                    bytes as f64 * self.tcp.beta * incast
+                                }
+                                Some(n) => {
+                                    let g = n.fabric.group_of[h];
+                                    let nic = Network::secs(host_out[h][i], n.nic_out[h])
+                                        .max(Network::secs(host_in[h][i], n.nic_in[h]));
+                                    let shared =
+                                        Network::secs(group_out[g][i], n.fabric.group_out[g]).max(
+                                            Network::secs(group_in[g][i], n.fabric.group_in[g]),
+                                        );
+                                    (nic * incast).max(p.pair_secs).max(shared)
+                                }
+                            };
+                            alpha + wire
                         } else {
                             0.0
                         };
@@ -148,8 +238,18 @@ impl CostModel {
     }
 }
 
-fn phase_loads(s: &Schedule, topo: &Topology, es: usize) -> Vec<PhaseLoad> {
+fn phase_loads(s: &Schedule, topo: &Topology, net: Option<&Network>, es: usize) -> Vec<PhaseLoad> {
     let me = topo.host_of(s.rank);
+    // With a fabric: (crosses a group boundary, seconds at the pair's rate).
+    let pair = |from: usize, to: usize, bytes: usize| -> (bool, f64) {
+        match net {
+            None => (false, 0.0),
+            Some(n) => (
+                n.fabric.group_of[from] != n.fabric.group_of[to],
+                Network::secs(bytes, n.fabric.rate[from][to]),
+            ),
+        }
+    };
     s.phases
         .iter()
         .map(|phase| {
@@ -162,8 +262,12 @@ fn phase_loads(s: &Schedule, topo: &Topology, es: usize) -> Vec<PhaseLoad> {
                             p.shm_msgs += 1;
                             shm_out += src.len * es;
                         } else {
+                            let bytes = src.len * es;
                             p.tcp_msgs_out += 1;
-                            p.tcp_out += src.len * es;
+                            p.tcp_out += bytes;
+                            let (cross, secs) = pair(me, topo.host_of(*peer), bytes);
+                            p.cross_out += if cross { bytes } else { 0 };
+                            p.pair_secs = p.pair_secs.max(secs);
                         }
                     }
                     Step::Recv {
@@ -175,8 +279,12 @@ fn phase_loads(s: &Schedule, topo: &Topology, es: usize) -> Vec<PhaseLoad> {
                             p.shm_msgs += 1;
                             shm_in += dst.len * es;
                         } else {
+                            let bytes = dst.len * es;
                             p.tcp_msgs_in += 1;
-                            p.tcp_in += dst.len * es;
+                            p.tcp_in += bytes;
+                            let (cross, secs) = pair(topo.host_of(*peer), me, bytes);
+                            p.cross_in += if cross { bytes } else { 0 };
+                            p.pair_secs = p.pair_secs.max(secs);
                             if dst.len > 0 {
                                 p.tcp_from |= 1 << (topo.host_of(*peer) % 64);
                             }
@@ -271,6 +379,91 @@ mod tests {
                 "{bytes} B: {a:?}"
             );
         }
+    }
+
+    /// Racks {0, 2} and {1, 3}: 1 Gbit/s hosts, 250 Mbit/s uplinks.
+    fn interleaved_racks() -> Fabric {
+        let (fast, slow) = (1.25e8, 3.125e7);
+        Fabric {
+            rate: (0..4)
+                .map(|a| {
+                    (0..4)
+                        .map(|b| match (a == b, a % 2 == b % 2) {
+                            (true, _) => 0.0,
+                            (false, true) => fast,
+                            (false, false) => slow,
+                        })
+                        .collect()
+                })
+                .collect(),
+            group_of: vec![0, 1, 0, 1],
+            group_out: vec![slow; 2],
+            group_in: vec![slow; 2],
+        }
+    }
+
+    #[test]
+    fn a_measured_fabric_charges_shared_uplinks() {
+        let f = interleaved_racks();
+        let m = cluster();
+        let args = CollArgs {
+            kind: CollKind::AllReduce,
+            root: 0,
+            counts: vec![16 << 20],
+        };
+        let ring = |t: &Topology| {
+            let s: Vec<_> = (0..t.nranks())
+                .map(|r| build_on(&args, r, t, Algo::Ring).unwrap())
+                .collect();
+            m.estimate_on(&s, t, Some(&f), 4)
+        };
+        // One rank per host: rank order crosses each uplink twice a step,
+        // the found order once.
+        let rank_order = Topology::from_hosts(&[0, 1, 2, 3]);
+        let found = rank_order.clone().with_host_order(&[0, 2, 1, 3]).unwrap();
+        let (slow, fast) = (ring(&rank_order), ring(&found));
+        assert!((slow / fast - 2.0).abs() < 0.05, "{slow} vs {fast}");
+        // 64 MiB: each step moves a quarter per flow; 6 steps at 250 Mbit/s.
+        let at_uplink = 6.0 * (16 << 20) as f64 / 3.125e7;
+        assert!(
+            (fast / at_uplink - 1.0).abs() < 0.05,
+            "{fast} vs {at_uplink}"
+        );
+        // Without the fabric the model cannot tell the orders apart.
+        let plain = |t: &Topology| {
+            let s: Vec<_> = (0..4)
+                .map(|r| build_on(&args, r, t, Algo::Ring).unwrap())
+                .collect();
+            m.estimate(&s, t, 4)
+        };
+        assert_eq!(plain(&rank_order), plain(&found));
+    }
+
+    #[test]
+    fn with_racks_auto_takes_hierarchical_in_the_found_order() {
+        // Two ranks per host (the acceptance case of issue 14 at 4 × 2): a
+        // torus keeps rank order and crosses the uplinks often.
+        let f = interleaved_racks();
+        let t = Topology::from_hosts(&[0, 0, 1, 1, 2, 2, 3, 3])
+            .with_host_order(&[0, 2, 1, 3])
+            .unwrap();
+        let args = CollArgs {
+            kind: CollKind::AllReduce,
+            root: 0,
+            counts: vec![16 << 20],
+        };
+        let m = cluster();
+        let cost = |a| {
+            let s: Vec<_> = (0..8).map(|r| build_on(&args, r, &t, a).unwrap()).collect();
+            m.estimate_on(&s, &t, Some(&f), 4)
+        };
+        let best = algos_for(CollKind::AllReduce)
+            .iter()
+            .copied()
+            .filter(|&a| applicable_on(&args, &t, a))
+            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+            .unwrap();
+        assert_eq!(best, Algo::Hierarchical, "{:?}", cost(Algo::Torus2d));
     }
 
     #[test]
