@@ -11,11 +11,17 @@ ratios, and how far each is from what the uplinks allow.
         --placement interleaved
     .venv/bin/python benchmarks/topology.py --cluster tr --size 64M
 
---ranks-per-host 2 runs two ranks per host; pass --algo hierarchical there
-(its cross-host column rings follow the order; `auto` may pick an algorithm
-that keeps rank order, as the start-up cost model knows hosts but not racks).
+--startup measures the other way a job gets its order: no topology file,
+so each cadence job profiles at start-up (a fresh cache per collective, so
+every one measures); it also times the start-up itself (`cadence.init()` on
+every rank) with rings in rank order, with a profile, and with the cached
+profile, and prints the cost.
+
+--ranks-per-host 2 runs two ranks per host; `auto` then chooses with the
+cost model priced on the measured network (hierarchical, whose cross-host
+column rings follow the order, for allreduce there).
 --algo picks cadence's algorithm (default: ring at one rank per host, auto
-otherwise).
+otherwise; the table shows what auto ran).
 """
 
 from __future__ import annotations
@@ -58,7 +64,53 @@ def _bench(cluster: str, rph: int, op: str, size: str, iters: int, backends: str
         if rec.get("wrong"):
             sys.exit(f"{rec['backend']} {op}: {rec['wrong']} wrong elements")
         got[rec["backend"]] = rec["time_us"] / 1e6
+        if rec["backend"] == "cadence" and rec.get("chosen"):
+            got["cadence algo"] = rec["chosen"]  # what auto ran
     return got
+
+
+INIT = """
+import time, cadence
+t = time.perf_counter()
+comm = cadence.init()
+took = time.perf_counter() - t
+order = comm.dump_records()["ring_order"]
+comm.close()
+if comm.rank == 0:
+    prof = order.get("profile_seconds")
+    print(f"INIT {took:.3f} {prof or 0:.3f} {'/'.join(order['hosts'])} {order['source']}",
+          flush=True)  # fmt: skip
+"""
+
+
+def _startup_cost(cluster, rph: int, workdir: Path) -> list[tuple[str, str]]:
+    """(case, what rank 0 saw) for rank order, a profile at start-up, and the
+    profile read from the cache: seconds in cadence.init() (which includes
+    waiting for the last rank to start), seconds the profile took, the
+    order and where it came from."""
+    import io
+
+    from cadence import testbed
+
+    script = workdir / "init.py"
+    script.write_text(INIT)
+    cache = workdir / "startup-cache"
+    rows = []
+    for case, topo in (("rank order (CADENCE_TOPO_FILE=none)", "none"),
+                       ("profile at start-up", ""), ("cached profile", "")):  # fmt: skip
+        out = io.BytesIO()
+        env = dict(os.environ, CADENCE_TOPO_FILE=topo, CADENCE_TOPO_CACHE=str(cache))
+        res = testbed.jobs.run(cluster, rph, [sys.executable, str(script)], timeout=300,
+                               env=env, out=out)  # fmt: skip
+        text = out.getvalue().decode(errors="replace")
+        line = next((ln for ln in text.splitlines() if "INIT " in ln), None)
+        if res.status or line is None:
+            sys.exit(f"start-up job ({case}) failed: {res.reason}\n{text[-3000:]}")
+        took, prof, hosts, source = line.split("INIT ", 1)[1].split(" ", 3)
+        what = f"{float(took):.2f} s (profile {float(prof):.2f} s), order {hosts} by {source}"
+        rows.append((case, what))
+        print(f"start-up, {case}: {what}", flush=True)
+    return rows
 
 
 def main() -> int:
@@ -72,17 +124,23 @@ def main() -> int:
     p.add_argument("--algo", help="cadence's algorithm (default: ring at 1 rank per host)")
     p.add_argument("--topo", help="use this topology file instead of profiling")
     p.add_argument("--peers", default="gloo,mpi", help="peers to run beside cadence")
+    p.add_argument("--startup", action="store_true",
+                   help="no file: each cadence job profiles at start-up (and time start-up)")
     args = p.parse_args()
 
     from cadence import testbed
     from cadence.testbed.rates import format_rate
 
     cluster = testbed.require(args.cluster)
-    algo = args.algo or ("ring" if args.ranks_per_host == 1 else None)
+    # auto by name, so the records say what it ran.
+    algo = args.algo or ("ring" if args.ranks_per_host == 1 else "auto")
     with tempfile.TemporaryDirectory(prefix="cadence-topo-") as tmp:
         workdir = Path(tmp)
         topo = args.topo
-        if topo is None:
+        startup = []
+        if args.startup:
+            startup = _startup_cost(cluster, args.ranks_per_host, workdir)
+        elif topo is None:
             topo = str(workdir / "topo.json")
             t0 = time.perf_counter()
             _cadence("topo", "profile", "--cluster", cluster.name, "-o", topo)
@@ -90,27 +148,38 @@ def main() -> int:
             doc = json.loads(Path(topo).read_text())
             print(f"profile: {took:.1f} s for the whole job (start-up included), "
                   f"{doc['profile']['seconds']:.1f} s measuring", flush=True)
-        _cadence("topo", "show", topo, echo=True)
+        if topo is not None:
+            _cadence("topo", "show", topo, echo=True)
         rows = []
         for op in args.ops.split(","):
+            if args.startup:  # unset: profile at start-up, into a cache of its own
+                os.environ["CADENCE_TOPO_CACHE"] = str(workdir / f"cache-{op}")
+                topo = ""
             plain = _bench(cluster.name, args.ranks_per_host, op, args.size, args.iters,
                            ",".join(["cadence", *filter(None, args.peers.split(","))]),
                            algo, "none", workdir)  # fmt: skip
             found = _bench(cluster.name, args.ranks_per_host, op, args.size, args.iters,
                            "cadence", algo, topo, workdir)  # fmt: skip
-            rows.append((op, plain, found["cadence"]))
+            rows.append((op, plain, found))
     uplink = cluster.uplink_bits or cluster.rate_bits
     print(f"\n# {cluster.name}: {len(cluster.hosts)} hosts x {args.ranks_per_host}, "
           f"{cluster.racks} racks ({cluster.placement}), host links {cluster.rate}, "
           f"uplinks {format_rate(uplink)}; {args.size}, cadence algo {algo or 'auto'}")  # fmt: skip
-    print("| collective | rank order (s) | found order (s) | found/rank order "
-          "| gloo (s) | Open MPI (s) | found vs gloo | found vs Open MPI |")
-    print("|---|---|---|---|---|---|---|---|")
-    for op, plain, found in rows:
+    found_by = "start-up profile" if args.startup else "topology file"
+    print(f"(found order: by {found_by})")
+    for case, what in startup:
+        print(f"start-up (cadence.init on rank 0), {case}: {what}")
+    print("| collective | cadence algo (rank order / found) | rank order (s) | found order (s) "
+          "| found/rank order | gloo (s) | Open MPI (s) | found vs gloo | found vs Open MPI |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for op, plain, got in rows:
+        found = got["cadence"]
+        algos = f"{plain.get('cadence algo', '?')} / {got.get('cadence algo', '?')}"
         secs = {k: f"{plain[k]:.3f}" if k in plain else "n/a" for k in ("gloo", "mpi")}
         vs = {k: f"{plain[k] / found:.2f}x" if k in plain else "n/a" for k in ("gloo", "mpi")}
-        print(f"| {op} | {plain['cadence']:.3f} | {found:.3f} | {plain['cadence'] / found:.2f}x "
-              f"| {secs['gloo']} | {secs['mpi']} | {vs['gloo']} | {vs['mpi']} |")
+        print(f"| {op} | {algos} | {plain['cadence']:.3f} | {found:.3f} "
+              f"| {plain['cadence'] / found:.2f}x | {secs['gloo']} | {secs['mpi']} "
+              f"| {vs['gloo']} | {vs['mpi']} |")
     return 0
 
 
