@@ -6,7 +6,8 @@
 //! with deadlines), [`monitor`] (always-on operation records), [`comm`] (the
 //! communicator that ties them together), [`config`] (`CADENCE_*` variables),
 //! [`tuning`] (tables `cadence tune` measured), [`fabric`] (the network between
-//! hosts: measured model and path finder).
+//! hosts: measured model and path finder), [`sim`] (schedules run on a model
+//! of a cluster).
 
 pub mod comm;
 pub mod config;
@@ -16,6 +17,7 @@ pub mod fabric;
 pub mod monitor;
 pub mod reduce;
 pub mod schedule;
+pub mod sim;
 pub mod transport;
 pub mod tuning;
 pub mod types;
