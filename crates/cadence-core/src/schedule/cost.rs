@@ -121,16 +121,11 @@ struct Network<'f> {
 
 impl<'f> Network<'f> {
     fn new(fabric: &'f Fabric) -> Network<'f> {
-        let n = fabric.nhosts();
-        let best = |it: &mut dyn Iterator<Item = f64>| it.fold(0.0f64, f64::max);
+        let (nic_out, nic_in) = crate::fabric::infer::nic_estimates(&fabric.rate);
         Network {
             fabric,
-            nic_out: (0..n)
-                .map(|a| best(&mut (0..n).filter(|&b| b != a).map(|b| fabric.rate[a][b])))
-                .collect(),
-            nic_in: (0..n)
-                .map(|b| best(&mut (0..n).filter(|&a| a != b).map(|a| fabric.rate[a][b])))
-                .collect(),
+            nic_out,
+            nic_in,
         }
     }
 
