@@ -953,6 +953,112 @@ fn topo_groups(rates: Vec<Vec<f64>>) -> PyResult<Vec<Vec<usize>>> {
     Ok(cadence_core::fabric::infer::groups_from_rates(&rates))
 }
 
+/// A modeled cluster for `cadence sim` (issue 15): a spec or topology file's
+/// text (`origin`: its path, for messages and relative files) for `ranks`
+/// ranks (None: the spec's own hosts × ranks per host).
+#[pyclass(frozen)]
+struct SimCluster {
+    cluster: cadence_core::sim::run::Cluster,
+    note: String,
+}
+
+#[pymethods]
+impl SimCluster {
+    #[new]
+    #[pyo3(signature = (text, origin, ranks=None))]
+    fn new(text: &str, origin: &str, ranks: Option<usize>) -> PyResult<SimCluster> {
+        let loaded = cadence_core::sim::spec::parse(text, std::path::Path::new(origin), ranks)
+            .map_err(|e| PyValueError::new_err(format!("{origin}: {e}")))?;
+        let note = loaded.note.clone();
+        Ok(SimCluster {
+            cluster: cadence_core::sim::run::Cluster::new(loaded),
+            note,
+        })
+    }
+
+    #[getter]
+    fn nranks(&self) -> usize {
+        self.cluster.nranks()
+    }
+
+    #[getter]
+    fn nhosts(&self) -> usize {
+        self.cluster.model.topo.nhosts()
+    }
+
+    #[getter]
+    fn note(&self) -> &str {
+        &self.note
+    }
+
+    /// One line: how the ring order was chosen.
+    #[getter]
+    fn order(&self) -> &str {
+        &self.cluster.order
+    }
+
+    /// The model's numbers, for people and for `--json`.
+    fn describe<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = &self.cluster.model;
+        let d = PyDict::new(py);
+        d.set_item("hosts", m.topo.nhosts())?;
+        d.set_item("ranks", m.topo.nranks())?;
+        d.set_item("nic_out", m.nic_out.clone())?;
+        d.set_item("nic_in", m.nic_in.clone())?;
+        d.set_item("group_of", m.group_of.clone())?;
+        d.set_item("group_out", m.group_out.clone())?;
+        d.set_item("group_in", m.group_in.clone())?;
+        d.set_item("tcp_alpha", m.tcp_alpha)?;
+        d.set_item("hop_alpha", m.hop_alpha)?;
+        d.set_item("shm_alpha", m.shm_alpha)?;
+        d.set_item("shm_rate", m.shm_rate)?;
+        d.set_item("mem_rate", m.mem_rate)?;
+        d.set_item("gamma", m.gamma)?;
+        d.set_item("ring_order", m.topo.host_order())?;
+        Ok(d)
+    }
+
+    /// The algorithms of `kind` that apply on this cluster, by name.
+    fn algorithms(&self, kind: &str) -> PyResult<Vec<&'static str>> {
+        let k = CollKind::from_name(kind)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown collective {kind:?}")))?;
+        let args = cadence_core::sim::run::args_for(k, self.cluster.nranks(), 1 << 20)
+            .map_err(PyValueError::new_err)?;
+        let topo = &self.cluster.auto.topo;
+        Ok(cadence_core::schedule::algos_for(k)
+            .iter()
+            .filter(|&&a| cadence_core::schedule::applicable_on(&args, topo, a))
+            .map(|a| a.name())
+            .collect())
+    }
+
+    /// run(op, count, elem_size, algo=None) -> (algo, seconds, messages):
+    /// `op` on a full buffer of `count` elements, simulated; `algo` None
+    /// runs the library's own choice.
+    #[pyo3(signature = (op, count, elem_size, algo=None))]
+    fn run(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        count: usize,
+        elem_size: usize,
+        algo: Option<&str>,
+    ) -> PyResult<(&'static str, f64, u64)> {
+        let k = CollKind::from_name(op)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown collective {op:?}")))?;
+        let a = match algo {
+            None => None,
+            Some(name) => Some(
+                Algo::from_name(name)
+                    .ok_or_else(|| PyValueError::new_err(format!("unknown algorithm {name:?}")))?,
+            ),
+        };
+        let out = py.allow_threads(|| self.cluster.run(k, count, elem_size, a));
+        let (algo, o) = out.map_err(PyValueError::new_err)?;
+        Ok((algo.name(), o.seconds, o.messages))
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CommError", m.py().get_type::<CommError>())?;
@@ -962,6 +1068,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
     m.add_function(wrap_pyfunction!(topo_ring, m)?)?;
     m.add_function(wrap_pyfunction!(topo_groups, m)?)?;
+    m.add_class::<SimCluster>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ANY_SOURCE", ANY_SOURCE)?;
     Ok(())

@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from cadence.cli import bench, cluster, doctor, soak, topo, tune
+from cadence.cli import bench, cluster, doctor, sim, soak, topo, tune
 
-COMMANDS = (bench, tune, cluster, soak, doctor, topo)
+COMMANDS = (bench, tune, cluster, soak, doctor, topo, sim)
 
 
 def build_parser() -> argparse.ArgumentParser:

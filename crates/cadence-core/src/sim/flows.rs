@@ -15,7 +15,10 @@
 //!   flow-level model (SimGrid, ASTRA-sim's analytical network).
 //!
 //! Time advances from one flow's completion to the next ([`Flows::run_until`]),
-//! rates recomputed at each, so the cost is per message, not per byte.
+//! rates recomputed for the flows a change touches, so the cost is per
+//! message, not per byte.
+
+use std::collections::BinaryHeap;
 
 /// A link this close to full (relative to its capacity) counts as full:
 /// subtractions of equal shares leave rounding dust.
@@ -78,16 +81,63 @@ pub fn max_min_rates(cap: &[f64], routes: &[&[usize]]) -> Vec<f64> {
     rate
 }
 
+/// Completion times within this fraction of each other are one moment:
+/// flows of a symmetric step end together and are handled in one batch.
+const SAME_TIME: f64 = 1e-12;
+
 struct Flow {
     id: usize,
     route: Vec<usize>,
+    /// Where this flow sits in each of its links' lists (`on_link`), parallel
+    /// to `route`, so leaving a link is O(1).
+    pos: Vec<usize>,
+    /// Bytes left at time `since`, sent at `rate` from then on.
     left: f64,
+    since: f64,
+    rate: f64,
+    /// Bumped at every rate change: heap entries of older versions are stale.
+    version: u64,
+    live: bool,
+}
+
+/// A flow's predicted completion, earliest first in a max-heap.
+struct Due(f64, usize, u64);
+impl PartialEq for Due {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == std::cmp::Ordering::Equal
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
+    }
 }
 
 /// Flows in flight on a set of links, and the clock.
+///
+/// Rates are recomputed incrementally: a flow that starts or ends changes
+/// only the rates of flows connected to it through shared links (its
+/// *component*), so only that component's max-min allocation is redone.
+/// In a ring every host's flow has links of its own and a step costs O(n),
+/// not O(n²); completions come off a heap of predicted finishing times
+/// (entries made stale by a rate change are skipped).
 pub struct Flows {
     cap: Vec<f64>,
-    active: Vec<Flow>,
+    on_link: Vec<Vec<usize>>,
+    flows: Vec<Flow>,
+    free: Vec<usize>,
+    due: BinaryHeap<Due>,
+    dirty: Vec<usize>,
+    /// Per link, the last component search that visited it.
+    seen: Vec<u64>,
+    search: u64,
+    live: usize,
     now: f64,
 }
 
@@ -98,9 +148,17 @@ impl Flows {
             cap.iter().all(|&c| c > 0.0),
             "every link needs a positive capacity"
         );
+        let n = cap.len();
         Flows {
             cap,
-            active: Vec::new(),
+            on_link: vec![Vec::new(); n],
+            flows: Vec::new(),
+            free: Vec::new(),
+            due: BinaryHeap::new(),
+            dirty: Vec::new(),
+            seen: vec![0; n],
+            search: 0,
+            live: 0,
             now: 0.0,
         }
     }
@@ -110,52 +168,170 @@ impl Flows {
     }
 
     pub fn is_idle(&self) -> bool {
-        self.active.is_empty()
+        self.live == 0
     }
 
     /// Starts flow `id` of `bytes` over `route` now.
     pub fn start(&mut self, id: usize, route: Vec<usize>, bytes: f64) {
-        self.active.push(Flow {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.flows.push(Flow {
+                id: 0,
+                route: Vec::new(),
+                pos: Vec::new(),
+                left: 0.0,
+                since: 0.0,
+                rate: 0.0,
+                version: 0,
+                live: false,
+            });
+            self.flows.len() - 1
+        });
+        let mut pos = Vec::with_capacity(route.len());
+        for &l in &route {
+            pos.push(self.on_link[l].len());
+            self.on_link[l].push(slot);
+            self.dirty.push(l);
+        }
+        let f = &mut self.flows[slot];
+        f.version += 1;
+        *f = Flow {
             id,
             route,
+            pos,
             left: bytes.max(0.0),
-        });
+            since: self.now,
+            rate: 0.0,
+            version: f.version,
+            live: true,
+        };
+        self.live += 1;
+        if f.route.is_empty() {
+            // Nothing limits it: done at once.
+            f.rate = f64::INFINITY;
+            self.due.push(Due(self.now, slot, f.version));
+        }
+    }
+
+    /// The time the next flow finishes (infinite when none is in flight).
+    pub fn next_completion(&mut self) -> f64 {
+        self.reallocate();
+        while let Some(d) = self.due.peek() {
+            let f = &self.flows[d.1];
+            if f.live && f.version == d.2 {
+                return d.0;
+            }
+            self.due.pop();
+        }
+        f64::INFINITY
     }
 
     /// Runs until the next flow finishes or time `until`, whichever comes
     /// first; returns the flows that finished at the new time (none when
     /// `until` came first).
     pub fn run_until(&mut self, until: f64) -> Vec<usize> {
-        if self.active.is_empty() {
-            self.now = self.now.max(until);
+        let next = self.next_completion();
+        if next > until {
+            if until.is_finite() {
+                self.now = self.now.max(until);
+            }
             return Vec::new();
         }
-        let routes: Vec<&[usize]> = self.active.iter().map(|f| f.route.as_slice()).collect();
-        let rate = max_min_rates(&self.cap, &routes);
-        let finish_in = |f: &Flow, r: f64| if f.left <= 0.0 { 0.0 } else { f.left / r };
-        let next = self
-            .active
-            .iter()
-            .zip(&rate)
-            .map(|(f, &r)| finish_in(f, r))
-            .fold(f64::INFINITY, f64::min);
-        let dt = next.min(until - self.now).max(0.0);
-        self.now += dt;
+        self.now = self.now.max(next);
+        let horizon = next + SAME_TIME * next.abs();
         let mut done = Vec::new();
-        let mut kept = Vec::with_capacity(self.active.len());
-        for (mut f, r) in self.active.drain(..).zip(rate) {
-            // Finished now: its own finishing time was the earliest (up to
-            // rounding), and the clock did not stop short of it.
-            let ends = finish_in(&f, r) <= next * (1.0 + 1e-12) && dt >= next;
-            if ends {
-                done.push(f.id);
-            } else {
-                f.left -= r * dt;
-                kept.push(f);
+        while let Some(d) = self.due.peek() {
+            if d.0 > horizon {
+                break;
+            }
+            let Due(_, slot, version) = self.due.pop().expect("peeked");
+            if !(self.flows[slot].live && self.flows[slot].version == version) {
+                continue;
+            }
+            done.push(self.flows[slot].id);
+            self.finish(slot);
+        }
+        done
+    }
+
+    fn finish(&mut self, slot: usize) {
+        let route = std::mem::take(&mut self.flows[slot].route);
+        let pos = std::mem::take(&mut self.flows[slot].pos);
+        for (&l, &p) in route.iter().zip(&pos) {
+            let list = &mut self.on_link[l];
+            list.swap_remove(p);
+            if let Some(&moved) = list.get(p) {
+                let m = &mut self.flows[moved];
+                let k = m.route.iter().position(|&x| x == l).expect("on its link");
+                m.pos[k] = p;
+            }
+            self.dirty.push(l);
+        }
+        let f = &mut self.flows[slot];
+        f.live = false;
+        f.version += 1;
+        self.live -= 1;
+        self.free.push(slot);
+    }
+
+    /// Max-min rates again for the flows connected to a link that changed.
+    fn reallocate(&mut self) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        self.search += 1;
+        let mark = self.search;
+        let mut links = Vec::new();
+        let mut stack = std::mem::take(&mut self.dirty);
+        let mut members: Vec<usize> = Vec::new();
+        while let Some(l) = stack.pop() {
+            if self.seen[l] == mark {
+                continue;
+            }
+            self.seen[l] = mark;
+            links.push(l);
+            for &f in &self.on_link[l] {
+                // A flow is added once: by the first of its links visited.
+                let first_seen = self.flows[f]
+                    .route
+                    .iter()
+                    .all(|&m| m == l || self.seen[m] != mark);
+                if first_seen {
+                    members.push(f);
+                }
+                for &m in &self.flows[f].route {
+                    if self.seen[m] != mark {
+                        stack.push(m);
+                    }
+                }
             }
         }
-        self.active = kept;
-        done
+        // The allocation over the component's links only, renumbered.
+        let cap: Vec<f64> = links.iter().map(|&l| self.cap[l]).collect();
+        let local: std::collections::HashMap<usize, usize> =
+            links.iter().enumerate().map(|(i, &l)| (l, i)).collect();
+        let routes: Vec<Vec<usize>> = members
+            .iter()
+            .map(|&f| self.flows[f].route.iter().map(|l| local[l]).collect())
+            .collect();
+        let routes: Vec<&[usize]> = routes.iter().map(Vec::as_slice).collect();
+        let rates = max_min_rates(&cap, &routes);
+        let now = self.now;
+        for (&slot, rate) in members.iter().zip(rates) {
+            let f = &mut self.flows[slot];
+            f.left = (f.left - f.rate * (now - f.since)).max(0.0);
+            if !f.left.is_finite() {
+                f.left = 0.0;
+            }
+            f.since = now;
+            f.rate = rate;
+            f.version += 1;
+            let at = if f.left <= 0.0 || rate.is_infinite() {
+                now
+            } else {
+                now + f.left / rate
+            };
+            self.due.push(Due(at, slot, f.version));
+        }
     }
 }
 

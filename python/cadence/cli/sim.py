@@ -1,0 +1,196 @@
+"""Simulate cadence's collectives on a modeled cluster.
+
+The schedules are the library's own (the same generators), `auto` is the
+library's own choice (the same selection code, priced with the cost model a
+start-up calibration would measure there), and the network is a flow-level
+model: messages share NICs and rack uplinks by max-min fairness, each pays
+its latency, reductions cost what the CPU takes. The table is `cadence
+bench`'s, from simulation.
+
+  cadence sim --topology fat-tree.json --ranks 512 --op allreduce --algo all -b 8 -e 1G -f 4
+  cadence sim --cluster tr --algo all -b 64K -e 64M -f 16
+  cadence sim --topology topo.json --json sim.json
+
+A spec is JSON (docs/simulator.md says every field); a topology file written by
+`cadence topo profile` is one too. --cluster simulates an emulated cluster as
+it is configured (hosts, NICs, rates, racks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from cadence.bench.common import DTYPES, OPS, format_size, layout, size_sweep
+from cadence.cli.bench import _positive, add_sweep_arguments
+from cadence.cli.launch import Job, Measure, Outcome
+from cadence.cli.report import build_table, json_records, print_rich, render_plain
+
+NAME = "sim"
+HELP = "simulate collectives on a modeled cluster (a spec, a topology file, --cluster)"
+
+# Columns a simulation has nothing to put in: one time per size, exact data.
+_NOT_SIMULATED = ("p99(us)", "#wrong")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--topology", metavar="SPEC", help="a cluster spec or topology file (JSON)")
+    where.add_argument("--cluster", metavar="NAME", help="an emulated cluster, as configured")
+    p.add_argument(
+        "--ranks", type=_positive,
+        help="ranks (a spec without `hosts`: hosts = ranks / ranks_per_host)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ranks-per-host", type=_positive, default=1, help="ranks per host with --cluster (1)"
+    )
+    p.add_argument("--op", choices=OPS, default="allreduce", help="collective (allreduce)")
+    p.add_argument(
+        "--dtype", choices=list(DTYPES), default="float32", help="element type (float32)"
+    )
+    add_sweep_arguments(p, stepfactor=4)
+    p.add_argument(
+        "--algo", metavar="ALGO[,ALGO...]", default="auto",
+        help="algorithm(s), each its own column group: a name, a comma list, auto (the "
+        "library's choice, the default) or all (auto and every algorithm that applies)",
+    )  # fmt: skip
+    p.add_argument("--json", metavar="FILE", help="also write `cadence bench` records")
+    p.add_argument(
+        "--show-spec", action="store_true",
+        help="print the spec --cluster builds (to edit and pass to --topology)",
+    )  # fmt: skip
+
+
+def cluster_spec(name: str, ranks_per_host: int) -> dict:
+    """The spec of emulated cluster `name` as `cadence cluster up` made it."""
+    from cadence import testbed
+
+    c = testbed.require(name)
+    spec: dict = {
+        "version": 1,
+        "kind": "cadence-cluster",
+        "note": f"emulated cluster {c.name}",
+        "hosts": len(c.hosts),
+        "ranks_per_host": ranks_per_host,
+        "nic": {"count": c.nics, "rate": f"{c.rate_bits}bit"},
+    }
+    if c.racks > 1 and c.uplink_bits:
+        spec["fabric"] = {
+            "kind": "racks",
+            "rack_of": list(c.rack_of),
+            "uplink": f"{c.uplink_bits * c.nics}bit",
+        }
+    return spec
+
+
+def _algos(text: str, op: str, available: list[str]) -> list[str]:
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if names == ["all"]:
+        return ["auto", *available]
+    unknown = [a for a in names if a != "auto" and a not in available]
+    if unknown:
+        raise ValueError(
+            f"--algo {','.join(unknown)} does not apply to {op} here "
+            f"(it has: {', '.join(available)})"
+        )
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from cadence import _core
+
+    try:
+        sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    except ValueError as e:
+        print(f"cadence sim: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.cluster:
+            spec = cluster_spec(args.cluster, args.ranks_per_host)
+            if args.show_spec:
+                print(json.dumps(spec, indent=1))
+                return 0
+            text, origin = json.dumps(spec), f"cluster {args.cluster}"
+        else:
+            if args.show_spec:
+                print("cadence sim: --show-spec goes with --cluster", file=sys.stderr)
+                return 2
+            path = Path(args.topology)
+            text, origin = path.read_text(), str(path)
+        model = _core.SimCluster(text, origin, args.ranks)
+    except (OSError, ValueError) as e:
+        print(f"cadence sim: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # testbed.TestbedError: no such cluster
+        print(f"cadence sim: {e}", file=sys.stderr)
+        return 2
+    try:
+        algos = _algos(args.algo, args.op, model.algorithms(args.op))
+    except ValueError as e:
+        print(f"cadence sim: {e}", file=sys.stderr)
+        return 2
+
+    n = model.nranks
+    itemsize = DTYPES[args.dtype].itemsize
+    job = Job(
+        op=args.op, dtype=args.dtype, sizes=sizes, nranks=n, iters=1, warmup=0, timeout=0.0,
+        algos=algos,
+    )  # fmt: skip
+    outcomes = [
+        Outcome(backend="cadence", algo=a, label=f"sim:{a}" if len(algos) > 1 else "sim")
+        for a in algos
+    ]
+    started = time.monotonic()
+    for o in outcomes:
+        t0 = time.monotonic()
+        for size in sizes:
+            lay = layout(args.op, size, itemsize, n)
+            if lay is None:
+                continue
+            algo = None if o.algo == "auto" else o.algo
+            try:
+                chosen, secs, _messages = model.run(args.op, lay.count, itemsize, algo)
+            except ValueError as e:
+                o.error = str(e)
+                break
+            o.measures[size] = Measure(
+                size=size, nbytes=lay.nbytes, count=lay.count, time_us=secs * 1e6, wrong=0,
+                chosen=chosen,
+            )  # fmt: skip
+        o.seconds = time.monotonic() - t0
+        print(f"# sim: {o.name} {len(o.measures)} sizes in {o.seconds:.1f} s", file=sys.stderr,
+              flush=True)  # fmt: skip
+
+    table = build_table(job, outcomes)
+    keep = [i for i, c in enumerate(table.columns) if c.title not in _NOT_SIMULATED]
+    table.columns = [table.columns[i] for i in keep]
+    table.rows = [[row[i] for i in keep] for row in table.rows]
+    table.notes = [x for x in table.notes if not x.startswith("#wrong")]
+    desc = model.describe()
+    nic = min(desc["nic_out"]) * 8 / 1e9
+    table.notes.append(
+        f"model: {desc['hosts']} hosts x {n // desc['hosts']} ranks, NIC {nic:g} Gbit/s, "
+        f"{len(desc['group_out'])} group(s), ring order: {model.order}; "
+        f"simulated in {time.monotonic() - started:.1f} s"
+    )
+    where = f"cluster {args.cluster}" if args.cluster else args.topology
+    title = (
+        f"cadence sim: {args.op} {args.dtype}, {n} ranks on {where}, "
+        f"{format_size(sizes[0])}..{format_size(sizes[-1])} x{args.stepfactor}"
+    )
+    if sys.stdout.isatty():
+        print_rich(table, title)
+    else:
+        print(f"# {title}\n{render_plain(table)}", flush=True)
+    if args.json:
+        records = json_records(job, outcomes)
+        for rec in records:
+            rec.pop("p99_us", None)
+            rec.pop("wrong", None)
+            rec["simulated"] = True
+            rec["topology"] = where
+        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    return 1 if any(o.error for o in outcomes) else 0
