@@ -10,7 +10,10 @@ of float32 (median of 5): γ, seconds per byte. Then, with cadence's
 point-to-point `send`/`recv`, it plays ping-pong with one peer on its own
 host (shared memory), if there is one, and one on another host (TCP), if
 there is one: α is half the round trip of an 8-byte message (median of 50),
-β is (half the round trip of a 4 MiB message − α) / 4 MiB (median of 5).
+β is (half the round trip of a 4 MiB message − α) / 4 MiB (median of 5),
+and o, the sender's time per message when messages go back to back, is
+(a burst of 64 8-byte sends answered by one 8-byte reply, minus 2α) / 64
+(median of 5; `cadence sim calibrate` uses it, the cost model does not).
 The other ranks wait at a barrier.
 
 Rank 0 writes `DIR/calibrate.json`: the setting as cadence sees it (ranks,
@@ -34,6 +37,7 @@ import numpy as np
 SMALL = 8  # bytes: α
 LARGE = 4 << 20  # bytes: β
 SMALL_REPS, LARGE_REPS, WARMUP = 50, 5, 5
+BURST = 64  # messages: o
 GAMMA_BYTES = 16 << 20
 
 
@@ -67,16 +71,38 @@ def half_round_trips(comm, peer: int, nbytes: int, reps: int, lead: bool) -> lis
     return times
 
 
+def bursts(comm, peer: int, reps: int, lead: bool) -> list[float]:
+    """`reps` timed bursts (after WARMUP untimed ones): BURST small sends from
+    the leader, one small reply; on the leader, each burst's seconds."""
+    buf = np.zeros(SMALL, dtype=np.uint8)
+    times = []
+    for i in range(WARMUP + reps):
+        if lead:
+            t0 = time.perf_counter()
+            for _ in range(BURST):
+                comm.send(buf, peer)
+            comm.recv(buf, peer)
+            if i >= WARMUP:
+                times.append(time.perf_counter() - t0)
+        else:
+            for _ in range(BURST):
+                comm.recv(buf, peer)
+            comm.send(buf, peer)
+    return times
+
+
 def link(comm, peer: int, lead: bool) -> dict[str, float] | None:
-    """α and β of the link between rank 0 and `peer` (on rank 0; None elsewhere)."""
+    """α, β and o of the link between rank 0 and `peer` (on rank 0; None elsewhere)."""
     small = half_round_trips(comm, peer, SMALL, SMALL_REPS, lead)
     large = half_round_trips(comm, peer, LARGE, LARGE_REPS, lead)
+    burst = bursts(comm, peer, LARGE_REPS, lead)
     if not lead:
         return None
     alpha = statistics.median(small)
     # A β of 0 or less would make the model call large messages free.
     beta = max((statistics.median(large) - alpha) / LARGE, 1e-13)
-    return {"alpha": alpha, "beta": beta}
+    overhead = max((statistics.median(burst) - 2 * alpha) / BURST, 0.0)
+    return {"alpha": alpha, "beta": beta, "overhead": overhead}
 
 
 def peers(hosts: list[str]) -> dict[str, int]:

@@ -13,7 +13,17 @@ bench`'s, from simulation.
 
 A spec is JSON (docs/simulator.md says every field); a topology file written by
 `cadence topo profile` is one too. --cluster simulates an emulated cluster as
-it is configured (hosts, NICs, rates, racks).
+it is configured (hosts, NICs, rates, racks), with the costs `cadence sim
+calibrate` measured on it when it has run:
+
+  cadence sim calibrate --cluster tr [--ranks-per-host 2] [--output spec.json]
+
+runs `cadence tune`'s calibration job on the cluster (ping-pong α and β over
+TCP and shared memory, o from bursts of small sends, γ from a local
+reduction) and writes the cluster's spec with those costs: the NIC rate is
+what TCP got (1/β), the uplinks scaled alike, latency = α − o. By default it
+goes beside the cluster's state (`cadence cluster down` removes it), where
+`cadence sim --cluster` finds it.
 """
 
 from __future__ import annotations
@@ -37,6 +47,11 @@ _NOT_SIMULATED = ("p99(us)", "#wrong")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "action", nargs="?", choices=["calibrate"],
+        help="calibrate: measure the costs on --cluster and write its spec",
+    )  # fmt: skip
+    p.add_argument("--output", metavar="FILE", help="calibrate: where to write the spec")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--topology", metavar="SPEC", help="a cluster spec or topology file (JSON)")
     where.add_argument("--cluster", metavar="NAME", help="an emulated cluster, as configured")
@@ -64,11 +79,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def calibrated_path(name: str) -> Path:
+    """Where `cadence sim calibrate --cluster NAME` writes by default."""
+    from cadence import testbed
+
+    return testbed.cluster.cache_dir(name) / "sim-spec.json"
+
+
 def cluster_spec(name: str, ranks_per_host: int) -> dict:
-    """The spec of emulated cluster `name` as `cadence cluster up` made it."""
+    """The spec of emulated cluster `name` as `cadence cluster up` made it,
+    with the calibrated costs when `cadence sim calibrate` wrote them."""
     from cadence import testbed
 
     c = testbed.require(name)
+    saved = calibrated_path(name)
+    if saved.exists():
+        spec = json.loads(saved.read_text())
+        spec["ranks_per_host"] = ranks_per_host
+        return spec
     spec: dict = {
         "version": 1,
         "kind": "cadence-cluster",
@@ -99,9 +127,86 @@ def _algos(text: str, op: str, available: list[str]) -> list[str]:
     return names
 
 
+def spec_from_calibration(spec: dict, measured: dict, rate_bits: int) -> dict:
+    """`spec` (a cluster's, as configured) with the costs `measured` by
+    `cadence tune`'s calibration job."""
+    out = json.loads(json.dumps(spec))
+    tcp, shm, gamma = measured.get("tcp"), measured.get("shm"), measured.get("gamma")
+    if tcp:
+        got = 1.0 / tcp["beta"]  # bytes/s
+        share = got * 8 / (rate_bits * spec["nic"]["count"])
+        o = tcp.get("overhead", 0.0)
+        out["nic"] = {
+            "count": 1,
+            "rate": f"{got / 1e6:.3f}MB/s",
+            "latency_us": round(max(tcp["alpha"] - o, 0.0) * 1e6, 3),
+            "overhead_us": round(o * 1e6, 3),
+        }
+        fabric = out.get("fabric")
+        if fabric and fabric.get("kind") == "racks":
+            bits = float(fabric["uplink"].removesuffix("bit"))
+            fabric["uplink"] = f"{bits * share / 8e6:.3f}MB/s"
+    if shm:
+        o = shm.get("overhead", 0.0)
+        out["shm"] = {
+            "rate": f"{1.0 / shm['beta'] / 1e6:.1f}MB/s",
+            "latency_us": round(max(shm["alpha"] - o, 0.0) * 1e6, 3),
+            "overhead_us": round(o * 1e6, 3),
+        }
+    if gamma:
+        out["cpu"] = {"reduce": f"{1.0 / gamma / 1e6:.1f}MB/s"}
+    return out
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    import tempfile
+    from datetime import datetime
+
+    from cadence import testbed
+    from cadence.cli import tune
+
+    if not args.cluster:
+        print("cadence sim calibrate: needs --cluster NAME", file=sys.stderr)
+        return 2
+    try:
+        cluster = testbed.require(args.cluster)
+    except testbed.TestbedError as e:
+        print(f"cadence sim calibrate: {e}", file=sys.stderr)
+        return 2
+    # Measure with at least 2 ranks per host, so shared memory is measured too.
+    rph = max(args.ranks_per_host, 2)
+    saved = calibrated_path(args.cluster)
+    if saved.exists():
+        saved.unlink()  # measure the cluster as configured, not an old spec
+    base = cluster_spec(args.cluster, args.ranks_per_host)
+    job = Job(
+        op="allreduce", dtype="float32", sizes=[8], nranks=len(cluster.hosts) * rph, iters=1,
+        warmup=0, timeout=300.0, cluster=cluster, ranks_per_host=rph,
+    )  # fmt: skip
+    print(f"sim calibrate: measuring {cluster.name} ({len(cluster.hosts)} hosts x {rph}) ...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="cadence-sim-") as tmp:
+        try:
+            calib = tune.calibrate(job, ["allreduce"], Path(tmp))
+        except tune.TuneError as e:
+            print(f"cadence sim calibrate: {e}", file=sys.stderr)
+            return 1
+    spec = spec_from_calibration(base, calib.get("measured", {}), cluster.rate_bits)
+    stamp = datetime.now().astimezone().isoformat(timespec="seconds")
+    spec["note"] = f"emulated cluster {cluster.name}, calibrated {stamp}"
+    out = Path(args.output) if args.output else saved
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(spec, indent=1) + "\n")
+    print(json.dumps({k: spec[k] for k in ("nic", "shm", "cpu") if k in spec}))
+    print(f"# sim calibrate: wrote {out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from cadence import _core
 
+    if args.action == "calibrate":
+        return calibrate(args)
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as e:

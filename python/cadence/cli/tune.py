@@ -172,7 +172,11 @@ def model_from(measured: dict) -> dict:
     """The setting's `model` from the calibration job's measurements; a link
     class it did not measure keeps the default."""
     links = {
-        kind: {k: _sig(v) for k, v in (measured.get(kind) or DEFAULT_LINKS[kind]).items()}
+        kind: {
+            k: _sig(v)
+            for k, v in (measured.get(kind) or DEFAULT_LINKS[kind]).items()
+            if k in ("alpha", "beta")  # the cost model's; `overhead` is the simulator's
+        }
         for kind in ("shm", "tcp")
     }
     return {**links, "gamma": _sig(measured.get("gamma") or DEFAULT_GAMMA), "incast": INCAST}

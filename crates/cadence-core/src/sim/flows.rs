@@ -137,6 +137,8 @@ pub struct Flows {
     /// Per link, the last component search that visited it.
     seen: Vec<u64>,
     search: u64,
+    /// Per link, its index among the links of the component being solved.
+    local: Vec<usize>,
     live: usize,
     now: f64,
 }
@@ -158,6 +160,7 @@ impl Flows {
             dirty: Vec::new(),
             seen: vec![0; n],
             search: 0,
+            local: vec![0; n],
             live: 0,
             now: 0.0,
         }
@@ -307,11 +310,12 @@ impl Flows {
         }
         // The allocation over the component's links only, renumbered.
         let cap: Vec<f64> = links.iter().map(|&l| self.cap[l]).collect();
-        let local: std::collections::HashMap<usize, usize> =
-            links.iter().enumerate().map(|(i, &l)| (l, i)).collect();
+        for (i, &l) in links.iter().enumerate() {
+            self.local[l] = i;
+        }
         let routes: Vec<Vec<usize>> = members
             .iter()
-            .map(|&f| self.flows[f].route.iter().map(|l| local[l]).collect())
+            .map(|&f| self.flows[f].route.iter().map(|&l| self.local[l]).collect())
             .collect();
         let routes: Vec<&[usize]> = routes.iter().map(Vec::as_slice).collect();
         let rates = max_min_rates(&cap, &routes);

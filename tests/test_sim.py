@@ -1,0 +1,88 @@
+"""`cadence sim`: the simulator's command line (the engine's closed forms are
+Rust tests in crates/cadence-core/src/sim/)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cadence import _core
+from cadence.cli.main import main
+from cadence.cli.sim import spec_from_calibration
+
+SPEC = {
+    "version": 1,
+    "kind": "cadence-cluster",
+    "nic": {"rate": "10gbit", "latency_us": 5},
+    "fabric": {"kind": "fat_tree", "hosts_per_leaf": 4, "oversubscription": 2.0},
+}
+
+
+def write(tmp_path, spec: dict):
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_sim_prints_benchs_table_and_records(tmp_path, capsys):
+    path = write(tmp_path, SPEC)
+    out = tmp_path / "sim.json"
+    rc = main(["sim", "--topology", str(path), "--ranks", "16", "--algo", "auto,ring,direct",
+               "-b", "1K", "-e", "4M", "-f", "16", "--json", str(out)])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "sim:ring" in text and "sim:direct" in text and "auto/best" in text
+    records = json.loads(out.read_text())
+    assert {r["algo"] for r in records} == {"auto", "ring", "direct"}
+    assert all(r["simulated"] and r["nranks"] == 16 and r["time_us"] > 0 for r in records)
+    by = {(r["algo"], r["bytes"]): r["time_us"] for r in records}
+    # A larger buffer never takes less time; auto ran one of the library's.
+    assert by[("ring", 4 << 20)] > by[("ring", 1024)]
+    assert all(r["chosen"] in _core.algorithms("allreduce") for r in records)
+
+
+def test_ring_time_is_the_bandwidth_term_at_large_sizes():
+    # 8 hosts, one leaf (no blocking): 2 (n-1)/n of 256 MiB at 1.25 GB/s.
+    spec = {**SPEC, "hosts": 8, "fabric": {"kind": "single_switch"}}
+    model = _core.SimCluster(json.dumps(spec), "spec.json")
+    algo, secs, msgs = model.run("allreduce", 64 << 20, 4, "ring")
+    bound = 2 * 7 / 8 * (256 << 20) / 1.25e9
+    assert algo == "ring" and msgs > 0
+    assert bound <= secs <= 1.05 * bound, (secs, bound)
+
+
+@pytest.mark.parametrize(
+    ("change", "ranks", "says"),
+    [
+        ({"speed": 3}, "16", "unknown field `speed`"),
+        ({"nic": {"rate": "-10gbit"}}, "16", "nic.rate"),
+        ({"ranks_per_host": 3}, "16", "16 ranks do not fill whole hosts of 3 ranks"),
+        ({"hosts": 4}, "16", "16 ranks do not fit 4 hosts"),
+    ],
+)
+def test_a_spec_with_a_mistake_is_one_line(tmp_path, capsys, change, ranks, says):
+    path = write(tmp_path, {**SPEC, **change})
+    rc = main(["sim", "--topology", str(path), "--ranks", ranks, "-b", "1K", "-e", "1K"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err, err
+
+
+def test_calibration_turns_measurements_into_a_spec():
+    base = {
+        "version": 1, "kind": "cadence-cluster", "hosts": 4, "ranks_per_host": 1,
+        "nic": {"count": 1, "rate": "1000000000bit"},
+        "fabric": {"kind": "racks", "rack_of": [0, 1, 0, 1], "uplink": "250000000bit"},
+    }  # fmt: skip
+    measured = {
+        "tcp": {"alpha": 60e-6, "beta": 1 / 1.1e8, "overhead": 10e-6},
+        "shm": {"alpha": 3e-6, "beta": 1 / 5e9, "overhead": 1e-6},
+        "gamma": 1 / 4e9,
+    }
+    spec = spec_from_calibration(base, measured, 10**9)
+    assert spec["nic"]["latency_us"] == 50.0 and spec["nic"]["overhead_us"] == 10.0
+    # TCP got 88 % of the NIC: the uplinks are scaled alike.
+    model = _core.SimCluster(json.dumps(spec), "spec.json").describe()
+    assert model["nic_out"][0] == pytest.approx(1.1e8, rel=1e-6)
+    assert model["group_out"][0] == pytest.approx(0.88 * 250e6 / 8, rel=1e-6)
+    assert model["gamma"] == pytest.approx(1 / 4e9)
