@@ -86,3 +86,35 @@ def test_calibration_turns_measurements_into_a_spec():
     assert model["nic_out"][0] == pytest.approx(1.1e8, rel=1e-6)
     assert model["group_out"][0] == pytest.approx(0.88 * 250e6 / 8, rel=1e-6)
     assert model["gamma"] == pytest.approx(1 / 4e9)
+
+
+def test_tune_sim_writes_a_setting_for_the_simulated_cluster(tmp_path, capsys):
+    path = write(tmp_path, SPEC)
+    out = tmp_path / "tuning.json"
+    rc = main(["tune", "--sim", str(path), "--nranks", "8", "--ops", "allreduce,alltoall",
+               "-b", "8", "-e", "4M", "-f", "8", "--output", str(out)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    (setting,) = doc["settings"]
+    assert (setting["nranks"], setting["nhosts"], setting["ranks_per_host"]) == (8, 8, 1)
+    assert "(simulated)" in setting["note"]
+    for op in ("allreduce", "alltoall"):
+        ranges = [c for c in setting["choices"] if c["collective"] == op]
+        # The winners cover every size: from 0, each range where the last ended, to max.
+        assert ranges[0]["lo"] == 0 and ranges[-1]["hi"] is None
+        assert all(a["hi"] + 1 == b["lo"] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert setting["model"]["tcp"]["beta"] == pytest.approx(1 / 1.25e9)
+
+
+def test_calibration_across_racks_scales_by_the_uplink_it_measured():
+    base = {
+        "version": 1, "kind": "cadence-cluster", "hosts": 4,
+        "nic": {"count": 1, "rate": "1000000000bit"},
+        "fabric": {"kind": "racks", "rack_of": [0, 1, 0, 1], "uplink": "250000000bit"},
+    }  # fmt: skip
+    # TCP got 88 % of the 250 Mbit/s uplink between rank 0 and its peer.
+    measured = {"tcp": {"alpha": 60e-6, "beta": 1 / 2.75e7, "overhead": 0.0}}
+    spec = spec_from_calibration(base, measured, 10**9, 250 * 10**6)
+    model = _core.SimCluster(json.dumps(spec), "spec.json").describe()
+    assert model["nic_out"][0] == pytest.approx(0.88 * 1e9 / 8, rel=1e-6)
+    assert model["group_out"][0] == pytest.approx(2.75e7, rel=1e-6)

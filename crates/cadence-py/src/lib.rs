@@ -1011,6 +1011,8 @@ impl SimCluster {
         d.set_item("tcp_alpha", m.tcp_alpha)?;
         d.set_item("hop_alpha", m.hop_alpha)?;
         d.set_item("shm_alpha", m.shm_alpha)?;
+        d.set_item("tcp_overhead", m.tcp_overhead)?;
+        d.set_item("shm_overhead", m.shm_overhead)?;
         d.set_item("shm_rate", m.shm_rate)?;
         d.set_item("mem_rate", m.mem_rate)?;
         d.set_item("gamma", m.gamma)?;

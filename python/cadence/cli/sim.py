@@ -127,18 +127,24 @@ def _algos(text: str, op: str, available: list[str]) -> list[str]:
     return names
 
 
-def spec_from_calibration(spec: dict, measured: dict, rate_bits: int) -> dict:
+def spec_from_calibration(
+    spec: dict, measured: dict, rate_bits: int, bottleneck_bits: int | None = None
+) -> dict:
     """`spec` (a cluster's, as configured) with the costs `measured` by
-    `cadence tune`'s calibration job."""
+    `cadence tune`'s calibration job. TCP got `1/β` over a path whose
+    configured bottleneck is `bottleneck_bits` (the NICs' `rate_bits`, or a
+    rack uplink when the peer measured was in another rack): the NICs and
+    uplinks are scaled by the share of it that TCP got."""
     out = json.loads(json.dumps(spec))
     tcp, shm, gamma = measured.get("tcp"), measured.get("shm"), measured.get("gamma")
+    count = spec["nic"]["count"]
     if tcp:
         got = 1.0 / tcp["beta"]  # bytes/s
-        share = got * 8 / (rate_bits * spec["nic"]["count"])
+        share = got * 8 / (bottleneck_bits or rate_bits * count)
         o = tcp.get("overhead", 0.0)
         out["nic"] = {
             "count": 1,
-            "rate": f"{got / 1e6:.3f}MB/s",
+            "rate": f"{rate_bits * count * share / 8e6:.3f}MB/s",
             "latency_us": round(max(tcp["alpha"] - o, 0.0) * 1e6, 3),
             "overhead_us": round(o * 1e6, 3),
         }
@@ -191,7 +197,16 @@ def calibrate(args: argparse.Namespace) -> int:
         except tune.TuneError as e:
             print(f"cadence sim calibrate: {e}", file=sys.stderr)
             return 1
-    spec = spec_from_calibration(base, calib.get("measured", {}), cluster.rate_bits)
+    # The TCP peer the job measured (the first rank on another host): across
+    # racks its path's bottleneck is the uplink.
+    names = calib.get("hosts", [])
+    index = {h.name: h.index for h in cluster.hosts}
+    peer = next((h for h in names if h != names[0]), None) if names else None
+    bottleneck = cluster.rate_bits * cluster.nics
+    if peer in index and names[0] in index and cluster.racks > 1 and cluster.uplink_bits:
+        if cluster.rack_of[index[peer]] != cluster.rack_of[index[names[0]]]:
+            bottleneck = min(bottleneck, cluster.uplink_bits * cluster.nics)
+    spec = spec_from_calibration(base, calib.get("measured", {}), cluster.rate_bits, bottleneck)
     stamp = datetime.now().astimezone().isoformat(timespec="seconds")
     spec["note"] = f"emulated cluster {cluster.name}, calibrated {stamp}"
     out = Path(args.output) if args.output else saved

@@ -33,6 +33,14 @@ examples:
   cadence tune --nranks 4
   cadence tune --nranks 2 --ops allreduce -b 8 -e 1M -f 8 --dry-run
   cadence tune --cluster tb --ranks-per-host 2 --ops allreduce,allgather
+  cadence tune --sim fat-tree.json --nranks 512 --dry-run
+
+With --sim SPEC nothing runs: every algorithm is simulated on the cluster the
+spec describes (`cadence sim`, docs/simulator.md) and the winners make the
+setting (keyed by the spec's ranks, hosts and ranks per host), with the cost
+model the spec's own numbers give: tuning entries for a cluster this machine
+cannot reach. Simulated winners are as good as the model; check them with
+`cadence tune` on the cluster when you have it.
 """
 
 from __future__ import annotations
@@ -112,6 +120,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the tuning file to merge into (CADENCE_TUNING_FILE, else the default location)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the table, write nothing")
+    p.add_argument(
+        "--sim", metavar="SPEC",
+        help="simulate on this cluster spec or topology file instead of measuring "
+        "(--nranks: its ranks when the spec has no hosts)",
+    )  # fmt: skip
     p.add_argument(
         "--timeout",
         type=float,
@@ -437,9 +450,102 @@ def resolve_setting(args: argparse.Namespace) -> tuple[testbed.Cluster | None, i
     return cluster, nranks
 
 
+def model_of_spec(desc: dict) -> dict:
+    """The cost model a start-up calibration would measure on a simulated
+    cluster (`SimCluster.describe()`): α with the per-message overhead."""
+    return {
+        "shm": {"alpha": _sig(desc["shm_alpha"] + desc["shm_overhead"]),
+                "beta": _sig(1 / min(desc["shm_rate"], desc["mem_rate"]))},
+        "tcp": {"alpha": _sig(desc["tcp_alpha"] + desc["tcp_overhead"]),
+                "beta": _sig(1 / min(desc["nic_out"] + desc["nic_in"]))},
+        "gamma": _sig(desc["gamma"]),
+        "incast": INCAST,
+    }  # fmt: skip
+
+
+def simulated(args: argparse.Namespace, sizes: list[int]) -> tuple[dict, list[OpResult], str]:
+    """`cadence tune --sim`: (the setting's key, per-collective winners, where)."""
+    from cadence import _core
+    from cadence.bench.common import layout
+    from cadence.cli.launch import Measure
+
+    if args.cluster:
+        raise TuneError("--sim and --cluster: simulate a cluster with `cadence sim --cluster`")
+    try:
+        text = Path(args.sim).read_text()
+        model = _core.SimCluster(text, args.sim, args.nranks)
+    except (OSError, ValueError) as e:
+        raise TuneError(str(e)) from None
+    n, hosts = model.nranks, model.nhosts
+    key = {"nranks": n, "nhosts": hosts, "ranks_per_host": n // hosts}
+    itemsize = DTYPES[args.dtype].itemsize
+    results = []
+    for op in args.ops:
+        algos = list(model.algorithms(op))
+        job = Job(op=op, dtype=args.dtype, sizes=sizes, nranks=n, iters=1, warmup=0,
+                  timeout=0.0, algos=algos)  # fmt: skip
+        outcomes = []
+        for a in algos:
+            o = Outcome(backend="cadence", algo=a)
+            for size in sizes:
+                lay = layout(op, size, itemsize, n)
+                if lay is None:
+                    continue
+                try:
+                    _, secs, _ = model.run(op, lay.count, itemsize, a)
+                except ValueError as e:
+                    raise TuneError(f"{op} {a} at {format_size(lay.nbytes)}: {e}") from None
+                o.measures[size] = Measure(size=size, nbytes=lay.nbytes, count=lay.count,
+                                           time_us=secs * 1e6, wrong=0)  # fmt: skip
+            outcomes.append(o)
+        res = judge(job, op, algos, outcomes)
+        print(f"tune: {op}: simulated {len(algos)} algorithms x {len(sizes)} sizes",
+              file=sys.stderr, flush=True)  # fmt: skip
+        results.append(res)
+    return key, results, model_of_spec(model.describe())
+
+
+def run_sim(args: argparse.Namespace, sizes: list[int], output: Path, existing, note: str) -> int:
+    try:
+        key, results, model = simulated(args, sizes)
+    except TuneError as e:
+        print(f"cadence tune: {e}", file=sys.stderr)
+        return 2
+    where = f"{key['nranks']} ranks on {key['nhosts']} hosts of {args.sim} (simulated)"
+    table = summary_table(results)
+    line = model_line(model, {"measured": {"shm": 1, "tcp": 1}})
+    table.notes.append(line.replace("(measured)", "(the spec's)"))
+    title = f"cadence tune --sim: {where}, {args.dtype}, " + (
+        f"{format_size(sizes[0])}..{format_size(sizes[-1])} x{args.stepfactor}"
+    )
+    if sys.stdout.isatty():
+        print_rich(table, title)
+    else:
+        print(f"# {title}\n{render_plain(table)}", flush=True)
+    setting = {
+        **key,
+        "note": f"{note} (simulated)",
+        "model": model,
+        "choices": [c for r in results for c in choices_of(r.op, r.ranges)],
+    }
+    if args.dry_run:
+        print(f"# dry run: would merge into {output}:")
+        print(render({"version": 1, "settings": [setting]}), end="")
+    else:
+        write_table(output, merge(existing, setting))
+        print(f"# wrote the simulated setting ({where}) to {output}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+        if args.sim:
+            output = Path(args.output) if args.output else default_output(dict(os.environ))
+            existing = None if args.dry_run else load_table(output)
+            stamp = datetime.now().astimezone().isoformat(timespec="seconds")
+            argv = getattr(args, "argv", None) or sys.argv[1:]
+            return run_sim(args, sizes, output, existing, f"cadence {shlex.join(argv)}, {stamp}")
         cluster, nranks = resolve_setting(args)
         output = Path(args.output) if args.output else default_output(dict(os.environ))
         existing = None if args.dry_run else load_table(output)

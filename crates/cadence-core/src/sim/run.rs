@@ -6,9 +6,10 @@
 
 use super::exec::{simulate_with, Model, Outcome};
 use super::spec::Loaded;
-use crate::comm::order::choose_by;
+use crate::comm::order::{choose_by, START_MAX_HOSTS};
 use crate::comm::select::{select_algo_on, Auto};
 use crate::config::AlgoOverride;
+use crate::fabric::file::{TopoFile, KIND, VERSION};
 use crate::schedule::{self, Algo, CollArgs, CostModel, LinkCost, Topology};
 use crate::types::CollKind;
 use std::sync::Arc;
@@ -25,14 +26,30 @@ pub struct Cluster {
 impl Cluster {
     pub fn new(loaded: Loaded) -> Cluster {
         let mut model = loaded.model;
-        let (topo, order, fabric) = match &loaded.topo_file {
+        // Without a file, a job across 3-16 hosts profiles the network at
+        // start-up and orders its ring by what it found (`comm::order`):
+        // the profile of this model is its own numbers.
+        let profiled = loaded.topo_file.clone().or_else(|| {
+            let h = model.topo.nhosts();
+            let racks = model
+                .group_out
+                .iter()
+                .chain(&model.group_in)
+                .any(|c| c.is_finite());
+            (racks && (3..=START_MAX_HOSTS).contains(&h)).then(|| as_profile(&model))
+        });
+        let (topo, order, fabric) = match &profiled {
             Some(file) if model.topo.nhosts() == file.hosts.len() => {
                 // Rank r's host is the file's host of the same index.
                 let names: Vec<String> = (0..model.topo.nranks())
                     .map(|r| file.hosts[model.topo.host_of(r)].clone())
                     .collect();
-                let (t, choice, fabric) =
-                    choose_by(model.topo.clone(), &names, file, "the topology file");
+                let source = if loaded.topo_file.is_some() {
+                    "the topology file"
+                } else {
+                    "the start-up profile"
+                };
+                let (t, choice, fabric) = choose_by(model.topo.clone(), &names, file, source);
                 (t, choice, fabric)
             }
             _ => {
@@ -89,6 +106,43 @@ impl Cluster {
     }
 }
 
+/// What a start-up profile would find on `m`: each pair's alone rate (its
+/// NICs and, across groups, the groups' uplinks) and the groups' shared
+/// capacities.
+fn as_profile(m: &Model) -> TopoFile {
+    let h = m.topo.nhosts();
+    let rate = |a: usize, b: usize| {
+        let mut r = m.nic_out[a].min(m.nic_in[b]);
+        let (ga, gb) = (m.group_of[a], m.group_of[b]);
+        if ga != gb {
+            r = r.min(m.group_out[ga]).min(m.group_in[gb]);
+        }
+        if a == b {
+            0.0
+        } else {
+            r
+        }
+    };
+    let ngroups = m.group_out.len();
+    let cap = |c: f64| c.is_finite().then_some(c);
+    TopoFile {
+        version: VERSION,
+        kind: KIND.into(),
+        note: "the model's own numbers, as a start-up profile would find them".into(),
+        hosts: (0..h).map(|i| format!("h{i}")).collect(),
+        rates: (0..h)
+            .map(|a| (0..h).map(|b| rate(a, b)).collect())
+            .collect(),
+        groups: (0..ngroups)
+            .map(|g| (0..h).filter(|&x| m.group_of[x] == g).collect())
+            .collect(),
+        group_out: m.group_out.iter().map(|&c| cap(c)).collect(),
+        group_in: m.group_in.iter().map(|&c| cap(c)).collect(),
+        patterns: serde_json::Value::Null,
+        profile: serde_json::Value::Null,
+    }
+}
+
 /// The cost model a start-up calibration would measure on `m`: α and β of
 /// each transport, γ (the fabric, when measured, prices the rest).
 fn calibrated(m: &Model) -> CostModel {
@@ -119,7 +173,8 @@ pub fn args_for(kind: CollKind, n: usize, count: usize) -> Result<CollArgs, Stri
     let counts = match kind {
         CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => vec![count],
         CollKind::AllGather | CollKind::ReduceScatter => vec![part; n],
-        CollKind::AllToAll => vec![part / n.max(1); n * n],
+        // `count`: one rank's input, `part` of it to each rank.
+        CollKind::AllToAll => vec![part; n * n],
         _ => return Err(format!("the simulator does not run {kind}")),
     };
     if counts.iter().all(|&c| c == 0) {
@@ -145,6 +200,7 @@ mod tests {
         let text = r#"{"version": 1, "kind": "cadence-cluster", "hosts": 8,
             "nic": {"rate": "10gbit", "latency_us": 20}}"#;
         let c = Cluster::new(parse(text, Path::new("s.json"), None).unwrap());
+        assert!(c.order.contains("hosts by lowest rank"), "{}", c.order);
         let (small, o) = c.run(CollKind::AllReduce, 2, 4, None).unwrap();
         assert!(o.seconds > 0.0);
         let (big, _) = c.run(CollKind::AllReduce, 16 << 20, 4, None).unwrap();
@@ -160,5 +216,31 @@ mod tests {
         );
         let e = c.run(CollKind::AllGather, 3, 4, None).unwrap_err();
         assert!(e.contains("hold nothing"), "{e}");
+    }
+
+    #[test]
+    fn interleaved_racks_are_ordered_as_the_start_up_profile_would() {
+        let text = r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4,
+            "nic": {"rate": "1gbit"},
+            "fabric": {"kind": "racks", "rack_of": [0, 1, 0, 1], "uplink": "250mbit"}}"#;
+        let c = Cluster::new(parse(text, Path::new("s.json"), None).unwrap());
+        let order = c.model.topo.host_order();
+        assert!(
+            order == [0, 2, 1, 3] || order == [0, 2, 3, 1],
+            "{order:?}: {}",
+            c.order
+        );
+        assert!(c.auto.fabric.is_some());
+        // The found ring crosses each uplink once a step: 3 steps of a
+        // 16 MiB block at 31.25 MB/s, about.
+        let (_, o) = c
+            .run(CollKind::AllGather, 4 << 22, 4, Some(Algo::Ring))
+            .unwrap();
+        let want = 3.0 * (16 << 20) as f64 / 31.25e6;
+        assert!(
+            (o.seconds - want).abs() < 0.02 * want,
+            "{} vs {want}",
+            o.seconds
+        );
     }
 }
