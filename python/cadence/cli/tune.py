@@ -450,6 +450,23 @@ def resolve_setting(args: argparse.Namespace) -> tuple[testbed.Cluster | None, i
     return cluster, nranks
 
 
+def setting_of(key: dict, note: str, model: dict, results: list[OpResult]) -> dict:
+    """One setting of the tuning file: its key, note, cost model and choices."""
+    choices = [c for r in results for c in choices_of(r.op, r.ranges)]
+    return {**key, "note": note, "model": model, "choices": choices}
+
+
+def save(setting: dict, output: Path, existing: dict | None, dry_run: bool) -> bool:
+    """Merges `setting` into the table at `output` (True), or prints what it
+    would write (False, --dry-run)."""
+    if dry_run:
+        print(f"# dry run: would merge into {output}:")
+        print(render({"version": 1, "settings": [setting]}), end="")
+        return False
+    write_table(output, merge(existing, setting))
+    return True
+
+
 def model_of_spec(desc: dict) -> dict:
     """The cost model a start-up calibration would measure on a simulated
     cluster (`SimCluster.describe()`): α with the per-message overhead."""
@@ -522,17 +539,8 @@ def run_sim(args: argparse.Namespace, sizes: list[int], output: Path, existing, 
         print_rich(table, title)
     else:
         print(f"# {title}\n{render_plain(table)}", flush=True)
-    setting = {
-        **key,
-        "note": f"{note} (simulated)",
-        "model": model,
-        "choices": [c for r in results for c in choices_of(r.op, r.ranges)],
-    }
-    if args.dry_run:
-        print(f"# dry run: would merge into {output}:")
-        print(render({"version": 1, "settings": [setting]}), end="")
-    else:
-        write_table(output, merge(existing, setting))
+    setting = setting_of(key, f"{note} (simulated)", model, results)
+    if save(setting, output, existing, args.dry_run):
         print(f"# wrote the simulated setting ({where}) to {output}")
     return 0
 
@@ -625,17 +633,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"# {title}\n{render_plain(table)}", flush=True)
 
-    setting = {
-        **key,
-        "note": note,
-        "model": model,
-        "choices": [c for r in results for c in choices_of(r.op, r.ranges)],
-    }
-    if args.dry_run:
-        print(f"# dry run: would merge into {output}:")
-        print(render({"version": 1, "settings": [setting]}), end="")
-    else:
-        write_table(output, merge(existing, setting))
+    setting = setting_of(key, note, model, results)
+    if save(setting, output, existing, args.dry_run):
         print(f"# wrote the setting ({where}) to {output}")
         if cluster:
             print(
