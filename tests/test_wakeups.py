@@ -52,7 +52,11 @@ def test_no_wait_misses_its_wake_up():
     naps = sum(w["naps"] for w in waits.values())
     late = sum(w["late_wakeups"] for w in waits.values())
     # The test means nothing unless ranks really slept on their doorbells.
-    assert naps >= 500, waits
+    # How often they do depends on scheduling: CI once saw 362 naps in this
+    # storm (other runs thousands). A lost wake-up makes nearly every nap
+    # late (20316 late with the doorbell's wake removed), so 100 naps
+    # already show it.
+    assert naps >= 100, waits
     # A publisher descheduled between its publish and its doorbell for a
     # whole nap (5 ms) also counts; on a busy machine that is rare, a lost
     # wake-up is not.
