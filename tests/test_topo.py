@@ -282,7 +282,9 @@ def test_profile_recovers_racks_and_rates_and_the_found_ring_is_faster(racked, t
         assert cap is not None and abs(cap / UPLINK - 1) < 0.15, doc["group_out"]
     measured = {p["name"]: min(f[2] for f in p["flows"]) for p in doc["patterns"]
                 if p["name"].startswith("ring in")}  # fmt: skip
-    assert measured["ring in found order"] > 1.5 * measured["ring in rank order"], measured
+    # Ideally 2x (one flow per uplink instead of two); a busy 2-core CI host
+    # once measured 1.48x. A wrong order gives about 1x.
+    assert measured["ring in found order"] > 1.3 * measured["ring in rank order"], measured
 
 
 @needs_clusters

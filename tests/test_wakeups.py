@@ -45,7 +45,10 @@ def _storm(comm, iters):
 def test_no_wait_misses_its_wake_up():
     # The patient policy whatever the core count, so that a machine with
     # more cores than ranks sleeps too.
-    env = {"CADENCE_SPIN_US": "2", "CADENCE_YIELD_US": "50"}
+    # No yielding: a wait sleeps on its doorbell after 2 µs of spinning, so
+    # the storm makes naps even when ranks rarely wait long (CI once counted
+    # 87 naps with 50 µs of yielding before each).
+    env = {"CADENCE_SPIN_US": "2", "CADENCE_YIELD_US": "0"}
     res = run_ranks(_storm, NRANKS, args=(ITERS,), timeout=200, env=env)
     assert all(st == "ok" for st, _ in res.values()), res
     waits = {r: v[0] for r, (_, v) in res.items()}
