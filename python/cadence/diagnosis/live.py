@@ -162,7 +162,11 @@ def verdict_of(summaries: dict[int, bytes], hang_after: float) -> dict:
 def _store_client(store):
     """A client of the job's Store for the watchdog: a connection of its own
     with a short timeout for a TCPStore (so it never blocks the
-    application's calls, nor for long), else the store itself."""
+    application's calls, nor for long), else the store itself.
+
+    It connects with the application's own store timeout (a loaded host
+    once took over 5 s to accept it, which failed `init`), and only then
+    shortens the timeout of its requests."""
     from datetime import timedelta
 
     try:
@@ -170,8 +174,11 @@ def _store_client(store):
     except ImportError:  # pragma: no cover - the Store is a torch object
         return store
     if isinstance(store, dist.TCPStore):
-        return dist.TCPStore(store.host, store.port, is_master=False,
-                             timeout=timedelta(seconds=5), wait_for_workers=False)
+        client = dist.TCPStore(store.host, store.port, is_master=False,
+                               timeout=max(store.timeout, timedelta(seconds=5)),
+                               wait_for_workers=False)
+        client.set_timeout(timedelta(seconds=5))
+        return client
     return store
 
 
