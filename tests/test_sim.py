@@ -118,3 +118,31 @@ def test_calibration_across_racks_scales_by_the_uplink_it_measured():
     model = _core.SimCluster(json.dumps(spec), "spec.json").describe()
     assert model["nic_out"][0] == pytest.approx(0.88 * 1e9 / 8, rel=1e-6)
     assert model["group_out"][0] == pytest.approx(2.75e7, rel=1e-6)
+
+
+def test_kisti_study_runs_and_auto_with_a_topology_file_prices_the_spine(tmp_path):
+    # The study's script at its two smallest scales plus 64 (the first past
+    # one 32-host leaf): every algorithm simulated, and at 64 nodes the
+    # library's choice given the topology file beats its choice without it
+    # (which cannot see the 2:1 spine).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "sim_kisti.py"
+    out = tmp_path / "kisti.json"
+    r = subprocess.run([sys.executable, str(script), "--nodes", "16,64", "--jobs", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "| 64 |" in r.stdout
+    times = json.loads(out.read_text())["times"]
+    seen = {(t["nodes"], t["algo"], t["bytes"]) for t in times}
+    assert len(seen) == 2 * 10 * 3  # nodes x (8 algorithms + 2 autos) x buckets
+    at = {(t["nodes"], t["algo"], t["bytes"]): t for t in times}
+    big = 25 << 20
+    blind, profiled = at[64, "auto", big], at[64, "auto_profiled", big]
+    assert profiled["seconds"] < 0.9 * blind["seconds"], (blind, profiled)
+    best = min(at[64, a, big]["seconds"] for a in
+               ("direct", "ring", "torus2d", "torus2d_ring", "hierarchical",
+                "recursive_doubling", "rabenseifner", "double_binary_tree"))
+    assert profiled["seconds"] <= 1.05 * best
