@@ -8,6 +8,7 @@ error; then the worst error and how many cells are within --within.
 
   python benchmarks/sim_validate.py --cluster v --ops allreduce,allgather,reduce_scatter \\
       --sizes 64K,1M,64M [--ranks-per-host 2] [--measured v-1-*.json] [--json out.json]
+      [--spec saved-spec.json]
 
 Without --measured it runs the benches itself (minutes at 64 MiB on 1 Gbit/s).
 """
@@ -41,6 +42,8 @@ def measure(cluster: str, rph: int, op: str, sizes: list[int], iters: int, out: 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cluster", required=True)
+    p.add_argument("--spec", help="a spec saved before (`cadence sim calibrate --output`) "
+                                  "instead of the cluster's current one")
     p.add_argument("--ranks-per-host", type=int, default=1)
     p.add_argument("--ops", default="allreduce,allgather,reduce_scatter")
     p.add_argument("--sizes", default="64K,1M,64M", help="sizes to compare (others are ignored)")
@@ -62,7 +65,11 @@ def main() -> int:
                 measure(args.cluster, args.ranks_per_host, op, sizes, args.iters, out)
                 if out.exists():
                     records += json.loads(out.read_text())
-    spec = cluster_spec(args.cluster, args.ranks_per_host)
+    if args.spec:
+        spec = json.loads(Path(args.spec).read_text())
+        spec["ranks_per_host"] = args.ranks_per_host
+    else:
+        spec = cluster_spec(args.cluster, args.ranks_per_host)
     model = _core.SimCluster(json.dumps(spec), f"cluster {args.cluster}", None)
     print(f"# spec: {json.dumps({k: spec.get(k) for k in ('nic', 'fabric', 'shm', 'cpu')})}")
     print(f"# {'op':<15} {'algo':<20} {'size':>6} {'measured':>10} {'simulated':>10} {'error':>7}")

@@ -725,12 +725,17 @@ impl Sim<'_> {
         let mut at = arrived.max(ready);
         if m.reduce {
             // The engine reduces pieces as they land: the CPU's work runs
-            // beside the arrival, one reduction at a time per rank.
+            // beside the arrival, one reduction at a time per rank. The CPU
+            // is busy for the work only, not for the whole arrival: the
+            // reductions of messages arriving together (direct's incast)
+            // share the time their bytes take to come in, and the rank is
+            // CPU-bound only when their work adds up to more.
             let begun = m.started.unwrap_or(arrived).max(ready);
             let st = &mut self.ranks[dst];
             let work = m.bytes * self.model.gamma;
-            at = at.max(st.cpu_free.max(begun) + work);
-            st.cpu_free = at;
+            let done = st.cpu_free.max(begun) + work;
+            st.cpu_free = done;
+            at = at.max(done);
         }
         self.push(at, Kind::Received(c, seq));
     }
