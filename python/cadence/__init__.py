@@ -20,6 +20,7 @@ import uuid
 import numpy as np
 
 from cadence import _buffers
+from cadence import fused as _fused
 from cadence._core import ANY_SOURCE, Bootstrap, CommError, Work, algorithms
 from cadence.diagnosis import live as _live
 
@@ -401,6 +402,33 @@ class Communicator:
         root = ANY_SOURCE if src is None else src
         return self._run("recv", None, out, root=root, counts=[_buffers.numel(out)],
                          async_op=async_op, result=out)
+
+    # Fused compute + collective operators (cadence.fused, docs/fused.md).
+
+    def gemv_allreduce(self, w_shard, x_shard, *, fused=True, tile_rows=None, algo=None):
+        """sum over ranks of w_shard (M, K_r) @ x_shard (K_r,) -> (M,), computed
+        in tiles that are reduced while the next is computed."""
+        return _fused.gemv_allreduce(self, w_shard, x_shard, fused=fused,
+                                     tile_rows=tile_rows, algo=algo)  # fmt: skip
+
+    def gemm_allreduce(self, x_shard, w_shard, *, fused=True, tile_rows=None, algo=None):
+        """sum over ranks of x_shard (B, K_r) @ w_shard (K_r, N) -> (B, N)."""
+        return _fused.gemm_allreduce(self, x_shard, w_shard, fused=fused,
+                                     tile_rows=tile_rows, algo=algo)  # fmt: skip
+
+    def allgather_matmul(self, a_shard, b, *, fused=True, tile_rows=None, algo=None,
+                         return_gathered=False):  # fmt: skip
+        """Every rank's a_shard (m, K) gathered in rank order, times b (K, N)
+        -> (size*m, N); with `return_gathered`, (that, the gathered rows)."""
+        return _fused.allgather_matmul(self, a_shard, b, fused=fused, tile_rows=tile_rows,
+                                       algo=algo, return_gathered=return_gathered)  # fmt: skip
+
+    def matmul_reduce_scatter(self, a_shard, b_shard, *, fused=True, tile_rows=None,
+                              algo=None):  # fmt: skip
+        """This rank's block of rows of sum over ranks of a_shard (M, K_r) @
+        b_shard (K_r, N), rows split as numpy.array_split does."""
+        return _fused.matmul_reduce_scatter(self, a_shard, b_shard, fused=fused,
+                                            tile_rows=tile_rows, algo=algo)  # fmt: skip
 
     def split(self, color: int, key: int | None = None) -> Communicator | None:
         """Collective over this communicator: ranks with the same `color` form

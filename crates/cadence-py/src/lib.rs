@@ -562,6 +562,26 @@ impl PyComm {
             .collect())
     }
 
+    /// The algorithm a call of `kind` with `counts` (as `_run` takes them)
+    /// of `dtype` would run here, by name, without running it.
+    fn choose(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        counts: Vec<usize>,
+        dtype: &str,
+    ) -> PyResult<&'static str> {
+        let k = CollKind::from_name(kind)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown collective {kind:?}")))?;
+        let dt = DType::from_name(dtype)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown dtype {dtype:?}")))?;
+        let algo = self
+            .comm
+            .choose(k, counts, dt)
+            .map_err(|e| to_py_err(py, e))?;
+        Ok(algo.name())
+    }
+
     /// allreduce(x, out=None, op="sum", factor=None, algo=None, async_op=False)
     ///
     /// Reduces `x` over all ranks. In place when `out` is None; returns the

@@ -26,6 +26,7 @@ examples:
   cadence bench --nranks 4 --op allreduce -b 8 -e 64M -f 4 --backends cadence,gloo,mpi
   cadence bench --nranks 2 --op allgather -b 1K -e 16M -f 4 --algo all --backends cadence,gloo
   cadence bench --cluster tb --ranks-per-host 2 --op allgather -b 8 -e 64M -f 4
+  cadence bench --nranks 2 --op gemv_allreduce --shape M=4194304,K=8
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from cadence.bench.common import (
     parse_size,
     size_sweep,
 )
-from cadence.cli import plot
+from cadence.bench.fused import FUSED_OPS
+from cadence.cli import fused, plot
 from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, run_backend, units
 from cadence.cli.report import algbw, build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import format_rate, payload_share
@@ -113,7 +115,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="local ranks per backend (2; with --cluster: hosts x --ranks-per-host)",
     )  # fmt: skip
     add_cluster_arguments(p)
-    p.add_argument("--op", choices=OPS, default="allreduce", help="collective (allreduce)")
+    p.add_argument(
+        "--op", choices=[*OPS, *FUSED_OPS], default="allreduce",
+        help="collective (allreduce), or a fused operator (docs/fused.md): fused vs unfused "
+        "vs compute alone vs collective alone, on cadence only",
+    )  # fmt: skip
+    p.add_argument(
+        "--shape", metavar="D=N[,D=N...]",
+        help="a fused operator's shape (default: its documented one), e.g. M=4194304,K=8",
+    )  # fmt: skip
+    p.add_argument(
+        "--tile-rows", type=_positive, help="a fused operator's tile, in rows (automatic)"
+    )
     p.add_argument(
         "--dtype", choices=list(DTYPES), default="float32", help="element type (float32)"
     )
@@ -371,6 +384,11 @@ def path_lines(outcomes: list[Outcome]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.op in FUSED_OPS:
+        return fused.run(args)
+    if args.shape or args.tile_rows:
+        print("cadence bench: --shape and --tile-rows are for fused operators", file=sys.stderr)
+        return 2
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as e:

@@ -551,6 +551,24 @@ impl Comm {
             .collect()
     }
 
+    /// The algorithm a call with these arguments would run (its `algo`, or
+    /// the library's choice: CADENCE_ALGO, the tuning table, the model, the
+    /// size table), without running it. The fused operators ask this for
+    /// their whole output and run every tile with the answer: tiles go back
+    /// to back, as one transfer of the whole size would.
+    pub fn choose(&self, kind: CollKind, counts: Vec<usize>, dtype: DType) -> Result<Algo> {
+        let sh = &self.shared;
+        let args = CollArgs {
+            kind,
+            root: 0,
+            counts,
+        };
+        schedule::check_args(&args, sh.nranks)
+            .map_err(|e| sh.err(ErrorKind::InvalidArgument(e.to_string()), None))?;
+        let req = OpRequest::new(kind, dtype, RedOp::Sum, 0, args.counts.clone());
+        sh.choose_algo(&req, &args)
+    }
+
     /// Runs an operation to completion. When no asynchronous operation is
     /// queued it runs inline on the caller's thread: no hand-off, no wake-up.
     pub fn run(&self, req: OpRequest<'_>) -> Result<()> {

@@ -1,0 +1,180 @@
+"""One rank of `cadence bench --op <fused operator>`: times the operator fused,
+unfused (compute, then one collective), the compute alone and the collective
+alone, on the same buffers, samples taking turns (see worker.time_ops).
+
+    python -m cadence.bench.fused --op gemv_allreduce --shape M=4194304,K=8 --out DIR
+
+Each rank appends one JSON line per variant to `<out>/rank<R>.jsonl`: median
+and p99 seconds, and for `fused` the number of elements that differ from the
+unfused result by more than the dtype's tolerance (the two sum in different
+orders). The launcher (cli/fused.py) takes the max of the ranks' medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cadence.bench.worker import p99, time_ops
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    name: str
+    dims: tuple[str, ...]  # shape parameters, in the order --shape lists them
+    default: dict[str, int]  # the documented shape (docs/fused.md)
+    what: str  # one line for --help and the table's title
+
+    def shape(self, text: str | None) -> dict[str, int]:
+        """--shape "M=...,K=..." over the defaults; raises ValueError."""
+        shape = dict(self.default)
+        for part in (text or "").split(","):
+            if not part.strip():
+                continue
+            key, _, value = part.partition("=")
+            key = key.strip()
+            if key not in self.dims or not value.strip().isdigit():
+                raise ValueError(
+                    f"--shape {text!r}: {self.name} takes {','.join(d + '=N' for d in self.dims)}"
+                )
+            shape[key] = int(value)
+        return shape
+
+
+# The documented shapes put compute and communication of the same order on
+# two local ranks of a 2-core machine (docs/fused.md has the measurements).
+FUSED_OPS = {
+    op.name: op
+    for op in (
+        FusedOp("gemv_allreduce", ("M", "K"), {"M": 4 << 20, "K": 8},
+                "(M, K) @ (K,) per rank, summed over ranks"),
+        FusedOp("gemm_allreduce", ("B", "K", "N"), {"B": 4096, "K": 32, "N": 1024},
+                "(B, K) @ (K, N) per rank, summed over ranks"),
+        FusedOp("allgather_matmul", ("m", "K", "N"), {"m": 2048, "K": 512, "N": 128},
+                "gather every rank's (m, K), times (K, N)"),
+        FusedOp("matmul_reduce_scatter", ("M", "K", "N"), {"M": 8192, "K": 32, "N": 512},
+                "(M, K) @ (K, N) per rank, summed, each rank keeps M/n rows"),
+    )
+}  # fmt: skip
+VARIANTS = ("fused", "unfused", "compute", "collective")
+
+
+def _operands(op: str, shape: dict[str, int], rank: int, dtype: str):
+    rng = np.random.default_rng(1000 + rank)
+
+    def mat(*dims):
+        a = rng.standard_normal(dims, dtype=np.float32)
+        if dtype == "bfloat16":
+            import torch
+
+            return torch.from_numpy(a).to(torch.bfloat16)
+        return a
+
+    s = shape
+    return {
+        "gemv_allreduce": lambda: (mat(s["M"], s["K"]), mat(s["K"])),
+        "gemm_allreduce": lambda: (mat(s["B"], s["K"]), mat(s["K"], s["N"])),
+        "allgather_matmul": lambda: (mat(s["m"], s["K"]), mat(s["K"], s["N"])),
+        "matmul_reduce_scatter": lambda: (mat(s["M"], s["K"]), mat(s["K"], s["N"])),
+    }[op]()
+
+
+def bind(comm, op: str, a, b, tile_rows: int | None) -> dict[str, Callable[[], object]]:
+    """The four variants of `op` on operands (a, b), as calls."""
+    from cadence import fused
+    from cadence.fused._pipeline import Math, compute_pool
+
+    m = Math(a, b)
+    run = getattr(comm, op)
+    n = comm.size
+
+    def in_pool(fn):
+        def call():
+            with compute_pool(comm, m):
+                return fn()
+
+        return call
+
+    if op == "gemv_allreduce":
+        y = m.empty((a.shape[0],))
+        compute = in_pool(lambda: m.matmul(a, b, y))
+        collective = lambda: comm.allreduce(y)  # noqa: E731
+    elif op == "gemm_allreduce":
+        y = m.empty((a.shape[0], b.shape[1]))
+        compute = in_pool(lambda: m.matmul(a, b, y))
+        collective = lambda: comm.allreduce(y)  # noqa: E731
+    elif op == "allgather_matmul":
+        g = m.empty((n, *a.shape))
+        y = m.empty((n * a.shape[0], b.shape[1]))
+        compute = in_pool(lambda: m.matmul(g.reshape(n * a.shape[0], a.shape[1]), b, y))
+        collective = lambda: comm.allgather(a, out=g)  # noqa: E731
+    else:
+        y = m.empty((a.shape[0], b.shape[1]))
+        counts = [c * b.shape[1] for c in fused.row_blocks(a.shape[0], n)]
+        out = m.empty((counts[comm.rank],))
+        compute = in_pool(lambda: m.matmul(a, b, y))
+        collective = lambda: comm.reduce_scatterv(y, counts, out=out)  # noqa: E731
+    return {
+        "fused": lambda: run(a, b, tile_rows=tile_rows),
+        "unfused": lambda: run(a, b, fused=False),
+        "compute": compute,
+        "collective": collective,
+    }
+
+
+def _differ(got, want, dtype: str) -> int:
+    """Elements of `got` farther from `want` than summation order explains."""
+    if not isinstance(got, np.ndarray):
+        import torch
+
+        got, want = got.to(torch.float32).numpy(), want.to(torch.float32).numpy()
+    tol = 5e-2 if dtype == "bfloat16" else 1e-4
+    scale = np.abs(want).max() if want.size else 0.0
+    return int(np.count_nonzero(np.abs(got - want) > tol * max(scale, 1e-30)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="cadence.bench.fused")
+    p.add_argument("--op", choices=list(FUSED_OPS), required=True)
+    p.add_argument("--shape", default="")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--tile-rows", type=int)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+
+    import cadence
+
+    comm = cadence.init()
+    spec = FUSED_OPS[args.op]
+    shape = spec.shape(args.shape)
+    a, b = _operands(args.op, shape, comm.rank, args.dtype)
+    calls = bind(comm, args.op, a, b, args.tile_rows)
+    names = list(calls)
+    times = time_ops([calls[k] for k in names], args.iters, args.warmup, comm.barrier)
+    wrong = _differ(calls["fused"](), calls["unfused"](), args.dtype)
+    path = Path(args.out) / f"rank{comm.rank}.jsonl"
+    with path.open("a") as f:
+        for name, samples in zip(names, times, strict=True):
+            f.write(json.dumps({
+                "op": args.op, "algo": name, "shape": shape, "dtype": args.dtype,
+                "rank": comm.rank, "nranks": comm.size,
+                "time_us": statistics.median(samples) * 1e6, "p99_us": p99(samples) * 1e6,
+                "wrong": wrong if name == "fused" else 0,
+                "compute_threads": comm._fused_threads,
+            }) + "\n")  # fmt: skip
+    comm.barrier()
+    comm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
