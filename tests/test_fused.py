@@ -117,6 +117,7 @@ def check_all_kinds(comm, seed: int) -> list:
     failures = []
     for kind, dtype in [("numpy", "float32"), ("torch", "float32"), ("torch", "bfloat16")]:
         failures += check_operators(comm, kind, dtype, seed)
+        failures += check_alltoall_operators(comm, kind, dtype, seed)
     return failures
 
 
@@ -150,3 +151,124 @@ def test_a_shape_that_differs_across_ranks_is_an_error_naming_the_peer():
         assert f"mismatch with rank {1 - rank}" in text, text
         assert "count=100, float32" in text and "count=110, float32" in text, text
         assert "in cadence gemv_allreduce, tile 4 of 4 (rows 900..10" in text, text
+
+
+def _embedding_reference(tables, indices, offsets, mode):
+    """(B, D) per table, pooled in float64."""
+    out = []
+    for table, idx, off in zip(tables, indices, offsets, strict=True):
+        ends = np.append(off[1:], idx.size)
+        rows = np.zeros((off.size, table.shape[1]))
+        for b, (lo, hi) in enumerate(zip(off, ends, strict=True)):
+            if hi > lo:
+                rows[b] = table[idx[lo:hi]].sum(axis=0)
+                if mode == "mean":
+                    rows[b] /= hi - lo
+        out.append(rows)
+    return out
+
+
+def check_alltoall_operators(comm, kind: str, dtype: str, seed: int) -> list:
+    n, r = comm.size, comm.rank
+    rng = np.random.default_rng(seed)
+    failures: list[str] = []
+    # Embedding bags: rank q owns q % 3 + 1 tables (rank 1 of 5+ ranks none),
+    # of 50-ish rows and D = 12; B = 37 bags (not divisible by the ranks),
+    # some of them empty.
+    width, batch = 12, 37
+    owned = [0 if (q == 1 and n >= 5) else q % 3 + 1 for q in range(n)]
+    everything = []  # per rank: (tables as float64, indices, offsets, as passed)
+    for q in range(n):
+        mine = []
+        for _ in range(owned[q]):
+            rows = int(rng.integers(40, 60))
+            lengths = rng.integers(0, 5, batch)
+            idx = rng.integers(0, rows, int(lengths.sum()))
+            off = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            (table,), (value,) = _shards(kind, dtype, [rng.standard_normal((rows, width))])
+            mine.append((table, value, idx, off))
+        everything.append(mine)
+    slice_r = np.array_split(np.arange(batch), n)[r]
+    for mode in ("sum", "mean"):
+        want = np.concatenate([
+            np.stack(_embedding_reference([v for _, v, _, _ in everything[q]],
+                                          [i for _, _, i, _ in everything[q]],
+                                          [o for _, _, _, o in everything[q]], mode), axis=1)
+            [slice_r] if everything[q] else np.zeros((len(slice_r), 0, width))
+            for q in range(n)], axis=1)  # fmt: skip
+        scale = np.abs(want) * 4 + 1
+        mine = everything[r]
+        for fused in (True, False):
+            tables, idx = [t for t, *_ in mine], [i for *_, i, _ in mine]
+            off = [o for *_, o in mine]
+            got = comm.embedding_bag_alltoall(tables, idx, off, mode=mode, fused=fused)
+            what = f"embedding_bag_alltoall {kind} {dtype} {mode} fused={fused}"
+            _check(got, want, scale, 4, dtype, what, failures)
+
+    # Mixture of experts: 2 experts per rank, H = 16, H_out = 24, 0-40 tokens
+    # per rank (rank 0 has none when n > 1), routed at random.
+    per, hid, hout = 2, 16, 24
+    ntok = [0 if (q == 0 and n > 1) else int(rng.integers(1, 40)) for q in range(n)]
+    toks = [_shards(kind, dtype, [rng.standard_normal((ntok[q], hid))]) for q in range(n)]
+    routes = [rng.integers(0, per * n, ntok[q]) for q in range(n)]
+    experts = [_shards(kind, dtype, [rng.standard_normal((per, hid, hout))]) for _ in range(n)]
+    ev = np.concatenate([experts[q][1][0] for q in range(n)])  # (E, H, H_out) float64
+    xv = toks[r][1][0]
+    want = np.stack([xv[i] @ ev[routes[r][i]] for i in range(ntok[r])]) if ntok[r] else \
+        np.zeros((0, hout))  # fmt: skip
+    scale = np.stack([np.abs(xv[i]) @ np.abs(ev[routes[r][i]]) for i in range(ntok[r])]) \
+        if ntok[r] else np.zeros((0, hout))  # fmt: skip
+    for fused in (True, False):
+        got = comm.gemm_alltoall(toks[r][0][0], experts[r][0][0], routes[r], fused=fused)
+        _check(got, want, scale, hid, dtype, f"gemm_alltoall {kind} {dtype} fused={fused}",
+               failures)  # fmt: skip
+    return failures
+
+
+def bad_arguments_on_one_rank(comm):
+    """Rank 1 passes an embedding index past its table's end, then a routing
+    entry past the last expert: every rank raises, none waits."""
+    errors = []
+    table = np.ones((10, 4), np.float32)
+    idx = np.array([0, 3, 10 if comm.rank == 1 else 9])
+    try:
+        comm.embedding_bag_alltoall([table], [idx], [np.array([0, 1])])
+    except ValueError as e:
+        errors.append(str(e))
+    route = np.array([0, comm.size * 2 if comm.rank == 1 else 1])
+    try:
+        comm.gemm_alltoall(np.ones((2, 4), np.float32), np.ones((2, 4, 3), np.float32), route)
+    except ValueError as e:
+        errors.append(str(e))
+    return errors
+
+
+def test_bad_arguments_on_one_rank_are_an_error_on_every_rank():
+    res = assert_all_ok(run_ranks(bad_arguments_on_one_rank, 3, op_timeout=10.0, timeout=60))
+    assert "table 0 has 10 rows; an index is out of range" in res[1][0], res[1]
+    assert "rank 1's routing names an expert outside [0, 6)" in res[0][1], res[0]
+    for rank in (0, 2):
+        assert "rank 1 passed invalid arguments" in res[rank][0], res[rank]
+        assert "rank 1's routing" in res[rank][1], res[rank]
+
+
+def test_numpy_pooling_without_torch_matches_the_reference():
+    """The numpy path pools with torch's kernel when torch is installed; its
+    own reduceat path (no torch) against the float64 reference: empty bags,
+    a last bag that runs to the end of the indices, sum and mean."""
+    from cadence.fused.alltoall import _pool_numpy
+
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((30, 5)).astype(np.float32)
+    lengths = np.array([0, 3, 1, 0, 0, 4, 2, 0])
+    idx = rng.integers(0, 30, int(lengths.sum()))
+    off = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for mode in ("sum", "mean"):
+        (want,) = _embedding_reference([table.astype(np.float64)], [idx], [off], mode)
+        out = np.full((8, 5), np.nan, np.float32)
+        _pool_numpy(table, idx, np.append(off, idx.size), mode, out)
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+        # A slice of the bags, as one destination's tile pools them.
+        part = np.full((3, 5), np.nan, np.float32)
+        _pool_numpy(table, idx, np.append(off, idx.size)[2:6], mode, part)
+        np.testing.assert_allclose(part, want[2:5], rtol=1e-6, atol=1e-6)

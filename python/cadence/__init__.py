@@ -430,6 +430,18 @@ class Communicator:
         return _fused.matmul_reduce_scatter(self, a_shard, b_shard, fused=fused,
                                             tile_rows=tile_rows, algo=algo)  # fmt: skip
 
+    def embedding_bag_alltoall(self, tables, indices, offsets, *, mode="sum", fused=True):
+        """This rank's tables pooled over the whole batch (`indices[t]`,
+        `offsets[t]` as torch's EmbeddingBag takes them), exchanged so that
+        each rank gets its batch slice from every table: (b_r, T, D)."""
+        return _fused.embedding_bag_alltoall(self, tables, indices, offsets, mode=mode,
+                                             fused=fused)  # fmt: skip
+
+    def gemm_alltoall(self, tokens, expert_weights, routing, *, fused=True):
+        """Mixture of experts: each token (T_r, H) through expert routing[i]
+        (rank q owns experts q*E_r..), its output back in place: (T_r, H_out)."""
+        return _fused.gemm_alltoall(self, tokens, expert_weights, routing, fused=fused)
+
     def split(self, color: int, key: int | None = None) -> Communicator | None:
         """Collective over this communicator: ranks with the same `color` form
         a new communicator, ordered by (`key`, rank). A negative color opts out

@@ -61,12 +61,19 @@ FUSED_OPS = {
                 "gather every rank's (m, K), times (K, N)"),
         FusedOp("matmul_reduce_scatter", ("M", "K", "N"), {"M": 8192, "K": 32, "N": 512},
                 "(M, K) @ (K, N) per rank, summed, each rank keeps M/n rows"),
+        FusedOp("embedding_bag_alltoall", ("T", "R", "D", "B", "L"),
+                {"T": 8, "R": 100000, "D": 64, "B": 8192, "L": 2},
+                "T tables of (R, D) per rank, B bags of L indices, sum-pooled, each rank "
+                "gets its B/n bags of every table"),
+        FusedOp("gemm_alltoall", ("T", "H", "O", "E"), {"T": 4096, "H": 256, "O": 256, "E": 2},
+                "T tokens of H per rank to E experts per rank (H, O), uniform routing, "
+                "outputs back"),
     )
 }  # fmt: skip
 VARIANTS = ("fused", "unfused", "compute", "collective")
 
 
-def _operands(op: str, shape: dict[str, int], rank: int, dtype: str):
+def _operands(op: str, shape: dict[str, int], rank: int, nranks: int, dtype: str):
     rng = np.random.default_rng(1000 + rank)
 
     def mat(*dims):
@@ -78,6 +85,14 @@ def _operands(op: str, shape: dict[str, int], rank: int, dtype: str):
         return a
 
     s = shape
+    if op == "embedding_bag_alltoall":
+        tables = [mat(s["R"], s["D"]) for _ in range(s["T"])]
+        idx = [rng.integers(0, s["R"], s["B"] * s["L"]) for _ in range(s["T"])]
+        offs = [np.arange(0, s["B"] * s["L"], s["L"]) for _ in range(s["T"])]
+        return tables, idx, offs
+    if op == "gemm_alltoall":
+        experts = mat(s["E"], s["H"], s["O"])
+        return mat(s["T"], s["H"]), experts, rng.integers(0, s["E"] * nranks, s["T"])
     return {
         "gemv_allreduce": lambda: (mat(s["M"], s["K"]), mat(s["K"])),
         "gemm_allreduce": lambda: (mat(s["B"], s["K"]), mat(s["K"], s["N"])),
@@ -86,11 +101,14 @@ def _operands(op: str, shape: dict[str, int], rank: int, dtype: str):
     }[op]()
 
 
-def bind(comm, op: str, a, b, tile_rows: int | None) -> dict[str, Callable[[], object]]:
-    """The four variants of `op` on operands (a, b), as calls."""
+def bind(comm, op: str, operands, tile_rows: int | None) -> dict[str, Callable[[], object]]:
+    """The four variants of `op` on its operands, as calls."""
+    if op in ("embedding_bag_alltoall", "gemm_alltoall"):
+        return _bind_alltoall(comm, op, operands)
     from cadence import fused
     from cadence.fused._pipeline import Math, compute_pool
 
+    a, b = operands
     m = Math(a, b)
     run = getattr(comm, op)
     n = comm.size
@@ -129,6 +147,55 @@ def bind(comm, op: str, a, b, tile_rows: int | None) -> dict[str, Callable[[], o
     }
 
 
+def _bind_alltoall(comm, op: str, operands) -> dict[str, Callable[[], object]]:
+    """The all-to-all operators. Compute alone: the operator on a
+    communicator of this rank alone (the same lookups or expert GEMMs, no
+    exchange); collective alone: the operator's all-to-all(s) of the same
+    sizes on ready data."""
+    from cadence import fused
+    from cadence.fused._pipeline import Math, compute_threads
+
+    n, r = comm.size, comm.rank
+    solo = comm.split(color=r)
+    # Alone on its communicator the rank would take the host's every core:
+    # give it its share, as on the full communicator.
+    solo._fused_threads = compute_threads(comm)
+    run = getattr(comm, op)
+    if op == "embedding_bag_alltoall":
+        tables, idx, offs = operands
+        m = Math(*tables)
+        width, batch = tables[0].shape[1], len(offs[0])
+        blocks = fused.row_blocks(batch, n)
+        matrix = [blocks[d] * len(tables) * width for _ in range(n) for d in range(n)]
+        exchanges = [matrix]
+        compute = lambda: solo.embedding_bag_alltoall(tables, idx, offs)  # noqa: E731
+    else:
+        tokens, experts, route = operands
+        m = Math(tokens, experts)
+        per, hid, hout = experts.shape
+        table = comm.allgather(np.bincount(route, minlength=per * n).astype(np.int64))
+        to = [[int(table[s_, d * per:(d + 1) * per].sum()) for d in range(n)] for s_ in range(n)]
+        exchanges = [[to[s_][d] * hid for s_ in range(n) for d in range(n)],
+                     [to[d][s_] * hout for s_ in range(n) for d in range(n)]]  # fmt: skip
+        compute = lambda: solo.gemm_alltoall(tokens, experts, route % per)  # noqa: E731
+    bufs = []
+    for matrix in exchanges:
+        sent = sum(matrix[r * n:(r + 1) * n])
+        got = sum(matrix[s_ * n + r] for s_ in range(n))
+        bufs.append((m.empty((sent,)), m.empty((got,)), matrix))
+
+    def collective():
+        for flat_in, flat_out, matrix in bufs:
+            comm._run("alltoall", flat_in, flat_out, counts=matrix, result=flat_out)
+
+    return {
+        "fused": lambda: run(*operands),
+        "unfused": lambda: run(*operands, fused=False),
+        "compute": compute,
+        "collective": collective,
+    }
+
+
 def _differ(got, want, dtype: str) -> int:
     """Elements of `got` farther from `want` than summation order explains."""
     if not isinstance(got, np.ndarray):
@@ -156,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     comm = cadence.init()
     spec = FUSED_OPS[args.op]
     shape = spec.shape(args.shape)
-    a, b = _operands(args.op, shape, comm.rank, args.dtype)
-    calls = bind(comm, args.op, a, b, args.tile_rows)
+    operands = _operands(args.op, shape, comm.rank, comm.size, args.dtype)
+    calls = bind(comm, args.op, operands, args.tile_rows)
     names = list(calls)
     times = time_ops([calls[k] for k in names], args.iters, args.warmup, comm.barrier)
     wrong = _differ(calls["fused"](), calls["unfused"](), args.dtype)

@@ -32,8 +32,10 @@ def summarize(times: dict[str, float]) -> dict[str, float]:
         "speedup": times["unfused"] / times["fused"],
         "bound_us": bound,
         "of_bound": bound / times["fused"],
-        # Of the shorter part, the share that ran under the longer one.
-        "hidden": (times["unfused"] - times["fused"]) / shorter if shorter > 0 else 0.0,
+        # Of the shorter part, the share that ran under the longer one: 0 when
+        # fused takes compute + collective, 1 when it takes the longer alone.
+        "hidden": (times["compute"] + times["collective"] - times["fused"]) / shorter
+        if shorter > 0 else 0.0,
     }
 
 
