@@ -220,6 +220,7 @@ class Communicator:
         self.rank: int = core.rank
         self.size: int = core.size
         self.id: str = core.id
+        _fused._pipeline.register(self)  # the torch ops name communicators by id
         # The native method directly: no Python frame on the latency path.
         self.allreduce = core.allreduce
         # Live diagnosis (CADENCE_DIAG_AFTER): a watchdog thread, off the data path.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -119,6 +120,21 @@ def compute_threads(comm) -> int:
 
 
 _controller = None
+
+# Communicators by id, for the torch ops (cadence/torch/fused.py), whose
+# arguments can only be tensors and plain values: they name the communicator.
+_communicators: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def register(comm) -> None:
+    _communicators[comm.id] = comm
+
+
+def communicator(comm_id: str):
+    try:
+        return _communicators[comm_id]
+    except KeyError:
+        raise ValueError(f"cadence: no live communicator {comm_id!r} in this process") from None
 
 
 @contextmanager

@@ -370,3 +370,67 @@ def _moe_rounds(comm, mine_sorted, first, recv_rows, send_rows, hid, hout, m, ex
         flight.close(e)
     flight.close()
     return back
+
+
+# ------------------------------------------------- backward passes (torch)
+
+
+def embedding_bag_backward(comm, dout, shapes, indices, offsets, mode: str) -> list:
+    """Gradients of this rank's tables (shapes[t]) from the gradient of its
+    output slice dout (b_r, T, D): the reverse all-to-all brings every rank's
+    gradient for this rank's tables (B, T_r, D), then each pooled row's
+    gradient goes to the rows it pooled."""
+    torch = _torch()
+    n, r = comm.size, comm.rank
+    m = Math(dout)
+    mine = np.array([len(shapes), dout.shape[0]], dtype=np.int64)
+    meta = comm.allgather(mine)  # table counts and bag-slice sizes per rank
+    per_rank, blocks = [int(v) for v in meta[:, 0]], [int(v) for v in meta[:, 1]]
+    first = [sum(per_rank[:q]) for q in range(n)]
+    width = dout.shape[2]
+    sends = [dout[:, first[q]:first[q] + per_rank[q], :].contiguous() for q in range(n)]
+    matrix = [blocks[s] * per_rank[d] * width for s in range(n) for d in range(n)]
+    got = _exchange_all(comm, sends, [(blocks[q], per_rank[r], width) for q in range(n)], m,
+                        matrix)  # fmt: skip
+    g = torch.cat(got, dim=0)  # (B, T_r, D), bags in order
+    grads = []
+    for t, shape in enumerate(shapes):
+        idx, off = indices[t].to(torch.int64), offsets[t].to(torch.int64)
+        lengths = torch.diff(off, append=torch.tensor([idx.numel()]))
+        bag_of = torch.repeat_interleave(torch.arange(off.numel()), lengths)
+        contrib = g[bag_of, t, :]
+        if mode == "mean":
+            contrib = contrib / lengths[bag_of].unsqueeze(1).to(contrib.dtype)
+        grad = torch.zeros(shape, dtype=dout.dtype)
+        grad.index_add_(0, idx, contrib)
+        grads.append(grad)
+    return grads
+
+
+def expert_weight_grads(comm, tokens, dy, routing, shape):
+    """dW_e = x_e^T @ dy_e over every token routed to local expert e, on any
+    rank: tokens and their output gradients dispatched as the forward pass
+    dispatched the tokens."""
+    torch = _torch()
+    n, r = comm.size, comm.rank
+    per, hid, hout = shape
+    m = Math(tokens)
+    route = routing.to(torch.int64).numpy()
+    order = torch.from_numpy(np.argsort(route, kind="stable"))
+    table = comm.allgather(np.bincount(route, minlength=per * n).astype(np.int64))
+    to = [[int(table[s, d * per:(d + 1) * per].sum()) for d in range(n)] for s in range(n)]
+    first = np.concatenate([[0], np.cumsum(to[r])]).astype(int)
+    got = []
+    for rows, width in ((tokens[order], hid), (dy[order], hout)):
+        sends = [rows[first[q]:first[q + 1]].contiguous() for q in range(n)]
+        matrix = [to[s][d] * width for s in range(n) for d in range(n)]
+        got.append(_exchange_all(comm, sends, [(to[s][r], width) for s in range(n)], m, matrix))
+    grad = torch.zeros(shape, dtype=tokens.dtype)
+    for s in range(n):
+        at = 0
+        for e in range(per):
+            c = int(table[s, r * per + e])
+            if c:
+                grad[e] += got[0][s][at:at + c].t() @ got[1][s][at:at + c]
+            at += c
+    return grad

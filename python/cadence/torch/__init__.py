@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from cadence.torch import fused as _fused_ops  # noqa: F401 - registers torch.ops.cadence.*
 from cadence.torch._group import BACKEND, BackendCadence, ProcessGroupCadence, create_backend
 from cadence.torch._work import CadenceWork
 
