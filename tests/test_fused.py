@@ -61,8 +61,9 @@ def check_operators(comm, kind: str, dtype: str, seed: int) -> list:
     failures: list[str] = []
     variants = [{"fused": True}, {"fused": True, "tile_rows": 37}, {"fused": False}]
 
-    # gemv_allreduce: shards of K differ per rank (3 + 2q columns); 270001
-    # rows are 4 automatic tiles of float32, 2 of bfloat16. The reference
+    # gemv_allreduce: shards of K differ per rank (3 + 2q columns); across
+    # hosts 270001 rows are 4 automatic tiles of float32, 2 of bfloat16 (one
+    # host with no core to spare runs one tile: see test_tile_plans). The reference
     # adds one rank's product at a time (8 ranks' matrices at once would not
     # fit a small CI machine 8 times over).
     rows = 270001
@@ -272,3 +273,20 @@ def test_numpy_pooling_without_torch_matches_the_reference():
         part = np.full((3, 5), np.nan, np.float32)
         _pool_numpy(table, idx, np.append(off, idx.size)[2:6], mode, part)
         np.testing.assert_allclose(part, want[2:5], rtol=1e-6, atol=1e-6)
+
+
+def test_tile_plans():
+    """Tiles cover the rows exactly; automatic tiles are at least 256 KiB and
+    at most 8, and one tile where they cannot overlap; tile_rows always
+    tiles."""
+    from cadence.fused._pipeline import tiles
+
+    assert tiles(270001, 4, None) == [(a, min(a + 67501, 270001)) for a in range(0, 270001, 67501)]
+    assert len(tiles(270001, 2, None)) == 2
+    assert tiles(270001, 4, None, overlap=False) == [(0, 270001)]
+    assert tiles(1000, 4, 300, overlap=False) == [(0, 300), (300, 600), (600, 900), (900, 1000)]
+    assert len(tiles(1 << 30, 4, None)) == 8
+    assert tiles(100, 4, None) == [(0, 100)]  # 400 bytes: one tile
+    assert tiles(0, 4, None) == [(0, 0)]
+    with pytest.raises(ValueError, match="at least 1"):
+        tiles(10, 4, 0)

@@ -28,7 +28,7 @@ Shapes (r: this rank, n ranks; `_shard` operands differ per rank):
 
 from __future__ import annotations
 
-from cadence.fused._pipeline import InFlight, Math, compute_pool, tiles
+from cadence.fused._pipeline import InFlight, Math, can_overlap, compute_pool, tiles
 
 __all__ = ["allgather_matmul", "gemm_allreduce", "gemv_allreduce", "matmul_reduce_scatter"]
 
@@ -78,7 +78,7 @@ def gemv_allreduce(comm, w_shard, x_shard, *, fused=True, tile_rows=None, algo=N
                            f"{tuple(x.shape)} do not multiply as (M, K) @ (K,)")  # fmt: skip
     rows = w.shape[0]
     y = m.empty((rows,))
-    plan = tiles(rows, m.itemsize, tile_rows) if fused else [(0, rows)]
+    plan = tiles(rows, m.itemsize, tile_rows, can_overlap(comm)) if fused else [(0, rows)]
     if len(plan) > 1:
         algo = _tile_algo(comm, algo, "allreduce", [rows], y)
     with compute_pool(comm, m):
@@ -100,7 +100,7 @@ def gemm_allreduce(comm, x_shard, w_shard, *, fused=True, tile_rows=None, algo=N
                            f"{tuple(w.shape)} do not multiply as (B, K) @ (K, N)")  # fmt: skip
     rows, cols = x.shape[0], w.shape[1]
     y = m.empty((rows, cols))
-    plan = tiles(rows, cols * m.itemsize, tile_rows) if fused else [(0, rows)]
+    plan = tiles(rows, cols * m.itemsize, tile_rows, can_overlap(comm)) if fused else [(0, rows)]
     if len(plan) > 1:
         algo = _tile_algo(comm, algo, "allreduce", [rows * cols], y)
     with compute_pool(comm, m):
@@ -128,6 +128,9 @@ def allgather_matmul(comm, a_shard, b, *, fused=True, tile_rows=None, algo=None,
     n, r = comm.size, comm.rank
     rows, k, cols = a_.shape[0], a_.shape[1], b_.shape[1]
     out = m.empty((n * rows, cols))
+    # Where tiles cannot overlap (one host, no core to spare) the plain path
+    # is the fastest: one collective, one product.
+    fused = fused and (tile_rows is not None or can_overlap(comm))
     gathered = m.empty((n, rows, k)) if return_gathered or not fused else None
     with compute_pool(comm, m):
         if not fused:
@@ -181,6 +184,7 @@ def matmul_reduce_scatter(comm, a_shard, b_shard, *, fused=True, tile_rows=None,
     blocks = row_blocks(total, n)
     starts = [sum(blocks[:j]) for j in range(n)]
     out = m.empty((blocks[r], cols))
+    fused = fused and (tile_rows is not None or can_overlap(comm))  # as in allgather_matmul
     with compute_pool(comm, m):
         if not fused:
             full = m.empty((total, cols))
