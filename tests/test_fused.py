@@ -199,11 +199,11 @@ def check_alltoall_operators(comm, kind: str, dtype: str, seed: int) -> list:
             for q in range(n)], axis=1)  # fmt: skip
         scale = np.abs(want) * 4 + 1
         mine = everything[r]
-        for fused in (True, False):
+        for v in ({"fused": True}, {"fused": True, "rounds": True}, {"fused": False}):
             tables, idx = [t for t, *_ in mine], [i for *_, i, _ in mine]
             off = [o for *_, o in mine]
-            got = comm.embedding_bag_alltoall(tables, idx, off, mode=mode, fused=fused)
-            what = f"embedding_bag_alltoall {kind} {dtype} {mode} fused={fused}"
+            got = comm.embedding_bag_alltoall(tables, idx, off, mode=mode, **v)
+            what = f"embedding_bag_alltoall {kind} {dtype} {mode} {v}"
             _check(got, want, scale, 4, dtype, what, failures)
 
     # Mixture of experts: 2 experts per rank, H = 16, H_out = 24, 0-40 tokens
@@ -219,10 +219,9 @@ def check_alltoall_operators(comm, kind: str, dtype: str, seed: int) -> list:
         np.zeros((0, hout))  # fmt: skip
     scale = np.stack([np.abs(xv[i]) @ np.abs(ev[routes[r][i]]) for i in range(ntok[r])]) \
         if ntok[r] else np.zeros((0, hout))  # fmt: skip
-    for fused in (True, False):
-        got = comm.gemm_alltoall(toks[r][0][0], experts[r][0][0], routes[r], fused=fused)
-        _check(got, want, scale, hid, dtype, f"gemm_alltoall {kind} {dtype} fused={fused}",
-               failures)  # fmt: skip
+    for v in ({"fused": True}, {"fused": True, "rounds": True}, {"fused": False}):
+        got = comm.gemm_alltoall(toks[r][0][0], experts[r][0][0], routes[r], **v)
+        _check(got, want, scale, hid, dtype, f"gemm_alltoall {kind} {dtype} {v}", failures)
     return failures
 
 

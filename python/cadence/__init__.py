@@ -431,17 +431,20 @@ class Communicator:
         return _fused.matmul_reduce_scatter(self, a_shard, b_shard, fused=fused,
                                             tile_rows=tile_rows, algo=algo)  # fmt: skip
 
-    def embedding_bag_alltoall(self, tables, indices, offsets, *, mode="sum", fused=True):
+    def embedding_bag_alltoall(self, tables, indices, offsets, *, mode="sum", fused=True,
+                               rounds=None):  # fmt: skip
         """This rank's tables pooled over the whole batch (`indices[t]`,
         `offsets[t]` as torch's EmbeddingBag takes them), exchanged so that
-        each rank gets its batch slice from every table: (b_r, T, D)."""
+        each rank gets its batch slice from every table: (b_r, T, D).
+        `rounds=True`: exchange in rounds whatever the size."""
         return _fused.embedding_bag_alltoall(self, tables, indices, offsets, mode=mode,
-                                             fused=fused)  # fmt: skip
+                                             fused=fused, rounds=rounds)  # fmt: skip
 
-    def gemm_alltoall(self, tokens, expert_weights, routing, *, fused=True):
+    def gemm_alltoall(self, tokens, expert_weights, routing, *, fused=True, rounds=None):
         """Mixture of experts: each token (T_r, H) through expert routing[i]
         (rank q owns experts q*E_r..), its output back in place: (T_r, H_out)."""
-        return _fused.gemm_alltoall(self, tokens, expert_weights, routing, fused=fused)
+        return _fused.gemm_alltoall(self, tokens, expert_weights, routing, fused=fused,
+                                    rounds=rounds)  # fmt: skip
 
     def split(self, color: int, key: int | None = None) -> Communicator | None:
         """Collective over this communicator: ranks with the same `color` form

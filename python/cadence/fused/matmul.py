@@ -57,13 +57,19 @@ def _shape_error(op: str, detail: str) -> ValueError:
 
 
 def _run_tiles(op: str, plan, compute, communicate) -> None:
-    """compute(t) then communicate(t) -> Work for each tile t of `plan`, in
-    order; waits for every collective before returning or raising."""
+    """compute(t) then communicate(t, async_op) for each tile t of `plan`, in
+    order; waits for every collective before returning or raising. A single
+    tile (the plain path) runs its collective inline, on this thread: no
+    hand-off to the progress thread and back (measured: 0.1 ms a call)."""
+    if len(plan) == 1:
+        compute(0)
+        communicate(0, False)
+        return
     flight = InFlight(op)
     try:
         for t, (lo, hi) in enumerate(plan):
             compute(t)
-            flight.add(communicate(t), f"tile {t + 1} of {len(plan)} (rows {lo}..{hi})")
+            flight.add(communicate(t, True), f"tile {t + 1} of {len(plan)} (rows {lo}..{hi})")
     except BaseException as e:
         flight.close(e)
     flight.close()
@@ -85,7 +91,7 @@ def gemv_allreduce(comm, w_shard, x_shard, *, fused=True, tile_rows=None, algo=N
         _run_tiles(
             "gemv_allreduce", plan,
             lambda t: m.matmul(w[slice(*plan[t])], x, y[slice(*plan[t])]),
-            lambda t: comm.allreduce(y[slice(*plan[t])], algo=algo, async_op=True),
+            lambda t, a: comm.allreduce(y[slice(*plan[t])], algo=algo, async_op=a),
         )
     return y
 
@@ -107,7 +113,7 @@ def gemm_allreduce(comm, x_shard, w_shard, *, fused=True, tile_rows=None, algo=N
         _run_tiles(
             "gemm_allreduce", plan,
             lambda t: m.matmul(x[slice(*plan[t])], w, y[slice(*plan[t])]),
-            lambda t: comm.allreduce(y[slice(*plan[t])], algo=algo, async_op=True),
+            lambda t, a: comm.allreduce(y[slice(*plan[t])], algo=algo, async_op=a),
         )
     return y
 
@@ -209,12 +215,12 @@ def matmul_reduce_scatter(comm, a_shard, b_shard, *, fused=True, tile_rows=None,
                     src = a_[starts[j] + lo:starts[j] + lo + sizes[j]]
                     m.matmul(src, b_, bufs[t][at[j]:at[j] + sizes[j]])
 
-        def communicate(t: int):
+        def communicate(t: int, async_op: bool):
             lo, hi = plan[t]
             sizes = piece(lo, hi)
             dst = out[lo:lo + sizes[r]]
             return comm.reduce_scatterv(bufs[t], [c * cols for c in sizes], out=dst,
-                                        algo=algo, async_op=True)  # fmt: skip
+                                        algo=algo, async_op=async_op)  # fmt: skip
 
         _run_tiles("matmul_reduce_scatter", plan, compute, communicate)
     return out
