@@ -660,3 +660,30 @@ def test_paths_lines_show_each_paths_share_rate_and_failures():
         "rank 1 -> rank 0 (h0): path 0 30.0 MB (75%) 200 Mbit/s; "
         "path 1 10.0 MB (25%) 40 Mbit/s, down 2x, 3.0 MB sent again [DOWN]"
     ]
+
+
+@pytest.mark.skipif(not _cadence_built(), reason="cadence's extension is not built")
+@pytest.mark.parametrize(
+    "op,shape",
+    [("gemv_allreduce", "M=300000,K=4"), ("matmul_reduce_scatter", "M=1001,K=16,N=64"),
+     ("embedding_bag_alltoall", "T=2,R=500,D=16,B=600,L=3"),
+     ("gemm_alltoall", "T=300,H=32,O=16,E=2")],
+)  # fmt: skip
+def test_fused_operator_bench_prints_four_variants_and_writes_records(tmp_path, op, shape):
+    rc, output, records = _bench(tmp_path, "--nranks", "2", "--op", op, "--shape", shape,
+                                 "-n", "3", "-w", "1", "--tile-rows", "50")  # fmt: skip
+    assert rc == 0, output
+    assert [r["algo"] for r in records] == ["fused", "unfused", "compute", "collective"]
+    for r in records:
+        assert r["op"] == op and r["nranks"] == 2 and r["backend"] == "cadence"
+        assert r["time_us"] > 0 and r["p99_us"] >= r["time_us"] and r["wrong"] == 0
+    assert "fused is " in output and "x unfused" in output, output
+    for variant in ("fused", "unfused", "compute", "collective"):
+        assert f"\n{variant} " in output, output
+
+
+def test_fused_operator_bench_refuses_a_bad_shape(tmp_path):
+    rc, output, _ = _bench(tmp_path, "--op", "gemm_alltoall", "--shape", "T=4,Q=3")
+    assert rc == 2 and "gemm_alltoall takes T=N,H=N,O=N,E=N" in output, output
+    rc, output, _ = _bench(tmp_path, "--op", "allreduce", "--shape", "M=4")
+    assert rc == 2 and "--shape and --tile-rows are for fused operators" in output, output
