@@ -383,6 +383,24 @@ def path_lines(outcomes: list[Outcome]) -> list[str]:
     return lines
 
 
+def resolve_ranks(args: argparse.Namespace):
+    """(cluster or None, ranks) from --nranks, --cluster, --ranks-per-host;
+    ValueError when they disagree."""
+    if args.ranks_per_host != 1 and not args.cluster:
+        raise ValueError("--ranks-per-host needs --cluster")
+    if not args.cluster:
+        return None, args.nranks or 2
+    try:
+        cluster = testbed.require(args.cluster)
+    except testbed.TestbedError as e:
+        raise ValueError(str(e)) from None
+    nranks = len(cluster.hosts) * args.ranks_per_host
+    if args.nranks not in (None, nranks):
+        raise ValueError(f"--nranks {args.nranks} disagrees with cluster {cluster.name}: "
+                         f"{len(cluster.hosts)} hosts x {args.ranks_per_host} ranks per host")
+    return cluster, nranks
+
+
 def run(args: argparse.Namespace) -> int:
     if args.op in FUSED_OPS:
         return fused.run(args)
@@ -404,22 +422,11 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             print(f"cadence bench: --plot: {problem}", file=sys.stderr)
             return 2
-    cluster, nranks = None, args.nranks or 2
-    if args.ranks_per_host != 1 and not args.cluster:
-        print("cadence bench: --ranks-per-host needs --cluster", file=sys.stderr)
+    try:
+        cluster, nranks = resolve_ranks(args)
+    except ValueError as e:
+        print(f"cadence bench: {e}", file=sys.stderr)
         return 2
-    if args.cluster:
-        try:
-            cluster = testbed.require(args.cluster)
-        except testbed.TestbedError as e:
-            print(f"cadence bench: {e}", file=sys.stderr)
-            return 2
-        nranks = len(cluster.hosts) * args.ranks_per_host
-        if args.nranks not in (None, nranks):
-            print(f"cadence bench: --nranks {args.nranks} disagrees with cluster {cluster.name}: "
-                  f"{len(cluster.hosts)} hosts x {args.ranks_per_host} ranks per host",
-                  file=sys.stderr)  # fmt: skip
-            return 2
     job = Job(
         op=args.op,
         dtype=args.dtype,

@@ -15,7 +15,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cadence import testbed
 from cadence.bench.fused import FUSED_OPS, VARIANTS
 from cadence.cli.launch import Job, read_records, run_program
 
@@ -50,16 +49,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"cadence bench: {args.op} runs float32 or bfloat16, not {args.dtype}",
               file=sys.stderr)  # fmt: skip
         return 2
-    cluster, nranks = None, args.nranks or 2
-    if args.cluster:
-        try:
-            cluster = testbed.require(args.cluster)
-        except testbed.TestbedError as e:
-            print(f"cadence bench: {e}", file=sys.stderr)
-            return 2
-        nranks = len(cluster.hosts) * args.ranks_per_host
-    elif args.ranks_per_host != 1:
-        print("cadence bench: --ranks-per-host needs --cluster", file=sys.stderr)
+    from cadence.cli.bench import resolve_ranks
+
+    try:
+        cluster, nranks = resolve_ranks(args)
+    except ValueError as e:
+        print(f"cadence bench: {e}", file=sys.stderr)
         return 2
     job = Job(op=args.op, dtype=args.dtype, sizes=[], nranks=nranks, iters=args.iters,
               warmup=max(0, args.warmup_iters), timeout=args.timeout, cluster=cluster,

@@ -63,6 +63,7 @@ from cadence.cli.bench import (
     _positive,
     add_cluster_arguments,
     add_sweep_arguments,
+    resolve_ranks,
     unwind_on_signals,
 )
 from cadence.cli.launch import Job, Outcome, run_backend, run_program, units
@@ -433,21 +434,10 @@ def model_line(model: dict, calib: dict) -> str:
 
 
 def resolve_setting(args: argparse.Namespace) -> tuple[testbed.Cluster | None, int]:
-    if args.ranks_per_host != 1 and not args.cluster:
-        raise TuneError("--ranks-per-host needs --cluster")
-    if not args.cluster:
-        return None, args.nranks or 2
     try:
-        cluster = testbed.require(args.cluster)
-    except testbed.TestbedError as e:
+        return resolve_ranks(args)
+    except ValueError as e:
         raise TuneError(str(e)) from None
-    nranks = len(cluster.hosts) * args.ranks_per_host
-    if args.nranks not in (None, nranks):
-        raise TuneError(
-            f"--nranks {args.nranks} disagrees with cluster {cluster.name}: "
-            f"{len(cluster.hosts)} hosts x {args.ranks_per_host} ranks per host"
-        )
-    return cluster, nranks
 
 
 def setting_of(key: dict, note: str, model: dict, results: list[OpResult]) -> dict:

@@ -82,18 +82,10 @@ def gemv_allreduce(comm, w_shard, x_shard, *, fused=True, tile_rows=None, algo=N
     if w.ndim != 2 or x.ndim != 1 or w.shape[1] != x.shape[0]:
         raise _shape_error("gemv_allreduce", f"w_shard {tuple(w.shape)} and x_shard "
                            f"{tuple(x.shape)} do not multiply as (M, K) @ (K,)")  # fmt: skip
-    rows = w.shape[0]
-    y = m.empty((rows,))
-    plan = tiles(rows, m.itemsize, tile_rows, can_overlap(comm)) if fused else [(0, rows)]
-    if len(plan) > 1:
-        algo = _tile_algo(comm, algo, "allreduce", [rows], y)
-    with compute_pool(comm, m):
-        _run_tiles(
-            "gemv_allreduce", plan,
-            lambda t: m.matmul(w[slice(*plan[t])], x, y[slice(*plan[t])]),
-            lambda t, a: comm.allreduce(y[slice(*plan[t])], algo=algo, async_op=a),
-        )
-    return y
+    y = m.empty((w.shape[0],))
+    return _allreduce_rows(comm, m, "gemv_allreduce", y,
+                           lambda lo, hi: m.matmul(w[lo:hi], x, y[lo:hi]),
+                           fused, tile_rows, algo)  # fmt: skip
 
 
 def gemm_allreduce(comm, x_shard, w_shard, *, fused=True, tile_rows=None, algo=None):
@@ -104,17 +96,26 @@ def gemm_allreduce(comm, x_shard, w_shard, *, fused=True, tile_rows=None, algo=N
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
         raise _shape_error("gemm_allreduce", f"x_shard {tuple(x.shape)} and w_shard "
                            f"{tuple(w.shape)} do not multiply as (B, K) @ (K, N)")  # fmt: skip
-    rows, cols = x.shape[0], w.shape[1]
-    y = m.empty((rows, cols))
-    plan = tiles(rows, cols * m.itemsize, tile_rows, can_overlap(comm)) if fused else [(0, rows)]
+    y = m.empty((x.shape[0], w.shape[1]))
+    return _allreduce_rows(comm, m, "gemm_allreduce", y,
+                           lambda lo, hi: m.matmul(x[lo:hi], w, y[lo:hi]),
+                           fused, tile_rows, algo)  # fmt: skip
+
+
+def _allreduce_rows(comm, m: Math, op: str, y, product, fused, tile_rows, algo):
+    """y, computed a block of rows at a time by product(lo, hi), each block
+    summed over ranks while the next is computed."""
+    rows = y.shape[0]
+    row_bytes = (y.shape[1] if y.ndim == 2 else 1) * m.itemsize
+    plan = tiles(rows, row_bytes, tile_rows, can_overlap(comm)) if fused else [(0, rows)]
     if len(plan) > 1:
-        algo = _tile_algo(comm, algo, "allreduce", [rows * cols], y)
+        algo = _tile_algo(comm, algo, "allreduce", [y.numel() if m.torch else y.size], y)
     with compute_pool(comm, m):
         _run_tiles(
-            "gemm_allreduce", plan,
-            lambda t: m.matmul(x[slice(*plan[t])], w, y[slice(*plan[t])]),
+            op, plan,
+            lambda t: product(*plan[t]),
             lambda t, a: comm.allreduce(y[slice(*plan[t])], algo=algo, async_op=a),
-        )
+        )  # fmt: skip
     return y
 
 
