@@ -125,7 +125,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a fused operator's shape (default: its documented one), e.g. M=4194304,K=8",
     )  # fmt: skip
     p.add_argument(
-        "--tile-rows", type=_positive, help="a fused operator's tile, in rows (automatic)"
+        "--tile-rows", type=_positive,
+        help="a matmul fused operator's tile, in output rows (automatic)",
     )
     p.add_argument(
         "--dtype", choices=list(DTYPES), default="float32", help="element type (float32)"

@@ -1,5 +1,5 @@
-"""Fused compute + collective operators: the math that produces a tensor
-overlapped with the collective that moves it (docs/fused.md).
+"""The tensor-parallel fused operators: a matrix product overlapped with
+the allreduce, allgather or reduce-scatter that moves it (docs/fused.md).
 
 Each operator is also a method of `cadence.Communicator` (`comm.gemv_allreduce(
 w, x)`), takes numpy arrays or CPU torch tensors (float32, float64, bfloat16,

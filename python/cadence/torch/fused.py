@@ -156,6 +156,8 @@ def embedding_bag_alltoall(
 ) -> Tensor:  # fmt: skip
     out = communicator(comm).embedding_bag_alltoall(tables, indices, offsets, mode=mode,
                                                     fused=fused)  # fmt: skip
+    if not isinstance(out, torch.Tensor):  # a rank with no tables allocates with numpy
+        out = torch.from_numpy(out)
     if out.shape[1] != total_tables:
         raise ValueError(f"cadence embedding_bag_alltoall: the ranks hold {out.shape[1]} tables "
                          f"in all, not total_tables={total_tables}")  # fmt: skip
