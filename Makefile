@@ -195,13 +195,13 @@ test: build
 	$(VBIN)/pytest -q --timeout=$(PYTEST_TIMEOUT) tests
 	$(MAKE) --no-print-directory test-torch-oldest
 
-# The torch backend's tests on the oldest supported torch, cadence from the
+# The torch backend's and the torch ops' tests on the oldest supported torch, cadence from the
 # source tree (the abi3 extension that `make build` put in python/cadence).
 test-torch-oldest: $(EXT) $(OLDEST)/.stamp
 	PYTHONPATH=$(CURDIR)/python $(OLDEST)/bin/python -c \
 	  'import cadence, torch; assert cadence.__file__.startswith("$(CURDIR)/python/"); print("torch", torch.__version__)'
 	PYTHONPATH=$(CURDIR)/python $(OLDEST)/bin/pytest -q --timeout=$(PYTEST_TIMEOUT) \
-	  tests/test_torch_backend.py
+	  tests/test_torch_backend.py tests/test_fused_torch.py
 
 bench: build
 	mkdir -p bench-results

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from cadence.torch import fused as _fused_ops  # noqa: F401 - registers torch.ops.cadence.*
 from cadence.torch._group import BACKEND, BackendCadence, ProcessGroupCadence, create_backend
 from cadence.torch._work import CadenceWork
 
@@ -47,3 +46,17 @@ def register() -> None:
 
 
 register()
+
+
+def _register_fused_ops() -> None:
+    """torch.ops.cadence.* (cadence/torch/fused.py). A failure here must not
+    take the backend down with it: it is reported, and the ops are missing."""
+    try:
+        from cadence.torch import fused  # noqa: F401 - registers on import
+    except Exception as e:  # noqa: BLE001 - any failure: warn, keep the backend
+        import warnings
+
+        warnings.warn(f"cadence: torch.ops.cadence.* not registered: {e}", stacklevel=2)
+
+
+_register_fused_ops()

@@ -21,7 +21,9 @@ every rank's loss with respect to its own operands):
   transposed); dw_e = x_e^T @ dy_e with both dispatched to the expert.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: torch before 2.7 infers the ops'
+# schemas from evaluated annotations, and from typing.List / typing.Tuple only.
+from typing import List, Tuple  # noqa: UP035
 
 import torch
 
@@ -83,7 +85,8 @@ gemm_allreduce.register_autograd(_gemm_backward, setup_context=_gemm_setup)
 
 
 @torch.library.custom_op("cadence::allgather_matmul", mutates_args=())
-def allgather_matmul(a: Tensor, b: Tensor, comm: str, fused: bool = True) -> tuple[Tensor, Tensor]:
+def allgather_matmul(a: Tensor, b: Tensor, comm: str,
+                     fused: bool = True) -> Tuple[Tensor, Tensor]:  # noqa: UP006
     out, gathered = communicator(comm).allgather_matmul(a, b, fused=fused, return_gathered=True)
     return out, gathered
 
@@ -151,7 +154,7 @@ matmul_reduce_scatter.register_autograd(_rs_backward, setup_context=_rs_setup)
 
 @torch.library.custom_op("cadence::embedding_bag_alltoall", mutates_args=())
 def embedding_bag_alltoall(
-    tables: list[Tensor], indices: list[Tensor], offsets: list[Tensor], comm: str,
+    tables: List[Tensor], indices: List[Tensor], offsets: List[Tensor], comm: str,  # noqa: UP006
     total_tables: int, mode: str = "sum", fused: bool = True,
 ) -> Tensor:  # fmt: skip
     out = communicator(comm).embedding_bag_alltoall(tables, indices, offsets, mode=mode,
@@ -189,7 +192,10 @@ def _eb_backward(ctx, dout):
     grads = _a2a.embedding_bag_backward(c, dout.contiguous(), ctx.shapes, indices, offsets,
                                         ctx.mode)  # fmt: skip
     none = [None] * ctx.ntables
-    return grads, none, list(none), None, None, None, None
+    # As many entries as the op's inputs: torch 2.6 counts the ones passed,
+    # later versions every one in the schema; needs_input_grad has that shape.
+    rest = [None] * (len(ctx.needs_input_grad) - 3)
+    return (grads, none, list(none), *rest)
 
 
 embedding_bag_alltoall.register_autograd(_eb_backward, setup_context=_eb_setup)
