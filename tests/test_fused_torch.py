@@ -241,3 +241,36 @@ def layers_and_compile(comm):
 def test_row_parallel_linear_and_the_ops_under_torch_compile():
     res = assert_all_ok(run_ranks(layers_and_compile, 2, timeout=300))
     assert all(all(v) for v in res.values()), res
+
+
+def embedding_backward_both_ways(comm):
+    """The embedding backward in rounds (forced: these shapes are small) and
+    as one all-to-all give the same bits; the plain path is checked against
+    the whole computation above."""
+    import torch
+    from cadence.fused.alltoall import embedding_bag_backward
+
+    n, r = comm.size, comm.rank
+    gen = torch.Generator().manual_seed(21)
+    owned = [q % 3 for q in range(n)]  # rank 0 owns no table
+    batch, width = 11, 4
+    lengths = [torch.randint(0, 4, (batch,), generator=gen) for _ in range(owned[r])]
+    idx = [torch.randint(0, 9, (int(ln.sum()),), generator=gen) for ln in lengths]
+    off = [torch.cumsum(ln, 0) - ln for ln in lengths]
+    b_r = len(np.array_split(np.arange(batch), n)[r])
+    dout = torch.randn(b_r, sum(owned), width, generator=gen, dtype=torch.float64)
+    same = []
+    for mode in ("sum", "mean"):
+        plain = embedding_bag_backward(comm, dout, [(9, width)] * owned[r], idx, off, mode,
+                                       fused=False)  # fmt: skip
+        fused = embedding_bag_backward(comm, dout, [(9, width)] * owned[r], idx, off, mode,
+                                       fused=True, rounds=True)  # fmt: skip
+        same.append(all(torch.equal(p, f) for p, f in zip(plain, fused, strict=True)))
+        same.append(all(p.abs().sum() > 0 for p in plain))  # the test sees real gradients
+    return same
+
+
+@pytest.mark.parametrize("n,transport", [(3, "shm"), (4, "mixed")])
+def test_the_embedding_backward_in_rounds_gives_the_plain_paths_bits(n, transport):
+    res = assert_all_ok(run_ranks(embedding_backward_both_ways, n, transport=transport))
+    assert all(all(v) for v in res.values()), res

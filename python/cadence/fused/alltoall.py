@@ -389,11 +389,15 @@ def _moe_rounds(comm, mine_sorted, first, recv_rows, send_rows, hid, hout, m, ex
 # ------------------------------------------------- backward passes (torch)
 
 
-def embedding_bag_backward(comm, dout, shapes, indices, offsets, mode: str) -> list:
+def embedding_bag_backward(comm, dout, shapes, indices, offsets, mode: str,
+                           fused: bool = True, rounds: bool | None = None) -> list:  # fmt: skip
     """Gradients of this rank's tables (shapes[t]) from the gradient of its
     output slice dout (b_r, T, D): the reverse all-to-all brings every rank's
-    gradient for this rank's tables (B, T_r, D), then each pooled row's
-    gradient goes to the rows it pooled."""
+    gradient for this rank's tables, each pooled row's gradient goes to the
+    rows it pooled. Fused, the exchange runs in rounds and each rank's block
+    is added into the tables as it arrives, this rank's own first (it needs
+    nothing). Both paths add the blocks in the same order (own, then r-1,
+    r-2, ...), so they give the same bits. `rounds` as for the forward."""
     torch = _torch()
     n, r = comm.size, comm.rank
     m = Math(dout)
@@ -401,23 +405,53 @@ def embedding_bag_backward(comm, dout, shapes, indices, offsets, mode: str) -> l
     meta = comm.allgather(mine)  # table counts and bag-slice sizes per rank
     per_rank, blocks = [int(v) for v in meta[:, 0]], [int(v) for v in meta[:, 1]]
     first = [sum(per_rank[:q]) for q in range(n)]
+    first_bag = [sum(blocks[:q]) for q in range(n)]
     width = dout.shape[2]
+    idx = [i.to(torch.int64) for i in indices]
+    ends = [torch.cat([o.to(torch.int64), torch.tensor([i.numel()])]) for o, i in
+            zip(offsets, idx, strict=True)]  # fmt: skip
+    lengths = [torch.diff(e) for e in ends]
+    grads = [torch.zeros(shape, dtype=dout.dtype) for shape in shapes]
+
+    def add(src: int, block) -> None:
+        """Rank src's bags' gradients (b_src, T_r, D) into the tables."""
+        lo, hi = first_bag[src], first_bag[src] + blocks[src]
+        for t in range(len(shapes)):
+            a, b = int(ends[t][lo]), int(ends[t][hi])
+            if a == b:
+                continue
+            bag_of = torch.repeat_interleave(torch.arange(hi - lo), lengths[t][lo:hi])
+            contrib = block[bag_of, t, :]
+            if mode == "mean":
+                contrib = contrib / lengths[t][lo:hi][bag_of].unsqueeze(1).to(contrib.dtype)
+            grads[t].index_add_(0, idx[t][a:b], contrib)
+
     sends = [dout[:, first[q]:first[q] + per_rank[q], :].contiguous() for q in range(n)]
-    matrix = [blocks[s] * per_rank[d] * width for s in range(n) for d in range(n)]
-    got = _exchange_all(comm, sends, [(blocks[q], per_rank[r], width) for q in range(n)], m,
-                        matrix)  # fmt: skip
-    g = torch.cat(got, dim=0)  # (B, T_r, D), bags in order
-    grads = []
-    for t, shape in enumerate(shapes):
-        idx, off = indices[t].to(torch.int64), offsets[t].to(torch.int64)
-        lengths = torch.diff(off, append=torch.tensor([idx.numel()]))
-        bag_of = torch.repeat_interleave(torch.arange(off.numel()), lengths)
-        contrib = g[bag_of, t, :]
-        if mode == "mean":
-            contrib = contrib / lengths[bag_of].unsqueeze(1).to(contrib.dtype)
-        grad = torch.zeros(shape, dtype=dout.dtype)
-        grad.index_add_(0, idx, contrib)
-        grads.append(grad)
+    shapes_in = [(blocks[q], per_rank[r], width) for q in range(n)]
+    order = [(r - k) % n for k in range(n)]  # own first, then r-1, r-2, ...
+    total = sum(blocks) * sum(per_rank) * width * m.itemsize
+    if not (fused and (rounds or _rounds_pay(total, n))):
+        matrix = [blocks[s] * per_rank[d] * width for s in range(n) for d in range(n)]
+        got = _exchange_all(comm, sends, shapes_in, m, matrix)
+        for q in order:
+            add(q, got[q])
+        return grads
+    flight = InFlight("embedding_bag_alltoall backward")
+    got: list = [None] * n
+    try:
+        for k in range(1, n):
+            dst, src = (r + k) % n, (r - k) % n
+            got[src] = m.empty(shapes_in[src])
+            flight.add(comm.send(sends[dst], dst, async_op=True), f"round {k}: send to rank {dst}")
+            flight.add(comm.recv(got[src], src, async_op=True),
+                       f"round {k}: receive from rank {src}")  # fmt: skip
+        add(r, sends[r])
+        for k in range(1, n):
+            flight.wait(2 * (k - 1) + 1)
+            add((r - k) % n, got[(r - k) % n])
+    except BaseException as e:
+        flight.close(e)
+    flight.close()
     return grads
 
 

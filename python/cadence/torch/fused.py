@@ -16,7 +16,8 @@ every rank's loss with respect to its own operands):
   of dy and b^T, fused, when the blocks are equal); da = dY @ b^T,
   db = a^T @ dY.
 - embedding_bag_alltoall: the pooled gradients go back by the reverse
-  all-to-all, then into each table's rows (index_add).
+  all-to-all (fused: in rounds, each block added into the tables as it
+  arrives), then into each table's rows (index_add).
 - gemm_alltoall: dx = gemm_alltoall(dy, w^T) (the same routing, the experts
   transposed); dw_e = x_e^T @ dy_e with both dispatched to the expert.
 """
@@ -177,8 +178,8 @@ def _(tables, indices, offsets, comm, total_tables, mode="sum", fused=True):
 
 
 def _eb_setup(ctx, inputs, output):
-    tables, indices, offsets, comm, _, mode, _ = inputs
-    ctx.comm, ctx.mode = comm, mode
+    tables, indices, offsets, comm, _, mode, fused = inputs
+    ctx.comm, ctx.mode, ctx.fused = comm, mode, fused
     ctx.shapes = [tuple(t.shape) for t in tables]
     ctx.save_for_backward(*indices, *offsets)
     ctx.ntables = len(tables)
@@ -190,7 +191,7 @@ def _eb_backward(ctx, dout):
     saved = ctx.saved_tensors
     indices, offsets = saved[:ctx.ntables], saved[ctx.ntables:]
     grads = _a2a.embedding_bag_backward(c, dout.contiguous(), ctx.shapes, indices, offsets,
-                                        ctx.mode)  # fmt: skip
+                                        ctx.mode, ctx.fused)  # fmt: skip
     none = [None] * ctx.ntables
     # As many entries as the op's inputs: torch 2.6 counts the ones passed,
     # later versions every one in the schema; needs_input_grad has that shape.
