@@ -210,10 +210,13 @@ def _agree(meta) -> None:
                              f"({detail})")  # fmt: skip
 
 
-def _rounds(comm, op: str, compute, shapes, m: Math) -> list:
+def _rounds(comm, op: str, compute, shapes, m: Math, arrived=None) -> list:
     """Round k: compute(dst = r+k), send it there, receive from r-k into a
     buffer of shapes[r-k]; this rank's own part last, without communication.
-    Returns the n received (or own) buffers, by source rank."""
+    Returns the n received (or own) buffers, by source rank. With
+    `arrived(src, buffer)`, that is called for the own part, then for each
+    received one as soon as it is in (r-1, r-2, ...), while later rounds are
+    still on the wire."""
     n, r = comm.size, comm.rank
     got: list = [None] * n
     flight = InFlight(op)
@@ -226,6 +229,11 @@ def _rounds(comm, op: str, compute, shapes, m: Math) -> list:
             flight.add(comm.recv(got[src], src, async_op=True),
                        f"round {k}: receive from rank {src}")  # fmt: skip
         got[r] = compute(r)
+        if arrived is not None:
+            arrived(r, got[r])
+            for k in range(1, n):
+                flight.wait(2 * k - 1)  # round k's receive
+                arrived((r - k) % n, got[(r - k) % n])
     except BaseException as e:
         flight.close(e)
     flight.close()
@@ -436,22 +444,8 @@ def embedding_bag_backward(comm, dout, shapes, indices, offsets, mode: str,
         for q in order:
             add(q, got[q])
         return grads
-    flight = InFlight("embedding_bag_alltoall backward")
-    got: list = [None] * n
-    try:
-        for k in range(1, n):
-            dst, src = (r + k) % n, (r - k) % n
-            got[src] = m.empty(shapes_in[src])
-            flight.add(comm.send(sends[dst], dst, async_op=True), f"round {k}: send to rank {dst}")
-            flight.add(comm.recv(got[src], src, async_op=True),
-                       f"round {k}: receive from rank {src}")  # fmt: skip
-        add(r, sends[r])
-        for k in range(1, n):
-            flight.wait(2 * (k - 1) + 1)
-            add((r - k) % n, got[(r - k) % n])
-    except BaseException as e:
-        flight.close(e)
-    flight.close()
+    _rounds(comm, "embedding_bag_alltoall backward", lambda dst: sends[dst], shapes_in, m,
+            arrived=add)  # fmt: skip
     return grads
 
 
