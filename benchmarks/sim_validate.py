@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cadence import _core
 from cadence.bench.common import DTYPES, format_size, layout, parse_size
-from cadence.cli.sim import cluster_spec
+from cadence.cli.sim import calls_for, cluster_spec
 
 
 def measure(cluster: str, rph: int, op: str, sizes: list[int], iters: int, out: Path) -> None:
@@ -84,7 +84,8 @@ def main() -> int:
         if not any(lay and lay.nbytes == rec["bytes"] for lay in lays):
             continue
         count = rec["bytes"] // itemsize
-        _, secs, _ = model.run(rec["op"], count, itemsize, rec["algo"])
+        _, secs, _ = model.run(rec["op"], count, itemsize, rec["algo"],
+                               calls_for(model, rec["bytes"]))  # fmt: skip
         measured = rec["time_us"] * 1e-6
         err = (secs - measured) / measured
         cells.append({**{k: rec[k] for k in ("op", "algo", "bytes")}, "measured_s": measured,

@@ -120,6 +120,35 @@ def test_calibration_across_racks_scales_by_the_uplink_it_measured():
     assert model["group_out"][0] == pytest.approx(2.75e7, rel=1e-6)
 
 
+def test_shaped_links_keep_their_payload_rate_and_pass_their_burst_first():
+    # The emulated cluster's 1gbit links: tbf's bucket holds 1 ms of the rate.
+    from cadence.cli.sim import shaper_of
+
+    shaper = shaper_of(10**9, 1500)
+    assert shaper["burst_us"] == pytest.approx(1000.0)
+    base = {
+        "version": 1, "kind": "cadence-cluster", "hosts": 2,
+        "nic": {"count": 1, "rate": "119.551MB/s"}, "shaper": shaper,
+    }  # fmt: skip
+    # A ping-pong over a shaped link counts the bucket's credit: its β is
+    # not the link's rate, which stays; α and o are taken.
+    measured = {"tcp": {"alpha": 60e-6, "beta": 1 / 1.23e8, "overhead": 10e-6}}
+    spec = spec_from_calibration(base, measured, 10**9)
+    assert spec["nic"]["rate"] == "119.551MB/s" and spec["nic"]["latency_us"] == 50.0
+    model = _core.SimCluster(json.dumps(spec), "spec.json")
+    assert model.describe()["shaper"] == pytest.approx((1e-3, 1.5e9))
+    # 64 KiB broadcasts timed as `cadence bench` times them, one call a
+    # sample: once the first samples have spent the bucket's credit (at the
+    # peak), each message waits o and α, during which the bucket refills
+    # (7 kB), passes that at the peak and the rest at the rate. Unshaped it
+    # would be o + α + 64 KiB at the rate: 608 µs.
+    at_rate = 65536 / 119.551e6
+    _, secs, _ = model.run("broadcast", 16384, 4, "binomial_tree")
+    refill = 60e-6 * 119.551e6
+    want = 60e-6 + refill / 1.5e9 + (65536 - refill) / 119.551e6
+    assert secs == pytest.approx(want, rel=0.02) and secs < at_rate + 20e-6, (secs, want)
+
+
 def test_kisti_study_runs_and_auto_with_a_topology_file_prices_the_spine(tmp_path):
     # The study's script at its two smallest scales plus 64 (the first past
     # one 32-host leaf): every algorithm simulated, and at 64 nodes the

@@ -1037,6 +1037,8 @@ impl SimCluster {
         d.set_item("mem_rate", m.mem_rate)?;
         d.set_item("gamma", m.gamma)?;
         d.set_item("ring_order", m.topo.host_order())?;
+        // (burst seconds, peak bytes/s) of shaped links, or None.
+        d.set_item("shaper", m.shaper.map(|s| (s.burst, s.peak)))?;
         Ok(d)
     }
 
@@ -1054,10 +1056,11 @@ impl SimCluster {
             .collect())
     }
 
-    /// run(op, count, elem_size, algo=None) -> (algo, seconds, messages):
-    /// `op` on a full buffer of `count` elements, simulated; `algo` None
-    /// runs the library's own choice.
-    #[pyo3(signature = (op, count, elem_size, algo=None))]
+    /// run(op, count, elem_size, algo=None, calls=1) -> (algo, seconds,
+    /// messages): `op` on a full buffer of `count` elements, simulated;
+    /// `algo` None runs the library's own choice. `calls` > 1: one call of
+    /// samples of that many back to back, as `cadence bench` times them.
+    #[pyo3(signature = (op, count, elem_size, algo=None, calls=1))]
     fn run(
         &self,
         py: Python<'_>,
@@ -1065,6 +1068,7 @@ impl SimCluster {
         count: usize,
         elem_size: usize,
         algo: Option<&str>,
+        calls: usize,
     ) -> PyResult<(&'static str, f64, u64)> {
         let k = CollKind::from_name(op)
             .ok_or_else(|| PyValueError::new_err(format!("unknown collective {op:?}")))?;
@@ -1075,7 +1079,7 @@ impl SimCluster {
                     .ok_or_else(|| PyValueError::new_err(format!("unknown algorithm {name:?}")))?,
             ),
         };
-        let out = py.allow_threads(|| self.cluster.run(k, count, elem_size, a));
+        let out = py.allow_threads(|| self.cluster.run(k, count, elem_size, a, calls));
         let (algo, o) = out.map_err(PyValueError::new_err)?;
         Ok((algo.name(), o.seconds, o.messages))
     }

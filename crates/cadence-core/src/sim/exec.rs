@@ -39,7 +39,7 @@
 //! in memory, and time advances from event to event: the cost is per
 //! message, not per byte.
 
-use super::flows::Flows;
+use super::flows::{Bucket, Flows};
 use crate::schedule::{Buf, Schedule, Step, Topology};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -77,6 +77,18 @@ pub struct Model {
     pub shm_eager: f64,
     /// Seconds per byte of a local reduction or copy.
     pub gamma: f64,
+    /// Token buckets in front of the NICs and uplinks (`tc tbf`, as the
+    /// emulated cluster shapes its links); None on real hardware.
+    pub shaper: Option<Shaper>,
+}
+
+/// How shaped links pass traffic: after an idle spell each NIC or uplink
+/// direction passes `burst` seconds of its rate at `peak` (bytes/s, what the
+/// path does unshaped), then its rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Shaper {
+    pub burst: f64,
+    pub peak: f64,
 }
 
 impl Model {
@@ -100,6 +112,7 @@ impl Model {
             tcp_eager: 4.0 * 1024.0 * 1024.0,
             shm_eager: 256.0 * 1024.0,
             gamma: 1.0 / 4e9,
+            shaper: None,
         }
     }
 
@@ -143,6 +156,11 @@ impl Model {
         if times.iter().any(|&t| !t.is_finite() || t < 0.0) {
             return Err("latencies, overheads, γ and eager limits must be finite and ≥ 0".into());
         }
+        if let Some(s) = self.shaper {
+            if !(s.burst.is_finite() && s.burst >= 0.0 && s.peak > 0.0) {
+                return Err("a shaper's burst must be ≥ 0 and its peak rate positive".into());
+            }
+        }
         Ok(())
     }
 
@@ -156,6 +174,23 @@ impl Model {
         cap.extend(std::iter::repeat_n(self.shm_rate, self.topo.nranks()));
         cap.extend(std::iter::repeat_n(self.mem_rate, self.nhosts()));
         cap
+    }
+
+    /// Per link of [`Model::links`], its token bucket: the NICs' and the
+    /// groups' uplinks' when the model has a shaper.
+    fn buckets(&self) -> Vec<Option<Bucket>> {
+        let cap = self.links();
+        let shaped = 2 * self.nhosts() + 2 * self.ngroups();
+        cap.iter()
+            .enumerate()
+            .map(|(l, &c)| {
+                let s = self.shaper?;
+                (l < shaped && c.is_finite()).then(|| Bucket {
+                    depth: c * s.burst,
+                    peak: s.peak.max(c),
+                })
+            })
+            .collect()
     }
 
     /// The links a message from rank a to rank b crosses.
@@ -226,6 +261,21 @@ struct Compiled {
 impl Compiled {
     fn nphases(&self) -> usize {
         self.first.len()
+    }
+
+    /// The schedule `calls` times over, one call after another.
+    fn repeated(self, calls: usize) -> Compiled {
+        if calls <= 1 {
+            return self;
+        }
+        let n = self.xfers.len() as u32;
+        Compiled {
+            first: (0..calls as u32)
+                .flat_map(|k| self.first.iter().map(move |&f| f + k * n))
+                .collect(),
+            local: self.local.repeat(calls),
+            xfers: self.xfers.repeat(calls),
+        }
     }
     fn span(&self, p: usize) -> std::ops::Range<usize> {
         let end = self
@@ -412,6 +462,8 @@ pub struct Outcome {
     pub seconds: f64,
     /// Messages that crossed the modeled network (shared memory included).
     pub messages: u64,
+    /// Per call ([`simulate_calls`]), when the last rank was done with it.
+    pub call_ends: Vec<f64>,
 }
 
 /// Simulated seconds for every rank's schedule (`schedules[r]` is rank r's)
@@ -433,7 +485,26 @@ pub fn simulate_with<F>(build: F, model: &Model, elem_size: usize) -> Result<Out
 where
     F: Fn(usize) -> Result<Schedule, String> + Sync,
 {
+    simulate_calls(build, model, elem_size, 1)
+}
+
+/// As [`simulate_with`], every rank making `calls` such calls back to back,
+/// as a benchmark's timed loop does: a rank starts its next call when its
+/// own part of the last one is done (no look-ahead across calls: a call
+/// returns first), so calls overlap across ranks, and shaped links carry
+/// their buckets' state from one to the next. [`Outcome::call_ends`] says
+/// when each call was done on every rank.
+pub fn simulate_calls<F>(
+    build: F,
+    model: &Model,
+    elem_size: usize,
+    calls: usize,
+) -> Result<Outcome, String>
+where
+    F: Fn(usize) -> Result<Schedule, String> + Sync,
+{
     model.check()?;
+    let calls = calls.max(1);
     let n = model.topo.nranks();
     let workers = std::thread::available_parallelism()
         .map_or(1, |w| w.get())
@@ -454,18 +525,29 @@ where
         .into_iter()
         .map(|p| p.expect("every rank built"))
         .collect::<Result<Vec<_>, _>>()?;
+    let per_call: Vec<usize> = progs.iter().map(Compiled::nphases).collect();
+    let progs: Vec<Compiled> = progs.into_iter().map(|p| p.repeated(calls)).collect();
     let sim = Sim {
         model,
         es: elem_size as f64,
         ranks: (0..n).map(|_| RankState::default()).collect(),
+        // A call's first phase is never admitted ahead (the call before it
+        // returned first).
         has_local: progs
             .iter()
-            .map(|p| (0..p.nphases()).map(|q| p.local[q] > 0.0).collect())
+            .zip(&per_call)
+            .map(|(p, &k)| {
+                (0..p.nphases())
+                    .map(|q| p.local[q] > 0.0 || (k > 0 && q > 0 && q.is_multiple_of(k)))
+                    .collect()
+            })
             .collect(),
         progs,
+        per_call,
+        call_ends: vec![0.0; calls],
         chans: Vec::new(),
         chan_of: HashMap::new(),
-        flows: Flows::new(model.links()),
+        flows: Flows::shaped(model.links(), &model.buckets()),
         events: BinaryHeap::new(),
         made: 0,
         now: 0.0,
@@ -478,9 +560,12 @@ struct Sim<'a> {
     model: &'a Model,
     es: f64,
     progs: Vec<Compiled>,
-    /// Per rank and phase: whether the phase has local steps (then it is
-    /// never admitted ahead).
+    /// Per rank and phase: whether the phase has local steps or starts a
+    /// call (then it is never admitted ahead).
     has_local: Vec<Vec<bool>>,
+    /// Per rank, phases in one call; per call, when its last rank was done.
+    per_call: Vec<usize>,
+    call_ends: Vec<f64>,
     ranks: Vec<RankState>,
     chans: Vec<Chan>,
     chan_of: HashMap<(u32, u32), u32>,
@@ -552,6 +637,7 @@ impl Sim<'_> {
         Ok(Outcome {
             seconds: self.ranks.iter().map(|s| s.finished).fold(0.0, f64::max),
             messages: self.messages,
+            call_ends: self.call_ends,
         })
     }
 
@@ -870,6 +956,11 @@ impl Sim<'_> {
             }
             st.cur += 1;
             st.finished = now;
+            let k = self.per_call[r];
+            if k > 0 && st.cur.is_multiple_of(k) {
+                let end = &mut self.call_ends[st.cur / k - 1];
+                *end = end.max(now);
+            }
             if st.ahead {
                 st.ahead = false;
                 std::mem::swap(&mut st.cur_done, &mut st.ahead_done);
@@ -931,6 +1022,46 @@ mod tests {
         let t = run(CollKind::Broadcast, Algo::BinomialTree, vec![1 << 20], &m);
         let want = 50e-6 + (4 << 20) as f64 / 1.25e8;
         assert!(close(t, want, 1e-9), "{t} vs {want}");
+    }
+
+    #[test]
+    fn a_shaped_link_passes_its_burst_at_peak_then_its_rate() {
+        // 1 ms of a 125 MB/s link's credit (125 kB) passed at 1.5 GB/s: it
+        // drains at 1.375 GB/s, so for 125e3 / 1.375e9 s at the peak, then
+        // the rest of 4 MiB at the rate.
+        let m = Model {
+            gamma: 0.0,
+            shaper: Some(Shaper {
+                burst: 1e-3,
+                peak: 1.5e9,
+            }),
+            ..Model::flat(Topology::from_hosts(&[0, 1]), 1.25e8, 50e-6)
+        };
+        let t = run(CollKind::Broadcast, Algo::BinomialTree, vec![1 << 20], &m);
+        let t1 = 125e3 / (1.5e9 - 1.25e8);
+        let want = 50e-6 + t1 + ((4 << 20) as f64 - 1.5e9 * t1) / 1.25e8;
+        assert!(close(t, want, 1e-9), "{t} vs {want}");
+        // Back to back the root's next message leaves as the last one has
+        // left (α overlaps it): the link never idles, so once the credit is
+        // spent each call is the bytes at the rate.
+        let o = simulate_calls(
+            |r| {
+                let args = CollArgs {
+                    kind: CollKind::Broadcast,
+                    root: 0,
+                    counts: vec![1 << 20],
+                };
+                build_on(&args, r, &m.topo, Algo::BinomialTree).map_err(|e| e.to_string())
+            },
+            &m,
+            4,
+            40,
+        )
+        .unwrap();
+        let last = o.call_ends[39] - o.call_ends[38];
+        let want = (4 << 20) as f64 / 1.25e8;
+        assert!(close(last, want, 1e-9), "{last} vs {want}");
+        assert!(o.call_ends[0] < t * 1.001 && o.call_ends[0] > t * 0.999);
     }
 
     #[test]

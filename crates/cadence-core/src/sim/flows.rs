@@ -139,6 +139,59 @@ const SAME_RATE: f64 = 1e-12;
 /// flows of a symmetric step end together and are handled in one batch.
 const SAME_TIME: f64 = 1e-12;
 
+/// A token bucket in front of a link, as `tc tbf` shapes the emulated
+/// cluster's NICs and uplinks: after an idle spell the link passes up to
+/// `depth` bytes beyond its rate at `peak` (what the path does unshaped),
+/// then its rate. A real NIC has none: its line rate is its peak.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bucket {
+    /// Bytes of credit the bucket holds when full.
+    pub depth: f64,
+    /// Bytes/s the link passes while it has credit.
+    pub peak: f64,
+}
+
+/// A bucketed link empties when its credit falls to this share of its depth
+/// (then it passes its rate), and passes `peak` again once refilled to
+/// `REFILLED`: a little hysteresis, so that a link held at its rate does
+/// not flip between the two at every byte of credit.
+const EMPTY: f64 = 1e-9;
+const REFILLED: f64 = 1.0 / 16.0;
+
+/// A bucketed link's credit: `tokens` at time `since`, changing at
+/// `rate - used` from then on (bounded by 0 and the depth).
+struct Credit {
+    rate: f64,
+    bucket: Bucket,
+    tokens: f64,
+    since: f64,
+    /// Bytes/s its flows take now.
+    used: f64,
+    /// Whether it passes `peak` (it has credit) or its rate.
+    open: bool,
+    /// Bumped whenever its next change is predicted anew (stale heap entries).
+    version: u64,
+}
+
+impl Credit {
+    /// The credit at time `t`, with `used` unchanged since `since`.
+    fn at(&self, t: f64) -> f64 {
+        (self.tokens + (self.rate - self.used) * (t - self.since)).clamp(0.0, self.bucket.depth)
+    }
+
+    /// When it empties (open) or refills (closed) at the present use.
+    fn next_change(&self) -> f64 {
+        let d = self.bucket.depth;
+        if self.open && self.used > self.rate {
+            self.since + (self.tokens - EMPTY * d).max(0.0) / (self.used - self.rate)
+        } else if !self.open && self.used < self.rate {
+            self.since + (REFILLED * d - self.tokens).max(0.0) / (self.rate - self.used)
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
 struct Flow {
     id: usize,
     route: Vec<usize>,
@@ -208,6 +261,10 @@ pub struct Flows {
     /// `BIG_COMPONENT` and `DEFER` (a test sets `big` to solve exactly).
     big: usize,
     defer: f64,
+    /// Per link, its token bucket's credit (None: no bucket), and the
+    /// predicted moments a bucket empties or refills.
+    credit: Vec<Option<Credit>>,
+    credit_due: BinaryHeap<Due>,
 }
 
 impl Flows {
@@ -235,7 +292,34 @@ impl Flows {
             wake_at: f64::INFINITY,
             big: BIG_COMPONENT,
             defer: DEFER,
+            credit: (0..n).map(|_| None).collect(),
+            credit_due: BinaryHeap::new(),
         }
+    }
+
+    /// As [`Flows::new`], with a token bucket in front of the links that
+    /// have one (`buckets[l]`); each starts full (the links were idle).
+    pub fn shaped(cap: Vec<f64>, buckets: &[Option<Bucket>]) -> Flows {
+        assert_eq!(cap.len(), buckets.len(), "a bucket entry per link");
+        let mut f = Flows::new(cap);
+        for (l, b) in buckets.iter().enumerate() {
+            let Some(b) = *b else { continue };
+            assert!(
+                b.depth >= 0.0 && b.peak >= f.cap[l],
+                "a bucket holds credit ≥ 0 and passes at least its rate"
+            );
+            f.credit[l] = Some(Credit {
+                rate: f.cap[l],
+                bucket: b,
+                tokens: b.depth,
+                since: 0.0,
+                used: 0.0,
+                open: true,
+                version: 0,
+            });
+            f.cap[l] = b.peak;
+        }
+        f
     }
 
     /// As [`Flows::new`], every change re-solved at once however big its
@@ -310,11 +394,19 @@ impl Flows {
         }
         self.reallocate();
         // A deferred re-solve is a moment to stop at too.
-        let resolve = if self.dirty.is_empty() {
+        let mut resolve = if self.dirty.is_empty() {
             self.wake_at
         } else {
             self.defer_until.min(self.wake_at)
         };
+        // A bucket that empties or refills changes its link's capacity.
+        while let Some(d) = self.credit_due.peek() {
+            if self.credit[d.1].as_ref().is_some_and(|c| c.version == d.2) {
+                resolve = resolve.min(d.0);
+                break;
+            }
+            self.credit_due.pop();
+        }
         while let Some(d) = self.due.peek() {
             let f = &self.flows[d.1];
             if f.live && f.version == d.2 {
@@ -338,6 +430,15 @@ impl Flows {
         }
         self.now = self.now.max(next);
         let horizon = next + SAME_TIME * next.abs();
+        while self.credit_due.peek().is_some_and(|d| d.0 <= horizon) {
+            let Due(_, l, version) = self.credit_due.pop().expect("peeked");
+            if self.credit[l]
+                .as_ref()
+                .is_some_and(|c| c.version == version)
+            {
+                self.dirty.push(l);
+            }
+        }
         let mut done = Vec::new();
         while let Some(d) = self.due.peek() {
             if d.0 > horizon {
@@ -411,9 +512,11 @@ impl Flows {
                     }
                 }
             }
+            self.settle_credit(&links);
             if !members.is_empty() {
                 self.solve(&links, &members);
             }
+            self.predict_credit(&links);
         }
         // Stale entries are skipped when they surface; drop them all once
         // they outnumber the live ones, so the heap stays O(flows).
@@ -425,6 +528,46 @@ impl Flows {
                 .filter(|d| flows[d.1].live && flows[d.1].version == d.2)
                 .collect();
             self.due = BinaryHeap::from(valid);
+        }
+    }
+
+    /// Brings the buckets among `links` to the present at the rates their
+    /// flows had, and opens or closes them: a link's capacity is its peak
+    /// while it has credit, its rate once empty.
+    fn settle_credit(&mut self, links: &[usize]) {
+        let now = self.now;
+        for &l in links {
+            let Some(c) = self.credit[l].as_mut() else {
+                continue;
+            };
+            c.tokens = c.at(now);
+            c.since = now;
+            let d = c.bucket.depth;
+            // Twice the mark and a hair under it: the moment predicted for
+            // the change lands on the right side of it whatever the rounding.
+            if c.open && c.tokens <= 2.0 * EMPTY * d {
+                c.open = false;
+            } else if !c.open && c.tokens >= REFILLED * d * (1.0 - 1e-6) {
+                c.open = true;
+            }
+            self.cap[l] = if c.open { c.bucket.peak } else { c.rate };
+        }
+    }
+
+    /// After a re-solve: what the buckets among `links` carry now, and when
+    /// each will empty or refill.
+    fn predict_credit(&mut self, links: &[usize]) {
+        for &l in links {
+            let used: f64 = self.on_link[l].iter().map(|&f| self.flows[f].rate).sum();
+            let Some(c) = self.credit[l].as_mut() else {
+                continue;
+            };
+            c.used = used;
+            c.version += 1;
+            let at = c.next_change();
+            if at.is_finite() {
+                self.credit_due.push(Due(at, l, c.version));
+            }
         }
     }
 
@@ -673,5 +816,60 @@ mod tests {
             }
             assert!(close(f.now(), (step + 1) as f64 * b / c), "{}", f.now());
         }
+    }
+
+    #[test]
+    fn a_full_bucket_passes_its_depth_at_peak_then_the_rate() {
+        // Rate 1 B/s, 4 bytes of credit passed at 5 B/s: the credit drains
+        // at 5 - 1 = 4 B/s, so 1 s at peak (5 bytes), then the rate.
+        let b = Bucket {
+            depth: 4.0,
+            peak: 5.0,
+        };
+        let mut f = Flows::shaped(vec![1.0], &[Some(b)]);
+        f.start(0, vec![0], 9.0);
+        assert_eq!(f.run_until(f64::INFINITY), Vec::<usize>::new());
+        assert!(close(f.now(), 1.0), "emptied at {}", f.now());
+        let mut done = Vec::new();
+        while done.is_empty() {
+            done = f.run_until(f64::INFINITY);
+        }
+        assert!(close(f.now(), 1.0 + 4.0), "done at {}", f.now());
+        // Idle for 2 s: 2 bytes of credit, which is over the refill mark, so
+        // the next message goes at peak while it lasts: 2 bytes drain it in
+        // 0.5 s (2.5 bytes), the last 0.5 byte at the rate.
+        while f.run_until(7.0).is_empty() && f.now() < 7.0 {}
+        f.start(1, vec![0], 3.0);
+        let mut done = Vec::new();
+        while done.is_empty() {
+            done = f.run_until(f64::INFINITY);
+        }
+        assert!(close(f.now(), 7.0 + 0.5 + 0.5), "done at {}", f.now());
+    }
+
+    #[test]
+    fn a_shaped_link_held_below_its_rate_by_another_refills() {
+        // Link 0 shaped (rate 2, depth 1, peak 10), link 1 plain at 1: a
+        // flow over both moves at 1 whatever the bucket does; another flow
+        // on link 0 alone gets the rest (peak - 1, then 2 - 1 once empty).
+        let b = Bucket {
+            depth: 1.0,
+            peak: 10.0,
+        };
+        let mut f = Flows::shaped(vec![2.0, 1.0], &[Some(b), None]);
+        f.start(0, vec![0, 1], 3.0);
+        f.start(1, vec![0], 10.0);
+        let mut ends = [0.0; 2];
+        while !f.is_idle() {
+            for id in f.run_until(f64::INFINITY) {
+                ends[id] = f.now();
+            }
+        }
+        assert!(close(ends[0], 3.0), "{ends:?}");
+        // Flow 1: 9 B/s until the bucket (draining at 10 - 2 = 8 B/s) is
+        // empty at 1/8 s, then 1 B/s until flow 0 ends at 3, then 2.
+        let t1 = 1.0 / 8.0;
+        let left = 10.0 - 9.0 * t1 - 1.0 * (3.0 - t1);
+        assert!(close(ends[1], 3.0 + left / 2.0), "{ends:?}");
     }
 }

@@ -4,7 +4,7 @@
 //! priced with the cost model a start-up calibration would measure on this
 //! cluster), and the schedules from the library's generators.
 
-use super::exec::{simulate_with, Model, Outcome};
+use super::exec::{simulate_calls, Model, Outcome};
 use super::spec::Loaded;
 use crate::comm::order::{choose_by, START_MAX_HOSTS};
 use crate::comm::select::{select_algo_on, Auto};
@@ -85,24 +85,37 @@ impl Cluster {
     /// Simulates `kind` on a full buffer of `count` elements of
     /// `elem_size` bytes (as `cadence bench` sizes them) with `algo`, or
     /// the library's choice when None; returns what ran and the outcome.
-    /// Err: the algorithm does not apply, or the size holds no element.
+    ///
+    /// `calls` > 1, or shaped links, time it as `cadence bench` does:
+    /// samples of `calls` calls back to back; `seconds` is one call of the
+    /// last sample, once shaped links' buckets have settled into what
+    /// back-to-back samples leave them (8 samples; 2 on links without
+    /// buckets, where only the first sample differs). Err: the algorithm
+    /// does not apply, or the size holds no element.
     pub fn run(
         &self,
         kind: CollKind,
         count: usize,
         elem_size: usize,
         algo: Option<Algo>,
+        calls: usize,
     ) -> Result<(Algo, Outcome), String> {
         let args = args_for(kind, self.nranks(), count)?;
         let (algo, _) =
             select_algo_on(&AlgoOverride::default(), &args, &self.auto, elem_size, algo)?;
         let topo: &Topology = &self.auto.topo;
-        let outcome = simulate_with(
-            |r| schedule::build_on(&args, r, topo, algo).map_err(|e| e.to_string()),
-            &self.model,
-            elem_size,
-        )?;
-        Ok((algo, outcome))
+        let build = |r| schedule::build_on(&args, r, topo, algo).map_err(|e| e.to_string());
+        let shaped = self.model.shaper.is_some();
+        if calls <= 1 && !shaped {
+            return Ok((algo, simulate_calls(build, &self.model, elem_size, 1)?));
+        }
+        let calls = calls.max(1);
+        let samples = if shaped { 8 } else { 2 };
+        let mut o = simulate_calls(build, &self.model, elem_size, samples * calls)?;
+        let ends = &o.call_ends;
+        let last = ends.len() - 1;
+        o.seconds = (ends[last] - ends[last - calls]) / calls as f64;
+        Ok((algo, o))
     }
 }
 
@@ -201,12 +214,12 @@ mod tests {
             "nic": {"rate": "10gbit", "latency_us": 20}}"#;
         let c = Cluster::new(parse(text, Path::new("s.json"), None).unwrap());
         assert!(c.order.contains("hosts by lowest rank"), "{}", c.order);
-        let (small, o) = c.run(CollKind::AllReduce, 2, 4, None).unwrap();
+        let (small, o) = c.run(CollKind::AllReduce, 2, 4, None, 1).unwrap();
         assert!(o.seconds > 0.0);
-        let (big, _) = c.run(CollKind::AllReduce, 16 << 20, 4, None).unwrap();
+        let (big, _) = c.run(CollKind::AllReduce, 16 << 20, 4, None, 1).unwrap();
         assert_ne!(small, big, "one algorithm for 8 B and 64 MiB");
         let (ring, o) = c
-            .run(CollKind::AllReduce, 16 << 20, 4, Some(Algo::Ring))
+            .run(CollKind::AllReduce, 16 << 20, 4, Some(Algo::Ring), 1)
             .unwrap();
         assert_eq!(ring, Algo::Ring);
         // 2 (n-1)/n of 64 MiB at 1.25 GB/s, at least.
@@ -214,7 +227,7 @@ mod tests {
             o.seconds > 2.0 * 7.0 / 8.0 * 64.0 * 1048576.0 / 1.25e9,
             "{o:?}"
         );
-        let e = c.run(CollKind::AllGather, 3, 4, None).unwrap_err();
+        let e = c.run(CollKind::AllGather, 3, 4, None, 1).unwrap_err();
         assert!(e.contains("hold nothing"), "{e}");
     }
 
@@ -234,7 +247,7 @@ mod tests {
         // The found ring crosses each uplink once a step: 3 steps of a
         // 16 MiB block at 31.25 MB/s, about.
         let (_, o) = c
-            .run(CollKind::AllGather, 4 << 22, 4, Some(Algo::Ring))
+            .run(CollKind::AllGather, 4 << 22, 4, Some(Algo::Ring), 1)
             .unwrap();
         let want = 3.0 * (16 << 20) as f64 / 31.25e6;
         assert!(

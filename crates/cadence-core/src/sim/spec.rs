@@ -33,6 +33,11 @@
 //!   and the transports' buffering cost (defaults: 10 GB/s, 1 µs latency,
 //!   0.2 µs overhead, 4 GB/s,
 //!   4 MiB over TCP, 256 KiB in shared memory). Calibration writes these.
+//! - **shaper** (optional): the NICs and uplinks are shaped by token
+//!   buckets, as `tc tbf` shapes the emulated cluster's (`cadence sim
+//!   --cluster` writes it): after an idle spell a link passes `burst_us` of
+//!   its rate at `peak` (what the path does unshaped), then its rate. Real
+//!   NICs have no such credit: leave it out.
 //!
 //! Rates are strings with a unit: `bit`, `kbit`, `mbit`, `gbit` (bits per
 //! second, as `tc` and `cadence cluster` write them) or `B/s`, `KB/s`, `MB/s`,
@@ -43,7 +48,7 @@
 //! A topology file (`"kind": "cadence-topology"`) is also accepted as a
 //! spec on its own: the default costs, its hosts and rates.
 
-use super::exec::Model;
+use super::exec::{Model, Shaper as ModelShaper};
 use crate::fabric::file::TopoFile;
 use crate::fabric::infer::nic_estimates;
 use crate::schedule::Topology;
@@ -74,6 +79,15 @@ pub struct Spec {
     pub cpu: Cpu,
     #[serde(default)]
     pub eager: Eager,
+    #[serde(default)]
+    pub shaper: Option<Shaper>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shaper {
+    pub burst_us: f64,
+    pub peak: String,
 }
 
 fn one() -> usize {
@@ -312,6 +326,7 @@ pub fn parse(text: &str, origin: &Path, ranks: Option<usize>) -> Result<Loaded, 
             shm: Shm::default(),
             cpu: Cpu::default(),
             eager: Eager::default(),
+            shaper: None,
         };
         return build(&spec, Some(file), ranks);
     }
@@ -465,6 +480,12 @@ fn build(spec: &Spec, file: Option<TopoFile>, ranks: Option<usize>) -> Result<Lo
     model.gamma = 1.0 / rate(&spec.cpu.reduce, "cpu.reduce")?;
     model.tcp_eager = spec.eager.tcp.bytes("eager.tcp")?;
     model.shm_eager = spec.eager.shm.bytes("eager.shm")?;
+    if let Some(sh) = &spec.shaper {
+        model.shaper = Some(ModelShaper {
+            burst: latency(sh.burst_us, "shaper.burst_us")?,
+            peak: rate(&sh.peak, "shaper.peak")?,
+        });
+    }
     model.check()?;
     Ok(Loaded {
         model,
@@ -568,6 +589,18 @@ mod tests {
                 r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4}"#,
                 None,
                 "nic.rate: missing",
+            ),
+            (
+                r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4, "nic": {"rate": "1gbit"},
+                    "shaper": {"burst_us": -1, "peak": "1GB/s"}}"#,
+                None,
+                "shaper.burst_us: -1 must be a latency",
+            ),
+            (
+                r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4, "nic": {"rate": "1gbit"},
+                    "shaper": {"burst_us": 1000}}"#,
+                None,
+                "missing field `peak`",
             ),
         ];
         for (text, ranks, want) in cases {
