@@ -431,6 +431,29 @@ def test_a_throttled_link_slows_a_transfer_that_crosses_it(make_cluster):
 
 
 @needs_clusters
+def test_sim_models_a_cluster_with_its_shaped_links(make_cluster, tmp_path, capsys):
+    # `cadence sim --cluster` simulates the links as tbf shapes them: the
+    # payload share of the rate, 1 ms buckets. A 16 KiB ring allgather on 4
+    # hosts (3 steps of 4 KiB, timed in samples of 16 calls as the bench
+    # does) then runs at the link's payload rate, its α and o (10 + 2 µs a
+    # step by default) hidden under the credit that refills while they are
+    # paid; unshaped it would take 3 × (12 µs + 4 KiB at the rate), 1.35×.
+    cluster = make_cluster(4, tag="sm")
+    assert cli_main.main(["sim", "--cluster", cluster.name, "--show-spec"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["shaper"]["burst_us"] == pytest.approx(1000.0)
+    rate = 1e9 * payload_share(cluster.mtu) / 8
+    assert spec["nic"]["rate"] == f"{rate / 1e6:.3f}MB/s"
+    out = tmp_path / "sim.json"
+    rc = cli_main.main(["sim", "--cluster", cluster.name, "--op", "allgather", "-b", "16K",
+                        "-e", "16K", "--algo", "ring", "--json", str(out)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    (rec,) = json.loads(out.read_text())
+    at_rate = 3 * 4096 / rate
+    assert 0.85 * at_rate < rec["time_us"] * 1e-6 < 1.15 * at_rate, (rec, at_rate)
+
+
+@needs_clusters
 def test_cutting_a_hosts_only_link_names_its_ranks_on_every_survivor(make_cluster):
     cluster = make_cluster(3, tag="cu")
     victim = cluster.hosts[1]  # not host 0: it serves the store

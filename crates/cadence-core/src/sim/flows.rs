@@ -265,6 +265,8 @@ pub struct Flows {
     /// predicted moments a bucket empties or refills.
     credit: Vec<Option<Credit>>,
     credit_due: BinaryHeap<Due>,
+    /// Whether any link has a bucket (else the credit steps are skipped).
+    shaped: bool,
 }
 
 impl Flows {
@@ -294,6 +296,7 @@ impl Flows {
             defer: DEFER,
             credit: (0..n).map(|_| None).collect(),
             credit_due: BinaryHeap::new(),
+            shaped: false,
         }
     }
 
@@ -318,6 +321,7 @@ impl Flows {
                 version: 0,
             });
             f.cap[l] = b.peak;
+            f.shaped = true;
         }
         f
     }
@@ -512,11 +516,15 @@ impl Flows {
                     }
                 }
             }
-            self.settle_credit(&links);
+            if self.shaped {
+                self.settle_credit(&links);
+            }
             if !members.is_empty() {
                 self.solve(&links, &members);
             }
-            self.predict_credit(&links);
+            if self.shaped {
+                self.predict_credit(&links);
+            }
         }
         // Stale entries are skipped when they surface; drop them all once
         // they outnumber the live ones, so the heap stays O(flows).
@@ -558,6 +566,9 @@ impl Flows {
     /// each will empty or refill.
     fn predict_credit(&mut self, links: &[usize]) {
         for &l in links {
+            if self.credit[l].is_none() {
+                continue;
+            }
             let used: f64 = self.on_link[l].iter().map(|&f| self.flows[f].rate).sum();
             let Some(c) = self.credit[l].as_mut() else {
                 continue;
