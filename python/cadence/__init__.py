@@ -21,7 +21,7 @@ import numpy as np
 
 from cadence import _buffers
 from cadence import fused as _fused
-from cadence._core import ANY_SOURCE, Bootstrap, CommError, Work, algorithms
+from cadence._core import Bootstrap, CommError, Work, algorithms
 from cadence.diagnosis import live as _live
 
 __all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_identity",
@@ -221,8 +221,12 @@ class Communicator:
         self.size: int = core.size
         self.id: str = core.id
         _fused._pipeline.register(self)  # the torch ops name communicators by id
-        # The native method directly: no Python frame on the latency path.
+        # The native methods directly: no Python frame on the latency path.
         self.allreduce = core.allreduce
+        self.broadcast = core.broadcast
+        self.reduce = core.reduce
+        self.send = core.send
+        self.recv = core.recv
         # Live diagnosis (CADENCE_DIAG_AFTER): a watchdog thread, off the data path.
         _live.watch(self, store, prefix, timeout)
         from cadence.diagnosis import metrics  # Prometheus: CADENCE_METRICS_PORT
@@ -272,19 +276,13 @@ class Communicator:
     # allreduce(x, out=None, op="sum", factor=None, algo=None, async_op=False) is
     # bound natively in __init__.
 
-    def reduce(self, x, root=0, out=None, op="sum", factor=None, algo=None, async_op=False):
-        """Reduces to `root`: its result lands in `out` (default: `x`, in place).
-        Returns the result at the root, None elsewhere."""
-        n = _buffers.numel(x)
-        at_root = self.rank == root
-        dst = (x if out is None else out) if at_root else None
-        return self._run("reduce", x, dst, op=op, factor=factor, root=root, counts=[n],
-                         algo=algo, async_op=async_op, result=dst)
-
-    def broadcast(self, x, root=0, algo=None, async_op=False):
-        """Copies root's `x` into every rank's `x` (in place). Returns `x`."""
-        return self._run("broadcast", None, x, root=root, counts=[_buffers.numel(x)],
-                         algo=algo, async_op=async_op, result=x)
+    # Bound natively in __init__ (a small call's latency is mostly the path to
+    # the engine):
+    # reduce(x, root=0, out=None, op="sum", factor=None, algo=None, async_op=False):
+    #     reduces to `root`, into `out` (default: `x`, in place); returns the
+    #     result at the root, None elsewhere.
+    # broadcast(x, root=0, algo=None, async_op=False): copies root's `x` into
+    #     every rank's `x` (in place); returns `x`.
 
     def allgather(self, x, out=None, algo=None, async_op=False):
         """Gathers every rank's `x` into `out` of shape (size, *x.shape)."""
@@ -390,19 +388,13 @@ class Communicator:
         """Returns when every rank has entered the barrier."""
         return self._run("barrier", None, None, counts=[], async_op=async_op)
 
-    def send(self, x, dst, async_op=False):
-        """Sends `x` to rank `dst` (matched by a `recv` there, in order)."""
-        return self._run("send", x, None, root=dst, counts=[_buffers.numel(x)],
-                         async_op=async_op)
-
-    def recv(self, out, src=None, async_op=False):
-        """Receives into `out` from rank `src`; returns `out`. With `src=None`,
-        from whichever rank sends to this one first (a send of `out`'s size);
-        returns that rank (with `async_op`, `wait()` returns it, and
-        `Work.source` holds it once known)."""
-        root = ANY_SOURCE if src is None else src
-        return self._run("recv", None, out, root=root, counts=[_buffers.numel(out)],
-                         async_op=async_op, result=out)
+    # Bound natively in __init__:
+    # send(x, dst, async_op=False): sends `x` to rank `dst` (matched by a
+    #     `recv` there, in order).
+    # recv(out, src=None, async_op=False): receives into `out` from rank `src`;
+    #     returns `out`. With `src=None`, from whichever rank sends to this one
+    #     first (a send of `out`'s size); returns that rank (with `async_op`,
+    #     `wait()` returns it, and `Work.source` holds it once known).
 
     # Fused compute + collective operators (cadence.fused, docs/fused.md).
 

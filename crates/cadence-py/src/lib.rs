@@ -323,10 +323,13 @@ fn parse_op(op: &str, factor: Option<f64>) -> PyResult<RedOp> {
 }
 
 fn parse_algo(algo: Option<&str>) -> PyResult<Option<Algo>> {
-    algo.map(|a| {
-        Algo::from_name(a).ok_or_else(|| PyValueError::new_err(format!("unknown algorithm {a:?}")))
-    })
-    .transpose()
+    // "auto" is the library's own choice, as no algorithm at all.
+    algo.filter(|&a| a != "auto")
+        .map(|a| {
+            Algo::from_name(a)
+                .ok_or_else(|| PyValueError::new_err(format!("unknown algorithm {a:?}")))
+        })
+        .transpose()
 }
 
 /// An operation in flight. `wait()` returns the operation's result object.
@@ -622,6 +625,153 @@ impl PyComm {
                 counts: vec![count],
                 dtype: None,
                 algo,
+                async_op,
+                result,
+            },
+        )
+    }
+
+    /// broadcast(x, root=0, algo=None, async_op=False) -> x
+    ///
+    /// Copies root's `x` into every rank's `x` (in place). Native, as
+    /// allreduce: a small call's latency is mostly the path to the engine.
+    #[pyo3(signature = (x, root=0, algo=None, async_op=false))]
+    fn broadcast<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        root: usize,
+        algo: Option<&str>,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let algo = parse_algo(algo)?;
+        let v = view(py, &x, true, "broadcast", "buffer")?;
+        let count = v.bytes / v.dtype.size();
+        let result = x.clone().unbind();
+        self.call(
+            py,
+            Call {
+                kind: CollKind::Broadcast,
+                input: None,
+                output: Some((x, v)),
+                op: RedOp::Sum,
+                root,
+                counts: vec![count],
+                dtype: None,
+                algo,
+                async_op,
+                result,
+            },
+        )
+    }
+
+    /// reduce(x, root=0, out=None, op="sum", factor=None, algo=None,
+    /// async_op=False)
+    ///
+    /// Reduces to `root`: its result lands in `out` (default: `x`, in
+    /// place). Returns the result at the root, None elsewhere.
+    #[pyo3(signature = (x, root=0, out=None, op="sum", factor=None, algo=None, async_op=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn reduce<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        root: usize,
+        out: Option<Bound<'py, PyAny>>,
+        op: &str,
+        factor: Option<f64>,
+        algo: Option<&str>,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let op = parse_op(op, factor)?;
+        let algo = parse_algo(algo)?;
+        let at_root = self.comm.rank() == root;
+        let in_place = at_root && out.is_none();
+        let inp = view(py, &x, in_place, "reduce", "input")?;
+        let count = inp.bytes / inp.dtype.size();
+        let output = match (at_root, out) {
+            (false, _) => None,
+            (true, Some(o)) => {
+                let v = view(py, &o, true, "reduce", "output")?;
+                Some((o, v))
+            }
+            (true, None) => Some((x.clone(), inp)),
+        };
+        let result = match &output {
+            Some((o, _)) => o.clone().unbind(),
+            None => py.None(),
+        };
+        self.call(
+            py,
+            Call {
+                kind: CollKind::Reduce,
+                input: Some((x, inp)),
+                output,
+                op,
+                root,
+                counts: vec![count],
+                dtype: None,
+                algo,
+                async_op,
+                result,
+            },
+        )
+    }
+
+    /// send(x, dst, async_op=False): sends `x` to rank `dst` (matched by a
+    /// `recv` there, in order).
+    #[pyo3(signature = (x, dst, async_op=false))]
+    fn send<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        dst: usize,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let v = view(py, &x, false, "send", "input")?;
+        let count = v.bytes / v.dtype.size();
+        self.call(
+            py,
+            Call {
+                kind: CollKind::Send,
+                input: Some((x, v)),
+                output: None,
+                op: RedOp::Sum,
+                root: dst,
+                counts: vec![count],
+                dtype: None,
+                algo: None,
+                async_op,
+                result: py.None(),
+            },
+        )
+    }
+
+    /// recv(out, src=None, async_op=False): receives into `out` from rank
+    /// `src`; returns `out`. With `src=None`, from whichever rank sends to
+    /// this one first (a send of `out`'s size), and returns that rank.
+    #[pyo3(signature = (out, src=None, async_op=false))]
+    fn recv<'py>(
+        &self,
+        py: Python<'py>,
+        out: Bound<'py, PyAny>,
+        src: Option<usize>,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let v = view(py, &out, true, "recv", "output")?;
+        let count = v.bytes / v.dtype.size();
+        let result = out.clone().unbind();
+        self.call(
+            py,
+            Call {
+                kind: CollKind::Recv,
+                input: None,
+                output: Some((out, v)),
+                op: RedOp::Sum,
+                root: src.unwrap_or(ANY_SOURCE),
+                counts: vec![count],
+                dtype: None,
+                algo: None,
                 async_op,
                 result,
             },
