@@ -227,6 +227,10 @@ class Communicator:
         self.reduce = core.reduce
         self.send = core.send
         self.recv = core.recv
+        self.allgather = core.allgather
+        self.reduce_scatter = core.reduce_scatter
+        self.alltoall = core.alltoall
+        self.barrier = core.barrier
         # Live diagnosis (CADENCE_DIAG_AFTER): a watchdog thread, off the data path.
         _live.watch(self, store, prefix, timeout)
         from cadence.diagnosis import metrics  # Prometheus: CADENCE_METRICS_PORT
@@ -273,23 +277,30 @@ class Communicator:
         return self._c._run(kind, inp, out, op, factor, root, list(counts), dtype, _algo(algo),
                             async_op, result)
 
-    # allreduce(x, out=None, op="sum", factor=None, algo=None, async_op=False) is
-    # bound natively in __init__.
-
-    # Bound natively in __init__ (a small call's latency is mostly the path to
-    # the engine):
+    # Bound natively in __init__: a small call's latency is mostly the path to
+    # the engine, and these cost no Python frame on it (the native docstrings
+    # say the same as here).
+    # allreduce(x, out=None, op="sum", factor=None, algo=None, async_op=False):
+    #     reduces `x` over all ranks, in place when `out` is None.
     # reduce(x, root=0, out=None, op="sum", factor=None, algo=None, async_op=False):
     #     reduces to `root`, into `out` (default: `x`, in place); returns the
     #     result at the root, None elsewhere.
     # broadcast(x, root=0, algo=None, async_op=False): copies root's `x` into
     #     every rank's `x` (in place); returns `x`.
-
-    def allgather(self, x, out=None, algo=None, async_op=False):
-        """Gathers every rank's `x` into `out` of shape (size, *x.shape)."""
-        if out is None:
-            out = _buffers.empty(x, (self.size, *_buffers.shape(x)))
-        return self._run("allgather", x, out, counts=[_buffers.numel(x)] * self.size,
-                         algo=algo, async_op=async_op, result=out)
+    # allgather(x, out=None, algo=None, async_op=False): gathers every rank's
+    #     `x` into `out` of shape (size, *x.shape).
+    # reduce_scatter(x, out=None, op="sum", factor=None, algo=None, async_op=False):
+    #     reduces `x` over ranks and leaves block `rank` (of `size` equal
+    #     blocks) in `out`.
+    # alltoall(x, out=None, algo=None, async_op=False): block d of `x` goes to
+    #     rank d, block s of `out` comes from rank s.
+    # barrier(async_op=False): returns when every rank has entered it.
+    # send(x, dst, async_op=False): sends `x` to rank `dst` (matched by a
+    #     `recv` there, in order).
+    # recv(out, src=None, async_op=False): receives into `out` from rank `src`;
+    #     returns `out`. With `src=None`, from whichever rank sends to this one
+    #     first (a send of `out`'s size); returns that rank (with `async_op`,
+    #     `wait()` returns it, and `Work.source` holds it once known).
 
     def allgatherv(self, x, counts, out=None, algo=None, async_op=False):
         """Like allgather with `counts[r]` elements from rank r; `out` is flat."""
@@ -297,22 +308,6 @@ class Communicator:
         if out is None:
             out = _buffers.empty(x, (sum(counts),))
         return self._run("allgather", x, out, counts=counts, algo=algo, async_op=async_op,
-                         result=out)
-
-    def reduce_scatter(self, x, out=None, op="sum", factor=None, algo=None, async_op=False):
-        """Reduces `x` over ranks and leaves block `rank` (of `size` equal blocks)
-        in `out`."""
-        n = _buffers.numel(x)
-        if n % self.size:
-            raise ValueError(f"reduce_scatter: {n} elements do not split into {self.size} blocks")
-        if out is None:
-            shp = _buffers.shape(x)
-            if shp and shp[0] % self.size == 0:
-                out = _buffers.empty(x, (shp[0] // self.size, *shp[1:]))
-            else:
-                out = _buffers.empty(x, (n // self.size,))
-        return self._run("reduce_scatter", x, out, op=op, factor=factor,
-                         counts=[n // self.size] * self.size, algo=algo, async_op=async_op,
                          result=out)
 
     def reduce_scatterv(self, x, counts, out=None, op="sum", factor=None, algo=None,
@@ -323,17 +318,6 @@ class Communicator:
             out = _buffers.empty(x, (counts[self.rank],))
         return self._run("reduce_scatter", x, out, op=op, factor=factor, counts=counts,
                          algo=algo, async_op=async_op, result=out)
-
-    def alltoall(self, x, out=None, algo=None, async_op=False):
-        """Block d of `x` goes to rank d; block s of `out` comes from rank s."""
-        n = _buffers.numel(x)
-        if n % self.size:
-            raise ValueError(f"alltoall: {n} elements do not split into {self.size} blocks")
-        if out is None:
-            out = _buffers.empty(x, _buffers.shape(x))
-        b = n // self.size
-        return self._run("alltoall", x, out, counts=[b] * (self.size * self.size), algo=algo,
-                         async_op=async_op, result=out)
 
     def alltoallv(self, x, send_counts, recv_counts, out=None, algo=None, async_op=False):
         """All-to-all with `send_counts[d]` elements to rank d and
@@ -383,18 +367,6 @@ class Communicator:
         src = x if self.rank == root else None
         return self._run("scatter", src, out, root=root, counts=counts, algo=algo,
                          async_op=async_op, result=out)
-
-    def barrier(self, async_op=False):
-        """Returns when every rank has entered the barrier."""
-        return self._run("barrier", None, None, counts=[], async_op=async_op)
-
-    # Bound natively in __init__:
-    # send(x, dst, async_op=False): sends `x` to rank `dst` (matched by a
-    #     `recv` there, in order).
-    # recv(out, src=None, async_op=False): receives into `out` from rank `src`;
-    #     returns `out`. With `src=None`, from whichever rank sends to this one
-    #     first (a send of `out`'s size); returns that rank (with `async_op`,
-    #     `wait()` returns it, and `Work.source` holds it once known).
 
     # Fused compute + collective operators (cadence.fused, docs/fused.md).
 

@@ -332,6 +332,24 @@ fn parse_algo(algo: Option<&str>) -> PyResult<Option<Algo>> {
         .transpose()
 }
 
+/// `x.shape` as sizes (numpy arrays and torch tensors alike).
+fn shape_of(x: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    x.getattr("shape")?.extract()
+}
+
+/// An uninitialised array or tensor of `shape` with `like`'s kind and dtype
+/// (`cadence._buffers.empty`; only when the caller gave no output).
+fn empty_like<'py>(
+    py: Python<'py>,
+    like: &Bound<'py, PyAny>,
+    shape: Vec<usize>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let shape = PyTuple::new(py, shape)?;
+    py.import("cadence._buffers")?
+        .getattr("empty")?
+        .call1((like, shape))
+}
+
 /// An operation in flight. `wait()` returns the operation's result object.
 ///
 /// The buffers are not held here: the request owns references to them
@@ -443,6 +461,39 @@ struct Call<'py> {
 }
 
 impl PyComm {
+    /// A collective from `x` (viewed as `inp`) into `out`, returning `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn collect<'py>(
+        &self,
+        py: Python<'py>,
+        kind: CollKind,
+        x: Bound<'py, PyAny>,
+        inp: View,
+        out: Bound<'py, PyAny>,
+        op: RedOp,
+        counts: Vec<usize>,
+        algo: Option<Algo>,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let v = view(py, &out, true, kind.name(), "output")?;
+        let result = out.clone().unbind();
+        self.call(
+            py,
+            Call {
+                kind,
+                input: Some((x, inp)),
+                output: Some((out, v)),
+                op,
+                root: 0,
+                counts,
+                dtype: None,
+                algo,
+                async_op,
+                result,
+            },
+        )
+    }
+
     fn call(&self, py: Python<'_>, c: Call<'_>) -> PyResult<PyObject> {
         let name = c.kind.name();
         let inp = c.input.as_ref().map(|(_, v)| v);
@@ -774,6 +825,153 @@ impl PyComm {
                 algo: None,
                 async_op,
                 result,
+            },
+        )
+    }
+
+    /// allgather(x, out=None, algo=None, async_op=False): gathers every
+    /// rank's `x` into `out` of shape (size, *x.shape) (made when None).
+    #[pyo3(signature = (x, out=None, algo=None, async_op=false))]
+    fn allgather<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        out: Option<Bound<'py, PyAny>>,
+        algo: Option<&str>,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let algo = parse_algo(algo)?;
+        let inp = view(py, &x, false, "allgather", "input")?;
+        let count = inp.bytes / inp.dtype.size();
+        let n = self.comm.nranks();
+        let out = match out {
+            Some(o) => o,
+            None => {
+                let mut shape = vec![n];
+                shape.extend(shape_of(&x)?);
+                empty_like(py, &x, shape)?
+            }
+        };
+        self.collect(
+            py,
+            CollKind::AllGather,
+            x,
+            inp,
+            out,
+            RedOp::Sum,
+            vec![count; n],
+            algo,
+            async_op,
+        )
+    }
+
+    /// reduce_scatter(x, out=None, op="sum", factor=None, algo=None,
+    /// async_op=False): reduces `x` over ranks and leaves block `rank` (of
+    /// `size` equal blocks) in `out`.
+    #[pyo3(signature = (x, out=None, op="sum", factor=None, algo=None, async_op=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        out: Option<Bound<'py, PyAny>>,
+        op: &str,
+        factor: Option<f64>,
+        algo: Option<&str>,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let op = parse_op(op, factor)?;
+        let algo = parse_algo(algo)?;
+        let inp = view(py, &x, false, "reduce_scatter", "input")?;
+        let total = inp.bytes / inp.dtype.size();
+        let n = self.comm.nranks();
+        if total % n != 0 {
+            return Err(PyValueError::new_err(format!(
+                "reduce_scatter: {total} elements do not split into {n} blocks"
+            )));
+        }
+        let out = match out {
+            Some(o) => o,
+            None => {
+                let shape = shape_of(&x)?;
+                let shape = match shape.split_first() {
+                    Some((&first, rest)) if first % n == 0 => {
+                        let mut s = vec![first / n];
+                        s.extend_from_slice(rest);
+                        s
+                    }
+                    _ => vec![total / n],
+                };
+                empty_like(py, &x, shape)?
+            }
+        };
+        self.collect(
+            py,
+            CollKind::ReduceScatter,
+            x,
+            inp,
+            out,
+            op,
+            vec![total / n; n],
+            algo,
+            async_op,
+        )
+    }
+
+    /// alltoall(x, out=None, algo=None, async_op=False): block d of `x`
+    /// goes to rank d; block s of `out` (x's shape when made) comes from
+    /// rank s.
+    #[pyo3(signature = (x, out=None, algo=None, async_op=false))]
+    fn alltoall<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        out: Option<Bound<'py, PyAny>>,
+        algo: Option<&str>,
+        async_op: bool,
+    ) -> PyResult<PyObject> {
+        let algo = parse_algo(algo)?;
+        let inp = view(py, &x, false, "alltoall", "input")?;
+        let total = inp.bytes / inp.dtype.size();
+        let n = self.comm.nranks();
+        if total % n != 0 {
+            return Err(PyValueError::new_err(format!(
+                "alltoall: {total} elements do not split into {n} blocks"
+            )));
+        }
+        let out = match out {
+            Some(o) => o,
+            None => empty_like(py, &x, shape_of(&x)?)?,
+        };
+        self.collect(
+            py,
+            CollKind::AllToAll,
+            x,
+            inp,
+            out,
+            RedOp::Sum,
+            vec![total / n; n * n],
+            algo,
+            async_op,
+        )
+    }
+
+    /// barrier(async_op=False): returns when every rank has entered it.
+    #[pyo3(signature = (async_op=false))]
+    fn barrier(&self, py: Python<'_>, async_op: bool) -> PyResult<PyObject> {
+        self.call(
+            py,
+            Call {
+                kind: CollKind::Barrier,
+                input: None,
+                output: None,
+                op: RedOp::Sum,
+                root: 0,
+                counts: Vec::new(),
+                dtype: None,
+                algo: None,
+                async_op,
+                result: py.None(),
             },
         )
     }
