@@ -460,6 +460,41 @@ struct Call<'py> {
     result: PyObject,
 }
 
+impl Call<'_> {
+    /// A call of `kind` without buffers, summing, with the library's choice
+    /// of algorithm; the methods set what differs.
+    fn new(
+        kind: CollKind,
+        root: usize,
+        counts: Vec<usize>,
+        async_op: bool,
+        result: PyObject,
+    ) -> Self {
+        Call {
+            kind,
+            input: None,
+            output: None,
+            op: RedOp::Sum,
+            root,
+            counts,
+            dtype: None,
+            algo: None,
+            async_op,
+            result,
+        }
+    }
+}
+
+/// Elements per block when `total` splits into `n` equal blocks.
+fn blocks_of(coll: &str, total: usize, n: usize) -> PyResult<usize> {
+    if !total.is_multiple_of(n) {
+        return Err(PyValueError::new_err(format!(
+            "{coll}: {total} elements do not split into {n} blocks"
+        )));
+    }
+    Ok(total / n)
+}
+
 impl PyComm {
     /// A collective from `x` (viewed as `inp`) into `out`, returning `out`.
     #[allow(clippy::too_many_arguments)]
@@ -477,19 +512,15 @@ impl PyComm {
     ) -> PyResult<PyObject> {
         let v = view(py, &out, true, kind.name(), "output")?;
         let result = out.clone().unbind();
+        let call = Call::new(kind, 0, counts, async_op, result);
         self.call(
             py,
             Call {
-                kind,
                 input: Some((x, inp)),
                 output: Some((out, v)),
                 op,
-                root: 0,
-                counts,
-                dtype: None,
                 algo,
-                async_op,
-                result,
+                ..call
             },
         )
     }
@@ -665,19 +696,15 @@ impl PyComm {
             None => (x.clone(), inp),
         };
         let result = output.0.clone().unbind();
+        let call = Call::new(CollKind::AllReduce, 0, vec![count], async_op, result);
         self.call(
             py,
             Call {
-                kind: CollKind::AllReduce,
                 input: Some((x, inp)),
                 output: Some(output),
                 op,
-                root: 0,
-                counts: vec![count],
-                dtype: None,
                 algo,
-                async_op,
-                result,
+                ..call
             },
         )
     }
@@ -699,19 +726,13 @@ impl PyComm {
         let v = view(py, &x, true, "broadcast", "buffer")?;
         let count = v.bytes / v.dtype.size();
         let result = x.clone().unbind();
+        let call = Call::new(CollKind::Broadcast, root, vec![count], async_op, result);
         self.call(
             py,
             Call {
-                kind: CollKind::Broadcast,
-                input: None,
                 output: Some((x, v)),
-                op: RedOp::Sum,
-                root,
-                counts: vec![count],
-                dtype: None,
                 algo,
-                async_op,
-                result,
+                ..call
             },
         )
     }
@@ -752,19 +773,15 @@ impl PyComm {
             Some((o, _)) => o.clone().unbind(),
             None => py.None(),
         };
+        let call = Call::new(CollKind::Reduce, root, vec![count], async_op, result);
         self.call(
             py,
             Call {
-                kind: CollKind::Reduce,
                 input: Some((x, inp)),
                 output,
                 op,
-                root,
-                counts: vec![count],
-                dtype: None,
                 algo,
-                async_op,
-                result,
+                ..call
             },
         )
     }
@@ -781,19 +798,12 @@ impl PyComm {
     ) -> PyResult<PyObject> {
         let v = view(py, &x, false, "send", "input")?;
         let count = v.bytes / v.dtype.size();
+        let call = Call::new(CollKind::Send, dst, vec![count], async_op, py.None());
         self.call(
             py,
             Call {
-                kind: CollKind::Send,
                 input: Some((x, v)),
-                output: None,
-                op: RedOp::Sum,
-                root: dst,
-                counts: vec![count],
-                dtype: None,
-                algo: None,
-                async_op,
-                result: py.None(),
+                ..call
             },
         )
     }
@@ -812,19 +822,13 @@ impl PyComm {
         let v = view(py, &out, true, "recv", "output")?;
         let count = v.bytes / v.dtype.size();
         let result = out.clone().unbind();
+        let root = src.unwrap_or(ANY_SOURCE);
+        let call = Call::new(CollKind::Recv, root, vec![count], async_op, result);
         self.call(
             py,
             Call {
-                kind: CollKind::Recv,
-                input: None,
                 output: Some((out, v)),
-                op: RedOp::Sum,
-                root: src.unwrap_or(ANY_SOURCE),
-                counts: vec![count],
-                dtype: None,
-                algo: None,
-                async_op,
-                result,
+                ..call
             },
         )
     }
@@ -885,11 +889,7 @@ impl PyComm {
         let inp = view(py, &x, false, "reduce_scatter", "input")?;
         let total = inp.bytes / inp.dtype.size();
         let n = self.comm.nranks();
-        if total % n != 0 {
-            return Err(PyValueError::new_err(format!(
-                "reduce_scatter: {total} elements do not split into {n} blocks"
-            )));
-        }
+        let block = blocks_of("reduce_scatter", total, n)?;
         let out = match out {
             Some(o) => o,
             None => {
@@ -900,7 +900,7 @@ impl PyComm {
                         s.extend_from_slice(rest);
                         s
                     }
-                    _ => vec![total / n],
+                    _ => vec![block],
                 };
                 empty_like(py, &x, shape)?
             }
@@ -912,7 +912,7 @@ impl PyComm {
             inp,
             out,
             op,
-            vec![total / n; n],
+            vec![block; n],
             algo,
             async_op,
         )
@@ -934,11 +934,7 @@ impl PyComm {
         let inp = view(py, &x, false, "alltoall", "input")?;
         let total = inp.bytes / inp.dtype.size();
         let n = self.comm.nranks();
-        if total % n != 0 {
-            return Err(PyValueError::new_err(format!(
-                "alltoall: {total} elements do not split into {n} blocks"
-            )));
-        }
+        let block = blocks_of("alltoall", total, n)?;
         let out = match out {
             Some(o) => o,
             None => empty_like(py, &x, shape_of(&x)?)?,
@@ -950,7 +946,7 @@ impl PyComm {
             inp,
             out,
             RedOp::Sum,
-            vec![total / n; n * n],
+            vec![block; n * n],
             algo,
             async_op,
         )
@@ -959,21 +955,8 @@ impl PyComm {
     /// barrier(async_op=False): returns when every rank has entered it.
     #[pyo3(signature = (async_op=false))]
     fn barrier(&self, py: Python<'_>, async_op: bool) -> PyResult<PyObject> {
-        self.call(
-            py,
-            Call {
-                kind: CollKind::Barrier,
-                input: None,
-                output: None,
-                op: RedOp::Sum,
-                root: 0,
-                counts: Vec::new(),
-                dtype: None,
-                algo: None,
-                async_op,
-                result: py.None(),
-            },
-        )
+        let call = Call::new(CollKind::Barrier, 0, Vec::new(), async_op, py.None());
+        self.call(py, call)
     }
 
     /// The generic entry point the Python API uses for every collective:
