@@ -1,6 +1,6 @@
 """Link-rate reference for the emulated cluster: one TCP stream from one host
 to another (plain sockets, no collective library), so that a benchmark's busbw
-can be read against what a link really carries. tbf counts every frame's
+can be read against what a link really carries. the shaper counts every frame's
 headers, so at MTU 1500 TCP payload can reach at most 95.6% of the link rate.
 
     .venv/bin/python benchmarks/link_rate.py --cluster tb --src 0 --dst 1 --size 125M
@@ -90,7 +90,7 @@ def main() -> int:
     states = {(s.host.index, s.nic.index): s for s in testbed.link_states(cluster)}
     rate = min(states[src.index, 0].rate_out or 0, states[dst.index, 0].rate_in or 0)
     if not rate:
-        raise SystemExit("link_rate.py: a link on the path has no tbf rate")
+        raise SystemExit("link_rate.py: a link on the path has no shaped rate")
     print(
         f"{src.name} -> {dst.name}: {gbits:.3f} Gbit/s of TCP payload over a "
         f"{format_rate(rate)} link: {gbits * 1e9 / rate:.1%} of the rate, "

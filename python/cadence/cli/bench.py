@@ -336,7 +336,7 @@ def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
         f"most {payload_share(cluster.mtu):.1%} of it at MTU {cluster.mtu}"
     ]
     if factor:
-        # At the largest size, not the best one: a tbf link passes its burst
+        # At the largest size, not the best one: a shaped link passes its burst
         # at line rate, so a mid-size message can seem to beat the link.
         shares = [
             f"{o.name} {share:.3f} ({share / link_gbps:.1%}) at {format_size(m.nbytes)}"

@@ -2,8 +2,8 @@
 
 Each host is a network namespace with --nics interfaces; interface k of every
 host joins bridge k (one rail per NIC index) in a switch namespace of the
-cluster's own; every link is rate-limited in both directions (tc tbf on both
-ends of its veth pair). With --racks R, each rail is a leaf/spine tree: hosts
+cluster's own; every link is rate-limited in both directions (a tc htb shaper on
+both ends of its veth pair). With --racks R, each rail is a leaf/spine tree: hosts
 join their rack's leaf bridge, and each leaf reaches the spine through an
 uplink of --uplink-rate (oversubscribed when slower than its hosts' links
 together); --placement deals hosts to racks. Addresses are

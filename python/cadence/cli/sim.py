@@ -98,7 +98,7 @@ def cluster_spec(name: str, ranks_per_host: int) -> dict:
         spec = json.loads(saved.read_text())
         spec["ranks_per_host"] = ranks_per_host
         return spec
-    # tbf counts every frame's headers: TCP payload gets this share of a rate.
+    # The shaper counts every frame's headers: TCP payload gets this share of a rate.
     share = payload_share(c.mtu)
     spec: dict = {
         "version": 1,
@@ -127,7 +127,7 @@ UNSHAPED_PEAK = "1.5GB/s"
 
 def shaper_of(rate_bits: int, mtu: int) -> dict:
     """The spec's `shaper` for links `cadence cluster` shaped at `rate_bits`:
-    its tbf bucket as seconds of the rate, passed at the unshaped peak."""
+    its shaper's bucket as seconds of the rate, passed at the unshaped peak."""
     from cadence.testbed.rates import Bucket
 
     burst = Bucket.for_rate(rate_bits, mtu).burst_bytes * 8 / rate_bits

@@ -10,8 +10,9 @@ Model (one cluster, `H` hosts, `K` NICs per host):
   rail-optimized AI clusters). Nothing is created in the root namespace, so the
   machine's own network is never touched.
 - **link** (i, k): a veth pair, `eth<k>` in host i and port `h<i>e<k>` on rail
-  k, with address 10.77.<k>.<i+1>/24 on the host side. Each end has a tbf
-  qdisc, so the link is rate-limited in both directions; cutting it sets the
+  k, with address 10.77.<k>.<i+1>/24 on the host side. Each end has a
+  shaper (an htb tree that sends pure ACKs ahead of data: `rates.Bucket`),
+  so the link is rate-limited in both directions; cutting it sets the
   switch port down, which drops the carrier on the host side, as a pulled cable
   would.
 - **racks** (`racks` > 1): each rail is a two-level tree. Host i's port joins
@@ -423,19 +424,25 @@ def _realize(cluster: Cluster, present: set[str]) -> None:
 
 
 def _set_rate(cluster: Cluster, host: Host, nic: Nic, bits: int) -> None:
-    """tbf on both ends: the host side shapes what the host sends, the switch
-    side what it receives."""
-    bucket = Bucket.for_rate(bits, cluster.mtu)
-    iproute.tc(host.netns, "qdisc", "replace", "dev", nic.ifname, "root", *bucket.tc_args())
-    iproute.tc(cluster.switch, "qdisc", "replace", "dev", nic.port, "root", *bucket.tc_args())
+    """A shaper on both ends: the host side shapes what the host sends, the
+    switch side what it receives."""
+    _shape(host.netns, nic.ifname, Bucket.for_rate(bits, cluster.mtu))
+    _shape(cluster.switch, nic.port, Bucket.for_rate(bits, cluster.mtu))
 
 
 def _set_uplink_rate(cluster: Cluster, u: Uplink, bits: int) -> None:
-    """tbf on both ends: the leaf side shapes what the rack sends out, the
-    spine side what it receives."""
-    bucket = Bucket.for_rate(bits, cluster.mtu)
+    """A shaper on both ends: the leaf side shapes what the rack sends out,
+    the spine side what it receives."""
     for port in (u.leaf_port, u.spine_port):
-        iproute.tc(cluster.switch, "qdisc", "replace", "dev", port, "root", *bucket.tc_args())
+        _shape(cluster.switch, port, Bucket.for_rate(bits, cluster.mtu))
+
+
+def _shape(netns: str, dev: str, bucket: Bucket) -> None:
+    # Rebuilt whole, whatever was there (a cluster made before the shaper was
+    # an htb tree has a tbf, whose replacement by htb keeps no classes).
+    iproute.tc(netns, "qdisc", "del", "dev", dev, "root", check=False)
+    for args in bucket.tc_commands(dev):
+        iproute.tc(netns, *args)
 
 
 def _write_hosts_file(cluster: Cluster, host: Host) -> None:
@@ -525,8 +532,8 @@ class LinkState:
     host: Host
     nic: Nic
     state: str  # "up", "down" (cut at the switch port), or what the kernel says
-    rate_out: int | None  # bit/s the host may send (tbf on its end), None: unshaped
-    rate_in: int | None  # bit/s the host may receive (tbf on the switch port)
+    rate_out: int | None  # bit/s the host may send (the shaper on its end), None: unshaped
+    rate_in: int | None  # bit/s the host may receive (the shaper on the switch port)
 
 
 def link_states(cluster: Cluster) -> list[LinkState]:
@@ -545,17 +552,25 @@ def link_states(cluster: Cluster) -> list[LinkState]:
                 state = end.get("operstate", "unknown").lower()
             states.append(LinkState(
                 host, nic, state,
-                _tbf_rate(host.netns, nic.ifname) if end else None,
-                _tbf_rate(cluster.switch, nic.port) if port else None,
+                _shaped_rate(host.netns, nic.ifname) if end else None,
+                _shaped_rate(cluster.switch, nic.port) if port else None,
             ))  # fmt: skip
     return states
 
 
-def _tbf_rate(netns: str, ifname: str) -> int | None:
+_CLASS_RATE = re.compile(r"\brate (\S+)")
+
+
+def _shaped_rate(netns: str, ifname: str) -> int | None:
+    """Bit/s the shaper on `ifname` passes (its htb root class), or None."""
     qdisc = iproute.root_qdisc(netns, ifname)
-    if not qdisc or qdisc.get("kind") != "tbf":
+    if not qdisc or qdisc.get("kind") != "htb":
         return None
-    return int(qdisc["options"]["rate"]) * 8  # tc's JSON gives bytes per second
+    # This tc prints htb classes as text even with -j; the rate as tc
+    # rounds it (1Gbit, 250Mbit: exact for the rates people give).
+    proc = iproute.tc(netns, "class", "show", "dev", ifname, "classid", "1:1", check=False)
+    m = _CLASS_RATE.search(proc.stdout)
+    return parse_rate(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -563,8 +578,8 @@ class UplinkState:
     uplink: Uplink
     hosts: list[Host]
     state: str  # "up", "down" (cut), or what the kernel says
-    rate_out: int | None  # bit/s the rack may send to the others (tbf on the leaf end)
-    rate_in: int | None  # bit/s the rack may receive from them (tbf on the spine end)
+    rate_out: int | None  # bit/s the rack may send to the others (shaper on the leaf end)
+    rate_in: int | None  # bit/s the rack may receive from them (shaper on the spine end)
 
 
 def uplink_states(cluster: Cluster) -> list[UplinkState]:
@@ -583,8 +598,8 @@ def uplink_states(cluster: Cluster) -> list[UplinkState]:
             state = leaf.get("operstate", "unknown").lower()
         states.append(UplinkState(
             u, cluster.rack_hosts(u.rack), state,
-            _tbf_rate(cluster.switch, u.leaf_port) if leaf else None,
-            _tbf_rate(cluster.switch, u.spine_port) if spine else None,
+            _shaped_rate(cluster.switch, u.leaf_port) if leaf else None,
+            _shaped_rate(cluster.switch, u.spine_port) if spine else None,
         ))  # fmt: skip
     return states
 

@@ -18,7 +18,7 @@ link does not also cut it off from the Store. Faults:
 - `hold`: rank R stays out of the next collective (a sleep in "compute").
   Right: noncomm_hang naming rank R.
 - `slow_link`: host H's rail-0 link is slowed (`--slow-rate`) before the
-  job starts (a tbf changed under load drops its queue, and TCP's back-off
+  job starts (a shaper changed under load drops its queue, and TCP's back-off
   then stalls the link for seconds: a hang, not a slow link). Right:
   comm_slow naming host H (or only links of H's ranks), within 60 s of the
   job being ready.
@@ -153,7 +153,7 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
         env=store_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
     if fault == "slow_link":
-        # Slowed before the job starts: changing a tbf under load drops the
+        # Slowed before the job starts: changing a shaper under load drops the
         # queued packets, and TCP's retransmission back-off then stalls the
         # link for seconds (a hang, not a slow link).
         tb.set_link(c, t.culprit_host, 0, rate=args.slow_rate)

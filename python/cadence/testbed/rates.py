@@ -15,15 +15,17 @@ _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:bit|bps)?\s*$", re.IGN
 # A bucket holds this many seconds of traffic: what a link passes at memory
 # speed after it was idle. Large buckets make short transfers faster than the
 # link (a 500 kB bucket let a 32 KiB allreduce reach 2.5x the 1gbit rate);
-# small ones keep a bulk transfer under the rate, since the veth hands tbf 64
-# KiB GSO packets from a CPU shared with the sender. Measured, one TCP stream
-# over 1gbit: 64 KiB bucket 85% of the rate, 125 kB (1 ms) 95.3%, 500 kB 95.8%
-# (the payload ceiling at MTU 1500 is 95.6%); at 200mbit 25 kB (1 ms) already
-# gives 95.5%.
+# small ones keep a bulk transfer under the rate, since the veth hands the
+# shaper 64 KiB GSO packets from a CPU shared with the sender. Measured with
+# tbf, one TCP stream over 1gbit: 64 KiB bucket 85% of the rate, 125 kB (1 ms)
+# 95.3%, 500 kB 95.8% (the payload ceiling at MTU 1500 is 95.6%); at 200mbit
+# 25 kB (1 ms) already gives 95.5%. With htb and 1 ms: 95.8% (link_rate.py,
+# 120 MB).
 BURST_SECONDS = 1 / 1000
-# How long a packet may wait in the queue before tbf drops it. Deep enough that
-# TCP fills the link with several streams, as a switch port's buffer would.
-LATENCY = "50ms"
+# How long data may wait in a link's queue (its depth at the rate) before the
+# shaper drops it. Deep enough that TCP fills the link with several streams,
+# as a switch port's buffer would.
+LATENCY_SECONDS = 0.050
 ETHERNET_HEADER = 14
 
 
@@ -49,23 +51,66 @@ def format_rate(bits: int) -> str:
 
 @dataclass(frozen=True)
 class Bucket:
-    """One tbf qdisc: `tc qdisc replace dev X root tbf <args>`."""
+    """How one end of a link is shaped: `rate_bits` with a bucket of
+    `burst_bytes` passed at line rate after an idle spell, as an HTB tree
+    that sends pure ACKs ahead of data (`tc_commands`).
+
+    Why not one tbf, as before: a tbf queue is one FIFO, so the ACKs of a
+    stream going one way wait behind the data of a stream going the other
+    (up to LATENCY_SECONDS), and TCP in one direction of a duplex pair through a
+    250mbit uplink got 0.127-0.17 Gbit/s of 0.239 (the other direction all
+    of it). A real switch port's queue is microseconds deep at its rate, so
+    ACKs never wait that long there. With the ACK class both directions get
+    0.239 and the queue stays as deep for data (incast still fills it).
+    `prio`, `fq_codel` and `sfq` would do it more simply; kernels built for
+    small VMs often have none of them, and htb with u32 is everywhere."""
 
     rate_bits: int
     burst_bytes: int
 
     @classmethod
     def for_rate(cls, bits: int, mtu: int) -> Bucket:
-        # Never below two full frames: tbf could not send a packet at all.
+        # Never below two full frames: the shaper could not send a packet.
         burst = max(int(bits / 8 * BURST_SECONDS), 2 * (mtu + ETHERNET_HEADER))
         return cls(bits, burst)
 
-    def tc_args(self) -> list[str]:
-        return ["tbf", "rate", f"{self.rate_bits}bit", "burst", str(self.burst_bytes),
-                "latency", LATENCY]  # fmt: skip
+    @property
+    def queue_bytes(self) -> int:
+        """Bytes of data the queue holds: LATENCY_SECONDS of the rate, and at least a
+        few 64 KiB segments (the veth hands the shaper unsegmented TCP
+        segments of up to 64 KiB; a shorter queue would drop them whole)."""
+        return max(int(self.rate_bits / 8 * LATENCY_SECONDS), 4 * 65536)
+
+    def tc_commands(self, dev: str) -> list[list[str]]:
+        """`tc` argument lists that shape `dev`'s egress, replacing whatever
+        was there (the queue starts empty, as after any rate change)."""
+        rate = self.rate_bits
+        acks = max(rate // 20, 8_000)  # pure ACKs are ~2% of a stream's bytes
+        burst = ["burst", str(self.burst_bytes), "cburst", str(self.burst_bytes)]
+        # quantum: a leaf's DRR share, which only matters among equal prios;
+        # set, so htb does not warn about the one it derives from the rate.
+        leaf = ["ceil", f"{rate}bit", *burst, "quantum", "60000"]
+        root = ["dev", dev, "parent", "1:"]
+        return [
+            ["qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "20"],
+            ["class", "replace", *root, "classid", "1:1", "htb", "rate", f"{rate}bit",
+             "ceil", f"{rate}bit", *burst],
+            ["class", "replace", "dev", dev, "parent", "1:1", "classid", "1:10", "htb",
+             "rate", f"{acks}bit", *leaf, "prio", "0"],
+            ["class", "replace", "dev", dev, "parent", "1:1", "classid", "1:20", "htb",
+             "rate", f"{rate - acks}bit", *leaf, "prio", "1"],
+            ["qdisc", "replace", "dev", dev, "parent", "1:10", "handle", "10:", "pfifo",
+             "limit", "1000"],
+            ["qdisc", "replace", "dev", dev, "parent", "1:20", "handle", "20:", "bfifo",
+             "limit", str(self.queue_bytes)],
+            # IPv4 packets under 128 bytes (total length, bytes 2-3 of the
+            # header): pure ACKs, and tiny messages with them.
+            ["filter", "replace", *root, "protocol", "ip", "prio", "1", "handle", "800::800",
+             "u32", "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "1:10"],
+        ]  # fmt: skip
 
 
 def payload_share(mtu: int) -> float:
-    """The share of a link's rate left for TCP payload at this MTU: tbf counts
+    """The share of a link's rate left for TCP payload at this MTU: the shaper counts
     each frame's Ethernet, IP and TCP headers (with timestamps) too."""
     return (mtu - 52) / (mtu + ETHERNET_HEADER)

@@ -7,7 +7,7 @@ injects faults at random times:
 - **cut**: a host's link goes down (`ip link set ... down` on its switch
   port) for a short while (1 s up to the operation timeout: TCP may ride it
   out) or a long one (past the timeout: the job must fail);
-- **slow**: a host's link is throttled (tbf) to a low rate for a while.
+- **slow**: a host's link is throttled (its shaper) to a low rate for a while.
 
 Only one fault is active at a time; links are cut only while a job is
 running (not while its ranks start), and a new job starts only while no link
