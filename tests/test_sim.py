@@ -121,7 +121,7 @@ def test_calibration_across_racks_scales_by_the_uplink_it_measured():
 
 
 def test_shaped_links_keep_their_payload_rate_and_pass_their_burst_first():
-    # The emulated cluster's 1gbit links: tbf's bucket holds 1 ms of the rate.
+    # The emulated cluster's 1gbit links: the shaper's bucket holds 1 ms of the rate.
     from cadence.cli.sim import shaper_of
 
     shaper = shaper_of(10**9, 1500)
@@ -137,16 +137,20 @@ def test_shaped_links_keep_their_payload_rate_and_pass_their_burst_first():
     assert spec["nic"]["rate"] == "119.551MB/s" and spec["nic"]["latency_us"] == 50.0
     model = _core.SimCluster(json.dumps(spec), "spec.json")
     assert model.describe()["shaper"] == pytest.approx((1e-3, 1.5e9))
-    # 64 KiB broadcasts timed as `cadence bench` times them, one call a
-    # sample: once the first samples have spent the bucket's credit (at the
-    # peak), each message waits o and α, during which the bucket refills
-    # (7 kB), passes that at the peak and the rest at the rate. Unshaped it
-    # would be o + α + 64 KiB at the rate: 608 µs.
-    at_rate = 65536 / 119.551e6
+    # 64 KiB broadcasts timed as `cadence bench` times them, a barrier and
+    # one call a sample: once the first samples have spent the bucket's
+    # credit, the root's link idles from the broadcast's last byte to the
+    # next one's first (the receiver's α, its barrier message's o + α, the
+    # root's o) and the bucket refills (14 kB) at the rate. Then a call is o,
+    # that credit spent at the peak (draining at peak - rate), the rest at
+    # the rate, and α. Unshaped it would be o + α + 64 KiB at the rate: 608 µs.
+    o, alpha, rate, peak = 10e-6, 50e-6, 119.551e6, 1.5e9
     _, secs, _ = model.run("broadcast", 16384, 4, "binomial_tree")
-    refill = 60e-6 * 119.551e6
-    want = 60e-6 + refill / 1.5e9 + (65536 - refill) / 119.551e6
-    assert secs == pytest.approx(want, rel=0.02) and secs < at_rate + 20e-6, (secs, want)
+    credit = (2 * alpha + 2 * o) * rate
+    at_peak = credit / (peak - rate)
+    want = o + at_peak + (65536 - peak * at_peak) / rate + alpha
+    assert secs == pytest.approx(want, rel=1e-4), (secs, want)
+    assert secs < 65536 / rate, secs
 
 
 def test_kisti_study_runs_and_auto_with_a_topology_file_prices_the_spine(tmp_path):

@@ -263,19 +263,23 @@ impl Compiled {
         self.first.len()
     }
 
-    /// The schedule `calls` times over, one call after another.
-    fn repeated(self, calls: usize) -> Compiled {
-        if calls <= 1 {
-            return self;
+    /// The schedules of `units` one after another (a rank's calls in
+    /// order), and the phase index at which each unit ends.
+    fn sequence(units: &[&Compiled]) -> (Compiled, Vec<usize>) {
+        let mut out = Compiled {
+            first: Vec::new(),
+            local: Vec::new(),
+            xfers: Vec::new(),
+        };
+        let mut ends = Vec::with_capacity(units.len());
+        for u in units {
+            let base = out.xfers.len() as u32;
+            out.first.extend(u.first.iter().map(|&f| f + base));
+            out.local.extend(&u.local);
+            out.xfers.extend(&u.xfers);
+            ends.push(out.first.len());
         }
-        let n = self.xfers.len() as u32;
-        Compiled {
-            first: (0..calls as u32)
-                .flat_map(|k| self.first.iter().map(move |&f| f + k * n))
-                .collect(),
-            local: self.local.repeat(calls),
-            xfers: self.xfers.repeat(calls),
-        }
+        (out, ends)
     }
     fn span(&self, p: usize) -> std::ops::Range<usize> {
         let end = self
@@ -422,6 +426,8 @@ struct RankState {
     cur_at: Vec<(u32, u64)>,
     ahead_at: Vec<(u32, u64)>,
     cpu_free: f64,
+    /// The next unit of the program this rank has not finished.
+    unit: usize,
     /// When the rank's CPU may start its next message.
     inject_free: f64,
     finished: f64,
@@ -503,30 +509,82 @@ pub fn simulate_calls<F>(
 where
     F: Fn(usize) -> Result<Schedule, String> + Sync,
 {
+    let program = vec![Unit::Call; calls.max(1)];
+    let no_gap = |_| Err("the program has no gap".to_string());
+    simulate_program(build, no_gap, &program, model, elem_size)
+}
+
+/// A rank's compiled program, and the phase index at which each unit ends.
+type Program = (Compiled, Vec<usize>);
+
+/// One call of a program ([`simulate_program`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unit {
+    /// The collective being simulated.
+    Call,
+    /// What a benchmark runs between its samples (a barrier): its own
+    /// schedule, so its messages and the links' idle time are modeled.
+    Gap,
+}
+
+/// Every rank makes the calls of `program` in order, back to back: `Call`
+/// runs `build(r)`'s schedule, `Gap` runs `gap(r)`'s. A rank starts a call
+/// when its own part of the one before is done (no look-ahead across
+/// calls), and shaped links carry their buckets' state from call to call.
+/// [`Outcome::call_ends`] has an entry per unit of `program`.
+pub fn simulate_program<F, G>(
+    build: F,
+    gap: G,
+    program: &[Unit],
+    model: &Model,
+    elem_size: usize,
+) -> Result<Outcome, String>
+where
+    F: Fn(usize) -> Result<Schedule, String> + Sync,
+    G: Fn(usize) -> Result<Schedule, String> + Sync,
+{
     model.check()?;
-    let calls = calls.max(1);
     let n = model.topo.nranks();
+    let with_gap = program.contains(&Unit::Gap);
     let workers = std::thread::available_parallelism()
         .map_or(1, |w| w.get())
         .clamp(1, n.max(1));
-    let mut progs: Vec<Option<Result<Compiled, String>>> = (0..n).map(|_| None).collect();
+    let mut progs: Vec<Option<Result<Program, String>>> = (0..n).map(|_| None).collect();
     std::thread::scope(|s| {
         for (w, part) in progs.chunks_mut(n.div_ceil(workers).max(1)).enumerate() {
             let build = &build;
             let base = w * n.div_ceil(workers).max(1);
+            let gap = &gap;
             s.spawn(move || {
                 for (i, slot) in part.iter_mut().enumerate() {
-                    *slot = Some(build(base + i).and_then(|sch| compile(&sch)));
+                    let r = base + i;
+                    let body = build(r).and_then(|sch| compile(&sch));
+                    let pause = match with_gap {
+                        true => gap(r).and_then(|sch| compile(&sch)),
+                        false => Ok(Compiled::sequence(&[]).0),
+                    };
+                    *slot = Some(body.and_then(|b| {
+                        pause.map(|g| {
+                            let units: Vec<&Compiled> = program
+                                .iter()
+                                .map(|u| match u {
+                                    Unit::Call => &b,
+                                    Unit::Gap => &g,
+                                })
+                                .collect();
+                            Compiled::sequence(&units)
+                        })
+                    }));
                 }
             });
         }
     });
-    let progs = progs
+    let (progs, unit_ends): (Vec<Compiled>, Vec<Vec<usize>>) = progs
         .into_iter()
         .map(|p| p.expect("every rank built"))
-        .collect::<Result<Vec<_>, _>>()?;
-    let per_call: Vec<usize> = progs.iter().map(Compiled::nphases).collect();
-    let progs: Vec<Compiled> = progs.into_iter().map(|p| p.repeated(calls)).collect();
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .unzip();
     let sim = Sim {
         model,
         es: elem_size as f64,
@@ -535,16 +593,22 @@ where
         // returned first).
         has_local: progs
             .iter()
-            .zip(&per_call)
-            .map(|(p, &k)| {
+            .zip(&unit_ends)
+            .map(|(p, ends)| {
+                let mut first = vec![false; p.nphases()];
+                for &e in ends {
+                    if let Some(f) = first.get_mut(e) {
+                        *f = true;
+                    }
+                }
                 (0..p.nphases())
-                    .map(|q| p.local[q] > 0.0 || (k > 0 && q > 0 && q.is_multiple_of(k)))
+                    .map(|q| p.local[q] > 0.0 || first[q])
                     .collect()
             })
             .collect(),
         progs,
-        per_call,
-        call_ends: vec![0.0; calls],
+        unit_ends,
+        call_ends: vec![0.0; program.len()],
         chans: Vec::new(),
         chan_of: HashMap::new(),
         flows: Flows::shaped(model.links(), &model.buckets()),
@@ -563,8 +627,9 @@ struct Sim<'a> {
     /// Per rank and phase: whether the phase has local steps or starts a
     /// call (then it is never admitted ahead).
     has_local: Vec<Vec<bool>>,
-    /// Per rank, phases in one call; per call, when its last rank was done.
-    per_call: Vec<usize>,
+    /// Per rank, the phase index at which each unit of the program ends;
+    /// per unit, when its last rank was done.
+    unit_ends: Vec<Vec<usize>>,
     call_ends: Vec<f64>,
     ranks: Vec<RankState>,
     chans: Vec<Chan>,
@@ -943,6 +1008,15 @@ impl Sim<'_> {
         Ok(())
     }
 
+    /// Marks the units of the program that rank r (at phase `st.cur`) has
+    /// finished, at `now`.
+    fn end_units(ends: &[usize], st: &mut RankState, call_ends: &mut [f64], now: f64) {
+        while st.unit < ends.len() && ends[st.unit] <= st.cur {
+            call_ends[st.unit] = call_ends[st.unit].max(now);
+            st.unit += 1;
+        }
+    }
+
     /// Retires rank r's finished phases: the held one becomes current (its
     /// transfers all released) and the next may be admitted; a phase not
     /// admitted yet is entered.
@@ -956,11 +1030,7 @@ impl Sim<'_> {
             }
             st.cur += 1;
             st.finished = now;
-            let k = self.per_call[r];
-            if k > 0 && st.cur.is_multiple_of(k) {
-                let end = &mut self.call_ends[st.cur / k - 1];
-                *end = end.max(now);
-            }
+            Self::end_units(&self.unit_ends[r], st, &mut self.call_ends, now);
             if st.ahead {
                 st.ahead = false;
                 std::mem::swap(&mut st.cur_done, &mut st.ahead_done);
@@ -1062,6 +1132,35 @@ mod tests {
         let want = (4 << 20) as f64 / 1.25e8;
         assert!(close(last, want, 1e-9), "{last} vs {want}");
         assert!(o.call_ends[0] < t * 1.001 && o.call_ends[0] > t * 0.999);
+        // With a barrier before each call (as the bench's samples have),
+        // the link idles while it runs (the broadcast's last α, then the
+        // barrier's round trip) and the bucket gets some credit back: each
+        // call after a barrier beats the rate, by at most a full bucket.
+        let barrier = |r| {
+            let args = CollArgs {
+                kind: CollKind::Barrier,
+                root: 0,
+                counts: vec![],
+            };
+            build_on(&args, r, &m.topo, Algo::Dissemination).map_err(|e| e.to_string())
+        };
+        let bcast = |r| {
+            let args = CollArgs {
+                kind: CollKind::Broadcast,
+                root: 0,
+                counts: vec![1 << 20],
+            };
+            build_on(&args, r, &m.topo, Algo::BinomialTree).map_err(|e| e.to_string())
+        };
+        let program = [Unit::Gap, Unit::Call].repeat(20);
+        let o = simulate_program(bcast, barrier, &program, &m, 4).unwrap();
+        assert_eq!(o.call_ends.len(), 40);
+        let timed = o.call_ends[39] - o.call_ends[38];
+        assert!(
+            timed < want * 0.999 && timed > want - 1e-3,
+            "{timed} vs {want}"
+        );
+        assert!(o.call_ends[38] - o.call_ends[37] >= 50e-6 * 0.999);
     }
 
     #[test]

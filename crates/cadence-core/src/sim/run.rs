@@ -4,7 +4,7 @@
 //! priced with the cost model a start-up calibration would measure on this
 //! cluster), and the schedules from the library's generators.
 
-use super::exec::{simulate_calls, Model, Outcome};
+use super::exec::{simulate_calls, simulate_program, Model, Outcome, Unit};
 use super::spec::Loaded;
 use crate::comm::order::{choose_by, START_MAX_HOSTS};
 use crate::comm::select::{select_algo_on, Auto};
@@ -87,10 +87,12 @@ impl Cluster {
     /// the library's choice when None; returns what ran and the outcome.
     ///
     /// `calls` > 1, or shaped links, time it as `cadence bench` does:
-    /// samples of `calls` calls back to back; `seconds` is one call of the
-    /// last sample, once shaped links' buckets have settled into what
-    /// back-to-back samples leave them (8 samples; 2 on links without
-    /// buckets, where only the first sample differs). Err: the algorithm
+    /// samples of a barrier then `calls` calls back to back; `seconds` is
+    /// one call of the last sample (from its barrier's end), once shaped
+    /// links' buckets have settled into what such samples leave them (8
+    /// samples; 2 on links without buckets, where only the first sample
+    /// differs). The barrier is the library's own, and it matters on
+    /// shaped links: the buckets refill while it runs. Err: the algorithm
     /// does not apply, or the size holds no element.
     pub fn run(
         &self,
@@ -111,9 +113,19 @@ impl Cluster {
         }
         let calls = calls.max(1);
         let samples = if shaped { 8 } else { 2 };
-        let mut o = simulate_calls(build, &self.model, elem_size, samples * calls)?;
+        let sample = std::iter::once(Unit::Gap).chain(std::iter::repeat_n(Unit::Call, calls));
+        let program: Vec<Unit> = sample.collect::<Vec<_>>().repeat(samples);
+        let bargs = CollArgs {
+            kind: CollKind::Barrier,
+            root: 0,
+            counts: vec![],
+        };
+        let (balgo, _) = select_algo_on(&AlgoOverride::default(), &bargs, &self.auto, 1, None)?;
+        let barrier = |r| schedule::build_on(&bargs, r, topo, balgo).map_err(|e| e.to_string());
+        let mut o = simulate_program(build, barrier, &program, &self.model, elem_size)?;
         let ends = &o.call_ends;
         let last = ends.len() - 1;
+        // ends[last - calls]: the last sample's barrier.
         o.seconds = (ends[last] - ends[last - calls]) / calls as f64;
         Ok((algo, o))
     }
