@@ -32,13 +32,23 @@ use std::collections::BinaryHeap;
 /// it O(route entries × log links), not O(levels × flows): a fat tree's
 /// all-to-all has thousands of distinct levels.
 pub fn max_min_rates(cap: &[f64], routes: &[&[usize]]) -> Vec<f64> {
+    weighted_max_min_rates(cap, routes, &vec![1.0; routes.len()])
+}
+
+/// As [`max_min_rates`], flow f's rate rising at `weights[f]` times the
+/// common pace: on a full link the flows get shares in proportion to their
+/// weights (weighted max-min, as in weighted fair queueing).
+pub fn weighted_max_min_rates(cap: &[f64], routes: &[&[usize]], weights: &[f64]) -> Vec<f64> {
     let mut rate = vec![f64::INFINITY; routes.len()];
     let mut frozen: Vec<bool> = routes.iter().map(|r| r.is_empty()).collect();
     let mut left = cap.to_vec();
     let mut crossing = vec![0usize; cap.len()];
-    for r in routes {
+    // The weights of the flows still rising through each link.
+    let mut weight = vec![0.0f64; cap.len()];
+    for (r, &w) in routes.iter().zip(weights) {
         for &l in r.iter() {
             crossing[l] += 1;
+            weight[l] += w;
         }
     }
     // The flows on each link, in one buffer: link l's are
@@ -56,7 +66,7 @@ pub fn max_min_rates(cap: &[f64], routes: &[&[usize]]) -> Vec<f64> {
             fill[l] += 1;
         }
     }
-    let share = |left: f64, n: usize| left.max(0.0) / n as f64;
+    let share = |left: f64, w: f64| left.max(0.0) / w;
     let mut version = vec![0u64; cap.len()];
     // A link's version when it last joined `touched` (equal to `version`:
     // not in it now).
@@ -65,7 +75,7 @@ pub fn max_min_rates(cap: &[f64], routes: &[&[usize]]) -> Vec<f64> {
     let mut heap = BinaryHeap::new();
     for l in 0..cap.len() {
         if crossing[l] > 0 && cap[l].is_finite() {
-            heap.push(Level(share(left[l], crossing[l]), l, 0));
+            heap.push(Level(share(left[l], weight[l]), l, 0));
         }
     }
     while let Some(Level(level, l, v)) = heap.pop() {
@@ -80,10 +90,11 @@ pub fn max_min_rates(cap: &[f64], routes: &[&[usize]]) -> Vec<f64> {
                 continue;
             }
             frozen[f] = true;
-            rate[f] = level;
+            rate[f] = level * weights[f];
             for &m in routes[f] {
-                left[m] -= level;
+                left[m] -= rate[f];
                 crossing[m] -= 1;
+                weight[m] -= weights[f];
                 if version[m] == v_touched[m] {
                     version[m] += 1;
                     touched.push(m);
@@ -93,7 +104,7 @@ pub fn max_min_rates(cap: &[f64], routes: &[&[usize]]) -> Vec<f64> {
         for m in touched.drain(..) {
             v_touched[m] = version[m];
             if crossing[m] > 0 && cap[m].is_finite() {
-                heap.push(Level(share(left[m], crossing[m]), m, version[m]));
+                heap.push(Level(share(left[m], weight[m].max(0.0)), m, version[m]));
             }
         }
     }
@@ -202,6 +213,8 @@ struct Flow {
     left: f64,
     since: f64,
     rate: f64,
+    /// Its share of a full link relative to the others' (1: equal shares).
+    weight: f64,
     /// Bumped at every rate change: heap entries of older versions are stale.
     version: u64,
     live: bool,
@@ -346,6 +359,12 @@ impl Flows {
 
     /// Starts flow `id` of `bytes` over `route` now.
     pub fn start(&mut self, id: usize, route: Vec<usize>, bytes: f64) {
+        self.start_weighted(id, route, bytes, 1.0);
+    }
+
+    /// As [`Flows::start`], the flow getting shares of full links in
+    /// proportion to `weight` (> 0) against the others'.
+    pub fn start_weighted(&mut self, id: usize, route: Vec<usize>, bytes: f64, weight: f64) {
         let slot = self.free.pop().unwrap_or_else(|| {
             self.flows.push(Flow {
                 id: 0,
@@ -354,6 +373,7 @@ impl Flows {
                 left: 0.0,
                 since: 0.0,
                 rate: 0.0,
+                weight: 1.0,
                 version: 0,
                 live: false,
                 search: 0,
@@ -376,6 +396,11 @@ impl Flows {
             left: bytes.max(0.0),
             since: self.now,
             rate: 0.0,
+            weight: if weight > 0.0 && weight.is_finite() {
+                weight
+            } else {
+                1.0
+            },
             version: f.version,
             live: true,
             search: 0,
@@ -613,7 +638,8 @@ impl Flows {
                 Some(r)
             })
             .collect();
-        let rates = max_min_rates(&cap, &routes);
+        let weights: Vec<f64> = members.iter().map(|&f| self.flows[f].weight).collect();
+        let rates = weighted_max_min_rates(&cap, &routes, &weights);
         self.set_rates(links, members, rates);
     }
 
@@ -687,6 +713,27 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    #[test]
+    fn weighted_max_min_shares_full_links_by_weight() {
+        // One link of 8: weights 1 and 3 get 2 and 6.
+        let r = weighted_max_min_rates(&[8.0], &[&[0], &[0]], &[1.0, 3.0]);
+        assert!(close(r[0], 2.0) && close(r[1], 6.0), "{r:?}");
+        // Link 0 (9) carries f0 (weight 2) and f1 (1); link 1 (4) carries f1
+        // alone. Link 0 fills first (3 a unit of weight): f0 6, f1 3, and
+        // link 1 keeps 1 unused.
+        let r = weighted_max_min_rates(&[9.0, 4.0], &[&[0], &[0, 1]], &[2.0, 1.0]);
+        assert!(close(r[0], 6.0) && close(r[1], 3.0), "{r:?}");
+        // Link 1 (2) is f1's bottleneck now: f1 2, f0 the rest of link 0.
+        let r = weighted_max_min_rates(&[9.0, 2.0], &[&[0], &[0, 1]], &[2.0, 1.0]);
+        assert!(close(r[0], 7.0) && close(r[1], 2.0), "{r:?}");
+        // Started weighted, the flows end as those rates say.
+        let mut f = Flows::new(vec![8.0]);
+        f.start_weighted(0, vec![0], 4.0, 1.0);
+        f.start_weighted(1, vec![0], 12.0, 3.0);
+        assert_eq!(f.run_until(f64::INFINITY), vec![0, 1]);
+        assert!(close(f.now(), 2.0), "{}", f.now());
     }
 
     #[test]
