@@ -106,120 +106,126 @@ impl Shared {
             watchers: Some(&self.watchers),
             evidence: (self.cfg.record_messages > 0).then_some(&evidence as &dyn Evidence),
         };
-        let result = engine.drive(&mut sends, &mut recvs, ctx, |eng, sends, recvs| {
-            // Finish what completed.
-            for a in active.iter_mut().filter(|a| !a.finished) {
-                let done = match (a.kind, a.job) {
-                    (_, None) => false,
-                    (CollKind::Send, Some(j)) => sends[j].1.done,
-                    (_, Some(j)) => recvs[j].1.done,
-                };
-                if done {
-                    a.finished = true;
-                    if let Some(j) = a.job {
-                        self.record_message(a.id, a.kind, j, sends, recvs, true);
+        let result = engine.drive(
+            &mut sends,
+            &mut recvs,
+            ctx,
+            Instant::now(),
+            |eng, sends, recvs| {
+                // Finish what completed.
+                for a in active.iter_mut().filter(|a| !a.finished) {
+                    let done = match (a.kind, a.job) {
+                        (_, None) => false,
+                        (CollKind::Send, Some(j)) => sends[j].1.done,
+                        (_, Some(j)) => recvs[j].1.done,
+                    };
+                    if done {
+                        a.finished = true;
+                        if let Some(j) = a.job {
+                            self.record_message(a.id, a.kind, j, sends, recvs, true);
+                        }
+                        self.record_end(a.id, &Ok(()));
+                        self.pending.fetch_sub(1, Ordering::AcqRel);
+                        a.task.done.finish(Ok(()));
                     }
-                    self.record_end(a.id, &Ok(()));
-                    self.pending.fetch_sub(1, Ordering::AcqRel);
-                    a.task.done.finish(Ok(()));
                 }
-            }
-            // Take in every operation queued so far.
-            while stash.is_none() {
-                let task = match incoming.take() {
-                    Some(t) => t,
-                    None => match rx.try_recv() {
-                        Ok(t) => t,
-                        Err(_) => break,
-                    },
-                };
-                if !is_p2p(&task.req) {
-                    stash = Some(task);
-                    break;
+                // Take in every operation queued so far.
+                while stash.is_none() {
+                    let task = match incoming.take() {
+                        Some(t) => t,
+                        None => match rx.try_recv() {
+                            Ok(t) => t,
+                            Err(_) => break,
+                        },
+                    };
+                    if !is_p2p(&task.req) {
+                        stash = Some(task);
+                        break;
+                    }
+                    let checked = self
+                        .validate(&task.req)
+                        .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None));
+                    let refused = checked.err().or_else(|| {
+                        failed
+                            .as_ref()
+                            .map(|f| self.err(ErrorKind::failed_after(f), None))
+                    });
+                    if let Some(e) = refused {
+                        self.pending.fetch_sub(1, Ordering::AcqRel);
+                        task.done.finish(Err(e));
+                        continue;
+                    }
+                    *op_seq += 1;
+                    let id = *op_seq;
+                    let meta = (!is_any_source(&task.req)).then(|| p2p.meta(self.rank, &task.req));
+                    let started = self.record_start(
+                        id,
+                        meta.as_ref(),
+                        &task.req,
+                        Algo::P2p,
+                        Some(task.enqueue_ns),
+                    );
+                    let job = meta.map(|m| add_job(m, id, &task.req, sends, recvs));
+                    active.push(Active {
+                        id,
+                        seq: meta.map_or(0, |m| m.seq),
+                        kind: task.req.kind,
+                        deadline: started + self.cfg.timeout,
+                        job,
+                        finished: false,
+                        task,
+                    });
                 }
-                let checked = self
-                    .validate(&task.req)
-                    .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None));
-                let refused = checked.err().or_else(|| {
-                    failed
-                        .as_ref()
-                        .map(|f| self.err(ErrorKind::failed_after(f), None))
-                });
-                if let Some(e) = refused {
-                    self.pending.fetch_sub(1, Ordering::AcqRel);
-                    task.done.finish(Err(e));
-                    continue;
+                // Receives from any source, in issue order, each matched to the
+                // first peer whose next message is a send to this rank.
+                let mut matched = false;
+                for a in active.iter_mut().filter(|a| a.job.is_none()) {
+                    if let Some(peer) = match_any_source(eng, p2p, self.rank, recvs)? {
+                        a.task.req.root = peer;
+                        let meta = p2p.meta(self.rank, &a.task.req);
+                        self.record_matched(a.id, &meta, peer);
+                        a.seq = meta.seq;
+                        a.job = Some(add_job(meta, a.id, &a.task.req, sends, recvs));
+                        a.task.done.set_source(peer);
+                        matched = true;
+                    }
                 }
-                *op_seq += 1;
-                let id = *op_seq;
-                let meta = (!is_any_source(&task.req)).then(|| p2p.meta(self.rank, &task.req));
-                self.record_start(
-                    id,
-                    meta.as_ref(),
-                    &task.req,
-                    Algo::P2p,
-                    Some(task.enqueue_ns),
-                );
-                let job = meta.map(|m| add_job(m, id, &task.req, sends, recvs));
-                active.push(Active {
-                    id,
-                    seq: meta.map_or(0, |m| m.seq),
-                    kind: task.req.kind,
-                    deadline: Instant::now() + self.cfg.timeout,
-                    job,
-                    finished: false,
-                    task,
-                });
-            }
-            // Receives from any source, in issue order, each matched to the
-            // first peer whose next message is a send to this rank.
-            let mut matched = false;
-            for a in active.iter_mut().filter(|a| a.job.is_none()) {
-                if let Some(peer) = match_any_source(eng, p2p, self.rank, recvs)? {
-                    a.task.req.root = peer;
-                    let meta = p2p.meta(self.rank, &a.task.req);
-                    self.record_matched(a.id, &meta, peer);
-                    a.seq = meta.seq;
-                    a.job = Some(add_job(meta, a.id, &a.task.req, sends, recvs));
-                    a.task.done.set_source(peer);
-                    matched = true;
+                if matched {
+                    return Ok(Turn::Again);
                 }
-            }
-            if matched {
-                return Ok(Turn::Again);
-            }
-            if active.iter().all(|a| a.finished) {
-                return Ok(Turn::Finished);
-            }
-            let now = Instant::now();
-            let unmatched = active.iter().filter(|a| a.job.is_none());
-            if let Some(a) = unmatched.clone().find(|a| now > a.deadline) {
-                return Err(ErrorKind::NoSender {
-                    secs: self.cfg.timeout.as_secs_f64(),
-                    bytes: a.task.req.counts[0] * a.task.req.dtype.size(),
-                });
-            }
-            let outside = unmatched.count() > 0;
-            let deadline = active
-                .iter()
-                .filter(|a| !a.finished && a.job.is_some())
-                .map(|a| a.deadline)
-                .min()
-                // Only unmatched receives left: the check above bounds them.
-                .unwrap_or(now + self.cfg.timeout);
-            let meta = sends
-                .iter()
-                .find(|s| !s.1.done)
-                .map(|s| s.1.meta)
-                .or(recvs.iter().find(|r| !r.1.done).map(|r| r.1.meta));
-            let (sig, seq) = meta.map_or((0, 0), |m| (m.sig, m.seq));
-            Ok(Turn::Move(Moving {
-                deadline,
-                sig,
-                seq,
-                outside,
-            }))
-        });
+                if active.iter().all(|a| a.finished) {
+                    return Ok(Turn::Finished);
+                }
+                let now = Instant::now();
+                let unmatched = active.iter().filter(|a| a.job.is_none());
+                if let Some(a) = unmatched.clone().find(|a| now > a.deadline) {
+                    return Err(ErrorKind::NoSender {
+                        secs: self.cfg.timeout.as_secs_f64(),
+                        bytes: a.task.req.counts[0] * a.task.req.dtype.size(),
+                    });
+                }
+                let outside = unmatched.count() > 0;
+                let deadline = active
+                    .iter()
+                    .filter(|a| !a.finished && a.job.is_some())
+                    .map(|a| a.deadline)
+                    .min()
+                    // Only unmatched receives left: the check above bounds them.
+                    .unwrap_or(now + self.cfg.timeout);
+                let meta = sends
+                    .iter()
+                    .find(|s| !s.1.done)
+                    .map(|s| s.1.meta)
+                    .or(recvs.iter().find(|r| !r.1.done).map(|r| r.1.meta));
+                let (sig, seq) = meta.map_or((0, 0), |m| (m.sig, m.seq));
+                Ok(Turn::Move(Moving {
+                    deadline,
+                    sig,
+                    seq,
+                    outside,
+                }))
+            },
+        );
         if let Err(k) = result {
             let e = self.err(k, None);
             self.fail_locked(&mut guard, &e);

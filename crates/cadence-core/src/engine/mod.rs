@@ -69,7 +69,12 @@ pub struct Wait {
 
 impl Wait {
     pub fn new() -> Wait {
-        let now = Instant::now();
+        Wait::since(Instant::now())
+    }
+
+    /// A wait that began at `now` (a time the caller has just read: small
+    /// calls read the clock as few times as they can).
+    pub fn since(now: Instant) -> Wait {
         Wait {
             t0: now,
             idle_since: None,
@@ -507,7 +512,7 @@ impl Engine {
         let mut phase_t0 = Instant::now();
         // Held jobs of the lookahead phase (an upper bound: its step count).
         let mut held_left = 0usize;
-        let result = self.drive(sends, recvs, ctx, |eng, sends, recvs| {
+        let result = self.drive(sends, recvs, ctx, phase_t0, |eng, sends, recvs| {
             // Admit: the current phase always (its local steps run now, all
             // earlier phases being complete); the one after it only if it
             // has no local steps.
@@ -587,8 +592,9 @@ impl Engine {
             // the current one and nothing holds its jobs back any more.
             let mut retired = false;
             while cur < next && phase_done(cur, sends, recvs, first_send, first_recv) {
-                eng.account_phase(sends, recvs, first_send, first_recv, cur, phase_t0);
-                phase_t0 = Instant::now();
+                let now = Instant::now();
+                eng.account_phase(sends, recvs, first_send, first_recv, cur, now - phase_t0);
+                phase_t0 = now;
                 cur += 1;
                 retired = true;
                 held_left = 0;
@@ -643,6 +649,7 @@ impl Engine {
         sends: &mut Vec<(usize, SendJob)>,
         recvs: &mut Vec<(usize, RecvJob)>,
         ctx: OpCtx,
+        started: Instant,
         mut turn: F,
     ) -> Result<(), ErrorKind>
     where
@@ -652,7 +659,7 @@ impl Engine {
             &mut Vec<(usize, RecvJob)>,
         ) -> Result<Turn, ErrorKind>,
     {
-        let mut wait = Wait::new();
+        let mut wait = Wait::since(started);
         let mut rec = Recording::default();
         self.stamping = false;
         let patient =
@@ -713,9 +720,9 @@ impl Engine {
         first_send: &[usize],
         first_recv: &[usize],
         p: usize,
-        t0: Instant,
+        took: Duration,
     ) {
-        let busy = t0.elapsed().as_nanos() as u64;
+        let busy = took.as_nanos() as u64;
         let (ss, rs) = job_spans(p, sends, recvs, first_send, first_recv);
         let peers = sends[ss]
             .iter()
