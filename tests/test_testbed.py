@@ -90,6 +90,17 @@ def test_bucket_holds_a_millisecond_but_at_least_two_frames():
     assert Bucket.for_rate(10**9, 1500).burst_bytes == 125_000
     assert Bucket.for_rate(10**6, 1500).burst_bytes == 2 * 1514
     assert ["class", "replace"] == Bucket.for_rate(10**9, 1500).tc_commands("eth0")[1][:2]
+
+
+@pytest.mark.parametrize("bits", [8_000, 100_000, 10**9])
+def test_shaper_classes_split_the_rate_between_acks_and_data(bits):
+    # The ACK class and the data class are guaranteed shares of the rate,
+    # both positive at every rate a link may have, each able to take all.
+    cmds = Bucket.for_rate(bits, 1500).tc_commands("eth0")
+    rates = {c[c.index("classid") + 1]: int(c[c.index("rate") + 1].removesuffix("bit"))
+             for c in cmds if c[0] == "class"}  # fmt: skip
+    assert rates["1:10"] > 0 and rates["1:20"] > 0
+    assert rates["1:10"] + rates["1:20"] == rates["1:1"] == bits
     assert 0.95 < payload_share(1500) < 0.96
 
 

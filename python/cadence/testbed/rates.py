@@ -82,10 +82,12 @@ class Bucket:
         return max(int(self.rate_bits / 8 * LATENCY_SECONDS), 4 * 65536)
 
     def tc_commands(self, dev: str) -> list[list[str]]:
-        """`tc` argument lists that shape `dev`'s egress, replacing whatever
-        was there (the queue starts empty, as after any rate change)."""
+        """`tc` argument lists that build the shaper on `dev`'s egress, in
+        order. Delete the old root qdisc first (an htb root cannot be
+        replaced by another); the queue starts empty, as after any change."""
         rate = self.rate_bits
-        acks = max(rate // 20, 8_000)  # pure ACKs are ~2% of a stream's bytes
+        # Pure ACKs are ~2% of a stream's bytes; data keeps at least half.
+        acks = min(max(rate // 20, 8_000), rate // 2)
         burst = ["burst", str(self.burst_bytes), "cburst", str(self.burst_bytes)]
         # quantum: a leaf's DRR share, which only matters among equal prios;
         # set, so htb does not warn about the one it derives from the rate.
