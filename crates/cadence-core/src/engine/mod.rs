@@ -68,10 +68,6 @@ pub struct Wait {
 }
 
 impl Wait {
-    pub fn new() -> Wait {
-        Wait::since(Instant::now())
-    }
-
     /// A wait that began at `now` (a time the caller has just read: small
     /// calls read the clock as few times as they can).
     pub fn since(now: Instant) -> Wait {
@@ -87,12 +83,6 @@ impl Wait {
     /// Something moved: the next idle stretch starts spinning again.
     pub fn reset(&mut self) {
         self.idle_since = None;
-    }
-}
-
-impl Default for Wait {
-    fn default() -> Self {
-        Wait::new()
     }
 }
 
