@@ -29,9 +29,11 @@ def host_of(rank: int, transport: str) -> str:
     raise ValueError(transport)
 
 
-def _child(fn, rank, size, port, env, args, op_timeout, q):
+def _child(fn, rank, size, port, env, args, op_timeout, q, pre_init=None):
     os.environ.update(env)
     try:
+        if pre_init is not None:
+            pre_init(rank)
         from datetime import timedelta
 
         import cadence
@@ -49,7 +51,9 @@ def _child(fn, rank, size, port, env, args, op_timeout, q):
 
 
 def run_ranks(fn, size, *, transport="shm", env=None, args=(), timeout=120.0, op_timeout=30.0,
-              rank_env=None):
+              rank_env=None, pre_init=None):
+    """`pre_init(rank)`, when given, runs in each rank before `cadence.init`
+    (a module-level function: the ranks are started by a forkserver)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -65,7 +69,8 @@ def run_ranks(fn, size, *, transport="shm", env=None, args=(), timeout=120.0, op
         e.update(env or {})
         if rank_env:
             e.update(rank_env(r))
-        p = _CTX.Process(target=_child, args=(fn, r, size, server.port, e, args, op_timeout, q))
+        p = _CTX.Process(target=_child,
+                         args=(fn, r, size, server.port, e, args, op_timeout, q, pre_init))
         p.start()
         procs.append(p)
     results = {}

@@ -126,6 +126,41 @@ def test_a_mismatch_is_reported_as_such_when_a_peers_buffer_is_gone(attempt):
         assert v["culprit"] in (2, 3) or "rank 2" in v["msg"], f"rank {r}: {v['msg']}"
 
 
+def _slow_watchdog_store_on_rank0(rank):
+    # The live watchdog's own Store connection: a loaded host once took over
+    # 5 s to accept it. Here rank 0's takes longer than an operation's
+    # deadline.
+    if rank != 0:
+        return
+    from cadence.diagnosis import live
+
+    connect = live._store_client
+
+    def slow(store):
+        time.sleep(2 * OP_TIMEOUT)  # past the deadline and its grace
+        return connect(store)
+
+    live._store_client = slow
+
+
+def _first_allreduce(comm):
+    x = np.full(1 << 16, comm.rank + 1, dtype=np.float32)
+    comm.allreduce(x)
+    return float(x[0])
+
+
+def test_slow_set_up_on_one_rank_does_not_fail_the_first_operation():
+    """Whatever one rank's set-up spends (here its watchdog's Store
+    connection) happens before the ranks' closing barrier, so its peers do
+    not start their first operation, and its deadline, that much earlier: a
+    CI run once failed a first 64 MiB allreduce so, every rank blaming rank
+    0 ("0 bytes arrived") while it was still connecting."""
+    res = run_ranks(_first_allreduce, 3, transport="shm", op_timeout=OP_TIMEOUT, timeout=60,
+                    pre_init=_slow_watchdog_store_on_rank0)
+    for r in range(3):
+        assert res[r] == ("ok", 6.0), f"rank {r}: {res[r]}"
+
+
 def _garbage(comm):
     import cadence
 

@@ -185,6 +185,9 @@ def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None) 
     job = store.get(f"{prefix}/job").decode()
     if secret is None:
         secret = bytes(store.get(f"{prefix}/secret"))
+    # The watchdog's Store work before the ranks connect: connecting ends
+    # with every rank in step, and nothing slow may come after it.
+    watching = _live.prepare(store, prefix, rank, size, timeout)
     boot = Bootstrap(comm_id, rank, size, host_identity(), _local_ip(toward), timeout,
                      secret=secret, job=job)
     store.set(f"{prefix}/info/{rank}", boot.info())
@@ -192,7 +195,7 @@ def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None) 
     core = boot.connect(infos)
     if _job_id is None:
         _job_id = job
-    return Communicator(core, store, prefix, timeout, toward, secret)
+    return Communicator(core, store, prefix, timeout, toward, secret, watching)
 
 
 def _algo(algo):
@@ -209,7 +212,7 @@ class Communicator:
     result; operations complete in the order they were issued.
     """
 
-    def __init__(self, core, store, prefix, timeout, toward, secret):
+    def __init__(self, core, store, prefix, timeout, toward, secret, watching=None):
         self._c = core
         self._secret = secret  # memory only: sub-communicators derive theirs
         self._store = store
@@ -231,8 +234,9 @@ class Communicator:
         self.reduce_scatter = core.reduce_scatter
         self.alltoall = core.alltoall
         self.barrier = core.barrier
-        # Live diagnosis (CADENCE_DIAG_AFTER): a watchdog thread, off the data path.
-        _live.watch(self, store, prefix, timeout)
+        # Live diagnosis (CADENCE_DIAG_AFTER): a watchdog thread, off the data
+        # path; `watching` is its Store set-up, done before the ranks connected.
+        _live.watch(self, watching)
         from cadence.diagnosis import metrics  # Prometheus: CADENCE_METRICS_PORT
 
         metrics.track(self)

@@ -194,7 +194,8 @@ class _Round:
 
 @dataclass
 class _Watched:
-    comm: weakref.ref
+    #: None until the communicator exists (`Watchdog.watch`).
+    comm: weakref.ref | None
     store: object
     prefix: str
     rank: int
@@ -244,10 +245,19 @@ class Watchdog:
         self.ticks = 0
         self.cpu_s = 0.0
 
-    def watch(self, comm, store, prefix: str, timeout: float) -> None:
+    def prepare(self, store, prefix: str, rank: int, size: int,
+                timeout: float) -> _Watched | None:
+        """The Store work of watching a communicator that is being set up:
+        its client connection and the counters it starts from. Called
+        before the ranks' set-up ends (its closing barrier), so that however
+        long this takes (a loaded host once took over 5 s to accept the
+        connection) no rank reaches its first operation that much after its
+        peers, whose deadline runs meanwhile: a first allreduce once timed
+        out that way, every peer blaming rank 0 for a message it had not
+        yet had the chance to send. None when the watchdog is off."""
         after = diag_after(timeout)
         if after is None:
-            return
+            return None
         # One client per TCPStore server, shared by its communicators; other
         # stores (prefixed, file, hash) are used as they are.
         port = getattr(store, "port", None)
@@ -258,16 +268,24 @@ class Watchdog:
                 client = _store_client(store)
                 if key is not None:
                     self._clients[key] = client
-            gather = min(5.0, max(1.0, after / 2))
-            w = _Watched(weakref.ref(comm), client, prefix, comm.rank, comm.size, after, gather)
-            w.window = diag_window()
-            if w.window:
-                w.win_published = w.win_judged = int(time.time() // w.window)
-            try:
-                w.seen_round = int(client.add(w.key("round"), 0))
-                w.slow_seen = int(client.add(w.key("slow"), 0))
-            except Exception:  # noqa: BLE001 - a watchdog must never break init
-                w.seen_round = 0
+        gather = min(5.0, max(1.0, after / 2))
+        w = _Watched(None, client, prefix, rank, size, after, gather)
+        w.window = diag_window()
+        if w.window:
+            w.win_published = w.win_judged = int(time.time() // w.window)
+        try:
+            w.seen_round = int(client.add(w.key("round"), 0))
+            w.slow_seen = int(client.add(w.key("slow"), 0))
+        except Exception:  # noqa: BLE001 - a watchdog must never break init
+            w.seen_round = 0
+        return w
+
+    def watch(self, comm, w: _Watched | None) -> None:
+        """Starts watching `comm`, set up by `prepare` (None: off)."""
+        if w is None:
+            return
+        w.comm = weakref.ref(comm)
+        with self._lock:
             self._watched.append(w)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="cadence-diagnosis",
@@ -574,9 +592,16 @@ def add_listener(fn) -> None:
     _listeners.append(fn)
 
 
-def watch(comm, store, prefix: str, timeout: float) -> None:
+def prepare(store, prefix: str, rank: int, size: int, timeout: float) -> _Watched | None:
+    """What watching the communicator being set up under `prefix` needs from
+    the Store, done while the set-up still waits for every rank (see
+    `Watchdog.prepare`); hand the result to `watch`."""
+    return _watchdog.prepare(store, prefix, rank, size, timeout)
+
+
+def watch(comm, prepared: _Watched | None) -> None:
     """Puts `comm` under the live watchdog (see the module comment)."""
-    _watchdog.watch(comm, store, prefix, timeout)
+    _watchdog.watch(comm, prepared)
 
 
 def unwatch(comm) -> None:
