@@ -29,11 +29,16 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(50);
 const YIELD: Duration = Duration::from_millis(2);
 /// ... and when ranks outnumber cores: spinning then only delays the rank we
-/// wait for, so hand the core over almost at once, and soon sleep: a sleeping
-/// rank leaves its core's run queue, so the scheduler can move the rank we
-/// wait for onto it (yielding alone does not; measured on 4 ranks / 2 cores,
+/// wait for, so hand the core over at once, and soon sleep: a sleeping rank
+/// leaves its core's run queue, so the scheduler can move the rank we wait
+/// for onto it (yielding alone does not; measured on 4 ranks / 2 cores,
 /// sleeping at once or after 20 µs–1 ms of yielding: 24–34 µs vs 11–16 µs).
-const SPIN_OVERSUBSCRIBED: Duration = Duration::from_micros(2);
+/// Not even a short spin: every wait's 2 µs of spinning was core time the
+/// awaited rank could not have, a recursive doubling allreduce's log2(n)
+/// waits a call on every rank. 8 B allreduce (barrier, then 16 calls), 3
+/// runs each: 4 ranks on 2 cores 12.9 → 10.2 µs, 8 ranks 42 → 26–31 µs
+/// (Open MPI 10–11 and 28–37); broadcast 4.4 → 3.7 and 11.6 → 6.6–9.2.
+const SPIN_OVERSUBSCRIBED: Duration = Duration::ZERO;
 const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// How often links with several paths get their background work done.
