@@ -3,9 +3,10 @@
 //! `schedule::ir` for the semantics it implements).
 //!
 //! Waiting: a transfer that cannot move is retried in a spin loop for a few
-//! tens of microseconds (a peer on another core answers in well under that),
-//! then the engine yields the CPU, then sleeps or blocks in `poll(2)`. Pure
-//! spinning would starve the very rank we wait for when ranks outnumber cores.
+//! tens of microseconds (a peer on another core answers in well under that;
+//! no spinning at all when ranks outnumber cores), then the engine yields the
+//! CPU, then sleeps or blocks in `poll(2)`. Pure spinning would starve the
+//! very rank we wait for when ranks outnumber cores.
 //! Every wait checks the operation's deadline, the shared-memory abort notice,
 //! and (every 100 ms) whether same-host peers are still alive.
 
@@ -13,7 +14,7 @@ use crate::error::{CommError, ErrorKind};
 use crate::reduce;
 use crate::schedule::lower::{InputPrep, Layout, Lowering};
 use crate::schedule::{Buf, Schedule, Span, Step};
-use crate::transport::shm::Inbox;
+use crate::transport::shm::{Inbox, Progress};
 use crate::transport::tcp::poll_fds;
 use crate::transport::{
     AbortNotice, Link, OpMeta, RecvJob, SendJob, Sink, SinkMode, Source, StallNotice,
@@ -505,6 +506,16 @@ impl Engine {
         let mut cur = 0; // the oldest phase with unfinished transfers
         let mut next = 0; // the next phase to admit
         let mut phase_t0 = Instant::now();
+        // Same-host peers that time out waiting for us read where we are.
+        let collective = !matches!(meta.coll, CollKind::Send | CollKind::Recv);
+        let progress = |running: bool, phase: usize| Progress {
+            seq: meta.seq,
+            running,
+            phase: phase as u32,
+        };
+        if let (true, Some(inbox)) = (collective, &self.inbox) {
+            inbox.publish_progress(progress(true, 0));
+        }
         // Held jobs of the lookahead phase (an upper bound: its step count).
         let mut held_left = 0usize;
         let result = self.drive(sends, recvs, ctx, phase_t0, |eng, sends, recvs| {
@@ -593,6 +604,9 @@ impl Engine {
                 cur += 1;
                 retired = true;
                 held_left = 0;
+                if let (true, Some(inbox)) = (collective, &eng.inbox) {
+                    inbox.publish_progress(progress(true, cur));
+                }
                 if cur < next {
                     let (ss, rs) = job_spans(cur, sends, recvs, first_send, first_recv);
                     sends[ss].iter_mut().for_each(|(_, j)| j.held = false);
@@ -624,12 +638,26 @@ impl Engine {
                 outside: false,
             }))
         });
+        if let (true, Some(inbox)) = (collective, &self.inbox) {
+            inbox.publish_progress(progress(false, cur));
+        }
         result.map_err(|e| match e {
-            ErrorKind::Timeout { peer, secs, what } => ErrorKind::Timeout {
-                peer,
-                secs,
-                what: format!("{what}, in phase {cur}"),
-            },
+            ErrorKind::Timeout { peer, secs, what } => {
+                // What a same-host peer says of itself tells a rank busy
+                // outside the library (it has not started this operation)
+                // from one stuck in it.
+                let peer_state = match self.links.get(peer) {
+                    Some(Some(Link::Shm(l))) if collective => {
+                        format!("; {}", l.peer_progress().describe(peer, meta.seq))
+                    }
+                    _ => String::new(),
+                };
+                ErrorKind::Timeout {
+                    peer,
+                    secs,
+                    what: format!("{what}, in phase {cur}{peer_state}"),
+                }
+            }
             e => e,
         })
     }

@@ -79,6 +79,10 @@ const OFF_ABORT_DETECTOR: usize = 96;
 /// when this rank goes to sleep, so the read is a cache hit.
 const OFF_DOORBELL: usize = 128;
 const OFF_SLEEPING: usize = 132;
+/// Where this rank stands in its collectives ([`Progress`]), on a line of
+/// its own: written by the owner at each operation's start, phase and end,
+/// read by a peer only when it times out waiting for the owner.
+const OFF_PROGRESS: usize = 192;
 /// The abort notice's text (UTF-8, `OFF_ABORT_LEN` bytes).
 const OFF_ABORT_MSG: usize = 256;
 const ABORT_MSG_MAX: usize = ABORT_TEXT_MAX;
@@ -97,7 +101,7 @@ fn header_size(nrings: usize) -> usize {
 }
 
 /// (offset, bytes) of every fixed header field, in address order.
-const HEADER_FIELDS: [(usize, usize); 16] = [
+const HEADER_FIELDS: [(usize, usize); 17] = [
     (OFF_MAGIC, 8),
     (OFF_PID, 4),
     (OFF_NRINGS, 4),
@@ -113,6 +117,7 @@ const HEADER_FIELDS: [(usize, usize); 16] = [
     (OFF_ABORT_DETECTOR, 4),
     (OFF_DOORBELL, 4),
     (OFF_SLEEPING, 4),
+    (OFF_PROGRESS, 8),
     (OFF_ABORT_MSG, ABORT_MSG_MAX),
 ];
 
@@ -167,6 +172,65 @@ impl Default for ShmConfig {
             slot_bytes: 64 * 1024,
             nslots: 8,
             cma_min: 256 * 1024,
+        }
+    }
+}
+
+/// Where a rank stands in its collectives, as its inbox tells same-host
+/// peers: which one (its sequence number, 0 before the first), whether it is
+/// inside it, and in which phase. A peer that times out waiting for this
+/// rank reads it to say whether the rank is in the same operation, still in
+/// an earlier one, or has not started it (busy outside the library).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub seq: u64,
+    pub running: bool,
+    pub phase: u32,
+}
+
+impl Progress {
+    const PHASE_MAX: u32 = (1 << 23) - 1;
+
+    /// `seq` in the top 40 bits, the phase (saturated) in the next 23,
+    /// `running` in bit 0.
+    fn encode(self) -> u64 {
+        (self.seq << 24) | ((self.phase.min(Self::PHASE_MAX) as u64) << 1) | self.running as u64
+    }
+
+    fn decode(w: u64) -> Progress {
+        Progress {
+            seq: w >> 24,
+            running: w & 1 == 1,
+            phase: ((w >> 1) as u32) & Self::PHASE_MAX,
+        }
+    }
+
+    /// How `peer` stands toward this rank's collective `seq`, as a clause
+    /// for the error of a wait on it.
+    pub fn describe(self, peer: usize, seq: u64) -> String {
+        use std::cmp::Ordering::*;
+        match (self.seq.cmp(&seq), self.running) {
+            (Equal, true) => format!("rank {peer} is in it too, in its phase {}", self.phase),
+            (Equal, false) => format!("rank {peer} has finished it"),
+            (Less, _) if self.seq == 0 => {
+                format!("rank {peer} has not started it: it has run no collective yet")
+            }
+            (Less, true) => format!(
+                "rank {peer} is still in an earlier collective (#{}, its phase {})",
+                self.seq, self.phase
+            ),
+            (Less, false) => format!(
+                "rank {peer} has not started it: its last collective (#{}{}) is done, \
+                 so it is busy outside cadence",
+                self.seq,
+                // Every communicator's set-up ends with a barrier, its #1.
+                if self.seq == 1 {
+                    ", the set-up's barrier"
+                } else {
+                    ""
+                }
+            ),
+            (Greater, _) => format!("rank {peer} is past it, in collective #{}", self.seq),
         }
     }
 }
@@ -336,6 +400,16 @@ impl Inbox {
         self.region
             .atomic_u32(OFF_SLEEPING)
             .store(0, Ordering::Relaxed);
+    }
+
+    /// Says where this rank stands in its collectives, for peers that time
+    /// out waiting for it (one relaxed store to a line only this rank
+    /// writes: nobody reads it while things go well).
+    #[inline]
+    pub fn publish_progress(&self, p: Progress) {
+        self.region
+            .atomic_u64(OFF_PROGRESS)
+            .store(p.encode(), Ordering::Relaxed);
     }
 
     /// Cheap check used in every wait loop.
@@ -831,6 +905,15 @@ impl ShmLink {
         }
     }
 
+    /// Where the peer stands in its collectives (what it last published).
+    pub fn peer_progress(&self) -> Progress {
+        Progress::decode(
+            self.peer_inbox
+                .atomic_u64(OFF_PROGRESS)
+                .load(Ordering::Relaxed),
+        )
+    }
+
     /// Writes this rank's stall notice into the peer's stall table.
     pub fn post_stall(&mut self, n: &StallNotice) {
         if self.my_local >= self.peer_nrings {
@@ -1024,6 +1107,73 @@ mod tests {
 
     /// Two inboxes of `nrings` rings in a private directory, linked as local
     /// ranks `a` and `b`: (a's link to b, b's link to a).
+    #[test]
+    fn progress_round_trips_and_says_where_the_peer_stands() {
+        for p in [
+            Progress {
+                seq: 0,
+                running: false,
+                phase: 0,
+            },
+            Progress {
+                seq: 7,
+                running: true,
+                phase: 3,
+            },
+            Progress {
+                seq: (1 << 40) - 1,
+                running: false,
+                phase: Progress::PHASE_MAX,
+            },
+        ] {
+            assert_eq!(Progress::decode(p.encode()), p);
+        }
+        let big = Progress {
+            seq: 2,
+            running: true,
+            phase: u32::MAX,
+        };
+        assert_eq!(Progress::decode(big.encode()).phase, Progress::PHASE_MAX);
+        let at = |seq, running, phase| {
+            Progress {
+                seq,
+                running,
+                phase,
+            }
+            .describe(1, 5)
+        };
+        assert_eq!(at(5, true, 2), "rank 1 is in it too, in its phase 2");
+        assert_eq!(at(5, false, 0), "rank 1 has finished it");
+        assert!(at(0, false, 0).contains("has run no collective yet"));
+        assert!(at(4, true, 1).contains("still in an earlier collective (#4, its phase 1)"));
+        assert!(at(4, false, 0).contains("has not started it"));
+        assert!(at(6, true, 0).contains("past it, in collective #6"));
+    }
+
+    #[test]
+    fn a_peer_reads_the_progress_its_owner_publishes() {
+        let dir = std::env::temp_dir().join(format!("cadence-progress-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // `a` is rank 0's link to rank 1, whose inbox is `ib`.
+        let (a, _b, _ia, ib) = pair(&dir, 2, 0, 1);
+        assert_eq!(
+            a.peer_progress(),
+            Progress {
+                seq: 0,
+                running: false,
+                phase: 0
+            }
+        );
+        let p = Progress {
+            seq: 9,
+            running: true,
+            phase: 4,
+        };
+        ib.publish_progress(p);
+        assert_eq!(a.peer_progress(), p);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn pair(dir: &Path, nrings: usize, a: usize, b: usize) -> (ShmLink, ShmLink, Inbox, Inbox) {
         pair_with(dir, nrings, a, b, 0)
     }
