@@ -1105,8 +1105,6 @@ mod tests {
     use crate::transport::{OpMeta, Sink, SinkMode, Source};
     use crate::types::{CollKind, DType, ElemOp};
 
-    /// Two inboxes of `nrings` rings in a private directory, linked as local
-    /// ranks `a` and `b`: (a's link to b, b's link to a).
     #[test]
     fn progress_round_trips_and_says_where_the_peer_stands() {
         for p in [
@@ -1174,6 +1172,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Two inboxes of `nrings` rings in a private directory, linked as local
+    /// ranks `a` and `b`: (a's link to b, b's link to a).
     fn pair(dir: &Path, nrings: usize, a: usize, b: usize) -> (ShmLink, ShmLink, Inbox, Inbox) {
         pair_with(dir, nrings, a, b, 0)
     }
