@@ -104,6 +104,57 @@ def test_shaper_classes_split_the_rate_between_acks_and_data(bits):
     assert 0.95 < payload_share(1500) < 0.96
 
 
+def _u32_takes(matches: list[str], packet: bytes) -> bool:
+    """Whether a tc u32 filter's `match uN VALUE MASK at OFFSET` list takes
+    an IPv4 packet (the bytes from its IP header on, as u32 sees them)."""
+    width = {"u8": 1, "u16": 2, "u32": 4}
+    for k in range(0, len(matches), 6):
+        _, size, value, mask, _, at = matches[k : k + 6]
+        n, off = width[size], int(at)
+        got = int.from_bytes(packet[off : off + n], "big")
+        if got & int(mask, 16) != int(value, 16):
+            return False
+    return True
+
+
+def _tcp_packet(header_words: int, payload: int) -> bytes:
+    """An IPv4 TCP segment: 20-byte IP header, a TCP header of that many
+    32-bit words, `payload` bytes of data."""
+    ip = bytearray(20)
+    ip[0], ip[9] = 0x45, 6
+    ip[2:4] = (20 + 4 * header_words + payload).to_bytes(2, "big")
+    tcp = bytearray(4 * header_words)
+    tcp[12], tcp[13] = header_words << 4, 0x18 if payload else 0x10
+    return bytes(ip + tcp + bytes(payload))
+
+
+def test_the_ack_class_takes_pure_acks_and_no_segment_with_data():
+    # A small message's data segment must queue behind the data its
+    # connection sent before it: in the ACK class it overtook them, the
+    # receiver saw it out of order and SACKed, and the sender retransmitted
+    # what had not been lost (the old rule took every packet under 128
+    # bytes; 64 KiB recursive doubling allreduces on 4 x 2 ranks stalled).
+    cmds = Bucket.for_rate(10**9, 1500).tc_commands("eth0")
+    filters = [c for c in cmds if c[0] == "filter"]
+    assert filters and all(c[-2:] == ["flowid", "1:10"] for c in filters)
+    matches = [c[c.index("u32") + 1 : -2] for c in filters]
+    takes = lambda pkt: any(_u32_takes(m, pkt) for m in matches)  # noqa: E731
+    # Pure ACKs: bare, with timestamps, with timestamps and 1-3 SACK blocks.
+    for words in (5, 8, 11, 13, 15):
+        assert takes(_tcp_packet(words, 0)), words
+    # Segments with data, however small, and whatever their options.
+    for words in (5, 8, 11):
+        for payload in (1, 8, 40, 1448):
+            assert not takes(_tcp_packet(words, payload)), (words, payload)
+    # Not TCP (a small UDP datagram), or an IP header with options.
+    udp = bytearray(_tcp_packet(5, 0))
+    udp[9] = 17
+    assert not takes(bytes(udp))
+    with_options = bytearray(_tcp_packet(5, 0))
+    with_options[0] = 0x46
+    assert not takes(bytes(with_options))
+
+
 # ------------------------------------------------------------------ the model
 
 
