@@ -989,6 +989,7 @@ impl Shared {
             // elsewhere.
             watchers: enqueue_ns.map(|_| &*self.watchers),
             evidence: (self.cfg.record_messages > 0).then_some(&evidence as &dyn Evidence),
+            started: Some(started),
         };
         let deadline = started + self.cfg.timeout;
         let result = inner
@@ -1008,8 +1009,9 @@ impl Shared {
                 self.fail_locked(&mut inner, e);
             }
         }
+        let finished = inner.engine.take_finished_at();
         drop(inner);
-        self.record_end(id, &result);
+        self.record_end(id, &result, finished);
         if let Err(e) = &result {
             self.warn_failed(e);
             self.dump_on_error(e);
@@ -1184,13 +1186,19 @@ impl Shared {
     }
 
     /// Closes the record of operation `id` and counts it in the totals.
-    fn record_end(&self, id: u64, result: &Result<()>) {
+    /// Ends operation `id`'s record: at `finished` (when its last phase
+    /// retired, a clock read the engine made anyway), or now.
+    fn record_end(&self, id: u64, result: &Result<()>, finished: Option<Instant>) {
         let status = match result {
             Ok(()) => Cow::Borrowed("ok"),
             Err(e) => Cow::Owned(e.to_string()),
         };
         let mut rec = self.recorder.lock().unwrap();
-        if let Some(r) = rec.end(id, result.is_ok(), status) {
+        let at = match finished {
+            Some(t) => rec.ns_at(t),
+            None => rec.now_ns(),
+        };
+        if let Some(r) = rec.end_at(id, at, result.is_ok(), status) {
             if self.cfg.debug >= DebugLevel::Trace {
                 // One JSON line per operation, as the flight recorder has it.
                 let line = serde_json::to_string(r).unwrap_or_default();

@@ -105,6 +105,7 @@ impl Shared {
             interrupt: None,
             watchers: Some(&self.watchers),
             evidence: (self.cfg.record_messages > 0).then_some(&evidence as &dyn Evidence),
+            started: None,
         };
         let result = engine.drive(
             &mut sends,
@@ -124,7 +125,7 @@ impl Shared {
                         if let Some(j) = a.job {
                             self.record_message(a.id, a.kind, j, sends, recvs, true);
                         }
-                        self.record_end(a.id, &Ok(()));
+                        self.record_end(a.id, &Ok(()), None);
                         self.pending.fetch_sub(1, Ordering::AcqRel);
                         a.task.done.finish(Ok(()));
                     }
@@ -237,7 +238,7 @@ impl Shared {
                 if let Some(j) = a.job {
                     self.record_message(a.id, a.kind, j, &sends, &recvs, false);
                 }
-                self.record_end(a.id, &Err(e.clone()));
+                self.record_end(a.id, &Err(e.clone()), None);
                 self.warn_failed(&e);
                 self.pending.fetch_sub(1, Ordering::AcqRel);
                 a.task.done.finish(Err(e));

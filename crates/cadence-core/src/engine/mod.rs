@@ -107,6 +107,9 @@ pub struct OpCtx<'a> {
     pub watchers: Option<&'a AtomicUsize>,
     /// Where the operation's messages are recorded (see [`Evidence`]).
     pub evidence: Option<&'a dyn Evidence>,
+    /// When the operation started, as its record says: its first phase's
+    /// clock starts there (a clock read less per call; None: read it).
+    pub started: Option<Instant>,
 }
 
 /// Receives the evidence of an operation's messages for the records: each
@@ -298,6 +301,10 @@ pub struct Engine {
     /// [`Link::maintain`] now and then), and when that last ran.
     multipath: bool,
     last_maintain: Instant,
+    /// When the last operation's last phase retired (the clock read that
+    /// timed that phase), for its record's end: None when it had no phase
+    /// or failed. Taken by [`Engine::take_finished_at`].
+    finished_at: Option<Instant>,
 }
 
 impl Engine {
@@ -333,7 +340,14 @@ impl Engine {
             stamping: false,
             multipath,
             last_maintain: Instant::now(),
+            finished_at: None,
         }
+    }
+
+    /// When the last operation run finished its last phase (see
+    /// `finished_at`), once.
+    pub fn take_finished_at(&mut self) -> Option<Instant> {
+        self.finished_at.take()
     }
 
     /// Runs the links' background work (see [`Link::maintain`]) when it
@@ -505,7 +519,8 @@ impl Engine {
         let dtype = meta.dtype;
         let mut cur = 0; // the oldest phase with unfinished transfers
         let mut next = 0; // the next phase to admit
-        let mut phase_t0 = Instant::now();
+        let mut phase_t0 = ctx.started.unwrap_or_else(Instant::now);
+        self.finished_at = None;
         // Same-host peers that time out waiting for us read where we are.
         let collective = !matches!(meta.coll, CollKind::Send | CollKind::Recv);
         let progress = |running: bool, phase: usize| Progress {
@@ -614,6 +629,9 @@ impl Engine {
                 }
             }
             if cur == phases.len() {
+                if retired {
+                    eng.finished_at = Some(phase_t0);
+                }
                 return Ok(Turn::Finished);
             }
             if retired {

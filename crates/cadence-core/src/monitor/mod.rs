@@ -239,6 +239,17 @@ impl Recorder {
     /// latest) and a few adds: no allocation.
     pub fn end(&mut self, id: u64, ok: bool, status: Cow<'static, str>) -> Option<&OpRecord> {
         let now = self.now_ns();
+        self.end_at(id, now, ok, status)
+    }
+
+    /// As [`Recorder::end`], at `now` (nanoseconds since `base`).
+    pub fn end_at(
+        &mut self,
+        id: u64,
+        now: u64,
+        ok: bool,
+        status: Cow<'static, str>,
+    ) -> Option<&OpRecord> {
         if let Some(r) = self.ops.iter_mut().rev().find(|r| r.id == id) {
             r.end_ns = now;
             r.status = status;
