@@ -6,6 +6,12 @@ Measures with `cadence bench --cluster NAME --algo all --backends cadence`
 calibrate`'s when it ran), and prints every cell: measured median, simulated,
 error; then the worst error and how many cells are within --within.
 
+Each size is simulated as `cadence bench` timed it: its algorithms (auto as
+the one it chose) take turns sample by sample, --iters rounds after --warmup
+calls each, so an algorithm's samples start with the link credit the one
+before it left (`SimCluster.run_turns`); --alone simulates each algorithm's
+samples back to back instead.
+
   python benchmarks/sim_validate.py --cluster v --ops allreduce,allgather,reduce_scatter \\
       --sizes 64K,1M,64M [--ranks-per-host 2] [--measured v-1-*.json] [--json out.json]
       [--spec saved-spec.json]
@@ -48,7 +54,10 @@ def main() -> int:
     p.add_argument("--ops", default="allreduce,allgather,reduce_scatter")
     p.add_argument("--sizes", default="64K,1M,64M", help="sizes to compare (others are ignored)")
     p.add_argument("--measured", nargs="*", help="`cadence bench --json` files to compare with")
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--iters", type=int, default=5, help="samples per algorithm (bench -n)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up calls per algorithm (bench -w)")
+    p.add_argument("--alone", action="store_true",
+                   help="simulate each algorithm alone, not taking turns with the others")
     p.add_argument("--within", type=float, default=0.15)
     p.add_argument("--json", help="write every cell here")
     args = p.parse_args()
@@ -74,18 +83,34 @@ def main() -> int:
     print(f"# spec: {json.dumps({k: spec.get(k) for k in ('nic', 'fabric', 'shm', 'cpu')})}")
     print(f"# {'op':<15} {'algo':<20} {'size':>6} {'measured':>10} {'simulated':>10} {'error':>7}")
     cells = []
+    # The bench's records of one (collective, size), in the order it ran them.
+    runs: dict[tuple[str, int], list[dict]] = {}
     for rec in records:
-        if rec["op"] not in ops or rec["algo"] == "auto" or rec.get("wrong"):
+        if rec["op"] in ops and rec.get("ranks_per_host", 1) == args.ranks_per_host:
+            runs.setdefault((rec["op"], rec["bytes"]), []).append(rec)
+    simulated: dict[tuple[str, int, str], float] = {}
+    for (op, nbytes), recs in runs.items():
+        itemsize = DTYPES[recs[0]["dtype"]].itemsize
+        lays = [layout(op, s, itemsize, recs[0]["nranks"]) for s in sizes]
+        if not any(lay and lay.nbytes == nbytes for lay in lays):
+            continue
+        count, calls = nbytes // itemsize, calls_for(model, nbytes)
+        # auto ran what the bench's record says it chose.
+        algos = [r.get("chosen") if r["algo"] == "auto" else r["algo"] for r in recs]
+        if args.alone:
+            times = [model.run(op, count, itemsize, a, calls)[1] for a in algos]
+        else:
+            ran = model.run_turns(op, count, itemsize, algos, calls, args.iters, args.warmup)
+            times = [t for _, t in ran]
+        for r, t in zip(recs, times, strict=True):
+            simulated[(op, nbytes, r["algo"])] = t
+    for rec in records:
+        key = (rec["op"], rec["bytes"], rec["algo"])
+        if key not in simulated or rec["algo"] == "auto" or rec.get("wrong"):
             continue
         if rec.get("ranks_per_host", 1) != args.ranks_per_host:
             continue
-        itemsize = DTYPES[rec["dtype"]].itemsize
-        lays = [layout(rec["op"], s, itemsize, rec["nranks"]) for s in sizes]
-        if not any(lay and lay.nbytes == rec["bytes"] for lay in lays):
-            continue
-        count = rec["bytes"] // itemsize
-        _, secs, _ = model.run(rec["op"], count, itemsize, rec["algo"],
-                               calls_for(model, rec["bytes"]))  # fmt: skip
+        secs = simulated[key]
         measured = rec["time_us"] * 1e-6
         err = (secs - measured) / measured
         cells.append({**{k: rec[k] for k in ("op", "algo", "bytes")}, "measured_s": measured,

@@ -106,6 +106,28 @@ def test_tune_sim_writes_a_setting_for_the_simulated_cluster(tmp_path, capsys):
     assert setting["model"]["tcp"]["beta"] == pytest.approx(1 / 1.25e9)
 
 
+def test_calibration_of_an_emulated_cluster_shares_the_machines_cores():
+    from cadence.cli.sim import shaper_of
+
+    base = {
+        "version": 1, "kind": "cadence-cluster", "hosts": 4, "ranks_per_host": 1,
+        "nic": {"count": 1, "rate": "119.551MB/s"}, "shaper": shaper_of(10**9, 1500),
+    }  # fmt: skip
+    # 8 ranks on 2 cores: a ring step of 100 µs carried 8 messages on 2 cores.
+    measured = {"tcp": {"alpha": 20e-6, "beta": 1 / 1.2e8, "overhead": 20e-6},
+                "loaded": 100e-6, "cores": 2, "nranks": 8}  # fmt: skip
+    spec = spec_from_calibration(base, measured, 10**9)
+    assert spec["cpu"] == {"shared_cores": 2.0, "loaded_overhead_us": 25.0}
+    model = _core.SimCluster(json.dumps(spec), "spec.json").describe()
+    assert model["shared_cores"] == 2.0
+    assert model["loaded_overhead"] == pytest.approx(25e-6)
+    # A core per rank: the step is one message's latency (α and o), not a share.
+    assert "cpu" not in spec_from_calibration(base, {**measured, "cores": 16}, 10**9)
+    # A real cluster (no shaper) keeps a core per rank.
+    unshaped = {k: v for k, v in base.items() if k != "shaper"}
+    assert "cpu" not in spec_from_calibration(unshaped, measured, 10**9)
+
+
 def test_calibration_across_racks_scales_by_the_uplink_it_measured():
     base = {
         "version": 1, "kind": "cadence-cluster", "hosts": 4,

@@ -1370,6 +1370,10 @@ impl SimCluster {
         d.set_item("ring_order", m.topo.host_order())?;
         // (burst seconds, peak bytes/s) of shaped links, or None.
         d.set_item("shaper", m.shaper.map(|s| (s.burst, s.peak)))?;
+        // Cores every rank shares (None: a core each), and a message's
+        // floor cost on them.
+        d.set_item("shared_cores", m.shared_cores)?;
+        d.set_item("loaded_overhead", m.loaded_overhead)?;
         Ok(d)
     }
 
@@ -1413,6 +1417,45 @@ impl SimCluster {
         let out = py.allow_threads(|| self.cluster.run(k, count, elem_size, a, calls));
         let (algo, o) = out.map_err(PyValueError::new_err)?;
         Ok((algo.name(), o.seconds, o.messages))
+    }
+
+    /// run_turns(op, count, elem_size, algos, calls, rounds, warmup) ->
+    /// [(algo, seconds)]: `cadence bench --algo A,B,...` simulated as it
+    /// times them, the algorithms taking turns sample by sample (None in
+    /// `algos`: the library's choice); per algorithm, the median of its
+    /// samples' seconds per call.
+    #[pyo3(signature = (op, count, elem_size, algos, calls, rounds, warmup))]
+    #[allow(clippy::too_many_arguments)]
+    fn run_turns(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        count: usize,
+        elem_size: usize,
+        algos: Vec<Option<String>>,
+        calls: usize,
+        rounds: usize,
+        warmup: usize,
+    ) -> PyResult<Vec<(&'static str, f64)>> {
+        let k = CollKind::from_name(op)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown collective {op:?}")))?;
+        let algos = algos
+            .iter()
+            .map(|a| match a.as_deref() {
+                None | Some("auto") => Ok(None),
+                Some(name) => Algo::from_name(name)
+                    .map(Some)
+                    .ok_or_else(|| PyValueError::new_err(format!("unknown algorithm {name:?}"))),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let timing = cadence_core::sim::run::BenchTiming {
+            calls,
+            rounds,
+            warmup,
+        };
+        let out = py.allow_threads(|| self.cluster.run_turns(k, count, elem_size, &algos, timing));
+        let ran = out.map_err(PyValueError::new_err)?;
+        Ok(ran.into_iter().map(|(a, t)| (a.name(), t)).collect())
     }
 }
 

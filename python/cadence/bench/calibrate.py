@@ -14,7 +14,12 @@ there is one: α is half the round trip of an 8-byte message (median of 50),
 and o, the sender's time per message when messages go back to back, is
 (a burst of 64 8-byte sends answered by one 8-byte reply, minus 2α) / 64
 (median of 5; `cadence sim calibrate` uses it, the cost model does not).
-The other ranks wait at a barrier.
+The other ranks wait at a barrier. Last, every rank at once runs a ring
+allgather of 8 bytes a rank (LOADED_CALLS back to back, median of
+LOADED_REPS): `loaded` is its time per ring step, when every rank sends and
+receives a message each step. Where ranks outnumber the machine's cores
+(`cores`: rank 0's), that is what a message costs a busy machine: switching
+its receiver in and out (`cadence sim calibrate` uses it).
 
 Rank 0 writes `DIR/calibrate.json`: the setting as cadence sees it (ranks,
 hosts, ranks per host, 0 when hosts differ), the algorithms of each of
@@ -39,6 +44,7 @@ LARGE = 4 << 20  # bytes: β
 SMALL_REPS, LARGE_REPS, WARMUP = 50, 5, 5
 BURST = 64  # messages: o
 GAMMA_BYTES = 16 << 20
+LOADED_CALLS, LOADED_REPS = 16, 9
 
 
 def gamma(nbytes: int = GAMMA_BYTES, repeats: int = 5) -> float:
@@ -105,6 +111,24 @@ def link(comm, peer: int, lead: bool) -> dict[str, float] | None:
     return {"alpha": alpha, "beta": beta, "overhead": overhead}
 
 
+def loaded_step(comm) -> float:
+    """Seconds per step of a ring allgather of 8 bytes a rank, every rank
+    busy: the median over LOADED_REPS samples of LOADED_CALLS calls."""
+    n = comm.size
+    x = np.zeros(SMALL * n, dtype=np.uint8)
+    mine = x[comm.rank * SMALL : (comm.rank + 1) * SMALL].copy()
+    for _ in range(WARMUP):
+        comm.allgather(mine, out=x, algo="ring")
+    times = []
+    for _ in range(LOADED_REPS):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(LOADED_CALLS):
+            comm.allgather(mine, out=x, algo="ring")
+        times.append((time.perf_counter() - t0) / LOADED_CALLS / max(n - 1, 1))
+    return statistics.median(times)
+
+
 def peers(hosts: list[str]) -> dict[str, int]:
     """The peers rank 0 measures: the first other rank on its host ("shm") and
     the first rank on another host ("tcp"), where there are such ranks."""
@@ -149,12 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         if comm.rank in (0, peer):
             links[kind] = link(comm, peer if comm.rank == 0 else 0, lead=comm.rank == 0)
         comm.barrier()
+    loaded = loaded_step(comm) if comm.size > 1 else None
     if comm.rank == 0:
         result = {
             **setting(hosts),
             "hosts": hosts,
             "algorithms": {op: list(comm.algorithms(op)) for op in args.ops.split(",") if op},
-            "measured": {**links, "gamma": g},
+            "measured": {**links, "gamma": g, "loaded": loaded, "cores": os.cpu_count()},
         }
         out = Path(args.out) / "calibrate.json"
         out.write_text(json.dumps(result, indent=1) + "\n")

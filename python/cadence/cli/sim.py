@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -109,6 +110,10 @@ def cluster_spec(name: str, ranks_per_host: int) -> dict:
         "nic": {"count": c.nics, "rate": _payload_rate(c.rate_bits, share)},
         "shaper": shaper_of(c.rate_bits, c.mtu),
     }
+    cores = os.cpu_count() or 1
+    if len(c.hosts) * ranks_per_host > cores:
+        # Every emulated host runs on this machine's cores.
+        spec["cpu"] = {"shared_cores": float(cores)}
     if c.racks > 1 and c.uplink_bits:
         spec["fabric"] = {
             "kind": "racks",
@@ -166,7 +171,9 @@ def spec_from_calibration(
     `cadence tune`'s calibration job. TCP got `1/β` over a path whose
     configured bottleneck is `bottleneck_bits` (the NICs' `rate_bits`, or a
     rack uplink when the peer measured was in another rack): the NICs and
-    uplinks are scaled by the share of it that TCP got."""
+    uplinks are scaled by the share of it that TCP got. On shaped (emulated)
+    links the ranks share the machine's `cores`, and the loaded ring step of
+    `nranks` gives every message's floor cost on a busy machine."""
     out = json.loads(json.dumps(spec))
     tcp, shm, gamma = measured.get("tcp"), measured.get("shm"), measured.get("gamma")
     count = spec["nic"]["count"]
@@ -199,7 +206,20 @@ def spec_from_calibration(
             "overhead_us": round(o * 1e6, 3),
         }
     if gamma:
-        out["cpu"] = {"reduce": f"{1.0 / gamma / 1e6:.1f}MB/s"}
+        out.setdefault("cpu", {})["reduce"] = f"{1.0 / gamma / 1e6:.1f}MB/s"
+    loaded, cores = measured.get("loaded"), measured.get("cores")
+    nranks = measured.get("nranks") or spec["hosts"] * spec.get("ranks_per_host", 1)
+    if spec.get("shaper") and loaded and cores and nranks > cores:
+        # An emulated cluster's ranks all run on this machine's cores, more
+        # ranks than cores. In the loaded ring step every rank sent one
+        # message: a message's share of the cores is the step's time over
+        # the messages each core carried (a floor of what a message costs a
+        # busy machine, whatever its transport). With a core per rank the
+        # step is a message's latency, which α and o already are.
+        out.setdefault("cpu", {}).update(
+            shared_cores=float(cores),
+            loaded_overhead_us=round(loaded * cores / nranks * 1e6, 3),
+        )
     return out
 
 
@@ -245,7 +265,8 @@ def calibrate(args: argparse.Namespace) -> int:
     if peer in index and names[0] in index and cluster.racks > 1 and cluster.uplink_bits:
         if cluster.rack_of[index[peer]] != cluster.rack_of[index[names[0]]]:
             bottleneck = min(bottleneck, cluster.uplink_bits * cluster.nics)
-    spec = spec_from_calibration(base, calib.get("measured", {}), cluster.rate_bits, bottleneck)
+    measured = {**calib.get("measured", {}), "nranks": calib.get("nranks")}
+    spec = spec_from_calibration(base, measured, cluster.rate_bits, bottleneck)
     stamp = datetime.now().astimezone().isoformat(timespec="seconds")
     spec["note"] = f"emulated cluster {cluster.name}, calibrated {stamp}"
     out = Path(args.output) if args.output else saved

@@ -24,7 +24,11 @@
 //!   α each).
 //! - Each message costs its sender's CPU a fixed overhead before it leaves,
 //!   one message after another (many concurrent messages overlap their
-//!   latency, not their start-up work).
+//!   latency, not their start-up work). Where the ranks share a machine's
+//!   cores ([`Model::shared_cores`]: an emulated cluster), that start-up
+//!   work, at least [`Model::loaded_overhead`] a message, is shared by all
+//!   the messages being started at once on the machine (processor sharing,
+//!   at most one core each).
 //! - A receive completes when its message arrived and it is released; a
 //!   reducing one also needs γ per byte of the receiver's CPU, which it
 //!   spends while the bytes arrive (the engine reduces pieces as they land),
@@ -32,9 +36,10 @@
 //! - A phase ends when all its transfers are done; the held phase becomes
 //!   current and the one after it may be admitted held.
 //!
-//! Not modeled: CPU contention between ranks of one host beyond the
-//! memory link, TCP slow start and retransmits, the engine's wake-up costs
-//! (they are in α).
+//! Not modeled: CPU contention between ranks beyond the memory link and
+//! the shared cores' start-up work (reductions and copies use a rank's own
+//! CPU), TCP slow start and retransmits, the engine's wake-up costs on an
+//! idle machine (they are in α).
 //!
 //! The schedules are compiled to a compact form as they are built
 //! ([`simulate_with`]), so 4096 ranks' schedules of thousands of phases fit
@@ -82,6 +87,17 @@ pub struct Model {
     /// Token buckets in front of the NICs and uplinks (`tc tbf`, as the
     /// emulated cluster shapes its links); None on real hardware.
     pub shaper: Option<Shaper>,
+    /// Cores that every rank of the cluster shares (an emulated cluster
+    /// runs all its hosts on one machine); None: each rank has a core of
+    /// its own. With it a message's overhead is work on those cores, shared
+    /// by the messages being started at once (processor sharing, at most
+    /// one core each), so a step in which every rank sends costs more than
+    /// one in which two do.
+    pub shared_cores: Option<f64>,
+    /// With shared cores: the core time every message costs at least
+    /// (seconds), what a loaded machine spends switching its receiver in
+    /// and out, over shared memory as over TCP.
+    pub loaded_overhead: f64,
 }
 
 /// How shaped links pass traffic: after an idle spell each NIC or uplink
@@ -115,6 +131,8 @@ impl Model {
             shm_eager: 256.0 * 1024.0,
             gamma: 1.0 / 4e9,
             shaper: None,
+            shared_cores: None,
+            loaded_overhead: 0.0,
         }
     }
 
@@ -154,6 +172,7 @@ impl Model {
             self.shm_overhead,
             self.tcp_eager,
             self.shm_eager,
+            self.loaded_overhead,
         ];
         if times.iter().any(|&t| !t.is_finite() || t < 0.0) {
             return Err("latencies, overheads, γ and eager limits must be finite and ≥ 0".into());
@@ -175,7 +194,20 @@ impl Model {
         cap.extend(&self.group_in);
         cap.extend(std::iter::repeat_n(self.shm_rate, self.topo.nranks()));
         cap.extend(std::iter::repeat_n(self.mem_rate, self.nhosts()));
+        if let Some(cores) = self.shared_cores {
+            // Core-seconds per second: each rank's thread, then the machine.
+            cap.extend(std::iter::repeat_n(1.0, self.topo.nranks()));
+            cap.push(cores);
+        }
         cap
+    }
+
+    /// The links a message's start-up work on rank a's CPU crosses, when
+    /// the ranks share cores: its thread and the machine's cores.
+    fn cpu_route(&self, a: usize) -> Vec<usize> {
+        let (h, g, n) = (self.nhosts(), self.ngroups(), self.topo.nranks());
+        let base = 2 * h + 2 * g + n + h;
+        vec![base + a, base + n]
     }
 
     /// Per link of [`Model::links`], its token bucket: the NICs' and the
@@ -521,9 +553,9 @@ pub fn simulate_calls<F>(
 where
     F: Fn(usize) -> Result<Schedule, String> + Sync,
 {
-    let program = vec![Unit::Call; calls.max(1)];
+    let program = vec![Unit::Call(0); calls.max(1)];
     let no_gap = |_| Err("the program has no gap".to_string());
-    simulate_program(build, no_gap, &program, model, elem_size)
+    simulate_program(|r, _| build(r), no_gap, &program, model, elem_size)
 }
 
 /// A rank's compiled program, and the phase index at which each unit ends.
@@ -532,15 +564,16 @@ type Program = (Compiled, Vec<usize>);
 /// One call of a program ([`simulate_program`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Unit {
-    /// The collective being simulated.
-    Call,
+    /// A collective being simulated: which of the program's calls (several
+    /// take turns, as `cadence bench --algo all` times its algorithms).
+    Call(usize),
     /// What a benchmark runs between its samples (a barrier): its own
     /// schedule, so its messages and the links' idle time are modeled.
     Gap,
 }
 
-/// Every rank makes the calls of `program` in order, back to back: `Call`
-/// runs `build(r)`'s schedule, `Gap` runs `gap(r)`'s. A rank starts a call
+/// Every rank makes the calls of `program` in order, back to back: `Call(k)`
+/// runs `build(r, k)`'s schedule, `Gap` runs `gap(r)`'s. A rank starts a call
 /// when its own part of the one before is done (no look-ahead across
 /// calls), and shaped links carry their buckets' state from call to call.
 /// [`Outcome::call_ends`] has an entry per unit of `program`.
@@ -552,12 +585,20 @@ pub fn simulate_program<F, G>(
     elem_size: usize,
 ) -> Result<Outcome, String>
 where
-    F: Fn(usize) -> Result<Schedule, String> + Sync,
+    F: Fn(usize, usize) -> Result<Schedule, String> + Sync,
     G: Fn(usize) -> Result<Schedule, String> + Sync,
 {
     model.check()?;
     let n = model.topo.nranks();
     let with_gap = program.contains(&Unit::Gap);
+    let variants = program
+        .iter()
+        .filter_map(|u| match u {
+            Unit::Call(k) => Some(k + 1),
+            Unit::Gap => None,
+        })
+        .max()
+        .unwrap_or(0);
     let workers = std::thread::available_parallelism()
         .map_or(1, |w| w.get())
         .clamp(1, n.max(1));
@@ -570,17 +611,19 @@ where
             s.spawn(move || {
                 for (i, slot) in part.iter_mut().enumerate() {
                     let r = base + i;
-                    let body = build(r).and_then(|sch| compile(&sch));
+                    let bodies: Result<Vec<Compiled>, String> = (0..variants)
+                        .map(|k| build(r, k).and_then(|sch| compile(&sch)))
+                        .collect();
                     let pause = match with_gap {
                         true => gap(r).and_then(|sch| compile(&sch)),
                         false => Ok(Compiled::sequence(&[]).0),
                     };
-                    *slot = Some(body.and_then(|b| {
+                    *slot = Some(bodies.and_then(|b| {
                         pause.map(|g| {
                             let units: Vec<&Compiled> = program
                                 .iter()
                                 .map(|u| match u {
-                                    Unit::Call => &b,
+                                    Unit::Call(k) => &b[*k],
                                     Unit::Gap => &g,
                                 })
                                 .collect();
@@ -632,6 +675,10 @@ where
     sim.run()
 }
 
+/// A flow id's mark for a message's start-up work on shared cores (the
+/// rest of the id is its channel), as against the message on the wire.
+const CPU_WORK: usize = 1 << 40;
+
 struct Sim<'a> {
     model: &'a Model,
     es: f64,
@@ -675,8 +722,12 @@ impl Sim<'_> {
             if tf <= te {
                 let left = self.flows.run_until(tf);
                 self.now = self.flows.now();
-                for c in left {
-                    self.left(c as u32)?;
+                for id in left {
+                    if id & CPU_WORK != 0 {
+                        self.leave((id & !CPU_WORK) as u32);
+                    } else {
+                        self.left(id as u32)?;
+                    }
                 }
             } else {
                 self.flows.run_until(te);
@@ -831,11 +882,17 @@ impl Sim<'_> {
         if m.bytes > self.model.eager(a, b) && m.recv_ready.is_none() {
             return;
         }
+        self.chans[c as usize].busy = true;
+        if self.model.shared_cores.is_some() {
+            let work = self.model.overhead(a, b).max(self.model.loaded_overhead);
+            self.flows
+                .start(CPU_WORK | c as usize, self.model.cpu_route(a), work);
+            return;
+        }
         // The sender's CPU starts messages one at a time.
         let st = &mut self.ranks[a];
         let at = self.now.max(st.inject_free) + self.model.overhead(a, b);
         st.inject_free = at;
-        self.chans[c as usize].busy = true;
         self.push(at, Kind::Leave(c));
     }
 
@@ -1168,6 +1225,36 @@ mod tests {
     }
 
     #[test]
+    fn ranks_sharing_cores_share_their_messages_start_up_work() {
+        // A ring allgather of 4 bytes a rank on 4 hosts: 3 steps, in each of
+        // which every rank starts one message (o = 20 µs, the wire free; the own block's copy adds 1 ns).
+        let ring = |shared_cores, loaded_overhead, o| {
+            let m = Model {
+                tcp_overhead: o,
+                shared_cores,
+                loaded_overhead,
+                ..Model::flat(Topology::from_hosts(&[0, 1, 2, 3]), 1e15, 0.0)
+            };
+            run(CollKind::AllGather, Algo::Ring, vec![1; 4], &m)
+        };
+        // A core each: a step is one start-up.
+        let t = ring(None, 0.0, 20e-6);
+        assert!(close(t, 3.0 * 20e-6, 1e-4), "{t}");
+        // Two cores for four ranks: each step's four start-ups take two
+        // start-ups' time; one core, four.
+        let t = ring(Some(2.0), 0.0, 20e-6);
+        assert!(close(t, 3.0 * 40e-6, 1e-4), "{t}");
+        let t = ring(Some(1.0), 0.0, 20e-6);
+        assert!(close(t, 3.0 * 80e-6, 1e-4), "{t}");
+        // Eight cores: no rank waits for one (a core at most per message).
+        let t = ring(Some(8.0), 0.0, 20e-6);
+        assert!(close(t, 3.0 * 20e-6, 1e-4), "{t}");
+        // A busy machine's floor applies where the transport's own cost is less.
+        let t = ring(Some(2.0), 10e-6, 1e-6);
+        assert!(close(t, 3.0 * 20e-6, 1e-4), "{t}");
+    }
+
+    #[test]
     fn a_shaped_link_passes_its_burst_at_peak_then_its_rate() {
         // 1 ms of a 125 MB/s link's credit (125 kB) passed at 1.5 GB/s: it
         // drains at 1.375 GB/s, so for 125e3 / 1.375e9 s at the peak, then
@@ -1225,8 +1312,8 @@ mod tests {
             };
             build_on(&args, r, &m.topo, Algo::BinomialTree).map_err(|e| e.to_string())
         };
-        let program = [Unit::Gap, Unit::Call].repeat(20);
-        let o = simulate_program(bcast, barrier, &program, &m, 4).unwrap();
+        let program = [Unit::Gap, Unit::Call(0)].repeat(20);
+        let o = simulate_program(|r, _| bcast(r), barrier, &program, &m, 4).unwrap();
         assert_eq!(o.call_ends.len(), 40);
         let timed = o.call_ends[39] - o.call_ends[38];
         assert!(

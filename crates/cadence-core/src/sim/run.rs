@@ -113,7 +113,7 @@ impl Cluster {
         }
         let calls = calls.max(1);
         let samples = if shaped { 8 } else { 2 };
-        let sample = std::iter::once(Unit::Gap).chain(std::iter::repeat_n(Unit::Call, calls));
+        let sample = std::iter::once(Unit::Gap).chain(std::iter::repeat_n(Unit::Call(0), calls));
         let program: Vec<Unit> = sample.collect::<Vec<_>>().repeat(samples);
         let bargs = CollArgs {
             kind: CollKind::Barrier,
@@ -122,12 +122,105 @@ impl Cluster {
         };
         let (balgo, _) = select_algo_on(&AlgoOverride::default(), &bargs, &self.auto, 1, None)?;
         let barrier = |r| schedule::build_on(&bargs, r, topo, balgo).map_err(|e| e.to_string());
-        let mut o = simulate_program(build, barrier, &program, &self.model, elem_size)?;
+        let mut o = simulate_program(|r, _| build(r), barrier, &program, &self.model, elem_size)?;
         let ends = &o.call_ends;
         let last = ends.len() - 1;
         // ends[last - calls]: the last sample's barrier.
         o.seconds = (ends[last] - ends[last - calls]) / calls as f64;
         Ok((algo, o))
+    }
+}
+
+/// How `cadence bench` times one size: `warmup` calls of each algorithm,
+/// then `rounds` samples of each of a barrier and `calls` calls back to back.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchTiming {
+    pub calls: usize,
+    pub rounds: usize,
+    pub warmup: usize,
+}
+
+impl Cluster {
+    /// `cadence bench --algo A,B,...` on this cluster, timed as it times
+    /// them (`timing`): each algorithm's `warmup` calls (None: the
+    /// library's choice), then `rounds` rounds in which each algorithm in turn (round i starts
+    /// with algorithm i mod n) runs a sample, the library's barrier then
+    /// `calls` calls back to back. Shaped links carry their buckets' state
+    /// through all of it, so an algorithm's samples start with what the
+    /// one before it left. Returns, per algorithm, what ran and the median
+    /// of its samples' seconds per call.
+    pub fn run_turns(
+        &self,
+        kind: CollKind,
+        count: usize,
+        elem_size: usize,
+        algos: &[Option<Algo>],
+        timing: BenchTiming,
+    ) -> Result<Vec<(Algo, f64)>, String> {
+        let BenchTiming {
+            calls,
+            rounds,
+            warmup,
+        } = timing;
+        let args = args_for(kind, self.nranks(), count)?;
+        let topo: &Topology = &self.auto.topo;
+        let chosen: Vec<Algo> = algos
+            .iter()
+            .map(|&a| select_algo_on(&AlgoOverride::default(), &args, &self.auto, elem_size, a))
+            .map(|r| r.map(|(a, _)| a))
+            .collect::<Result<_, _>>()?;
+        let n = chosen.len();
+        if n == 0 || rounds == 0 {
+            return Err("no algorithm or no round to time".into());
+        }
+        let calls = calls.max(1);
+        let mut program: Vec<Unit> = (0..n)
+            .flat_map(|k| std::iter::repeat_n(Unit::Call(k), warmup))
+            .collect();
+        // Where each sample starts in the program: (algorithm, index of its Gap).
+        let mut samples = Vec::with_capacity(rounds * n);
+        for i in 0..rounds {
+            for j in 0..n {
+                let k = (i + j) % n;
+                samples.push((k, program.len()));
+                program.push(Unit::Gap);
+                program.extend(std::iter::repeat_n(Unit::Call(k), calls));
+            }
+        }
+        let bargs = CollArgs {
+            kind: CollKind::Barrier,
+            root: 0,
+            counts: vec![],
+        };
+        let (balgo, _) = select_algo_on(&AlgoOverride::default(), &bargs, &self.auto, 1, None)?;
+        let barrier = |r| schedule::build_on(&bargs, r, topo, balgo).map_err(|e| e.to_string());
+        let build =
+            |r, k: usize| schedule::build_on(&args, r, topo, chosen[k]).map_err(|e| e.to_string());
+        let o = simulate_program(build, barrier, &program, &self.model, elem_size)?;
+        let ends = &o.call_ends;
+        let mut per_algo: Vec<Vec<f64>> = vec![Vec::new(); n];
+        for (k, gap) in samples {
+            per_algo[k].push((ends[gap + calls] - ends[gap]) / calls as f64);
+        }
+        Ok(chosen
+            .into_iter()
+            .zip(per_algo)
+            .map(|(a, mut t)| {
+                t.sort_by(f64::total_cmp);
+                (a, median(&t))
+            })
+            .collect())
+    }
+}
+
+/// The median of sorted `t` (the mean of the middle two for an even count,
+/// as Python's `statistics.median`, which `cadence bench` reports).
+fn median(t: &[f64]) -> f64 {
+    let m = t.len() / 2;
+    if t.len() % 2 == 1 {
+        t[m]
+    } else {
+        (t[m - 1] + t[m]) / 2.0
     }
 }
 
@@ -241,6 +334,40 @@ mod tests {
         );
         let e = c.run(CollKind::AllGather, 3, 4, None, 1).unwrap_err();
         assert!(e.contains("hold nothing"), "{e}");
+    }
+
+    #[test]
+    fn algorithms_in_turns_time_as_alone_where_links_keep_no_credit() {
+        // Unshaped links carry nothing from one sample to the next: each
+        // algorithm's median sample in turns is its time alone (a barrier,
+        // then the calls), which checks which sample is whose.
+        let text = r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4,
+            "nic": {"rate": "10gbit", "latency_us": 20}}"#;
+        let c = Cluster::new(parse(text, Path::new("s.json"), None).unwrap());
+        let algos = [Some(Algo::Ring), Some(Algo::Direct), None];
+        let timing = BenchTiming {
+            calls: 2,
+            rounds: 5,
+            warmup: 1,
+        };
+        let turns = c
+            .run_turns(CollKind::AllGather, 1 << 16, 4, &algos, timing)
+            .unwrap();
+        assert_eq!(turns.len(), 3);
+        for (&a, &(ran, t)) in algos.iter().zip(&turns) {
+            let (alone_ran, o) = c.run(CollKind::AllGather, 1 << 16, 4, a, 2).unwrap();
+            assert_eq!(ran, alone_ran);
+            assert!(
+                (t - o.seconds).abs() <= 1e-9 * o.seconds,
+                "{ran:?}: {t} vs {o:?}"
+            );
+        }
+        assert!(
+            turns[0].1 != turns[1].1,
+            "ring and direct took the same time"
+        );
+        let e = c.run_turns(CollKind::AllGather, 1 << 16, 4, &[], timing);
+        assert!(e.is_err());
     }
 
     #[test]

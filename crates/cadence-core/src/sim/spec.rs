@@ -33,6 +33,11 @@
 //!   and the transports' buffering cost (defaults: 10 GB/s, 1 µs latency,
 //!   0.2 µs overhead, 4 GB/s,
 //!   4 MiB over TCP, 256 KiB in shared memory). Calibration writes these.
+//!   `cpu` may also say `"shared_cores": 2` (every rank of the cluster
+//!   runs on those cores: an emulated cluster on one machine) and
+//!   `"loaded_overhead_us"` (what a message costs those cores at least when
+//!   every rank is busy); `cadence sim calibrate` writes both where the
+//!   ranks outnumber the machine's cores.
 //! - **shaper** (optional): the NICs and uplinks are shaped by token
 //!   buckets, as `tc tbf` shapes the emulated cluster's (`cadence sim
 //!   --cluster` writes it): after an idle spell a link passes `burst_us` of
@@ -176,12 +181,22 @@ fn default_shm_overhead() -> f64 {
 pub struct Cpu {
     #[serde(default = "default_reduce")]
     pub reduce: String,
+    /// Cores every rank of the cluster shares (an emulated cluster on one
+    /// machine); absent: each rank has a core of its own.
+    #[serde(default)]
+    pub shared_cores: Option<f64>,
+    /// With `shared_cores`: the core time (µs) every message costs at least
+    /// when all ranks are busy (`cadence sim calibrate` measures it).
+    #[serde(default)]
+    pub loaded_overhead_us: f64,
 }
 
 impl Default for Cpu {
     fn default() -> Cpu {
         Cpu {
             reduce: default_reduce(),
+            shared_cores: None,
+            loaded_overhead_us: 0.0,
         }
     }
 }
@@ -478,6 +493,13 @@ fn build(spec: &Spec, file: Option<TopoFile>, ranks: Option<usize>) -> Result<Lo
         model.mem_rate = rate(m, "shm.host_memory")?;
     }
     model.gamma = 1.0 / rate(&spec.cpu.reduce, "cpu.reduce")?;
+    if let Some(c) = spec.cpu.shared_cores {
+        if !(c.is_finite() && c >= 1.0) {
+            return Err(format!("cpu.shared_cores: {c} (at least 1 core)"));
+        }
+        model.shared_cores = Some(c);
+    }
+    model.loaded_overhead = latency(spec.cpu.loaded_overhead_us, "cpu.loaded_overhead_us")?;
     model.tcp_eager = spec.eager.tcp.bytes("eager.tcp")?;
     model.shm_eager = spec.eager.shm.bytes("eager.shm")?;
     if let Some(sh) = &spec.shaper {
@@ -595,6 +617,12 @@ mod tests {
                     "shaper": {"burst_us": -1, "peak": "1GB/s"}}"#,
                 None,
                 "shaper.burst_us: -1 must be a latency",
+            ),
+            (
+                r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4, "nic": {"rate": "1gbit"},
+                    "cpu": {"shared_cores": 0.5}}"#,
+                None,
+                "cpu.shared_cores: 0.5 (at least 1 core)",
             ),
             (
                 r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4, "nic": {"rate": "1gbit"},
