@@ -10,7 +10,7 @@ use crate::comm::order::{choose_by, START_MAX_HOSTS};
 use crate::comm::select::{select_algo_on, Auto};
 use crate::config::AlgoOverride;
 use crate::fabric::file::{TopoFile, KIND, VERSION};
-use crate::schedule::{self, Algo, CollArgs, CostModel, LinkCost, Topology};
+use crate::schedule::{self, Algo, CollArgs, CostModel, LinkCost, Schedule, Topology};
 use crate::types::CollKind;
 use std::sync::Arc;
 
@@ -82,6 +82,18 @@ impl Cluster {
         self.model.topo.nranks()
     }
 
+    /// Rank r's schedule of the library's barrier on this cluster: what
+    /// `cadence bench` runs between samples.
+    fn barrier(&self) -> Result<impl Fn(usize) -> Result<Schedule, String> + Sync + '_, String> {
+        let args = CollArgs {
+            kind: CollKind::Barrier,
+            root: 0,
+            counts: vec![],
+        };
+        let (algo, _) = select_algo_on(&AlgoOverride::default(), &args, &self.auto, 1, None)?;
+        Ok(move |r| schedule::build_on(&args, r, &self.auto.topo, algo).map_err(|e| e.to_string()))
+    }
+
     /// Simulates `kind` on a full buffer of `count` elements of
     /// `elem_size` bytes (as `cadence bench` sizes them) with `algo`, or
     /// the library's choice when None; returns what ran and the outcome.
@@ -115,13 +127,7 @@ impl Cluster {
         let samples = if shaped { 8 } else { 2 };
         let sample = std::iter::once(Unit::Gap).chain(std::iter::repeat_n(Unit::Call(0), calls));
         let program: Vec<Unit> = sample.collect::<Vec<_>>().repeat(samples);
-        let bargs = CollArgs {
-            kind: CollKind::Barrier,
-            root: 0,
-            counts: vec![],
-        };
-        let (balgo, _) = select_algo_on(&AlgoOverride::default(), &bargs, &self.auto, 1, None)?;
-        let barrier = |r| schedule::build_on(&bargs, r, topo, balgo).map_err(|e| e.to_string());
+        let barrier = self.barrier()?;
         let mut o = simulate_program(|r, _| build(r), barrier, &program, &self.model, elem_size)?;
         let ends = &o.call_ends;
         let last = ends.len() - 1;
@@ -187,13 +193,7 @@ impl Cluster {
                 program.extend(std::iter::repeat_n(Unit::Call(k), calls));
             }
         }
-        let bargs = CollArgs {
-            kind: CollKind::Barrier,
-            root: 0,
-            counts: vec![],
-        };
-        let (balgo, _) = select_algo_on(&AlgoOverride::default(), &bargs, &self.auto, 1, None)?;
-        let barrier = |r| schedule::build_on(&bargs, r, topo, balgo).map_err(|e| e.to_string());
+        let barrier = self.barrier()?;
         let build =
             |r, k: usize| schedule::build_on(&args, r, topo, chosen[k]).map_err(|e| e.to_string());
         let o = simulate_program(build, barrier, &program, &self.model, elem_size)?;
