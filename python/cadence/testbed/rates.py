@@ -121,9 +121,9 @@ def pure_ack_matches() -> list[list[str]]:
     A class for "packets under 128 bytes", as before, also took a small
     message's data segment past the data of the same connection queued in
     the data class: the receiver saw it out of order, SACKed, and the
-    sender retransmitted spuriously and cut its window; 64 KiB recursive
-    doubling allreduces on 4 × 2 ranks then stalled 10-300 ms now and then
-    (151 fast retransmits, every one answered by a D-SACK, in one run)."""
+    sender retransmitted spuriously and cut its window (151 fast
+    retransmits, every one answered by a D-SACK, in one run of 64 KiB
+    recursive doubling allreduces on 4 × 2 ranks; none with these)."""
     return [
         ["match", "u8", "0x45", "0xff", "at", "0",  # IPv4, 20-byte header
          "match", "u8", "0x06", "0xff", "at", "9",  # TCP

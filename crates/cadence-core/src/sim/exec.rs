@@ -677,7 +677,7 @@ where
 
 /// A flow id's mark for a message's start-up work on shared cores (the
 /// rest of the id is its channel), as against the message on the wire.
-const CPU_WORK: usize = 1 << 40;
+const CPU_WORK: usize = 1 << (usize::BITS - 1);
 
 struct Sim<'a> {
     model: &'a Model,
@@ -1227,7 +1227,8 @@ mod tests {
     #[test]
     fn ranks_sharing_cores_share_their_messages_start_up_work() {
         // A ring allgather of 4 bytes a rank on 4 hosts: 3 steps, in each of
-        // which every rank starts one message (o = 20 µs, the wire free; the own block's copy adds 1 ns).
+        // which every rank starts one message (o = 20 µs, the wire free;
+        // the own block's copy adds 1 ns).
         let ring = |shared_cores, loaded_overhead, o| {
             let m = Model {
                 tcp_overhead: o,
