@@ -391,6 +391,13 @@ def _realize(cluster: Cluster, present: set[str]) -> None:
         # without IPv6 has no such key.
         iproute.in_netns(ns, "sysctl", "-q", "-e", "-w", "net.ipv6.conf.all.disable_ipv6=1",
                          "net.ipv6.conf.default.disable_ipv6=1")  # fmt: skip
+        # No TCP autocorking: it holds a small write back while the
+        # connection's earlier packets have not left the host. A real NIC
+        # sends them within microseconds; here they wait in the shaper's
+        # queue, milliseconds at the link's rate, and 64 KiB recursive
+        # doubling allreduces on 4 x 2 ranks stalled 100-300 ms now and
+        # then (p99 87-166 ms against 4-18 ms without it; docs/benchmarks.md).
+        iproute.in_netns(ns, "sysctl", "-q", "-e", "-w", "net.ipv4.tcp_autocorking=0")
         iproute.ip(ns, "link", "set", "lo", "up")
     sw = cluster.switch
     mtu = ("mtu", str(cluster.mtu))
