@@ -150,7 +150,8 @@ def test_the_ack_class_takes_pure_acks_and_no_segment_with_data():
     # connection sent before it: in the ACK class it overtook them, the
     # receiver saw it out of order and SACKed, and the sender retransmitted
     # what had not been lost (the old rule took every packet under 128
-    # bytes; 64 KiB recursive doubling allreduces on 4 x 2 ranks stalled).
+    # bytes: 151 spurious fast retransmits in one run of 64 KiB recursive
+    # doubling allreduces on 4 x 2 ranks).
     cmds = Bucket.for_rate(10**9, 1500).tc_commands("eth0")
     filters = [c for c in cmds if c[0] == "filter"]
     assert filters and all(c[-2:] == ["flowid", "1:10"] for c in filters)
