@@ -191,3 +191,34 @@ def check_matrix_single_copy(comm, counts, dtypes):
     links = comm.dump_records()["links"]
     single = sum(link["single_copy_sent"] for link in links if link["transport"] == "shm")
     return failures, single
+
+
+def check_direct_fold_order(comm, count):
+    """Direct allreduce and reduce_scatter on random float32: every element
+    of owner r's block must have exactly the bits of adding the
+    contributions in peer order, own first, then r+1, r+2, ... (folds run as
+    their data lands, chunks arrive out of order over several streams, and
+    float addition is not associative: any other order shows)."""
+    n, r = comm.size, comm.rank
+    failures = []
+    ins = [np.random.default_rng([q, count, 11]).standard_normal(count).astype(np.float32)
+           for q in range(n)]
+
+    def in_peer_order(owner, lo, hi):
+        acc = ins[owner][lo:hi].copy()
+        for k in range(1, n):
+            acc = acc + ins[(owner + k) % n][lo:hi]
+        return acc
+
+    x = ins[r].copy()
+    comm.allreduce(x, algo="direct")
+    for owner in range(n):
+        lo, hi = owner * count // n, (owner + 1) * count // n
+        if not np.array_equal(x[lo:hi], in_peer_order(owner, lo, hi)):
+            failures.append(f"direct allreduce: block {owner} not summed in peer order")
+    counts = _counts(n, count, 5)
+    out = comm.reduce_scatterv(ins[r], counts, algo="direct")
+    lo = sum(counts[:r])
+    if not np.array_equal(out, in_peer_order(r, lo, lo + counts[r])):
+        failures.append(f"direct reduce_scatterv counts={counts}: not summed in peer order")
+    return failures

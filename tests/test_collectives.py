@@ -4,6 +4,7 @@ for rank counts that are and are not powers of two."""
 import pytest
 from checks import (
     check_algorithms,
+    check_direct_fold_order,
     check_matrix,
     check_matrix_single_copy,
     check_one_algorithm,
@@ -94,6 +95,19 @@ def test_tiny_slots_and_many_streams(transport):
         env={"CADENCE_SHM_SLOT_BYTES": "4096", "CADENCE_SHM_SLOTS": "2",
              "CADENCE_NSTREAMS": "3"},
         args=([7, 4097, 300007], ["float32", "float16", "int64"], ()), timeout=600))
+    failures = {r: f for r, f in res.items() if f}
+    assert not failures, "\n".join(f"rank {r}: {x}" for r, fs in failures.items() for x in fs)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "mixed"])
+def test_direct_folds_contributions_in_peer_order(transport):
+    """5 ranks, 1.2 Mi float32 (each block ~15 TCP chunks, striped over 3
+    streams; single copy on shared memory from 1 KiB): the owners' sums have
+    the bits of peer order."""
+    res = assert_all_ok(run_ranks(
+        check_direct_fold_order, 5, transport=transport,
+        env={"CADENCE_NSTREAMS": "3", "CADENCE_SHM_CMA_MIN": "1K"},
+        args=(1_200_007,), timeout=600))
     failures = {r: f for r, f in res.items() if f}
     assert not failures, "\n".join(f"rank {r}: {x}" for r, fs in failures.items() for x in fs)
 

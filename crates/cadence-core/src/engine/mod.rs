@@ -515,6 +515,7 @@ impl Engine {
             recv_ranges,
             first_send,
             first_recv,
+            folds,
         } = jobs;
         let dtype = meta.dtype;
         let mut cur = 0; // the oldest phase with unfinished transfers
@@ -536,9 +537,13 @@ impl Engine {
         let result = self.drive(sends, recvs, ctx, phase_t0, |eng, sends, recvs| {
             // Admit: the current phase always (its local steps run now, all
             // earlier phases being complete); the one after it only if it
-            // has no local steps.
+            // has no local steps and the current one no folds (which write
+            // until their phase retires, unseen by the hazard check).
             while next < phases.len()
-                && (next == cur || (next == cur + 1 && !has_local_steps(&phases[next])))
+                && (next == cur
+                    || (next == cur + 1
+                        && !has_local_steps(&phases[next])
+                        && !has_folds(&phases[cur])))
             {
                 first_send.push(sends.len());
                 first_recv.push(recvs.len());
@@ -605,14 +610,38 @@ impl Engine {
                                 with,
                             });
                         }
+                        Step::Fold { .. } => {}
+                    }
+                }
+                // A phase with folds is never held (they are local steps),
+                // so they are the current phase's: its receives are in
+                // place now to be found.
+                for step in &phases[next].steps {
+                    if let Step::Fold { src, dst } = *step {
+                        let first = *first_recv.last().expect("pushed above");
+                        folds.push(FoldJob::new(
+                            mem,
+                            src,
+                            dst,
+                            first,
+                            recvs,
+                            recv_ranges,
+                            folds,
+                        )?);
                     }
                 }
                 next += 1;
             }
+            // Folds reduce what has landed since the last turn.
+            let folded = advance_folds(folds, recvs, dtype, elem_op);
             // Retire finished phases; the lookahead phase, if any, becomes
             // the current one and nothing holds its jobs back any more.
             let mut retired = false;
-            while cur < next && phase_done(cur, sends, recvs, first_send, first_recv) {
+            while cur < next
+                && phase_done(cur, sends, recvs, first_send, first_recv)
+                && folds.iter().all(|f| f.done == f.len)
+            {
+                folds.clear();
                 let now = Instant::now();
                 eng.account_phase(sends, recvs, first_send, first_recv, cur, now - phase_t0);
                 phase_t0 = now;
@@ -634,8 +663,9 @@ impl Engine {
                 }
                 return Ok(Turn::Finished);
             }
-            if retired {
-                // Admit what may follow before moving anything.
+            if retired || folded {
+                // Admit what may follow before moving anything; after a
+                // fold, count it as progress (the wait starts over).
                 return Ok(Turn::Again);
             }
             if next == cur + 2 && held_left > 0 {
@@ -1327,6 +1357,8 @@ struct Jobs {
     recv_ranges: Vec<JobRange>,
     first_send: Vec<usize>,
     first_recv: Vec<usize>,
+    /// The current phase's folds.
+    folds: Vec<FoldJob>,
 }
 
 impl Jobs {
@@ -1337,7 +1369,123 @@ impl Jobs {
         self.recv_ranges.clear();
         self.first_send.clear();
         self.first_recv.clear();
+        self.folds.clear();
     }
+}
+
+fn has_folds(p: &crate::schedule::Phase) -> bool {
+    p.steps.iter().any(|s| matches!(s, Step::Fold { .. }))
+}
+
+/// What a fold's next element waits for besides its own receive: the
+/// fold before it into the same destination, or the phase's reducing
+/// receive into it.
+#[derive(Clone, Copy, Debug)]
+enum FoldAfter {
+    Nothing,
+    Fold(usize),
+    Recv(usize),
+}
+
+/// A `Step::Fold` of the current phase: `dst ⊕= src` over the bytes
+/// `done..` as they land (addresses and byte counts).
+#[derive(Clone, Copy, Debug)]
+struct FoldJob {
+    src: usize,
+    dst: usize,
+    len: usize,
+    done: usize,
+    /// The receive landing `src`, an index into the receive list.
+    recv: usize,
+    after: FoldAfter,
+}
+
+impl FoldJob {
+    /// Finds the fold's receive (and its chain predecessor) among the
+    /// receives of the phase starting at `first`, and the folds before it.
+    fn new(
+        mem: &Memory,
+        src: Span,
+        dst: Span,
+        first: usize,
+        recvs: &[(usize, RecvJob)],
+        recv_ranges: &[JobRange],
+        folds: &[FoldJob],
+    ) -> Result<FoldJob, ErrorKind> {
+        let (s, n) = mem.locate(src)?;
+        let (d, m) = mem.locate(dst)?;
+        if n != m || ranges_overlap(s, d, n) {
+            return Err(internal("fold operands differ in length or overlap"));
+        }
+        let (s, d) = (s as usize, d as usize);
+        let recv = (first..recvs.len())
+            .find(|&i| {
+                let r = &recv_ranges[i];
+                r.start == s && r.len == n && recvs[i].1.sink.copies()
+            })
+            .ok_or_else(|| internal("a fold without its phase's receive"))?;
+        let after = if let Some(j) = folds.iter().rposition(|f| f.dst == d) {
+            FoldAfter::Fold(j)
+        } else if let Some(i) =
+            (first..recvs.len()).find(|&i| recv_ranges[i].start == d && !recvs[i].1.sink.copies())
+        {
+            FoldAfter::Recv(i)
+        } else {
+            FoldAfter::Nothing
+        };
+        Ok(FoldJob {
+            src: s,
+            dst: d,
+            len: n,
+            done: 0,
+            recv,
+            after,
+        })
+    }
+}
+
+/// Runs every fold of the phase over the whole elements that have landed
+/// and that its chain predecessor has finished. Returns whether any moved.
+fn advance_folds(
+    folds: &mut [FoldJob],
+    recvs: &[(usize, RecvJob)],
+    dtype: DType,
+    op: ElemOp,
+) -> bool {
+    let esize = dtype.size();
+    let mut moved = false;
+    for k in 0..folds.len() {
+        let f = folds[k];
+        if f.done == f.len {
+            continue;
+        }
+        let mut limit = recvs[f.recv].1.landed();
+        match f.after {
+            FoldAfter::Nothing => {}
+            FoldAfter::Fold(j) => limit = limit.min(folds[j].done),
+            FoldAfter::Recv(i) => limit = limit.min(recvs[i].1.landed()),
+        }
+        limit -= limit % esize;
+        if limit <= f.done {
+            continue;
+        }
+        // SAFETY: both spans were bounds-checked by `locate` and do not
+        // overlap (`FoldJob::new`). `src[done..limit]` has landed: its
+        // receive writes it no more. `dst` is written during the phase only
+        // by the folds of its chain and the one reducing receive into it
+        // (verified schedule rule), and the chain order keeps this fold
+        // behind both over `done..limit`; the engine's one thread runs them.
+        let (from, into) = unsafe {
+            (
+                std::slice::from_raw_parts((f.src + f.done) as *const u8, limit - f.done),
+                std::slice::from_raw_parts_mut((f.dst + f.done) as *mut u8, limit - f.done),
+            )
+        };
+        reduce::reduce_inplace(dtype, op, into, from);
+        folds[k].done = limit;
+        moved = true;
+    }
+    moved
 }
 
 /// The memory one transfer touches, for the lookahead's hazard check: a

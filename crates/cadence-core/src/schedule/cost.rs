@@ -288,7 +288,7 @@ fn phase_loads(s: &Schedule, topo: &Topology, net: Option<&Network>, es: usize) 
                             p.local_bytes += dst.len * es;
                         }
                     }
-                    Step::Copy { src, .. } | Step::Reduce { src, .. } => {
+                    Step::Copy { src, .. } | Step::Reduce { src, .. } | Step::Fold { src, .. } => {
                         p.local_bytes += src.len * es;
                     }
                 }

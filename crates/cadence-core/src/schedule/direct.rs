@@ -17,14 +17,16 @@
 //! The owner receives n-1 contributions to its block in one phase; they cannot
 //! all reduce into one span at once, so the first peer's reduces on arrival
 //! (`block = Input ⊕ incoming`, no copy of Input) and the others land in slots
-//! that the next phase reduces in peer order. The owner alone computes its
-//! block, so every rank ends with the same bits.
+//! that are folded into the block in peer order as they land (`Step::Fold`:
+//! each element gets the contributions in the same order whenever its bytes
+//! come in). The owner alone computes its block, so every rank ends with the
+//! same bits.
 //!
 //! Two latencies for allreduce, and each rank sends 2(n-1)/n of the buffer,
 //! but as n-1 concurrent messages: for medium buffers on few ranks.
 
 use super::ir::{Buf, Span};
-use super::plan::{Blocks, PhaseBuilder, Plan};
+use super::plan::{Blocks, Plan};
 
 /// The peers of rank r in visiting order, with their distance k = 1..n.
 fn peers(r: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -33,7 +35,8 @@ fn peers(r: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
 
 /// First stage of allreduce and reduce_scatter: send block p of Input to each
 /// owner p, and gather the contributions to this rank's block: the first
-/// peer's reduced into `dst` on arrival, the others into slots.
+/// peer's reduced into `dst` on arrival, the others into slots, folded into
+/// `dst` in peer order as they land.
 fn reduce_to_owners(plan: &mut Plan, blocks: &Blocks, dst: Span) {
     let (r, n) = (plan.rank, plan.nranks);
     let own = blocks.span(Buf::Input, r);
@@ -47,18 +50,14 @@ fn reduce_to_owners(plan: &mut Plan, blocks: &Blocks, dst: Span) {
             phase.recv(p, slot(k, own.len));
         }
     }
+    for k in 2..n {
+        phase.fold(slot(k, own.len), dst);
+    }
 }
 
 /// Where the peer at distance k ≥ 2 leaves its contribution.
 fn slot(k: usize, len: usize) -> Span {
     Span::scratch((k - 2) * len, len)
-}
-
-/// Local steps that finish `dst` by reducing the slots, in peer order.
-fn reduce_slots(phase: &mut PhaseBuilder<'_>, n: usize, dst: Span) {
-    for k in 2..n {
-        phase.reduce(slot(k, dst.len), dst);
-    }
 }
 
 /// Allreduce: reduce each chunk at its owner, then every owner sends its
@@ -69,7 +68,6 @@ pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
     let own = chunks.span(Buf::Output, r);
     reduce_to_owners(plan, &chunks, own);
     let mut phase = plan.phase();
-    reduce_slots(&mut phase, n, own);
     for (_, p) in peers(r, n) {
         phase.send(p, own).recv(p, chunks.span(Buf::Output, p));
     }
@@ -77,11 +75,9 @@ pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
 
 /// Reduce-scatter: the first stage of allreduce over the ranks' blocks.
 pub(crate) fn reduce_scatter(plan: &mut Plan, counts: &[usize]) {
-    let n = plan.nranks;
     let blocks = Blocks::of_counts(counts);
     let dst = Span::output(0, counts[plan.rank]);
     reduce_to_owners(plan, &blocks, dst);
-    reduce_slots(&mut plan.phase(), n, dst);
 }
 
 /// Allgather: every rank sends its Input to every peer and copies it into its

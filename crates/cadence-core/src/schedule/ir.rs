@@ -9,8 +9,17 @@
 //!   into another.
 //! - **phase**: a group of steps that run together. The engine first runs the
 //!   phase's local steps (`Copy`, `Reduce`) in the order listed, then progresses
-//!   all its `Send`s and `Recv`s concurrently and finishes the phase when all of
-//!   them are done. Phases run strictly one after another.
+//!   all its `Send`s and `Recv`s concurrently, runs its `Fold`s as their data
+//!   lands, and finishes the phase when all of them are done. Phases run
+//!   strictly one after another.
+//! - **fold**: `dst = dst ⊕ src`, where `src` is exactly the span a `Recv` of
+//!   the same phase lands. The engine reduces each piece of `src` as soon as
+//!   it has landed, so a rank that gathers several contributions to one span
+//!   adds them while later bytes still arrive instead of after the phase.
+//!   The folds into one `dst` form a **chain**: element by element they run
+//!   in step order, after the phase's reducing `Recv` into `dst` (if any)
+//!   has landed that element. So the result has the same bits as reducing
+//!   the contributions one after another once all had arrived.
 //! - **channel order**: messages between two ranks are FIFO. The k-th `Send` from
 //!   rank a to rank b (counting over the whole schedule, in phase order, then
 //!   step order) is received by the k-th `Recv` at b from a, and both carry the
@@ -27,6 +36,11 @@
 //!   engine skips;
 //! - for Reduce, non-root ranks never write `Output` (in an in-place call it
 //!   is the user's tensor; partial results live in `Scratch`);
+//! - a `Fold`'s `src` is the whole destination of one `Recv` of its phase
+//!   that does not reduce, and no other fold reads it; its `dst` is either
+//!   disjoint from every other span of the phase's transfers or exactly the
+//!   destination of the phase's one reducing `Recv` into it; two folds'
+//!   destinations are equal or disjoint;
 //! - a phase may only complete when the peers it talks to are in the phases
 //!   holding the matching steps (transfers are rendezvous: a large message only
 //!   completes while the receiver consumes it), so no cyclic wait exists.
@@ -97,6 +111,9 @@ pub enum Step {
     Copy { src: Span, dst: Span },
     /// Local reduction, `dst = dst ⊕ src` (same length, no overlap).
     Reduce { src: Span, dst: Span },
+    /// `dst = dst ⊕ src` while `src`'s `Recv` in this phase lands, in chain
+    /// order (see the module comment).
+    Fold { src: Span, dst: Span },
 }
 
 impl Step {

@@ -605,6 +605,8 @@ impl<'a> World<'a> {
             for (q, phase) in sched.phases.iter().enumerate() {
                 // The phase's transfer spans: (step, span, written).
                 let mut transfers: Vec<(usize, Span, bool)> = Vec::new();
+                // The phase's folds: (step, src, dst).
+                let mut folds: Vec<(usize, Span, Span)> = Vec::new();
                 for (i, step) in phase.steps.iter().enumerate() {
                     let at = At {
                         rank: r,
@@ -699,8 +701,19 @@ impl<'a> World<'a> {
                                 return Err(overlap("reduce", src, dst));
                             }
                         }
+                        Step::Fold { src, dst } => {
+                            in_bounds(src)?;
+                            in_bounds(dst)?;
+                            writable(dst)?;
+                            same_len(src, dst)?;
+                            if phys(src, layout).overlaps(&phys(dst, layout)) {
+                                return Err(overlap("fold", src, dst));
+                            }
+                            folds.push((i, *src, *dst));
+                        }
                     }
                 }
+                check_folds(r, q, &phase.steps, &folds, &transfers, layout)?;
                 // A span written by a Recv overlaps no other span of the
                 // phase's transfers: they all run at the same time.
                 for &(i, written, is_write) in &transfers {
@@ -750,7 +763,7 @@ impl<'a> World<'a> {
                     match step {
                         Step::Send { peer, src } => sends[r * n + peer].push((at, src.len)),
                         Step::Recv { peer, dst, .. } => recvs[peer * n + r].push((at, dst.len)),
-                        Step::Copy { .. } | Step::Reduce { .. } => {}
+                        Step::Copy { .. } | Step::Reduce { .. } | Step::Fold { .. } => {}
                     }
                 }
                 of_rank.push(vec![None; phase.steps.len()]);
@@ -790,6 +803,73 @@ impl<'a> World<'a> {
         }
         Ok(partner)
     }
+}
+
+/// The rules on a phase's folds (`ir.rs`): each reads the whole landing
+/// span of one non-reducing `Recv` of the phase, no two read the same one,
+/// and each writes a span that no transfer of the phase touches except the
+/// one reducing `Recv` into exactly that span, and that no other fold reads
+/// and every other fold writes exactly or not at all.
+fn check_folds(
+    rank: usize,
+    phase: usize,
+    steps: &[Step],
+    folds: &[(usize, Span, Span)],
+    transfers: &[(usize, Span, bool)],
+    layout: Layout,
+) -> Result<(), Fault> {
+    let fault = |step: usize, what: String| Fault::Overlap {
+        at: At { rank, phase, step },
+        what: format!("{what} ({layout})"),
+    };
+    for (k, &(i, src, dst)) in folds.iter().enumerate() {
+        let lands = steps
+            .iter()
+            .any(|s| matches!(s, Step::Recv { dst: d, reduce_with: None, .. } if *d == src));
+        if !lands {
+            return Err(fault(
+                i,
+                format!("Fold from {src:?}: no Recv of its phase lands exactly that span"),
+            ));
+        }
+        let (ps, pd) = (phys(&src, layout), phys(&dst, layout));
+        for &(j, other, _) in transfers {
+            if !phys(&other, layout).overlaps(&pd) {
+                continue;
+            }
+            let reduces_into_dst = matches!(
+                steps[j],
+                Step::Recv { dst: d, reduce_with: Some(_), .. } if d == dst
+            );
+            if !reduces_into_dst {
+                return Err(fault(
+                    i,
+                    format!(
+                        "Fold into {dst:?} overlaps {other:?} of step {j}, which runs meanwhile"
+                    ),
+                ));
+            }
+        }
+        for &(j, src2, dst2) in &folds[k + 1..] {
+            let (ps2, pd2) = (phys(&src2, layout), phys(&dst2, layout));
+            if ps2 == ps {
+                return Err(fault(j, format!("two folds read {src2:?}")));
+            }
+            if pd2.overlaps(&ps) || ps2.overlaps(&pd) {
+                return Err(fault(
+                    j,
+                    format!("Fold into {dst2:?} and fold from {src:?} overlap one another"),
+                ));
+            }
+            if pd2 != pd && pd2.overlaps(&pd) {
+                return Err(fault(
+                    j,
+                    format!("Fold into {dst2:?} partly overlaps fold into {dst:?}"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `partner[rank][phase][step]`: the step a transfer pairs with.
@@ -1054,7 +1134,7 @@ impl<'w> Sim<'w> {
                     let (old, add) = (self.read(r, dst), self.read(r, src));
                     self.combine_into(r, dst, &old, &add, at)?;
                 }
-                Step::Send { .. } | Step::Recv { .. } => {}
+                Step::Send { .. } | Step::Recv { .. } | Step::Fold { .. } => {}
             }
         }
         for (i, step) in phase.steps.iter().enumerate() {
@@ -1110,6 +1190,20 @@ impl<'w> Sim<'w> {
                 }
             }
             self.clock[r] |= clock;
+        }
+        // Folds take effect after every receive, in step order: element by
+        // element that is the order the engine's chains keep.
+        for (i, step) in phase.steps.iter().enumerate() {
+            let Step::Fold { src, dst } = step else {
+                continue;
+            };
+            let at = At {
+                rank: r,
+                phase: q,
+                step: i,
+            };
+            let (old, add) = (self.read(r, dst), self.read(r, src));
+            self.combine_into(r, dst, &old, &add, at)?;
         }
         self.pc[r] += 1;
         self.started[r] = false;
@@ -1760,6 +1854,57 @@ mod tests {
                 .contains("rank 0 phase 0 step 1 waits for rank 1 to reach phase 1"),
             "{e}"
         );
+    }
+
+    fn is_fold(s: &Step) -> bool {
+        matches!(s, Step::Fold { .. })
+    }
+
+    #[test]
+    fn applies_folds_after_the_receives_of_their_phase() {
+        // Direct allreduce folds n-2 contributions per owner; without the
+        // last of them rank 1's block misses a rank.
+        let a = args(CollKind::AllReduce, 0, vec![10]);
+        let mut s = schedules(&a, 4, Algo::Direct);
+        assert!(verify_schedules(&a, &s).is_ok());
+        let (q, i) = find(&s[1], 1, is_fold);
+        s[1].phases[q].steps.remove(i);
+        let e = verify_schedules(&a, &s).unwrap_err();
+        assert!(matches!(e.fault, Fault::WrongResult { .. }), "{e}");
+    }
+
+    #[test]
+    fn catches_a_fold_that_no_receive_lands() {
+        let a = args(CollKind::AllReduce, 0, vec![10]);
+        let mut s = schedules(&a, 4, Algo::Direct);
+        let (q, i) = find(&s[2], 0, is_fold);
+        if let Step::Fold { src, .. } = &mut s[2].phases[q].steps[i] {
+            src.off += 1;
+        }
+        let e = verify_schedules(&a, &s).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("no Recv of its phase lands exactly that span"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn catches_a_fold_into_what_a_receive_writes_meanwhile() {
+        // Rank 0's first fold (from the first slot) into the second slot,
+        // which a receive of the same phase lands.
+        let a = args(CollKind::AllReduce, 0, vec![12]);
+        let mut s = schedules(&a, 4, Algo::Direct);
+        let (q, i) = find(&s[0], 0, is_fold);
+        if let Step::Fold { src, dst } = &mut s[0].phases[q].steps[i] {
+            *dst = Span::scratch(src.off + src.len, src.len);
+        }
+        let e = verify_schedules(&a, &s).unwrap_err();
+        assert!(
+            matches!(e.fault, Fault::Overlap { at, .. } if at == At { rank: 0, phase: q, step: i }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("which runs meanwhile"), "{e}");
     }
 
     #[test]

@@ -47,7 +47,7 @@
 //! message, not per byte.
 
 use super::flows::{Bucket, Flows};
-use crate::schedule::{Buf, Schedule, Step, Topology};
+use crate::schedule::{Buf, Schedule, Span, Step, Topology};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
@@ -289,6 +289,9 @@ struct Xfer {
 struct Compiled {
     first: Vec<u32>,
     local: Vec<f64>,
+    /// Per phase: whether it folds (`Step::Fold`), so that neither it nor
+    /// the phase after it is admitted ahead, as in the engine.
+    folds: Vec<bool>,
     xfers: Vec<Xfer>,
 }
 
@@ -303,6 +306,7 @@ impl Compiled {
         let mut out = Compiled {
             first: Vec::new(),
             local: Vec::new(),
+            folds: Vec::new(),
             xfers: Vec::new(),
         };
         let mut ends = Vec::with_capacity(units.len());
@@ -310,6 +314,7 @@ impl Compiled {
             let base = out.xfers.len() as u32;
             out.first.extend(u.first.iter().map(|&f| f + base));
             out.local.extend(&u.local);
+            out.folds.extend(&u.folds);
             out.xfers.extend(&u.xfers);
             ends.push(out.first.len());
         }
@@ -340,11 +345,21 @@ fn compile(s: &Schedule) -> Result<Compiled, String> {
     let mut c = Compiled {
         first: Vec::with_capacity(s.phases.len()),
         local: Vec::with_capacity(s.phases.len()),
+        folds: Vec::with_capacity(s.phases.len()),
         xfers: Vec::new(),
     };
     for phase in &s.phases {
         c.first.push(small(c.xfers.len(), "transfer count")?);
         let mut local = 0usize;
+        // A receive that a fold reduces as it lands costs the CPU what a
+        // reducing receive does, and is modeled as one (its operand the
+        // fold's destination).
+        let folded = |span: Span| {
+            phase.steps.iter().find_map(|st| match *st {
+                Step::Fold { src, dst } if src == span => Some(dst),
+                _ => None,
+            })
+        };
         for step in &phase.steps {
             let (peer, span, send, with) = match *step {
                 Step::Send { peer, src } => (peer, src, true, None),
@@ -352,11 +367,12 @@ fn compile(s: &Schedule) -> Result<Compiled, String> {
                     peer,
                     dst,
                     reduce_with,
-                } => (peer, dst, false, reduce_with),
+                } => (peer, dst, false, reduce_with.or_else(|| folded(dst))),
                 Step::Copy { src, .. } | Step::Reduce { src, .. } => {
                     local += src.len;
                     continue;
                 }
+                Step::Fold { .. } => continue,
             };
             c.xfers.push(Xfer {
                 peer: small(peer, "rank")?,
@@ -370,6 +386,8 @@ fn compile(s: &Schedule) -> Result<Compiled, String> {
             });
         }
         c.local.push(local as f64);
+        c.folds
+            .push(phase.steps.iter().any(|st| matches!(st, Step::Fold { .. })));
     }
     Ok(c)
 }
@@ -657,7 +675,9 @@ where
                     }
                 }
                 (0..p.nphases())
-                    .map(|q| p.local[q] > 0.0 || first[q])
+                    .map(|q| {
+                        p.local[q] > 0.0 || first[q] || p.folds[q] || (q > 0 && p.folds[q - 1])
+                    })
                     .collect()
             })
             .collect(),
@@ -683,8 +703,9 @@ struct Sim<'a> {
     model: &'a Model,
     es: f64,
     progs: Vec<Compiled>,
-    /// Per rank and phase: whether the phase has local steps or starts a
-    /// call (then it is never admitted ahead).
+    /// Per rank and phase: whether the phase has local steps, starts a
+    /// call, or folds or follows a phase that does (then it is never
+    /// admitted ahead).
     has_local: Vec<Vec<bool>>,
     /// Per rank, the phase index at which each unit of the program ends;
     /// per unit, when its last rank was done.

@@ -493,6 +493,28 @@ impl RecvJob {
     pub fn moved(&self) -> usize {
         self.got
     }
+
+    /// How many bytes from the start of the message have landed in the
+    /// sink: everything once done; over TCP the leading chunks that are
+    /// complete (streams deliver chunks out of order, `ChunkCursor`); over
+    /// shared memory, which delivers in order, every byte received. A fold
+    /// (`Step::Fold`) may read this prefix while the rest still arrives.
+    pub fn landed(&self) -> usize {
+        if self.done {
+            return self.sink.len();
+        }
+        if self.tcp.nchunks == 0 {
+            return self.got;
+        }
+        let mut whole = 0;
+        for word in &self.tcp.seen {
+            whole += word.trailing_ones() as usize;
+            if *word != u64::MAX {
+                break;
+            }
+        }
+        (whole * tcp::CHUNK_BYTES).min(self.sink.len())
+    }
 }
 
 /// A counter with one writer (the engine, which owns the link; the
