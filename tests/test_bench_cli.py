@@ -687,3 +687,24 @@ def test_fused_operator_bench_refuses_a_bad_shape(tmp_path):
     assert rc == 2 and "gemm_alltoall takes T=N,H=N,O=N,E=N" in output, output
     rc, output, _ = _bench(tmp_path, "--op", "allreduce", "--shape", "M=4")
     assert rc == 2 and "--shape and --tile-rows are for fused operators" in output, output
+
+
+def test_handover_probe_times_two_cores_and_needs_two():
+    """`cadence bench` notes how long two cores take to hand 256 KiB over
+    (it tells whether they share a cache); with one CPU of ours there is
+    no pair to time, and the probe says so instead of timing one core."""
+    import os
+    import subprocess
+    import sys
+
+    from cadence.cli.bench import handover_note, handover_us
+
+    if len(os.sched_getaffinity(0)) >= 2:
+        us = handover_us(rounds=20)
+        assert us is not None and 0 < us < 1e5, us
+    code = ("import os; from cadence.cli.bench import handover_us; "
+            "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(handover_us())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "None", out
+    assert handover_note(36.4, 141.9).startswith(
+        "two cores hand 256 KiB over in 36 µs before the sweep, 142 µs after")

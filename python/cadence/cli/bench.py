@@ -247,6 +247,70 @@ def copy_rate_gbps(nbytes: int, repeats: int = 5) -> float | None:
     return nbytes / statistics.median(times) / 1e9
 
 
+HANDOVER_BYTES = 256 << 10
+
+
+def handover_us(nbytes: int = HANDOVER_BYTES, rounds: int = 200) -> float | None:
+    """How long one core takes to write `nbytes` that another core then
+    reads (median µs; two processes pinned to the first two CPUs we may
+    use, handing the buffer back and forth through shared memory).
+
+    It tells whether those two cores share a cache: on this project's 2-vCPU
+    machine it is about 35 µs when they do and about 130 µs when the
+    hypervisor has put them apart (the round trip of one cache line: 80
+    against 330 ns), and the placement changes from one minute to the next.
+    Every same-host message pays this, so a sweep's times move with it
+    (docs/benchmarks.md, "Two vCPUs that share a cache, or not"). None where
+    fewer than two CPUs are ours or processes cannot fork."""
+    import mmap
+    import os
+
+    import numpy as np
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2 or not hasattr(os, "fork"):
+        return None
+    shared = mmap.mmap(-1, nbytes + 64)
+    flag = np.frombuffer(shared, dtype=np.int64, count=1, offset=nbytes)
+    data = np.frombuffer(shared, dtype=np.uint8, count=nbytes)
+    mine = np.empty(nbytes, dtype=np.uint8)
+    pid = os.fork()
+    if pid == 0:  # the reader: waits for odd, reads, answers with even
+        try:
+            os.sched_setaffinity(0, {cpus[1]})
+            for i in range(rounds):
+                while flag[0] != 2 * i + 1:
+                    pass
+                np.copyto(mine, data)
+                flag[0] = 2 * i + 2
+        finally:
+            os._exit(0)
+    times = []
+    try:
+        os.sched_setaffinity(0, {cpus[0]})
+        for i in range(rounds):
+            t0 = time.perf_counter()
+            data.fill(i & 0xFF)
+            flag[0] = 2 * i + 1
+            deadline = t0 + 5.0
+            while flag[0] != 2 * i + 2:
+                if time.perf_counter() > deadline:
+                    return None
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.sched_setaffinity(0, cpus)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return statistics.median(times) * 1e6
+
+
+def handover_note(before: float, after: float) -> str:
+    return (
+        f"two cores hand {HANDOVER_BYTES >> 10} KiB over in {before:.0f} µs before the sweep, "
+        f"{after:.0f} µs after (several times longer when the two share no cache)"
+    )
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -441,7 +505,13 @@ def run(args: argparse.Namespace) -> int:
         cluster=cluster,
         ranks_per_host=args.ranks_per_host,
     )
+    # Where ranks share this machine's cores, how fast two of them hand data
+    # over, before and after the sweep (it can change meanwhile).
+    local = not cluster and job.nranks > 1
+    handover = [handover_us()] if local else []
     outcomes = sweep(job, args.backends)
+    if local:
+        handover.append(handover_us())
 
     where = (
         f" on cluster {cluster.name} ({len(cluster.hosts)} hosts x {job.ranks_per_host}, "
@@ -460,6 +530,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         copy_gbps = copy_rate_gbps(min(sizes[-1], 64 << 20))
         table = build_table(job, outcomes, copy_gbps)
+        if all(h is not None for h in handover) and handover:
+            table.notes.insert(-1, handover_note(*handover))
     if sys.stdout.isatty():
         print_rich(table, title)
     else:
