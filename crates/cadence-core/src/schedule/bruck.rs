@@ -74,10 +74,14 @@ pub(crate) fn allgather(plan: &mut Plan, counts: &[usize]) {
         let (to, from) = ((r + n - d) % n, (r + d) % n);
         let mut phase = plan.phase();
         if k == 0 {
-            phase.copy(Span::input(0, counts[r]), blocks.span(Buf::Output, r));
-        }
-        for piece in wrapped(&blocks, n, r, m) {
-            phase.send(to, piece);
+            // The own block goes out from Input, not from its fresh copy
+            // (see `ring::allgather_groups` on why).
+            let own = Span::input(0, counts[r]);
+            phase.copy(own, blocks.span(Buf::Output, r)).send(to, own);
+        } else {
+            for piece in wrapped(&blocks, n, r, m) {
+                phase.send(to, piece);
+            }
         }
         for piece in wrapped(&blocks, n, (r + d) % n, m) {
             phase.recv(from, piece);

@@ -135,17 +135,25 @@ fn allreduce_region(plan: &mut Plan, topo: &Topology, off: usize, len: usize) {
 pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
     let r = plan.rank;
     let blocks = Blocks::of_counts(counts);
-    // The own block is copied first, so it leaves from Output like every
-    // other.
-    plan.phase()
-        .copy(Span::input(0, counts[r]), blocks.span(Buf::Output, r));
+    // The own block is copied to Output first; the cross-host ring's first
+    // step sends it from Input (`allgather_groups`).
+    let own = Span::input(0, counts[r]);
+    plan.phase().copy(own, blocks.span(Buf::Output, r));
     let column = topo.column(topo.local_rank(r));
     let cross = Ring::new(&column, r, topo);
-    allgather_groups(plan, &cross, &|x| vec![blocks.span(Buf::Output, x)]);
+    allgather_groups(
+        plan,
+        &cross,
+        &|x| vec![blocks.span(Buf::Output, x)],
+        Some(vec![own]),
+    );
     let local = Ring::new(topo.ranks_on(topo.host_of(r)), r, topo);
-    allgather_groups(plan, &local, &|x| {
-        column_group(topo, &blocks, Buf::Output, topo.local_rank(x))
-    });
+    allgather_groups(
+        plan,
+        &local,
+        &|x| column_group(topo, &blocks, Buf::Output, topo.local_rank(x)),
+        None,
+    );
 }
 
 /// Reduce-scatter: column groups inside each host, then across hosts along

@@ -174,24 +174,31 @@ pub(crate) fn allgather(plan: &mut Plan, counts: &[usize]) {
             plan.phase()
                 .copy(own, blocks.span(Buf::Output, r))
                 .recv(extra, blocks.span(Buf::Output, extra));
-            group_rounds(plan, &g, v, &blocks);
+            group_rounds(plan, &g, v, &blocks, None);
             plan.phase().send(extra, all);
         }
         Role::Plain { v } => {
             plan.phase().copy(own, blocks.span(Buf::Output, r));
-            group_rounds(plan, &g, v, &blocks);
+            group_rounds(plan, &g, v, &blocks, Some(own));
         }
     }
 }
 
-fn group_rounds(plan: &mut Plan, g: &Geometry, v: usize, blocks: &Blocks) {
+/// The exchanges of growing groups. With `own` (a plain rank's Input), the
+/// first round sends it instead of the same block's copy in Output (see
+/// `ring::allgather_groups` on why).
+fn group_rounds(plan: &mut Plan, g: &Geometry, v: usize, blocks: &Blocks, own: Option<Span>) {
     for k in 0..g.rounds {
         let size = 1 << k;
         let mine = v & !(size - 1);
         let theirs = mine ^ size;
         let group = |first: usize| blocks.range(Buf::Output, g.first(first), g.first(first + size));
+        let send = match own {
+            Some(span) if k == 0 => span,
+            _ => group(mine),
+        };
         plan.phase()
-            .send(g.real(v ^ size), group(mine))
+            .send(g.real(v ^ size), send)
             .recv(g.real(v ^ size), group(theirs));
     }
 }
