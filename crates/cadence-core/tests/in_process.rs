@@ -487,3 +487,56 @@ fn a_links_busy_time_is_counted_once_per_phase() {
         );
     }
 }
+
+/// Minor page faults of the calling thread so far.
+fn thread_minor_faults() -> i64 {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_THREAD is valid on Linux.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    assert_eq!(rc, 0);
+    ru.ru_minflt
+}
+
+#[test]
+fn a_non_root_reduce_reuses_its_temporary_output() {
+    // A non-root rank passes no output to reduce; the engine lends the
+    // schedule one. Allocated anew each call, 64 MiB came back as a fresh
+    // mapping (glibc maps allocations above 32 MiB anew): 16 384 page
+    // faults a call, 44 ms of a 2-rank reduce that takes 11.
+    let faults = world(
+        2,
+        |_| "h".into(),
+        Duration::from_secs(120),
+        |comm| {
+            let n = 16 << 20; // f32 elements: 64 MiB
+            let input = vec![1.0f32; n];
+            let mut out = vec![0f32; n];
+            let mut reduce = || {
+                let req = OpRequest::new(CollKind::Reduce, DType::F32, RedOp::Sum, 0, vec![n])
+                    .input(bytemuck::cast_slice(&input));
+                let req = if comm.rank() == 0 {
+                    req.output(bytemuck::cast_slice_mut(&mut out))
+                } else {
+                    req
+                };
+                comm.run(req).unwrap();
+            };
+            reduce();
+            let before = thread_minor_faults();
+            reduce();
+            reduce();
+            let faults = thread_minor_faults() - before;
+            if comm.rank() == 0 {
+                assert!(out.iter().all(|&v| v == 2.0));
+            }
+            faults
+        },
+    );
+    // The non-root's two later calls: no fresh 64 MiB (16 384 pages) each.
+    assert!(
+        faults[1] < 2000,
+        "rank 1 took {} page faults in two reduces",
+        faults[1]
+    );
+}
