@@ -44,6 +44,8 @@ RECORD_KEYS = {
     "backend", "op", "dtype", "bytes", "nranks", "algo", "chosen", "time_us", "p99_us",
     "algbw", "busbw", "wrong",
 }  # fmt: skip
+# What a run on this host adds: the cores' handover probes (`handover_us`).
+LOCAL_RECORD_KEYS = RECORD_KEYS | {"handover_us"}
 
 
 def _has(module: str) -> bool:
@@ -460,11 +462,14 @@ def _assert_clean(rc, output, records, backends, op, sizes, nalgos=1):
     assert rc == 0, output
     assert {r["backend"] for r in records} == set(backends), output
     for r in records:
-        assert set(r) == RECORD_KEYS
+        assert set(r) == LOCAL_RECORD_KEYS
         assert r["op"] == op and r["nranks"] == 2
         assert r["wrong"] == 0, output
         assert r["time_us"] > 0 and r["algbw"] > 0
         assert r["p99_us"] >= r["time_us"]  # the tail is never below the median
+        # Two probes of the cores' handover, before and after the sweep.
+        assert len(r["handover_us"]) == 2
+        assert all(h is None or h > 0 for h in r["handover_us"])
     per_backend = [nalgos if b == "cadence" else 1 for b in backends]
     assert len(records) == sum(per_backend) * sizes
 

@@ -552,6 +552,11 @@ def run(args: argparse.Namespace) -> int:
                     ranks_per_host=job.ranks_per_host,
                     link_bits=cluster.rate_bits,
                 )
+        if local:
+            # Which state the cores were in, before and after (None: no probe).
+            probes = [None if h is None else round(h, 1) for h in handover]
+            for rec in records:
+                rec["handover_us"] = probes
         Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     if args.plot:
         if cluster:
