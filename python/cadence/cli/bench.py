@@ -279,8 +279,12 @@ def handover_us(nbytes: int = HANDOVER_BYTES, rounds: int = 200) -> float | None
         try:
             os.sched_setaffinity(0, {cpus[1]})
             for i in range(rounds):
+                # Spin (a sleep would time the wake-up, not the cores), but
+                # give up if the writer is gone: never outlive it.
+                deadline = time.perf_counter() + 5.0
                 while flag[0] != 2 * i + 1:
-                    pass
+                    if time.perf_counter() > deadline:
+                        os._exit(1)
                 np.copyto(mine, data)
                 flag[0] = 2 * i + 2
         finally:
