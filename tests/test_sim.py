@@ -178,8 +178,10 @@ def test_shaped_links_keep_their_payload_rate_and_pass_their_burst_first():
 def test_kisti_study_runs_and_auto_with_a_topology_file_prices_the_spine(tmp_path):
     # The study's script at its two smallest scales plus 64 (the first past
     # one 32-host leaf): every algorithm simulated, and at 64 nodes the
-    # library's choice given the topology file beats its choice without it
-    # (which cannot see the 2:1 spine).
+    # library's choice after its start-up profile (shifted rounds find the
+    # 32-host leaves behind the 2:1 spine, which no pair alone shows) is as
+    # good as with the fabric's topology file, and beats its choice with
+    # nothing measured.
     import subprocess
     import sys
     from pathlib import Path
@@ -192,12 +194,13 @@ def test_kisti_study_runs_and_auto_with_a_topology_file_prices_the_spine(tmp_pat
     assert "| 64 |" in r.stdout
     times = json.loads(out.read_text())["times"]
     seen = {(t["nodes"], t["algo"], t["bytes"]) for t in times}
-    assert len(seen) == 2 * 10 * 3  # nodes x (8 algorithms + 2 autos) x buckets
+    assert len(seen) == 2 * 11 * 3  # nodes x (8 algorithms + 3 autos) x buckets
     at = {(t["nodes"], t["algo"], t["bytes"]): t for t in times}
     big = 25 << 20
-    blind, profiled = at[64, "auto", big], at[64, "auto_profiled", big]
-    assert profiled["seconds"] < 0.9 * blind["seconds"], (blind, profiled)
+    auto, blind, filed = (at[64, a, big] for a in ("auto", "auto_blind", "auto_profiled"))
+    assert auto["seconds"] < 0.9 * blind["seconds"], (blind, auto)
     best = min(at[64, a, big]["seconds"] for a in
                ("direct", "ring", "torus2d", "torus2d_ring", "hierarchical",
                 "recursive_doubling", "rabenseifner", "double_binary_tree"))
-    assert profiled["seconds"] <= 1.05 * best
+    assert filed["seconds"] <= 1.05 * best
+    assert auto["seconds"] <= 1.05 * best, (auto, best)

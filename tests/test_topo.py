@@ -288,6 +288,32 @@ def test_profile_recovers_racks_and_rates_and_the_found_ring_is_faster(racked, t
 
 
 @needs_clusters
+def test_shifted_rounds_find_racks_whose_uplinks_beat_one_nic(make_cluster, tmp_path):  # noqa: F811
+    # Uplinks at 1.2x a NIC: any pair alone runs at its NICs' rate, so only
+    # load shows the racks. The shifted rounds alone (--pairs-max 2, as a
+    # job over more than 16 hosts runs them) find both racks and what each
+    # uplink carries, in a handful of rounds.
+    c = make_cluster(6, rate="100mbit", tag="ts", racks=2, uplink_rate="120mbit",
+                     placement="blocked")  # fmt: skip
+    out = tmp_path / "t.json"
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "topo", "profile",
+                        "--cluster", c.name, "-o", str(out), "--pairs-max", "2"], env=env,
+                       text=True, capture_output=True, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["profile"]["method"] == "shifts"
+    assert doc["groups"] == [[0, 1, 2], [3, 4, 5]], p.stdout
+    uplink = 120e6 / 8
+    for cap in doc["group_out"] + doc["group_in"]:
+        # 15 % of the rate moves with TCP's unfairness and the 2 cores' load.
+        assert cap is not None and abs(cap / uplink - 1) < 0.2, (doc["group_out"], p.stdout)
+    shifts = [q["name"] for q in doc["patterns"] if q["name"].startswith("shift")]
+    assert len(shifts) <= 6, shifts
+    assert "groups from the shifts" in p.stdout, p.stdout
+
+
+@needs_clusters
 def test_cluster_up_refuses_a_changed_rack_layout_and_status_shows_wiring(racked, capsys):
     c = racked(4, 2, "interleaved")
     assert cli_main.main(["cluster", "status", "--name", c.name]) == 0

@@ -339,6 +339,10 @@ pub struct Config {
     /// file, `none` (hosts by lowest rank), or, unset, a profile of the
     /// network at start-up (`comm/order.rs`).
     pub topo: TopoSource,
+    /// `CADENCE_TOPO_PAIRS_MAX`: most hosts whose every pair a profile
+    /// measures alone (16); beyond, it runs shifted rounds only
+    /// (`fabric::probe`).
+    pub topo_pairs_max: usize,
     /// `CADENCE_PATH_TIMEOUT`: how long one path of a TCP link (a NIC pair)
     /// may hold bytes while its peer answers nothing before its chunks go
     /// again on the other paths. Far below `timeout`.
@@ -421,6 +425,7 @@ impl Default for Config {
             debug: DebugLevel::Warn,
             tuning: None,
             topo: TopoSource::Profile { cache: None },
+            topo_pairs_max: crate::fabric::probe::PAIRS_MAX,
             calibrate: true,
             spin: None,
             yield_for: None,
@@ -475,6 +480,9 @@ impl Config {
         }
         if let Some(v) = get("CADENCE_SHM_SLOTS") {
             c.shm.nslots = num::<usize>("CADENCE_SHM_SLOTS", &v)?.max(2);
+        }
+        if let Some(v) = get("CADENCE_TOPO_PAIRS_MAX") {
+            c.topo_pairs_max = num::<usize>("CADENCE_TOPO_PAIRS_MAX", &v)?;
         }
         if let Some(v) = get("CADENCE_NSTREAMS") {
             c.nstreams = num::<usize>("CADENCE_NSTREAMS", &v)?.clamp(1, 64);

@@ -1064,8 +1064,9 @@ impl PyComm {
     /// every rank calls it) and returns the topology file as JSON text, the
     /// same on every rank. `progress`: rank 0 prints a line per stage with
     /// this prefix (to stdout); `rings`: also measure the rank-order and
-    /// the found ring under load.
-    #[pyo3(signature = (seconds=0.05, rings=true, note=String::new(), progress=None))]
+    /// the found ring under load; `pairs_max`: most hosts whose every pair
+    /// is measured alone (16), beyond that shifted rounds only.
+    #[pyo3(signature = (seconds=0.05, rings=true, note=String::new(), progress=None, pairs_max=None))]
     fn profile_topology(
         &self,
         py: Python<'_>,
@@ -1073,6 +1074,7 @@ impl PyComm {
         rings: bool,
         note: String,
         progress: Option<String>,
+        pairs_max: Option<usize>,
     ) -> PyResult<String> {
         use cadence_core::comm::profile::ProfileOptions;
         use std::io::Write;
@@ -1085,6 +1087,7 @@ impl PyComm {
         let opts = ProfileOptions {
             seconds,
             rings,
+            pairs_max: pairs_max.unwrap_or(cadence_core::fabric::probe::PAIRS_MAX),
             note,
         };
         let say = move |m: &str| {
@@ -1306,7 +1309,8 @@ fn topo_groups(rates: Vec<Vec<f64>>) -> PyResult<Vec<Vec<usize>>> {
 
 /// A modeled cluster for `cadence sim` (issue 15): a spec or topology file's
 /// text (`origin`: its path, for messages and relative files) for `ranks`
-/// ranks (None: the spec's own hosts × ranks per host).
+/// ranks (None: the spec's own hosts × ranks per host). `profile=False`:
+/// as a job with `CADENCE_TOPO_FILE=none` (no start-up profile).
 #[pyclass(frozen)]
 struct SimCluster {
     cluster: cadence_core::sim::run::Cluster,
@@ -1316,13 +1320,13 @@ struct SimCluster {
 #[pymethods]
 impl SimCluster {
     #[new]
-    #[pyo3(signature = (text, origin, ranks=None))]
-    fn new(text: &str, origin: &str, ranks: Option<usize>) -> PyResult<SimCluster> {
+    #[pyo3(signature = (text, origin, ranks=None, profile=true))]
+    fn new(text: &str, origin: &str, ranks: Option<usize>, profile: bool) -> PyResult<SimCluster> {
         let loaded = cadence_core::sim::spec::parse(text, std::path::Path::new(origin), ranks)
             .map_err(|e| PyValueError::new_err(format!("{origin}: {e}")))?;
         let note = loaded.note.clone();
         Ok(SimCluster {
-            cluster: cadence_core::sim::run::Cluster::new(loaded),
+            cluster: cadence_core::sim::run::Cluster::with_profile(loaded, profile),
             note,
         })
     }

@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="with --cluster: ranks per host (1; one per host measures)")
     prof.add_argument("--seconds", type=float, default=0.05,
                       help="about how long the fastest pair's transfer takes (0.05)")
+    prof.add_argument("--pairs-max", type=int, default=16,
+                      help="most hosts whose every pair is measured alone (16); beyond, "
+                           "rounds of shifted flows only, about 2 log2(hosts) of them")
     prof.add_argument("--timeout", type=float, default=300.0,
                       help="with --cluster: seconds the job may take (300)")
     show = sub.add_parser("show", help="print a topology file (and --png it)")
@@ -66,7 +69,7 @@ def _profile_in_job(args: argparse.Namespace) -> int:
     comm = cadence.init()
     try:
         note = os.environ.get("CADENCE_TOPO_NOTE") or _note(args)
-        doc = profile.profile(comm, seconds=args.seconds, note=note)
+        doc = profile.profile(comm, seconds=args.seconds, note=note, pairs_max=args.pairs_max)
         if comm.rank == 0:
             path = Path(args.out)
             tmp = path.with_name(path.name + ".tmp")
@@ -93,7 +96,7 @@ def _profile_cluster(args: argparse.Namespace) -> int:
     cluster = testbed.require(args.cluster)
     out = Path(args.out).resolve()
     cmd = [sys.executable, "-m", "cadence.cli.main", "topo", "profile", "-o", str(out),
-           "--seconds", str(args.seconds)]  # fmt: skip
+           "--seconds", str(args.seconds), "--pairs-max", str(args.pairs_max)]  # fmt: skip
     env = dict(os.environ, CADENCE_TOPO_NOTE=_note(args))
     result = testbed.jobs.run(cluster, args.ranks_per_host, cmd, timeout=args.timeout, env=env)
     if result.status:

@@ -4,7 +4,8 @@ job's hosts the way collectives load it, and return the topology file.
 The measurement is the core's (crates/cadence-core/src/comm/profile.rs, the
 same one a job without CADENCE_TOPO_FILE runs at start-up): one rank per
 host sends and receives in synchronized rounds (every pair alone, flows out
-of and into each inferred group together, and, here, the rank-order and the
+of and into each inferred group together, rounds of shifted flows where the
+pairs found no groups or are too many, and, here, the rank-order and the
 found ring under load). What is measured and the file format are in
 docs/topology.md.
 """
@@ -15,10 +16,13 @@ import json
 
 
 def profile(comm, seconds: float = 0.05, note: str = "", progress: bool = True,
-            rings: bool = True) -> dict:
+            rings: bool = True, pairs_max: int | None = None) -> dict:
     """Profiles the network between `comm`'s hosts (collective over every
     rank of `comm`); returns the topology file's contents, the same on every
-    rank. With `progress`, rank 0 prints a line per stage."""
+    rank. With `progress`, rank 0 prints a line per stage. Up to `pairs_max`
+    hosts (default 16) every pair is measured alone; beyond, only rounds of
+    shifted flows (about 2 log2(hosts) of them)."""
     text = comm._c.profile_topology(seconds, rings, note,
-                                    "cadence topo: " if progress else None)  # fmt: skip
+                                    "cadence topo: " if progress else None,
+                                    pairs_max)  # fmt: skip
     return json.loads(text)

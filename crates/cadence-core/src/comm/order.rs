@@ -7,14 +7,17 @@
 //! and `dump_records()`.
 //!
 //! **Start-up profile** ([`Comm::order_from_profile`]), when
-//! `CADENCE_TOPO_FILE` is unset and the job spans 3 to [`START_MAX_HOSTS`]
-//! hosts (two hosts make one ring whatever the order): rank 0 looks for a
-//! profile of the same hosts it cached less than [`CACHE_FRESH`] ago
+//! `CADENCE_TOPO_FILE` is unset and the job spans 3 hosts or more (two
+//! hosts make one ring whatever the order): rank 0 looks for a profile of
+//! the same hosts it cached less than [`CACHE_FRESH`] ago
 //! (`CADENCE_TOPO_CACHE`, default `~/.cache/cadence`, file
 //! `topo-<hash of the host names>.json`) and sends its text to everyone;
 //! otherwise every rank takes part in a profile (`profile.rs`, without the
-//! ring rounds) and rank 0 caches it. Cost: a profile once per host set
-//! and day (4 hosts at 1 Gbit/s: about 1–2 s), then a file read.
+//! ring rounds) and rank 0 caches it. Up to `CADENCE_TOPO_PAIRS_MAX` hosts
+//! (16) the profile measures every pair alone; beyond, only rounds of
+//! shifted flows, about 2·log2(n) of them (`fabric::probe`). Cost: a
+//! profile once per host set and day (4 hosts at 1 Gbit/s: about 1–2 s),
+//! then a file read.
 
 use super::profile::ProfileOptions;
 use super::Comm;
@@ -32,10 +35,6 @@ use std::time::{Duration, Instant};
 /// wider: measurements differ by a few percent from run to run, and on a
 /// flat network every order is as good.
 pub const WIDER: f64 = 1.1;
-/// Most hosts a job profiles at start-up: the pairs alone cost n(n−1)
-/// rounds (16 hosts: 240 rounds, about 15 s at 1 Gbit/s). Larger jobs are
-/// told to run `cadence topo profile` once and name its file.
-pub const START_MAX_HOSTS: usize = 16;
 /// How long each flow of the start-up profile takes on the fastest pair.
 const START_SECONDS: f64 = 0.05;
 /// A cached start-up profile younger than this is used as is.
@@ -217,16 +216,6 @@ impl Comm {
             }
         };
         let hosts = names_of(&topo, &self.hosts);
-        if n > START_MAX_HOSTS {
-            let why = format!(
-                "hosts by lowest rank: {n} hosts are more than a start-up profile measures \
-                 ({START_MAX_HOSTS}); run `cadence topo profile -o FILE` once and set \
-                 CADENCE_TOPO_FILE=FILE"
-            );
-            let choice = default_choice(&topo, &self.hosts, why);
-            self.exclusive("ordering rings")?.auto.order = choice;
-            return Ok(());
-        }
         let cache = cache.as_ref().map(|dir| cache_file(dir, &hosts));
         // Rank 0 decides, for everyone: a fresh cached profile, or measure.
         let cached = match (&cache, self.rank()) {
@@ -265,6 +254,7 @@ impl Comm {
             let opts = ProfileOptions {
                 seconds: START_SECONDS,
                 rings: false,
+                pairs_max: self.shared.cfg.topo_pairs_max,
                 note: format!("profiled at start-up by communicator {}", self.id()),
             };
             let file = self.profile_topology(&opts, &say)?;

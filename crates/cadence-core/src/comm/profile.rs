@@ -8,31 +8,25 @@
 //! (each a point-to-point message of the same size, at most one into and
 //! one out of each host), then every rank learns when each flow's receive
 //! completed. A flow's rate is its size over the time from the barrier to
-//! that completion. Rounds:
-//!
-//! 1. **pairs**: every ordered pair alone, one round each: alone rates.
-//! 2. **groups** from the alone rates ([`infer::groups_from_rates`]).
-//! 3. **out of / into each group**: one flow from each of its hosts to a
-//!    distinct host outside (and back), all at once: a group's shared
-//!    bottleneck ([`infer::capacity`]).
-//! 4. with `rings`: the rank-order ring and the found ring under load, for
-//!    the record and for `cadence topo show`: what the path finder
-//!    predicted against what the ring got. The start-up profile skips them.
+//! that completion. Which rounds run and what they mean is
+//! `fabric::probe` (the simulator runs the same procedure on its model):
+//! every pair alone up to `pairs_max` hosts, then rounds of shifted flows
+//! where the pairs found no groups or were too many.
 //!
 //! Every rank ends with the same numbers (they are summed across ranks, each
 //! filled in by one), so every rank builds the same file and the same ring
 //! order without a further exchange.
 //!
-//! Cost: n(n−1) + 2·groups (+ 2) rounds of about `seconds` each (the flow
-//! size is set by a first transfer so the fastest pair takes about that
-//! long): 4 hosts ≈ 1–2 s, 8 hosts ≈ 4–5 s at 0.05 s on 1 Gbit/s links.
+//! Cost: rounds of about `seconds` each (the flow size is set by a first
+//! transfer so the fastest pair takes about that long): n(n−1) + 2·groups
+//! with the pairs (4 hosts ≈ 1–2 s, 8 hosts ≈ 4–5 s at 0.05 s on 1 Gbit/s
+//! links), about 2·log2(n) + 4 with the shifts alone.
 
 use super::calibrate::{recv, send};
 use super::{Comm, OpRequest};
 use crate::error::Result;
 use crate::fabric::file::{TopoFile, KIND, VERSION};
-use crate::fabric::infer;
-use crate::fabric::pathfind::widest_ring;
+use crate::fabric::probe::{self, Flow};
 use crate::schedule::Topology;
 use crate::types::{CollKind, DType, RedOp};
 use serde_json::json;
@@ -51,6 +45,8 @@ pub struct ProfileOptions {
     pub seconds: f64,
     /// Also measure the rank-order and the found ring under load.
     pub rings: bool,
+    /// Most hosts whose every pair is measured alone; above, shifts only.
+    pub pairs_max: usize,
     /// The file's `note`.
     pub note: String,
 }
@@ -172,15 +168,6 @@ impl Comm {
         let n = topo.nhosts();
         let hosts: Vec<String> = (0..n).map(|h| names[topo.ranks_on(h)[0]].clone()).collect();
         let leaders: Vec<usize> = (0..n).map(|h| topo.ranks_on(h)[0]).collect();
-        let mut patterns = Vec::new();
-        let mut record = |name: String, flows: &[(usize, usize)], rates: &[f64]| {
-            let flows: Vec<_> = flows
-                .iter()
-                .zip(rates)
-                .map(|(&(a, b), &r)| json!([a, b, r]))
-                .collect();
-            patterns.push(json!({"name": name, "flows": flows}));
-        };
         let mut file = TopoFile {
             version: VERSION,
             kind: KIND.into(),
@@ -194,47 +181,38 @@ impl Comm {
             profile: serde_json::Value::Null,
         };
         let mut nbytes = 0;
+        let mut method = String::new();
+        let mut patterns = Vec::new();
         if n >= 2 {
             nbytes = choose_bytes(self, &leaders, opts.seconds)?;
             let mut rounds = Rounds::new(self, &leaders, nbytes);
+            let plan = if n <= opts.pairs_max {
+                format!("{} pairs alone", n * (n - 1))
+            } else {
+                "rounds of shifted flows".to_string()
+            };
             say(&format!(
-                "profiling {n} hosts: {} pairs alone, {} KiB per flow",
-                n * (n - 1),
+                "profiling {n} hosts: {plan}, {} KiB per flow",
                 nbytes >> 10
             ));
-            let pairs: Vec<(usize, usize)> = (0..n)
-                .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
-                .collect();
-            for &(a, b) in &pairs {
-                file.rates[a][b] = rounds.run(&[(a, b)])?[0];
-            }
-            let alone: Vec<f64> = pairs.iter().map(|&(a, b)| file.rates[a][b]).collect();
-            record("pairs alone".into(), &pairs, &alone);
-            file.groups = infer::groups_from_rates(&file.rates);
-            say(&format!("groups from the alone rates: {:?}", file.groups));
-            file.group_out.clear();
-            file.group_in.clear();
-            for (g, members) in file.groups.iter().enumerate() {
-                let outside: Vec<usize> = (0..n).filter(|h| !members.contains(h)).collect();
-                for (dir, flows) in [
-                    ("out of", infer::spread_flows(members, &outside)),
-                    ("into", infer::spread_flows(&outside, members)),
-                ] {
-                    let got = if flows.is_empty() {
-                        Vec::new()
-                    } else {
-                        rounds.run(&flows)?
-                    };
-                    if !flows.is_empty() {
-                        record(format!("{dir} group {g}"), &flows, &got);
-                    }
-                    let alone: Vec<f64> = flows.iter().map(|&(a, b)| file.rates[a][b]).collect();
-                    let cap = infer::capacity(&got, &alone);
-                    match dir {
-                        "out of" => file.group_out.push(cap),
-                        _ => file.group_in.push(cap),
-                    }
-                }
+            let popts = probe::Options {
+                pairs_max: opts.pairs_max,
+                rings: opts.rings,
+            };
+            let found = probe::profile(n, popts, &mut |f: &[Flow]| rounds.run(f), &say)?;
+            file.rates = found.rates;
+            file.groups = found.groups;
+            file.group_out = found.group_out;
+            file.group_in = found.group_in;
+            method = found.method;
+            for r in found.rounds {
+                let flows: Vec<_> = r
+                    .flows
+                    .iter()
+                    .zip(&r.rates)
+                    .map(|(&(a, b), &x)| json!([a, b, x]))
+                    .collect();
+                patterns.push(json!({"name": r.name, "flows": flows}));
             }
             let mbit = |c: &[Option<f64>]| -> String {
                 let each: Vec<String> = c
@@ -244,27 +222,18 @@ impl Comm {
                 each.join(", ")
             };
             say(&format!(
-                "group bottlenecks (Mbit/s, -: not shared): out [{}], in [{}]",
+                "groups {:?}; bottlenecks (Mbit/s, -: not shared): out [{}], in [{}]",
+                file.groups,
                 mbit(&file.group_out),
                 mbit(&file.group_in)
             ));
-            if opts.rings {
-                let found = widest_ring(&file.fabric());
-                for (name, order) in [
-                    ("ring in rank order", (0..n).collect::<Vec<_>>()),
-                    ("ring in found order", found),
-                ] {
-                    let flows = infer::ring_flows(&order);
-                    let got = rounds.run(&flows)?;
-                    record(name.into(), &flows, &got);
-                }
-            }
         }
         let took = started.elapsed().as_secs_f64();
         say(&format!("profiled in {took:.1} s"));
         file.patterns = serde_json::Value::Array(patterns);
         file.profile = json!({
             "bytes_per_flow": nbytes,
+            "method": method,
             "seconds": (took * 1000.0).round() / 1000.0,
             "ranks": self.nranks(),
         });

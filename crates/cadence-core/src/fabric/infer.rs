@@ -86,13 +86,23 @@ pub fn spread_flows(src: &[usize], dst: &[usize]) -> Vec<(usize, usize)> {
 /// time the last one took, when that falls short of their alone rates' sum
 /// ([`SHARED`]); else `None`. (The sum of the flows' own rates overstates a
 /// shared link: TCP does not share it fairly, and a flow that finishes early
-/// leaves it to the others.) A single flow cannot tell an uplink from a
-/// NIC: `None`.
+/// leaves it to the others.) A flow under half the flows' median rate is
+/// left out of "slowest": a bottleneck shares alike, so that flow was
+/// stalled by a loss (a retransmission timeout is hundreds of ms, a flow
+/// tens), and the link sat idle meanwhile. A single flow cannot tell an
+/// uplink from a NIC: `None`.
 pub fn capacity(measured: &[f64], alone: &[f64]) -> Option<f64> {
     if measured.len() < 2 {
         return None;
     }
-    let slowest = measured.iter().copied().fold(f64::INFINITY, f64::min);
+    let mut sorted = measured.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let slowest = sorted
+        .iter()
+        .copied()
+        .find(|&r| r >= median / 2.0)
+        .unwrap_or(median);
     let total = measured.len() as f64 * slowest;
     let ideal: f64 = alone.iter().sum();
     (total < SHARED * ideal).then_some(total)
@@ -218,6 +228,15 @@ mod tests {
             Some(UPLINK)
         );
         assert_eq!(capacity(&[UPLINK], &[UPLINK]), None);
+        // A stalled flow (a retransmission timeout) is not the bottleneck's
+        // share: the others are.
+        assert_eq!(
+            capacity(
+                &[UPLINK / 3.0, 0.04 * UPLINK, UPLINK / 3.0],
+                &[GBIT, GBIT, GBIT]
+            ),
+            Some(UPLINK)
+        );
         assert_eq!(spread_flows(&[0, 2], &[1, 3, 5]), vec![(0, 1), (2, 3)]);
         assert_eq!(ring_flows(&[0, 2, 1]), vec![(0, 2), (2, 1), (1, 0)]);
         assert!(ring_flows(&[4]).is_empty());

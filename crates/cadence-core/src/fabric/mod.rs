@@ -8,3 +8,4 @@
 pub mod file;
 pub mod infer;
 pub mod pathfind;
+pub mod probe;

@@ -242,6 +242,30 @@ impl Model {
         r
     }
 
+    /// Rates (bytes/s) of flows between hosts (not ranks) started at
+    /// once, by max-min fair sharing of the NICs and the groups' uplinks:
+    /// what a profile's round measures on this model.
+    pub fn host_flow_rates(&self, flows: &[(usize, usize)]) -> Vec<f64> {
+        let (h, g) = (self.nhosts(), self.ngroups());
+        let mut cap = self.nic_out.clone();
+        cap.extend(&self.nic_in);
+        cap.extend(&self.group_out);
+        cap.extend(&self.group_in);
+        let routes: Vec<Vec<usize>> = flows
+            .iter()
+            .map(|&(a, b)| {
+                let mut r = vec![a, h + b];
+                let (ga, gb) = (self.group_of[a], self.group_of[b]);
+                if ga != gb {
+                    r.extend([2 * h + ga, 2 * h + g + gb]);
+                }
+                r
+            })
+            .collect();
+        let refs: Vec<&[usize]> = routes.iter().map(Vec::as_slice).collect();
+        super::flows::max_min_rates(&cap, &refs)
+    }
+
     fn alpha(&self, a: usize, b: usize) -> f64 {
         let (ha, hb) = (self.topo.host_of(a), self.topo.host_of(b));
         if ha == hb {

@@ -6,10 +6,11 @@
 
 use super::exec::{simulate_calls, simulate_program, Model, Outcome, Unit};
 use super::spec::Loaded;
-use crate::comm::order::{choose_by, START_MAX_HOSTS};
+use crate::comm::order::choose_by;
 use crate::comm::select::{select_algo_on, Auto};
 use crate::config::AlgoOverride;
 use crate::fabric::file::{TopoFile, KIND, VERSION};
+use crate::fabric::probe::{self, Flow};
 use crate::schedule::{self, Algo, CollArgs, CostModel, LinkCost, Schedule, Topology};
 use crate::types::CollKind;
 use std::sync::Arc;
@@ -25,10 +26,17 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(loaded: Loaded) -> Cluster {
+        Cluster::with_profile(loaded, true)
+    }
+
+    /// As [`Cluster::new`]; `profile: false` is a job with
+    /// `CADENCE_TOPO_FILE=none`: no start-up profile, hosts by lowest rank.
+    pub fn with_profile(loaded: Loaded, profile: bool) -> Cluster {
         let mut model = loaded.model;
-        // Without a file, a job across 3-16 hosts profiles the network at
-        // start-up and orders its ring by what it found (`comm::order`):
-        // the profile of this model is its own numbers.
+        // Without a file, a job across 3 hosts or more profiles the network
+        // at start-up and orders its ring by what it found (`comm::order`):
+        // the same procedure runs here on the model's rates. (Without racks
+        // it finds one group and the order stays; skipped for speed.)
         let profiled = loaded.topo_file.clone().or_else(|| {
             let h = model.topo.nhosts();
             let racks = model
@@ -36,7 +44,7 @@ impl Cluster {
                 .iter()
                 .chain(&model.group_in)
                 .any(|c| c.is_finite());
-            (racks && (3..=START_MAX_HOSTS).contains(&h)).then(|| as_profile(&model))
+            (profile && racks && h >= 3).then(|| as_profile(&model))
         });
         let (topo, order, fabric) = match &profiled {
             Some(file) if model.topo.nhosts() == file.hosts.len() => {
@@ -224,38 +232,30 @@ fn median(t: &[f64]) -> f64 {
     }
 }
 
-/// What a start-up profile would find on `m`: each pair's alone rate (its
-/// NICs and, across groups, the groups' uplinks) and the groups' shared
-/// capacities.
+/// What a start-up profile finds on `m`: the library's procedure
+/// (`fabric::probe`, with its default of pairs up to 16 hosts) with each
+/// round's rates from the model (max-min fair shares of the NICs and the
+/// groups' uplinks).
 fn as_profile(m: &Model) -> TopoFile {
     let h = m.topo.nhosts();
-    let rate = |a: usize, b: usize| {
-        let mut r = m.nic_out[a].min(m.nic_in[b]);
-        let (ga, gb) = (m.group_of[a], m.group_of[b]);
-        if ga != gb {
-            r = r.min(m.group_out[ga]).min(m.group_in[gb]);
-        }
-        if a == b {
-            0.0
-        } else {
-            r
-        }
+    let opts = probe::Options {
+        pairs_max: probe::PAIRS_MAX,
+        rings: false,
     };
-    let ngroups = m.group_out.len();
-    let cap = |c: f64| c.is_finite().then_some(c);
+    let mut run = |flows: &[Flow]| -> Result<Vec<f64>, ()> { Ok(m.host_flow_rates(flows)) };
+    let found = probe::profile(h, opts, &mut run, &|_| {}).expect("the model never fails");
     TopoFile {
         version: VERSION,
         kind: KIND.into(),
-        note: "the model's own numbers, as a start-up profile would find them".into(),
+        note: format!(
+            "what a start-up profile ({}) finds on the model",
+            found.method
+        ),
         hosts: (0..h).map(|i| format!("h{i}")).collect(),
-        rates: (0..h)
-            .map(|a| (0..h).map(|b| rate(a, b)).collect())
-            .collect(),
-        groups: (0..ngroups)
-            .map(|g| (0..h).filter(|&x| m.group_of[x] == g).collect())
-            .collect(),
-        group_out: m.group_out.iter().map(|&c| cap(c)).collect(),
-        group_in: m.group_in.iter().map(|&c| cap(c)).collect(),
+        rates: found.rates,
+        groups: found.groups,
+        group_out: found.group_out,
+        group_in: found.group_in,
         patterns: serde_json::Value::Null,
         profile: serde_json::Value::Null,
     }

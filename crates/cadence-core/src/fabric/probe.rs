@@ -1,0 +1,785 @@
+//! The profiling procedure: which rounds of flows to run between hosts and
+//! what to conclude from their rates. It does not run a round itself: the
+//! caller hands it a runner, so the same procedure measures a real network
+//! (`comm/profile.rs`, over TCP) and a modeled one (`sim::run`, by max-min
+//! fair sharing), and the simulator finds what the library would find.
+//!
+//! A **round** is a set of flows started together, at most one out of and
+//! one into each host; the runner returns each flow's rate (bytes/s).
+//!
+//! Two ways to find the groups of hosts that share a bottleneck (racks
+//! behind an uplink):
+//!
+//! - **Pairs alone** (up to `pairs_max` hosts): every ordered pair in a
+//!   round of its own, n(n−1) rounds. Finds an uplink slower than the
+//!   hosts' NICs wherever the hosts sit ([`infer::groups_from_rates`]), and
+//!   the groups' capacities by loading each one ([`infer::capacity`]).
+//! - **Shifts** ([`probe_shifts`]): rounds in which every host i sends to
+//!   i + s (mod n), for s = 1, 2, 4, … and then a binary search. A rack of
+//!   g hosts in a row has min(s, g) flows leaving it at shift s; once that
+//!   is more than its uplink carries at the hosts' rate, exactly the flows
+//!   that leave a rack slow down, and the runs of slow senders end at the
+//!   racks' last hosts. About 2·log2(n) rounds, so it scales to thousands
+//!   of hosts; it finds racks whose uplinks are faster than one NIC but
+//!   shared (an oversubscribed fat tree), which no pair alone shows. It
+//!   assumes racks are runs of hosts in host order (as hostfiles list them)
+//!   and checks what it found against every round; where that does not
+//!   fit, it reports one group and says why.
+//!
+//! Up to `pairs_max` hosts the pairs run first, and the shifts only when
+//! the pairs found one group.
+
+use super::infer;
+
+/// Hosts up to which a profile measures every pair alone by default: 16
+/// hosts are 240 rounds, about 15 s at 1 Gbit/s.
+pub const PAIRS_MAX: usize = 16;
+
+/// A flow: (sending host, receiving host).
+pub type Flow = (usize, usize);
+
+/// Runs one round: the flows' rates (bytes/s), in order.
+pub type RunRound<'r, E> = dyn FnMut(&[Flow]) -> Result<Vec<f64>, E> + 'r;
+
+/// A round that ran: its name (for people and `cadence topo show`), its
+/// flows and their rates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Round {
+    pub name: String,
+    pub flows: Vec<Flow>,
+    pub rates: Vec<f64>,
+}
+
+/// What the profile found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Found {
+    /// Bytes/s of one flow a → b alone: measured (pairs), or estimated from
+    /// the hosts' best rates and the groups' capacities (shifts).
+    pub rates: Vec<Vec<f64>>,
+    pub groups: Vec<Vec<usize>>,
+    pub group_out: Vec<Option<f64>>,
+    pub group_in: Vec<Option<f64>>,
+    pub rounds: Vec<Round>,
+    /// `"pairs"`, `"pairs, then shifts"` or `"shifts"`.
+    pub method: String,
+}
+
+/// How a profile runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Most hosts whose every pair is measured alone.
+    pub pairs_max: usize,
+    /// Also run the rank-order ring and the path finder's ring under load
+    /// (for the record and `cadence topo show`).
+    pub rings: bool,
+}
+
+/// Runs rounds and keeps them, with each host's best rate out and in.
+struct Log<'r, E> {
+    run: &'r mut RunRound<'r, E>,
+    rounds: Vec<Round>,
+    best_out: Vec<f64>,
+    best_in: Vec<f64>,
+}
+
+impl<E> Log<'_, E> {
+    /// Runs `flows` and notes each host's best rates; keeps nothing.
+    fn measure(&mut self, flows: &[Flow]) -> Result<Vec<f64>, E> {
+        let rates = if flows.is_empty() {
+            Vec::new()
+        } else {
+            (self.run)(flows)?
+        };
+        for (&(a, b), &r) in flows.iter().zip(&rates) {
+            self.best_out[a] = self.best_out[a].max(r);
+            self.best_in[b] = self.best_in[b].max(r);
+        }
+        Ok(rates)
+    }
+
+    fn run(&mut self, name: String, flows: Vec<Flow>) -> Result<Vec<f64>, E> {
+        let rates = self.measure(&flows)?;
+        self.rounds.push(Round {
+            name,
+            flows,
+            rates: rates.clone(),
+        });
+        Ok(rates)
+    }
+
+    /// What a flow a → b gets with nothing shared: the slower of its ends'
+    /// best rates.
+    fn reference(&self, a: usize, b: usize) -> f64 {
+        self.best_out[a].min(self.best_in[b])
+    }
+
+    /// Flows of `round` that ran well below their reference: they share a
+    /// bottleneck with others ([`infer::SHARED`]).
+    fn slow(&self, round: &Round) -> Vec<bool> {
+        round
+            .flows
+            .iter()
+            .zip(&round.rates)
+            .map(|(&(a, b), &r)| r < infer::SHARED * self.reference(a, b))
+            .collect()
+    }
+}
+
+/// Every host i sends to i + s (mod n), except `skip`.
+pub fn shift_flows(n: usize, s: usize, skip: Option<usize>) -> Vec<Flow> {
+    (0..n)
+        .filter(|&i| Some(i) != skip)
+        .map(|i| (i, (i + s) % n))
+        .collect()
+}
+
+/// Profiles `n` hosts with `run` doing the rounds; `say` gets a line per
+/// stage.
+pub fn profile<E>(
+    n: usize,
+    opts: Options,
+    run: &mut RunRound<'_, E>,
+    say: &dyn Fn(&str),
+) -> Result<Found, E> {
+    let mut log = Log {
+        run,
+        rounds: Vec::new(),
+        best_out: vec![0.0; n],
+        best_in: vec![0.0; n],
+    };
+    let mut found = Found {
+        rates: vec![vec![0.0; n]; n],
+        groups: vec![(0..n).collect()],
+        group_out: vec![None],
+        group_in: vec![None],
+        rounds: Vec::new(),
+        method: String::new(),
+    };
+    if n < 2 {
+        return Ok(found);
+    }
+    let pairs = n <= opts.pairs_max;
+    if pairs {
+        let all: Vec<Flow> = (0..n)
+            .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
+            .collect();
+        let mut alone = Vec::with_capacity(all.len());
+        for &(a, b) in &all {
+            // One round each; recorded together below.
+            let r = (log.run)(&[(a, b)])?[0];
+            log.best_out[a] = log.best_out[a].max(r);
+            log.best_in[b] = log.best_in[b].max(r);
+            found.rates[a][b] = r;
+            alone.push(r);
+        }
+        log.rounds.push(Round {
+            name: "pairs alone".into(),
+            flows: all,
+            rates: alone,
+        });
+        found.groups = infer::groups_from_rates(&found.rates);
+        say(&format!("groups from the alone rates: {:?}", found.groups));
+        found.method = "pairs".into();
+    }
+    if pairs && found.groups.len() > 1 {
+        found.group_out.clear();
+        found.group_in.clear();
+        for (g, members) in found.groups.clone().iter().enumerate() {
+            let outside: Vec<usize> = (0..n).filter(|h| !members.contains(h)).collect();
+            for (dir, flows) in [
+                ("out of", infer::spread_flows(members, &outside)),
+                ("into", infer::spread_flows(&outside, members)),
+            ] {
+                let got = log.run(format!("{dir} group {g}"), flows.clone())?;
+                let alone: Vec<f64> = flows.iter().map(|&(a, b)| found.rates[a][b]).collect();
+                let cap = infer::capacity(&got, &alone);
+                match dir {
+                    "out of" => found.group_out.push(cap),
+                    _ => found.group_in.push(cap),
+                }
+            }
+        }
+    } else if n >= 3 {
+        let shifts = probe_shifts(n, &mut log, say)?;
+        if pairs {
+            found.method = "pairs, then shifts".into();
+        } else {
+            found.method = "shifts".into();
+            found.rates = estimated_rates(&log, &shifts);
+        }
+        found.groups = shifts.groups;
+        found.group_out = shifts.group_out;
+        found.group_in = shifts.group_in;
+    } else {
+        // Two hosts and no pairs: their one flow each way is all there is.
+        found.method = "shifts".into();
+        log.run("pair".into(), vec![(0, 1), (1, 0)])?;
+        found.rates = estimated_rates(&log, &Shifts::one_group(n));
+    }
+    if opts.rings {
+        let fabric = super::pathfind::Fabric {
+            rate: found.rates.clone(),
+            group_of: group_of(n, &found.groups),
+            group_out: cap_or_inf(&found.group_out),
+            group_in: cap_or_inf(&found.group_in),
+        };
+        let found_ring = super::pathfind::widest_ring(&fabric);
+        for (name, order) in [
+            ("ring in rank order", (0..n).collect::<Vec<_>>()),
+            ("ring in found order", found_ring),
+        ] {
+            log.run(name.into(), infer::ring_flows(&order))?;
+        }
+    }
+    found.rounds = log.rounds;
+    Ok(found)
+}
+
+fn group_of(n: usize, groups: &[Vec<usize>]) -> Vec<usize> {
+    let mut of = vec![0; n];
+    for (g, members) in groups.iter().enumerate() {
+        for &h in members {
+            of[h] = g;
+        }
+    }
+    of
+}
+
+fn cap_or_inf(c: &[Option<f64>]) -> Vec<f64> {
+    c.iter().map(|c| c.unwrap_or(f64::INFINITY)).collect()
+}
+
+/// What the shifts found.
+#[derive(Clone, Debug, PartialEq)]
+struct Shifts {
+    groups: Vec<Vec<usize>>,
+    group_out: Vec<Option<f64>>,
+    group_in: Vec<Option<f64>>,
+}
+
+impl Shifts {
+    fn one_group(n: usize) -> Shifts {
+        Shifts {
+            groups: vec![(0..n).collect()],
+            group_out: vec![None],
+            group_in: vec![None],
+        }
+    }
+}
+
+/// Alone rates as the shifts estimate them: the slower end's best rate,
+/// and across groups no more than either group's capacity.
+fn estimated_rates<E>(log: &Log<'_, E>, s: &Shifts) -> Vec<Vec<f64>> {
+    let n = log.best_out.len();
+    let of = group_of(n, &s.groups);
+    (0..n)
+        .map(|a| {
+            (0..n)
+                .map(|b| {
+                    if a == b {
+                        return 0.0;
+                    }
+                    let mut r = log.reference(a, b);
+                    if of[a] != of[b] {
+                        for c in [s.group_out[of[a]], s.group_in[of[b]]]
+                            .into_iter()
+                            .flatten()
+                        {
+                            r = r.min(c);
+                        }
+                    }
+                    r
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The hosts outside group `g`, taking one from each other group in turn,
+/// so that flows to (from) the first few load every other group alike.
+fn round_robin(groups: &[Vec<usize>], g: usize) -> Vec<usize> {
+    let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
+    (0..longest)
+        .flat_map(|i| {
+            groups
+                .iter()
+                .enumerate()
+                .filter(move |&(k, _)| k != g)
+                .filter_map(move |(_, m)| m.get(i).copied())
+        })
+        .collect()
+}
+
+/// Runs shift `s` (every host i to i + s mod n, except `skip`) and returns
+/// which flows slowed down, by sender.
+fn shifted<E>(
+    log: &mut Log<'_, E>,
+    n: usize,
+    s: usize,
+    skip: Option<usize>,
+) -> Result<Vec<bool>, E> {
+    let name = match skip {
+        None => format!("shift {s}"),
+        Some(h) => format!("shift {s} without host {h}"),
+    };
+    let flows = shift_flows(n, s, skip);
+    let mut rates = log.measure(&flows)?;
+    let round = Round {
+        name: name.clone(),
+        flows: flows.clone(),
+        rates: rates.clone(),
+    };
+    if log.slow(&round).contains(&true) {
+        // TCP can stall a flow for a retransmission timeout or two when a
+        // shared queue drops; a bottleneck slows a flow every time. A flow
+        // counts as slow only if it is slow in both tries.
+        let again = log.measure(&flows)?;
+        for (r, a) in rates.iter_mut().zip(again) {
+            *r = r.max(a);
+        }
+    }
+    log.rounds.push(Round { name, flows, rates });
+    let round = log.rounds.last().expect("just ran");
+    let mut by_sender = vec![false; n];
+    for (&(a, _), slow) in round.flows.iter().zip(log.slow(round)) {
+        by_sender[a] = slow;
+    }
+    Ok(by_sender)
+}
+
+/// The forward shift rounds run so far, by shift, each judged with every
+/// host's best rate as known now: (shift, slow by sender).
+fn rejudged<E>(log: &Log<'_, E>, n: usize) -> Vec<(usize, Vec<bool>)> {
+    let mut out: Vec<(usize, Vec<bool>)> = log
+        .rounds
+        .iter()
+        .filter_map(|r| {
+            let s: usize = r.name.strip_prefix("shift ")?.parse().ok()?;
+            (s <= n / 2).then_some((s, r))
+        })
+        .map(|(s, r)| {
+            let mut by_sender = vec![false; n];
+            for (&(a, _), x) in r.flows.iter().zip(log.slow(r)) {
+                by_sender[a] = x;
+            }
+            (s, by_sender)
+        })
+        .collect();
+    out.sort_by_key(|(s, _)| *s);
+    out.dedup_by_key(|(s, _)| *s);
+    out
+}
+
+/// Finds racks as runs of hosts by loading them with shifted rounds (see
+/// the module comment); `n` ≥ 3.
+fn probe_shifts<E>(n: usize, log: &mut Log<'_, E>, say: &dyn Fn(&str)) -> Result<Shifts, E> {
+    // ±1 first: every host sends to a neighbour on each side, so (racks of
+    // two or more) each host's best rate is seen inside its rack. Shift 1
+    // is judged again once both are in.
+    shifted(log, n, 1, None)?;
+    let plus_one = log.rounds.len() - 1;
+    shifted(log, n, n - 1, None)?;
+    let mut slow = vec![false; n];
+    let first = &log.rounds[plus_one];
+    for (&(a, _), x) in first.flows.iter().zip(log.slow(first)) {
+        slow[a] = x;
+    }
+    let mut s = 1;
+    if !slow.contains(&true) {
+        // Double until some flows slow down, then search for the smallest
+        // shift that slows any.
+        let (mut lo, mut hi) = (1, None);
+        let mut t = 2;
+        while t <= n / 2 {
+            let x = shifted(log, n, t, None)?;
+            if x.contains(&true) {
+                hi = Some((t, x));
+                break;
+            }
+            lo = t;
+            t = if t == n / 2 { n } else { (2 * t).min(n / 2) };
+        }
+        if hi.is_none() {
+            // A later round may have shown a host's rate that an earlier
+            // one fell short of (no two hosts in a row share a rack): judge
+            // every round again.
+            let again = rejudged(log, n);
+            if let Some(k) = again.iter().position(|(_, x)| x.contains(&true)) {
+                lo = if k == 0 { 0 } else { again[k - 1].0 };
+                hi = Some(again[k].clone());
+            }
+        }
+        let Some((mut h, mut x)) = hi else {
+            say(&format!(
+                "shifts 1..{}: no flows slowed down: one group, no shared bottleneck",
+                n / 2
+            ));
+            return Ok(Shifts::one_group(n));
+        };
+        while h - lo > 1 {
+            let mid = (lo + h) / 2;
+            let m = shifted(log, n, mid, None)?;
+            if m.contains(&true) {
+                (h, x) = (mid, m);
+            } else {
+                lo = mid;
+            }
+        }
+        (s, slow) = (h, x);
+    }
+    // Forward, a rack's last s hosts send out of it: the racks start after
+    // each run of slow senders. Backward (shift −s), its first s: they start
+    // where a run starts. Both, so that a run slowed by the rack it sends
+    // into still shows the rack it leaves.
+    let back = if s == n - s {
+        slow.clone()
+    } else {
+        shifted(log, n, n - s, None)?
+    };
+    let mut starts: Vec<usize> = (0..n)
+        .filter(|&i| slow[i] && !slow[(i + 1) % n])
+        .map(|i| (i + 1) % n)
+        .chain((0..n).filter(|&i| back[i] && !back[(i + n - 1) % n]))
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    if starts.is_empty() {
+        // Every flow left its rack: s is the racks' size. Leaving host 0
+        // out relieves its rack's uplink, and its rack-mates' flows speed
+        // up.
+        let without = shifted(log, n, s, Some(0))?;
+        let fast = |h: usize| h == 0 || !without[h];
+        let mut first = 0;
+        let mut size = 1;
+        while size < n && fast((first + n - 1) % n) {
+            first = (first + n - 1) % n;
+            size += 1;
+        }
+        while size < n && fast((first + size) % n) {
+            size += 1;
+        }
+        if size == 1 || size == n {
+            say(&format!(
+                "shift {s}: every flow slowed down, and leaving host 0 out relieved \
+                 {}: the bottlenecks are not racks of hosts in a row; one group",
+                if size == 1 {
+                    "none of the others"
+                } else {
+                    "all of them"
+                }
+            ));
+            return Ok(Shifts::one_group(n));
+        }
+        starts = (0..n.div_ceil(size))
+            .map(|k| (first + k * size) % n)
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+    }
+    let mut groups: Vec<Vec<usize>> = (0..starts.len())
+        .map(|k| {
+            let (a, b) = (starts[k], starts[(k + 1) % starts.len()]);
+            let len = match (b + n - a) % n {
+                0 => n,
+                l => l,
+            };
+            let mut g: Vec<usize> = (0..len).map(|j| (a + j) % n).collect();
+            g.sort_unstable();
+            g
+        })
+        .collect();
+    groups.sort_by_key(|g| g[0]);
+    // Check: every slow flow of every shifted round leaves its group.
+    let of = group_of(n, &groups);
+    for round in log.rounds.iter().filter(|r| r.name.starts_with("shift")) {
+        let unexplained = round
+            .flows
+            .iter()
+            .zip(log.slow(round))
+            .find(|(&(a, b), slow)| *slow && of[a] == of[b]);
+        if let Some((&(a, b), _)) = unexplained {
+            say(&format!(
+                "{}: flow {a} -> {b} slowed down inside the group found ({groups:?}): the \
+                 bottlenecks are not racks of hosts in a row; one group",
+                round.name
+            ));
+            return Ok(Shifts::one_group(n));
+        }
+    }
+    if groups.len() < 2 {
+        return Ok(Shifts::one_group(n));
+    }
+    say(&format!(
+        "groups from the shifts (first slowed at shift {s}): {groups:?}"
+    ));
+    // Capacities. Racks of the largest size: from the round at shift s,
+    // where each sends s flows into the next, which is loaded alike: the
+    // fewest flows that fill an uplink (more flows into a shared queue lose
+    // more packets, and TCP stalls). A smaller rack (the last one, say)
+    // would be measured against its neighbour's load, so it gets rounds of
+    // its own: its hosts to (from) hosts of every other rack in turn.
+    // (At shift 1, an uplink slower than one NIC, one flow would not tell
+    // the uplink from a NIC: then every host sends across, shift by the
+    // largest rack.)
+    let widest = groups.iter().map(Vec::len).max().unwrap_or(1);
+    let s_cap = if s >= 2 { s } else { widest % n };
+    let name = format!("shift {s_cap}");
+    if !log.rounds.iter().any(|r| r.name == name) {
+        shifted(log, n, s_cap, None)?;
+    }
+    let whole = log
+        .rounds
+        .iter()
+        .rposition(|r| r.name == name)
+        .expect("ran");
+    let (mut group_out, mut group_in) = (Vec::new(), Vec::new());
+    for (g, members) in groups.iter().enumerate() {
+        for into in [false, true] {
+            let round = if members.len() == widest {
+                log.rounds[whole].clone()
+            } else {
+                let others = round_robin(&groups, g);
+                let flows = if into {
+                    infer::spread_flows(&others, members)
+                } else {
+                    infer::spread_flows(members, &others)
+                };
+                let dir = if into { "into" } else { "out of" };
+                log.run(format!("{dir} group {g}"), flows)?;
+                log.rounds.last().expect("just ran").clone()
+            };
+            let (got, alone): (Vec<f64>, Vec<f64>) = round
+                .flows
+                .iter()
+                .zip(&round.rates)
+                .filter(|(&(a, b), _)| of[a] != of[b] && (if into { of[b] } else { of[a] }) == g)
+                .map(|(&(a, b), &r)| (r, log.reference(a, b)))
+                .unzip();
+            let cap = infer::capacity(&got, &alone);
+            if into {
+                group_in.push(cap);
+            } else {
+                group_out.push(cap);
+            }
+        }
+    }
+    Ok(Shifts {
+        groups,
+        group_out,
+        group_in,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::flows::max_min_rates;
+
+    const NIC: f64 = 12.5e9;
+
+    /// A leaf/spine fabric: `rack_of[h]`, each host's NIC at `NIC` both
+    /// ways, each rack's uplink at `uplink[r]` both ways; rates by max-min
+    /// fairness, times (1 − noise·u) with u in [0, 1).
+    struct Fat {
+        rack_of: Vec<usize>,
+        uplink: Vec<f64>,
+        noise: f64,
+        seed: u64,
+        /// Every this many rounds one flow stalls (a TCP timeout): 5 % of
+        /// its rate. 0: never.
+        stall_every: usize,
+        calls: usize,
+    }
+
+    impl Fat {
+        fn uniform(n: usize, per: usize, blocking: f64) -> Fat {
+            let racks = n.div_ceil(per);
+            Fat {
+                rack_of: (0..n).map(|h| h / per).collect(),
+                // A leaf that is not full still has all its uplinks.
+                uplink: vec![per as f64 * NIC / blocking; racks],
+                noise: 0.0,
+                seed: 1,
+                stall_every: 0,
+                calls: 0,
+            }
+        }
+
+        fn rates(&mut self, flows: &[Flow]) -> Vec<f64> {
+            let n = self.rack_of.len();
+            let r = self.uplink.len();
+            let mut cap = vec![NIC; 2 * n];
+            cap.extend(&self.uplink);
+            cap.extend(&self.uplink);
+            let routes: Vec<Vec<usize>> = flows
+                .iter()
+                .map(|&(a, b)| {
+                    let mut route = vec![a, n + b];
+                    let (ra, rb) = (self.rack_of[a], self.rack_of[b]);
+                    if ra != rb {
+                        route.extend([2 * n + ra, 2 * n + r + rb]);
+                    }
+                    route
+                })
+                .collect();
+            let refs: Vec<&[usize]> = routes.iter().map(Vec::as_slice).collect();
+            let mut rates: Vec<f64> = max_min_rates(&cap, &refs)
+                .into_iter()
+                .map(|x| x * (1.0 - self.noise * self.unit()))
+                .collect();
+            self.calls += 1;
+            if self.stall_every > 0 && self.calls.is_multiple_of(self.stall_every) {
+                let victim = (self.unit() * rates.len() as f64) as usize;
+                rates[victim] *= 0.05;
+            }
+            rates
+        }
+
+        fn unit(&mut self) -> f64 {
+            self.seed ^= self.seed << 13;
+            self.seed ^= self.seed >> 7;
+            self.seed ^= self.seed << 17;
+            (self.seed >> 11) as f64 / (1u64 << 53) as f64
+        }
+
+        fn groups(&self) -> Vec<Vec<usize>> {
+            let mut g: Vec<Vec<usize>> = vec![Vec::new(); self.uplink.len()];
+            for (h, &r) in self.rack_of.iter().enumerate() {
+                g[r].push(h);
+            }
+            g
+        }
+    }
+
+    fn run_on(fat: &mut Fat, pairs_max: usize) -> Found {
+        let n = fat.rack_of.len();
+        let opts = Options {
+            pairs_max,
+            rings: false,
+        };
+        let mut run = |f: &[Flow]| -> Result<Vec<f64>, ()> { Ok(fat.rates(f)) };
+        profile(n, opts, &mut run, &|_| {}).unwrap()
+    }
+
+    #[test]
+    fn shifts_find_oversubscribed_racks_whose_uplinks_beat_a_nic() {
+        // (hosts, per rack, blocking): the study's 2:1 fat tree from 64 to
+        // 1024 hosts, racks that do not divide the hosts, 3:2 and 4:1.
+        for (n, per, blocking) in [
+            (64, 32, 2.0),
+            (1024, 32, 2.0),
+            (100, 16, 2.0),
+            (48, 12, 1.5),
+            (40, 8, 4.0),
+            (6, 3, 1.25),
+            (21, 7, 2.0),
+        ] {
+            let mut fat = Fat::uniform(n, per, blocking);
+            let found = run_on(&mut fat, 0);
+            assert_eq!(found.method, "shifts");
+            assert_eq!(found.groups, fat.groups(), "{n} hosts, {per} per rack");
+            for (g, members) in found.groups.iter().enumerate() {
+                // A rack's uplink is a bottleneck when its hosts together
+                // send more than it carries (not so in a rack left short).
+                let up = fat.uplink[fat.rack_of[members[0]]];
+                let want = (up < infer::SHARED * members.len() as f64 * NIC).then_some(up);
+                for cap in [found.group_out[g], found.group_in[g]] {
+                    match (cap, want) {
+                        (Some(c), Some(w)) => {
+                            assert!((c / w - 1.0).abs() < 0.01, "{n}/{per} g{g}: {c} vs {w}")
+                        }
+                        _ => assert_eq!(cap, want, "{n}/{per} g{g}"),
+                    }
+                }
+            }
+            // Rounds: about 2·log2(n) and never n.
+            let rounds = found.rounds.len();
+            assert!(
+                rounds <= 2 * (n as f64).log2().ceil() as usize + 4,
+                "{n}: {rounds}"
+            );
+            // A pair alone inside a rack runs at the NIC; across, no faster
+            // than the uplinks.
+            assert_eq!(found.rates[0][1], NIC);
+            assert_eq!(found.rates[n - 1][0], NIC.min(fat.uplink[0]));
+        }
+    }
+
+    #[test]
+    fn shifts_find_racks_that_start_anywhere_and_survive_noise_and_stalls() {
+        // Racks of 8 whose first starts at host 3 (hosts 0..2 sit in the
+        // last rack, wrapping around), 2:1, rates with up to 5 % noise, and
+        // in every other round one flow stalled.
+        let n = 40;
+        for stall_every in [0, 2, 3] {
+            let mut fat = Fat::uniform(n, 8, 2.0);
+            fat.rack_of = (0..n).map(|h| ((h + n - 3) % n) / 8).collect();
+            fat.noise = 0.05;
+            fat.stall_every = stall_every;
+            let found = run_on(&mut fat, 0);
+            let mut want = fat.groups();
+            want.sort_by_key(|g| g[0]);
+            assert_eq!(found.groups, want, "stall every {stall_every}");
+            for cap in found.group_out.iter().chain(&found.group_in) {
+                let c = cap.expect("every rack is a bottleneck");
+                assert!((c / fat.uplink[0] - 1.0).abs() < 0.1, "{c}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_non_blocking_fabric_is_one_group_and_mixed_racks_are_refused() {
+        let mut flat = Fat::uniform(64, 16, 1.0);
+        let found = run_on(&mut flat, 0);
+        assert_eq!(found.groups, vec![(0..64).collect::<Vec<_>>()]);
+        assert_eq!(found.group_out, vec![None]);
+        // Racks interleaved with the host order: not runs, so the shifts
+        // cannot place them and say so rather than guess.
+        let mut mixed = Fat::uniform(32, 8, 2.0);
+        mixed.rack_of = (0..32).map(|h| h % 4).collect();
+        let lines = std::cell::RefCell::new(Vec::new());
+        let mut run = |f: &[Flow]| -> Result<Vec<f64>, ()> { Ok(mixed.rates(f)) };
+        let opts = Options {
+            pairs_max: 0,
+            rings: false,
+        };
+        let found = profile(32, opts, &mut run, &|m| {
+            lines.borrow_mut().push(m.to_string())
+        })
+        .unwrap();
+        assert_eq!(found.groups.len(), 1, "{:?}", found.groups);
+        let said = lines.borrow().join("\n");
+        assert!(said.contains("not racks of hosts in a row"), "{said}");
+    }
+
+    #[test]
+    fn shifts_find_uplinks_slower_than_a_nic() {
+        let mut fat = Fat::uniform(20, 4, 1.0);
+        fat.uplink = vec![NIC / 4.0; 5];
+        let found = run_on(&mut fat, 0);
+        assert_eq!(found.groups, fat.groups());
+        assert_eq!(found.group_out, vec![Some(NIC / 4.0); 5]);
+        assert_eq!(found.rates[3][4], NIC / 4.0);
+    }
+
+    #[test]
+    fn pairs_find_slow_uplinks_anywhere_and_shifts_follow_when_they_find_none() {
+        // Uplinks slower than a NIC, racks interleaved: the pairs see them.
+        let mut slow = Fat::uniform(6, 3, 1.0);
+        slow.rack_of = vec![0, 1, 0, 1, 0, 1];
+        slow.uplink = vec![NIC / 4.0; 2];
+        let found = run_on(&mut slow, 16);
+        assert_eq!(found.method, "pairs");
+        assert_eq!(found.groups, vec![vec![0, 2, 4], vec![1, 3, 5]]);
+        assert_eq!(found.rates[0][1], NIC / 4.0);
+        assert!(found.group_out.iter().all(|c| c.is_some()));
+        // Uplinks faster than a NIC but shared: the pairs see one group,
+        // then the shifts find the racks.
+        let mut shared = Fat::uniform(8, 4, 2.0);
+        let found = run_on(&mut shared, 16);
+        assert_eq!(found.method, "pairs, then shifts");
+        assert_eq!(found.groups, shared.groups());
+        assert_eq!(found.rates[0][7], NIC, "pairs keep their measured rates");
+        assert_eq!(found.group_out, vec![Some(2.0 * NIC); 2]);
+    }
+}
