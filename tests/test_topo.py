@@ -306,7 +306,8 @@ def test_shifted_rounds_find_racks_whose_uplinks_beat_one_nic(make_cluster, tmp_
     assert doc["groups"] == [[0, 1, 2], [3, 4, 5]], p.stdout
     uplink = 120e6 / 8
     for cap in doc["group_out"] + doc["group_in"]:
-        # 15 % of the rate moves with TCP's unfairness and the 2 cores' load.
+        # Within 20 %: TCP's unfair sharing and the 2 cores' load move it by up
+        # to 18 % (seen with a simulation running beside).
         assert cap is not None and abs(cap / uplink - 1) < 0.2, (doc["group_out"], p.stdout)
     shifts = [q["name"] for q in doc["patterns"] if q["name"].startswith("shift")]
     assert len(shifts) <= 6, shifts
