@@ -104,6 +104,24 @@ def test_topo_show_prints_groups_matrix_and_ring_and_draws(tmp_path, capsys):
     assert cli_main.main(["topo", "show", str(tmp_path / "missing.json")]) == 1
 
 
+def test_topo_show_summarises_the_rates_of_many_hosts(tmp_path, capsys):
+    # 40 hosts profiled by shifted rounds: the groups, and one line for the
+    # 1560 estimated rates instead of 40 rows of 40.
+    doc = _file([h // 8 for h in range(40)])
+    doc["profile"] = {"bytes_per_flow": 1 << 20, "method": "shifts", "seconds": 2.0}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    png = tmp_path / "t.png"
+    assert cli_main.main(["topo", "show", str(path), "--png", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+    out = capsys.readouterr().out
+    assert "1024 KiB flows (shifts) in 2.0 s" in out, out
+    assert "group 4: h32 h33 h34 h35 h36 h37 h38 h39" in out, out
+    assert "alone rates, Mbit/s (estimated from the shifted rounds; 40 hosts, too many" in out
+    assert "min 250, median 250, max 1000" in out, out
+    assert len(out.splitlines()) < 16, out
+
+
 RANK = r"""
 import json, os
 import numpy as np

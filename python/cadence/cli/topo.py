@@ -104,6 +104,10 @@ def _profile_cluster(args: argparse.Namespace) -> int:
     return result.status
 
 
+#: Hosts up to which `topo show` prints the whole rate matrix.
+MATRIX_MAX_HOSTS = 24
+
+
 def _mbit(bps: float | None) -> str:
     return "-" if bps is None else f"{bps * 8 / 1e6:.0f}"
 
@@ -117,18 +121,28 @@ def describe(doc: dict) -> list[str]:
     lines = [f"topology of {n} hosts ({doc.get('note', '')})"]
     prof = doc.get("profile") or {}
     if prof:
-        lines.append(f"  measured with {prof.get('bytes_per_flow', 0) >> 10} KiB flows in "
+        how = f" ({prof['method']})" if prof.get("method") else ""
+        lines.append(f"  measured with {prof.get('bytes_per_flow', 0) >> 10} KiB flows{how} in "
                      f"{prof.get('seconds', 0):.1f} s")  # fmt: skip
     for g, members in enumerate(doc["groups"]):
         lines.append(f"  group {g}: {' '.join(hosts[h] for h in members)}  "
                      f"(shared out {_mbit(doc['group_out'][g])} Mbit/s, "
                      f"in {_mbit(doc['group_in'][g])} Mbit/s)")  # fmt: skip
-    width = max(6, *(len(h) for h in hosts))
-    lines.append("  alone rates, Mbit/s (row: from, column: to):")
-    lines.append("  " + " " * width + "".join(f"{h:>{width + 1}}" for h in hosts))
-    for a in range(n):
-        cells = "".join(f"{'-' if a == b else _mbit(rates[a][b]):>{width + 1}}" for b in range(n))
-        lines.append(f"  {hosts[a]:<{width}}{cells}")
+    estimated = prof.get("method") == "shifts"
+    what = "estimated from the shifted rounds" if estimated else "measured"
+    if n <= MATRIX_MAX_HOSTS:
+        width = max(6, *(len(h) for h in hosts))
+        lines.append(f"  alone rates, Mbit/s (row: from, column: to; {what}):")
+        lines.append("  " + " " * width + "".join(f"{h:>{width + 1}}" for h in hosts))
+        for a in range(n):
+            cells = "".join(f"{'-' if a == b else _mbit(rates[a][b]):>{width + 1}}"
+                            for b in range(n))  # fmt: skip
+            lines.append(f"  {hosts[a]:<{width}}{cells}")
+    else:
+        off = sorted(rates[a][b] for a in range(n) for b in range(n) if a != b)
+        lines.append(f"  alone rates, Mbit/s ({what}; {n} hosts, too many to print): "
+                     f"min {_mbit(off[0])}, median {_mbit(off[len(off) // 2])}, "
+                     f"max {_mbit(off[-1])} (--png draws them)")  # fmt: skip
     if n >= 2:
         ring = _core.topo_ring(json.dumps(_loadable(doc)))
         order = " -> ".join(hosts[h] for h in ring["order"])
