@@ -205,7 +205,9 @@ pub fn profile<E>(
                 }
             }
         }
-    } else if n >= 3 {
+    } else if n >= 3 && (!pairs || n >= 4) {
+        // (After the pairs, 3 hosts are not worth it: a rack of two sends
+        // one flow out in every shifted round, no more than a pair alone.)
         let shifts = probe_shifts(n, &mut log, say)?;
         if pairs {
             found.method = "pairs, then shifts".into();
@@ -216,7 +218,7 @@ pub fn profile<E>(
         found.groups = shifts.groups;
         found.group_out = shifts.group_out;
         found.group_in = shifts.group_in;
-    } else {
+    } else if !pairs {
         // Two hosts and no pairs: their one flow each way is all there is.
         found.method = "shifts".into();
         log.run("pair".into(), vec![(0, 1), (1, 0)])?;
@@ -792,6 +794,20 @@ mod tests {
             let found = run_on(&mut fat, 16);
             assert_eq!(found.groups, fat.groups(), "every {every}");
         }
+    }
+
+    #[test]
+    fn small_jobs_keep_their_measured_pairs() {
+        for n in [2, 3] {
+            let mut fat = Fat::uniform(n, n, 1.0);
+            let found = run_on(&mut fat, 16);
+            assert_eq!(found.method, "pairs", "{n} hosts");
+            assert_eq!(found.rounds.len(), 1, "{n} hosts: the pairs alone only");
+            assert_eq!(found.rates[1][0], NIC);
+        }
+        let mut two = Fat::uniform(2, 2, 1.0);
+        let found = run_on(&mut two, 0);
+        assert_eq!((found.method.as_str(), found.rates[0][1]), ("shifts", NIC));
     }
 
     #[test]
