@@ -603,7 +603,8 @@ fn probe_shifts<E>(n: usize, log: &mut Log<'_, E>, say: &dyn Fn(&str)) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::flows::max_min_rates;
+    use crate::schedule::Topology;
+    use crate::sim::exec::Model;
 
     const NIC: f64 = 12.5e9;
 
@@ -635,25 +636,17 @@ mod tests {
             }
         }
 
+        /// The simulator's model of this fabric (its max-min sharing is
+        /// what the rounds measure here), then noise and stalls.
         fn rates(&mut self, flows: &[Flow]) -> Vec<f64> {
             let n = self.rack_of.len();
-            let r = self.uplink.len();
-            let mut cap = vec![NIC; 2 * n];
-            cap.extend(&self.uplink);
-            cap.extend(&self.uplink);
-            let routes: Vec<Vec<usize>> = flows
-                .iter()
-                .map(|&(a, b)| {
-                    let mut route = vec![a, n + b];
-                    let (ra, rb) = (self.rack_of[a], self.rack_of[b]);
-                    if ra != rb {
-                        route.extend([2 * n + ra, 2 * n + r + rb]);
-                    }
-                    route
-                })
-                .collect();
-            let refs: Vec<&[usize]> = routes.iter().map(Vec::as_slice).collect();
-            let mut rates: Vec<f64> = max_min_rates(&cap, &refs)
+            let hosts: Vec<usize> = (0..n).collect();
+            let mut model = Model::flat(Topology::from_hosts(&hosts), NIC, 0.0);
+            model.group_of = self.rack_of.clone();
+            model.group_out = self.uplink.clone();
+            model.group_in = self.uplink.clone();
+            let mut rates: Vec<f64> = model
+                .host_flow_rates(flows)
                 .into_iter()
                 .map(|x| x * (1.0 - self.noise * self.unit()))
                 .collect();
