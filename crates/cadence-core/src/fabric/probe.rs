@@ -27,7 +27,13 @@
 //!   fit, it reports one group and says why.
 //!
 //! Up to `pairs_max` hosts the pairs run first, and the shifts only when
-//! the pairs found one group.
+//! the pairs found one group (and there are 4 hosts or more).
+//!
+//! TCP on a shared queue sometimes stalls a flow for a retransmission
+//! timeout, which looks like a bottleneck for one flow. So a slow pair
+//! whose hosts agree on the others is measured again, a shifted round with
+//! slow flows runs twice (slow only if slow both times), and a group's
+//! capacity leaves out flows far below their peers ([`infer::capacity`]).
 
 use super::infer;
 
