@@ -26,6 +26,18 @@ pub const FAST: f64 = 0.8;
 /// alone rates share a bottleneck.
 pub const SHARED: f64 = 0.85;
 
+/// An n × n rate matrix from `rate(a, b)` for every ordered pair a ≠ b;
+/// the diagonal is 0 (a host does not send to itself).
+pub fn pair_rates(n: usize, mut rate: impl FnMut(usize, usize) -> f64) -> Vec<Vec<f64>> {
+    (0..n)
+        .map(|a| {
+            (0..n)
+                .map(|b| if a == b { 0.0 } else { rate(a, b) })
+                .collect()
+        })
+        .collect()
+}
+
 /// (out, in) per host: the fastest alone rate it sent and received.
 pub fn nic_estimates(rates: &[Vec<f64>]) -> (Vec<f64>, Vec<f64>) {
     let n = rates.len();
@@ -145,23 +157,13 @@ mod tests {
     /// Alone rates of a leaf/spine model: NIC speed inside a rack, the
     /// uplink across, each with up to 3 % measurement noise.
     fn rack_rates(rack_of: &[usize], nic: &[f64], uplink: f64, rng: &mut Rng) -> Vec<Vec<f64>> {
-        let n = rack_of.len();
-        (0..n)
-            .map(|a| {
-                (0..n)
-                    .map(|b| {
-                        if a == b {
-                            return 0.0;
-                        }
-                        let mut r = nic[a].min(nic[b]);
-                        if rack_of[a] != rack_of[b] {
-                            r = r.min(uplink);
-                        }
-                        r * (1.0 - 0.03 * rng.unit())
-                    })
-                    .collect()
-            })
-            .collect()
+        pair_rates(rack_of.len(), |a, b| {
+            let mut r = nic[a].min(nic[b]);
+            if rack_of[a] != rack_of[b] {
+                r = r.min(uplink);
+            }
+            r * (1.0 - 0.03 * rng.unit())
+        })
     }
 
     fn as_groups(rack_of: &[usize]) -> Vec<Vec<usize>> {

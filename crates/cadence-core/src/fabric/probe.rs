@@ -119,15 +119,28 @@ impl<E> Log<'_, E> {
         self.best_out[a].min(self.best_in[b])
     }
 
-    /// Flows of `round` that ran well below their reference: they share a
+    /// Flows that ran well below their reference: they share a
     /// bottleneck with others ([`infer::SHARED`]).
-    fn slow(&self, round: &Round) -> Vec<bool> {
-        round
-            .flows
+    fn slow(&self, flows: &[Flow], rates: &[f64]) -> Vec<bool> {
+        flows
             .iter()
-            .zip(&round.rates)
+            .zip(rates)
             .map(|(&(a, b), &r)| r < infer::SHARED * self.reference(a, b))
             .collect()
+    }
+
+    /// [`Log::slow`] of a round of at most one flow per sender, by sender
+    /// (hosts that did not send: false).
+    fn slow_senders(&self, round: &Round) -> Vec<bool> {
+        let mut by_sender = vec![false; self.best_out.len()];
+        for (&(a, _), x) in round
+            .flows
+            .iter()
+            .zip(self.slow(&round.flows, &round.rates))
+        {
+            by_sender[a] = x;
+        }
+        by_sender
     }
 }
 
@@ -308,27 +321,18 @@ impl Shifts {
 fn estimated_rates<E>(log: &Log<'_, E>, s: &Shifts) -> Vec<Vec<f64>> {
     let n = log.best_out.len();
     let of = group_of(n, &s.groups);
-    (0..n)
-        .map(|a| {
-            (0..n)
-                .map(|b| {
-                    if a == b {
-                        return 0.0;
-                    }
-                    let mut r = log.reference(a, b);
-                    if of[a] != of[b] {
-                        for c in [s.group_out[of[a]], s.group_in[of[b]]]
-                            .into_iter()
-                            .flatten()
-                        {
-                            r = r.min(c);
-                        }
-                    }
-                    r
-                })
-                .collect()
-        })
-        .collect()
+    infer::pair_rates(n, |a, b| {
+        let mut r = log.reference(a, b);
+        if of[a] != of[b] {
+            for c in [s.group_out[of[a]], s.group_in[of[b]]]
+                .into_iter()
+                .flatten()
+            {
+                r = r.min(c);
+            }
+        }
+        r
+    })
 }
 
 /// The hosts outside group `g`, taking one from each other group in turn,
@@ -360,12 +364,7 @@ fn shifted<E>(
     };
     let flows = shift_flows(n, s, skip);
     let mut rates = log.measure(&flows)?;
-    let round = Round {
-        name: name.clone(),
-        flows: flows.clone(),
-        rates: rates.clone(),
-    };
-    if log.slow(&round).contains(&true) {
+    if log.slow(&flows, &rates).contains(&true) {
         // TCP can stall a flow for a retransmission timeout or two when a
         // shared queue drops; a bottleneck slows a flow every time. A flow
         // counts as slow only if it is slow in both tries.
@@ -375,12 +374,7 @@ fn shifted<E>(
         }
     }
     log.rounds.push(Round { name, flows, rates });
-    let round = log.rounds.last().expect("just ran");
-    let mut by_sender = vec![false; n];
-    for (&(a, _), slow) in round.flows.iter().zip(log.slow(round)) {
-        by_sender[a] = slow;
-    }
-    Ok(by_sender)
+    Ok(log.slow_senders(log.rounds.last().expect("just ran")))
 }
 
 /// The forward shift rounds run so far, by shift, each judged with every
@@ -393,13 +387,7 @@ fn rejudged<E>(log: &Log<'_, E>, n: usize) -> Vec<(usize, Vec<bool>)> {
             let s: usize = r.name.strip_prefix("shift ")?.parse().ok()?;
             (s <= n / 2).then_some((s, r))
         })
-        .map(|(s, r)| {
-            let mut by_sender = vec![false; n];
-            for (&(a, _), x) in r.flows.iter().zip(log.slow(r)) {
-                by_sender[a] = x;
-            }
-            (s, by_sender)
-        })
+        .map(|(s, r)| (s, log.slow_senders(r)))
         .collect();
     out.sort_by_key(|(s, _)| *s);
     out.dedup_by_key(|(s, _)| *s);
@@ -415,11 +403,7 @@ fn probe_shifts<E>(n: usize, log: &mut Log<'_, E>, say: &dyn Fn(&str)) -> Result
     shifted(log, n, 1, None)?;
     let plus_one = log.rounds.len() - 1;
     shifted(log, n, n - 1, None)?;
-    let mut slow = vec![false; n];
-    let first = &log.rounds[plus_one];
-    for (&(a, _), x) in first.flows.iter().zip(log.slow(first)) {
-        slow[a] = x;
-    }
+    let mut slow = log.slow_senders(&log.rounds[plus_one]);
     let mut s = 1;
     if !slow.contains(&true) {
         // Double until some flows slow down, then search for the smallest
@@ -531,7 +515,7 @@ fn probe_shifts<E>(n: usize, log: &mut Log<'_, E>, say: &dyn Fn(&str)) -> Result
         let unexplained = round
             .flows
             .iter()
-            .zip(log.slow(round))
+            .zip(log.slow(&round.flows, &round.rates))
             .find(|(&(a, b), slow)| *slow && of[a] == of[b]);
         if let Some((&(a, b), _)) = unexplained {
             say(&format!(

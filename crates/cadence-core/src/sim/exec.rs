@@ -244,26 +244,16 @@ impl Model {
 
     /// Rates (bytes/s) of flows between hosts (not ranks) started at
     /// once, by max-min fair sharing of the NICs and the groups' uplinks:
-    /// what a profile's round measures on this model.
+    /// what a profile's round measures on this model (each host's flow
+    /// leaves from its first rank, as the profile's leaders do).
     pub fn host_flow_rates(&self, flows: &[(usize, usize)]) -> Vec<f64> {
-        let (h, g) = (self.nhosts(), self.ngroups());
-        let mut cap = self.nic_out.clone();
-        cap.extend(&self.nic_in);
-        cap.extend(&self.group_out);
-        cap.extend(&self.group_in);
+        let leader = |h: usize| self.topo.ranks_on(h)[0];
         let routes: Vec<Vec<usize>> = flows
             .iter()
-            .map(|&(a, b)| {
-                let mut r = vec![a, h + b];
-                let (ga, gb) = (self.group_of[a], self.group_of[b]);
-                if ga != gb {
-                    r.extend([2 * h + ga, 2 * h + g + gb]);
-                }
-                r
-            })
+            .map(|&(a, b)| self.route(leader(a), leader(b)))
             .collect();
         let refs: Vec<&[usize]> = routes.iter().map(Vec::as_slice).collect();
-        super::flows::max_min_rates(&cap, &refs)
+        super::flows::max_min_rates(&self.links(), &refs)
     }
 
     fn alpha(&self, a: usize, b: usize) -> f64 {
