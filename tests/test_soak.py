@@ -131,10 +131,13 @@ def _fake_job(tmp_path, scripts, **cfg):
     job.started, job.failed_at, job.running_at = time.monotonic(), None, None
     job.log, job.log_lock, job.readers = open(tmp_path / "log", "w"), threading.Lock(), []  # noqa: SIM115
     job.ranks = {
-        r: soak.RankState(r, subprocess.Popen(["sh", "-c", sc], start_new_session=True),
+        r: soak.RankState(r, subprocess.Popen(["sh", "-c", sc], stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, start_new_session=True),
                           time.monotonic(), ready=True)
         for r, sc in enumerate(scripts)
     }  # fmt: skip
+    for r, st in job.ranks.items():
+        job.read_rank(r, st.proc)
     job.running_at = time.monotonic()
     job.record.nranks = len(scripts)
     job.store = subprocess.Popen(["true"])
@@ -180,6 +183,20 @@ def test_a_rank_dying_without_an_error_is_a_crash(tmp_path):
     rec = _poll_until_over(job)
     assert rec.outcome == "crash" and rec.crashed_ranks[0]["rank"] == 0
     assert "SIGSEGV" in rec.crashed_ranks[0]["exit"]
+
+
+def test_an_error_event_survives_a_line_written_around_it(tmp_path):
+    # A progress thread's line goes to stderr in pieces while the main thread
+    # prints the event that reports the failure: the event still arrives.
+    def rank(r):
+        ev = json.dumps({"ev": "error", "kind": "CommError", "culprit": 1 - r, "t": time.time()})
+        return (f"printf 'cadence comm c rank {r}: timed out' >&2; echo '{ev}'; "
+                f"printf ' [culprit: rank {1 - r}]\\n' >&2; exit 3")  # fmt: skip
+
+    _, job = _fake_job(tmp_path, [rank(0), rank(1)], timeout=5, margin=5)
+    rec = _poll_until_over(job)
+    assert rec.outcome == "failed", (rec.crashed_ranks, (tmp_path / "log").read_text())
+    assert sorted((e["rank"], e["culprit"]) for e in rec.errors) == [(0, 1), (1, 0)]
 
 
 def test_a_failure_is_explained_only_under_a_cut(tmp_path):

@@ -9,6 +9,9 @@
 //! hosts: measured model and path finder), [`sim`] (schedules run on a model
 //! of a cluster).
 
+#[macro_use]
+mod log;
+
 pub mod comm;
 pub mod config;
 pub mod engine;

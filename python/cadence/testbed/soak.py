@@ -48,12 +48,13 @@ from pathlib import Path
 from typing import TextIO
 
 from cadence.testbed import cluster as tb
-from cadence.testbed import jobs
+from cadence.testbed import jobs, soak_rank
 from cadence.testbed.rates import parse_rate
 
 SLOW_RATES = ("20mbit", "50mbit", "200mbit")
 CUT_SHARE = 0.6  # of the faults that come while a job runs
 LAST_START = 15.0  # seconds before the end after which no new job starts
+READERS_DRAIN_S = 5.0  # after a job's last exit, to read the rest of its output
 
 
 @dataclass
@@ -154,13 +155,11 @@ class Job:
             proc = subprocess.Popen(
                 jobs.in_host(place.host, cmd),
                 env=jobs.rank_env(soak.cluster, place, cfg.ranks_per_host, port, env),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True,
             )  # fmt: skip
             self.ranks[place.rank] = RankState(place.rank, proc, time.monotonic())
-            t = threading.Thread(target=self._read, args=(place.rank, proc.stdout), daemon=True)
-            t.start()
-            self.readers.append(t)
+            self.read_rank(place.rank, proc)
         self.record.nranks = len(self.ranks)
 
     def _serve_store(self, place, port: int, env: dict) -> subprocess.Popen:
@@ -195,15 +194,33 @@ class Job:
                 self.log.write(f"[driver] the store is not up after {cfg.startup:g} s\n")
         return proc
 
-    def _read(self, rank: int, stream) -> None:
+    def read_rank(self, rank: int, proc: subprocess.Popen) -> None:
+        """Reads a rank's stdout (its events) and stderr (cadence's own
+        lines) on two threads, into the job's log. Two pipes, because lines
+        that two threads of a rank write to one pipe can interleave: a
+        progress thread's error line split the event that reported it, and
+        the driver took the rank for crashed (stop 33's CI run)."""
+        for stream, events in ((proc.stdout, True), (proc.stderr, False)):
+            t = threading.Thread(target=self._read, args=(rank, stream, events), daemon=True)
+            t.start()
+            self.readers.append(t)
+
+    def _read(self, rank: int, stream, events: bool) -> None:
+        tag = f"[rank{rank}]" if events else f"[rank{rank} stderr]"
         with stream:
             for raw in iter(stream.readline, b""):
                 line = raw.decode(errors="replace").rstrip("\n")
                 with self.log_lock:
-                    self.log.write(f"[rank{rank}] {line}\n")
-                if line.startswith('{"ev"'):
-                    with contextlib.suppress(ValueError):
-                        self.soak.events.put((self.record.id, rank, json.loads(line)))
+                    self.log.write(f"{tag} {line}\n")
+                at = line.find('{"ev"') if events else -1
+                if at < 0:
+                    continue
+                try:
+                    self.soak.events.put((self.record.id, rank, json.loads(line[at:])))
+                except ValueError:
+                    with self.log_lock:
+                        self.log.write(f"[driver] rank {rank}: an event line that does not "
+                                       f"parse: {line[:300]!r}\n")  # fmt: skip
 
     @property
     def running(self) -> bool:
@@ -299,8 +316,14 @@ class Job:
 
     def _finish(self) -> None:
         jobs.terminate([self.store])
+        # Every process has exited: its pipes end once read to the last line.
+        until = time.monotonic() + READERS_DRAIN_S
         for t in self.readers:
-            t.join(timeout=1.0)
+            t.join(timeout=max(0.0, until - time.monotonic()))
+        if any(t.is_alive() for t in self.readers):
+            with self.log_lock:
+                self.log.write(f"[driver] output still unread {READERS_DRAIN_S:g} s after "
+                               "the last exit; later events are lost\n")  # fmt: skip
         self.soak.drain()  # the last events of this job
         rec = self.record
         rec.end = time.time()
@@ -317,7 +340,10 @@ class Job:
                     "msg": (e.get("msg") or "")[:500],
                 })  # fmt: skip
             elif st.exit not in (0, None) and not st.killed:
-                rec.crashed_ranks.append({"rank": st.rank, "exit": jobs.describe_exit(st.exit)})
+                exit_ = jobs.describe_exit(st.exit)
+                if st.exit == soak_rank.EXIT_COMM_ERROR:
+                    exit_ += " (a CommError) without its error event"
+                rec.crashed_ranks.append({"rank": st.rank, "exit": exit_})
             elif st.exit == 0 and st.done is None:
                 rec.crashed_ranks.append({"rank": st.rank, "exit": "exited 0 without 'done'"})
         if rec.hung_ranks:

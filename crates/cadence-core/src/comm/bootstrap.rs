@@ -316,7 +316,7 @@ impl Bootstrap {
         let debug = self.cfg.debug;
         let mut warn = |m: String| match &mut sink {
             Some(f) => f(m),
-            None if debug >= DebugLevel::Warn => eprintln!("cadence rank {rank}: WARN {m}"),
+            None if debug >= DebugLevel::Warn => stderr_line!("cadence rank {rank}: WARN {m}"),
             None => {}
         };
         // Paths that did not connect, per peer: (path, why). Their streams

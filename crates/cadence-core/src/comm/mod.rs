@@ -495,10 +495,10 @@ impl Comm {
         if s.cfg.debug >= DebugLevel::Info && s.rank == 0 {
             let path = s.cfg.tuning.as_ref().map(|t| t.path.display().to_string());
             for line in select::table_lines(&s.cfg.algo, &s.auto, path.as_deref()) {
-                eprintln!("cadence rank {} INFO: {line}", s.rank);
+                stderr_line!("cadence rank {} INFO: {line}", s.rank);
             }
             let o = &s.auto.order;
-            eprintln!(
+            stderr_line!(
                 "cadence rank {} INFO: ring order {}: {}",
                 s.rank,
                 o.hosts.join(" -> "),
@@ -886,7 +886,7 @@ impl Shared {
             let bytes = select::coll_bytes(args, es);
             if self.choices.first(req.kind, bytes, algo) {
                 let line = select::choice_line(req.kind, bytes, self.nranks, algo, &why);
-                eprintln!("cadence rank {} INFO: {line}", self.rank);
+                stderr_line!("cadence rank {} INFO: {line}", self.rank);
             }
         }
         Ok(algo)
@@ -1085,7 +1085,7 @@ impl Shared {
                         .map_err(|e| self.err(ErrorKind::InvalidArgument(e.to_string()), None))?,
                 );
                 if self.cfg.debug >= DebugLevel::Info {
-                    eprintln!(
+                    stderr_line!(
                         "cadence rank {} INFO: {} of {} x {} over {n} ranks: algorithm {} ({} phases)",
                         self.rank,
                         req.kind,
@@ -1123,7 +1123,7 @@ impl Shared {
     /// Prints a failed operation's error (`CADENCE_DEBUG` WARN and above).
     fn warn_failed(&self, e: &CommError) {
         if self.cfg.debug >= DebugLevel::Warn {
-            eprintln!("{e}");
+            stderr_line!("{e}");
         }
     }
 
@@ -1202,7 +1202,7 @@ impl Shared {
             if self.cfg.debug >= DebugLevel::Trace {
                 // One JSON line per operation, as the flight recorder has it.
                 let line = serde_json::to_string(r).unwrap_or_default();
-                eprintln!("cadence rank {} TRACE {line}", self.rank);
+                stderr_line!("cadence rank {} TRACE {line}", self.rank);
             }
         }
     }
@@ -1397,7 +1397,7 @@ impl Shared {
     fn dump_on_error(&self, e: &CommError) {
         if let Some(dir) = &self.cfg.dump_dir {
             if let Err(err) = self.dump_to(dir, &format!("failure: {e}")) {
-                eprintln!(
+                stderr_line!(
                     "cadence: could not write a dump into {}: {err}",
                     dir.display()
                 );

@@ -212,7 +212,7 @@ impl Comm {
         let info = self.shared.cfg.debug >= DebugLevel::Info && self.rank() == 0;
         let say = |m: &str| {
             if info {
-                eprintln!("cadence rank 0 INFO: topology: {m}");
+                stderr_line!("cadence rank 0 INFO: topology: {m}");
             }
         };
         let hosts = names_of(&topo, &self.hosts);
@@ -264,7 +264,7 @@ impl Comm {
                     Ok(()) => say(&format!("cached in {}", path.display())),
                     Err(e) => {
                         if self.shared.cfg.debug >= DebugLevel::Warn {
-                            eprintln!(
+                            stderr_line!(
                                 "cadence rank 0 WARN: cannot cache the topology profile in {}: \
                                  {e} (the next job profiles again)",
                                 path.display()

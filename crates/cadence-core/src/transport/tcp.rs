@@ -698,7 +698,7 @@ impl TcpLink {
 
     fn log(&self, line: String) {
         if let Some(who) = &self.fo.log_as {
-            eprintln!("{who}: WARN {line}");
+            stderr_line!("{who}: WARN {line}");
         }
     }
 
