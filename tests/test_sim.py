@@ -128,6 +128,63 @@ def test_calibration_of_an_emulated_cluster_shares_the_machines_cores():
     assert "cpu" not in spec_from_calibration(unshaped, measured, 10**9)
 
 
+def test_calibration_separates_a_calls_cost_from_a_steps():
+    from cadence.cli.sim import shaper_of
+
+    base = {
+        "version": 1, "kind": "cadence-cluster", "hosts": 4, "ranks_per_host": 1,
+        "nic": {"count": 1, "rate": "119.551MB/s"}, "shaper": shaper_of(10**9, 1500),
+    }  # fmt: skip
+    # 8 ranks on 2 cores. A step costs 50 µs and a call 140 µs: the
+    # allgather's 7 steps take 490 µs (70 a step), the allreduce's 14
+    # take 840 (60 a step).
+    measured = {"loaded": 490e-6 / 7, "loaded_allreduce": 840e-6 / 14, "cores": 2, "nranks": 8}
+    cpu = spec_from_calibration(base, measured, 10**9)["cpu"]
+    assert cpu["loaded_overhead_us"] == pytest.approx(50 * 2 / 8)
+    assert cpu["call_overhead_us"] == pytest.approx(140 * 2 / 8)
+    model = _core.SimCluster(json.dumps({**base, "ranks_per_host": 2,
+                                         "cpu": cpu}), "spec.json").describe()  # fmt: skip
+    assert model["call_overhead"] == pytest.approx(35e-6)
+    # An allreduce no slower a step than the allgather: all of it is steps.
+    cpu = spec_from_calibration(base, {**measured, "loaded_allreduce": 35e-6}, 10**9)["cpu"]
+    assert cpu["loaded_overhead_us"] == pytest.approx(70 * 2 / 8) and "call_overhead_us" not in cpu
+
+
+def test_calibration_fits_what_the_network_stacks_cost_the_shared_cores():
+    from cadence.cli.sim import fit_stack_rate, shaper_of
+
+    base = {
+        "version": 1, "kind": "cadence-cluster", "hosts": 4, "ranks_per_host": 1,
+        "nic": {"count": 1, "rate": "119.551MB/s"}, "shaper": shaper_of(10**9, 1500),
+    }  # fmt: skip
+    measured = {"tcp": {"alpha": 13e-6, "beta": 1 / 1.2e8, "overhead": 8e-6},
+                "loaded": 60e-6, "cores": 2, "nranks": 8}  # fmt: skip
+    plain = spec_from_calibration(base, measured, 10**9)
+    assert "stack_rate" not in plain["cpu"]
+
+    # The bulk probe as a model whose cores move 300 MB/s each through the
+    # stacks would time it: the fit finds that rate again.
+    def probe(stack_rate):
+        s = json.loads(json.dumps(plain))
+        s["ranks_per_host"] = 2
+        if stack_rate:
+            s["cpu"]["stack_rate"] = stack_rate
+        model = _core.SimCluster(json.dumps(s), "spec.json", None)
+        return {"bytes_per_rank": 8192, "calls": 4,
+                "seconds": model.run("allgather", 8 * 8192, 1, "ring", 4)[1]}  # fmt: skip
+
+    bulk = probe("300MB/s")
+    spec = spec_from_calibration(base, {**measured, "loaded_bulk": bulk}, 10**9)
+    assert float(spec["cpu"]["stack_rate"].removesuffix("MB/s")) == pytest.approx(300, rel=0.01)
+    # The stacks cost the probe something: it is slower than the model without them.
+    assert bulk["seconds"] > probe(None)["seconds"] * 1.2
+    # A probe no slower than the model without the stacks: they cost nothing.
+    free = {**bulk, "seconds": probe(None)["seconds"] * 0.9}
+    assert fit_stack_rate(plain, free, 8) is None
+    spec = spec_from_calibration(base, {**measured, "loaded_bulk": free}, 10**9)
+    assert "stack_rate" not in spec["cpu"]
+
+
 def test_calibration_across_racks_scales_by_the_uplink_it_measured():
     base = {
         "version": 1, "kind": "cadence-cluster", "hosts": 4,

@@ -1374,10 +1374,13 @@ impl SimCluster {
         d.set_item("ring_order", m.topo.host_order())?;
         // (burst seconds, peak bytes/s) of shaped links, or None.
         d.set_item("shaper", m.shaper.map(|s| (s.burst, s.peak)))?;
-        // Cores every rank shares (None: a core each), and a message's
-        // floor cost on them.
+        // Cores every rank shares (None: a core each), a message's floor
+        // cost on them, a call's per rank, and their seconds per byte of
+        // the network stacks.
         d.set_item("shared_cores", m.shared_cores)?;
         d.set_item("loaded_overhead", m.loaded_overhead)?;
+        d.set_item("call_overhead", m.call_overhead)?;
+        d.set_item("stack_cost", m.stack_cost)?;
         Ok(d)
     }
 

@@ -19,7 +19,13 @@ allgather of 8 bytes a rank (LOADED_CALLS back to back, median of
 LOADED_REPS): `loaded` is its time per ring step, when every rank sends and
 receives a message each step. Where ranks outnumber the machine's cores
 (`cores`: rank 0's), that is what a message costs a busy machine: switching
-its receiver in and out (`cadence sim calibrate` uses it).
+its receiver in and out (`cadence sim calibrate` uses it). A ring
+allreduce of 8 bytes a rank, timed alike, is `loaded_allreduce` (per
+step, of its 2(n-1)): twice the allgather's steps, so the two separate a
+step's cost from the call's own. The same ring allgather with BULK bytes a
+rank, timed as `cadence bench` times it (a barrier, then
+its batch of calls), is `loaded_bulk`: from it `cadence sim calibrate` fits
+what the bytes cost cores that carry every host's network stack.
 
 Rank 0 writes `DIR/calibrate.json`: the setting as cadence sees it (ranks,
 hosts, ranks per host, 0 when hosts differ), the algorithms of each of
@@ -45,6 +51,7 @@ SMALL_REPS, LARGE_REPS, WARMUP = 50, 5, 5
 BURST = 64  # messages: o
 GAMMA_BYTES = 16 << 20
 LOADED_CALLS, LOADED_REPS = 16, 9
+BULK = 8 << 10  # bytes a rank: the loaded ring's bulk probe
 
 
 def gamma(nbytes: int = GAMMA_BYTES, repeats: int = 5) -> float:
@@ -129,6 +136,53 @@ def loaded_step(comm) -> float:
     return statistics.median(times)
 
 
+def loaded_allreduce_step(comm) -> float:
+    """Seconds per step of a ring allreduce of 8 bytes a rank (2(n-1)
+    steps), timed as `loaded_step`: against the allgather's n-1 steps it
+    separates a step's cost from the call's own."""
+    n = comm.size
+    x = np.zeros(2 * n, dtype=np.float32)  # 8 bytes a rank
+    for _ in range(WARMUP):
+        comm.allreduce(x, algo="ring")
+    times = []
+    for _ in range(LOADED_REPS):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(LOADED_CALLS):
+            comm.allreduce(x, algo="ring")
+        times.append((time.perf_counter() - t0) / LOADED_CALLS / max(2 * (n - 1), 1))
+    return statistics.median(times)
+
+
+def loaded_bulk(comm) -> dict:
+    """A ring allgather of BULK bytes a rank, every rank busy, timed as
+    `cadence bench` times one (a barrier, then its batch of calls back to
+    back): seconds per call, the slowest rank's median of LOADED_REPS
+    samples. Against the
+    8-byte step it says what the bytes cost a machine whose cores carry
+    every host's network stack (`cadence sim calibrate` fits that)."""
+    from cadence.bench.worker import batch_calls
+
+    n = comm.size
+    x = np.zeros(BULK * n, dtype=np.uint8)
+    mine = x[comm.rank * BULK : (comm.rank + 1) * BULK].copy()
+    calls = batch_calls(BULK * n)
+    for _ in range(WARMUP):
+        comm.allgather(mine, out=x, algo="ring")
+    times = []
+    for _ in range(LOADED_REPS):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            comm.allgather(mine, out=x, algo="ring")
+        times.append((time.perf_counter() - t0) / calls)
+    # The slowest rank's median, as the bench reports a collective (with
+    # more ranks than cores, rank 0's own was 0.1-0.15 ms a call faster).
+    slowest = np.array([statistics.median(times)])
+    comm.allreduce(slowest, op="max")
+    return {"bytes_per_rank": BULK, "calls": calls, "seconds": float(slowest[0])}
+
+
 def peers(hosts: list[str]) -> dict[str, int]:
     """The peers rank 0 measures: the first other rank on its host ("shm") and
     the first rank on another host ("tcp"), where there are such ranks."""
@@ -174,12 +228,16 @@ def main(argv: list[str] | None = None) -> int:
             links[kind] = link(comm, peer if comm.rank == 0 else 0, lead=comm.rank == 0)
         comm.barrier()
     loaded = loaded_step(comm) if comm.size > 1 else None
+    loaded_ar = loaded_allreduce_step(comm) if comm.size > 1 else None
+    bulk = loaded_bulk(comm) if comm.size > 1 else None
     if comm.rank == 0:
         result = {
             **setting(hosts),
             "hosts": hosts,
             "algorithms": {op: list(comm.algorithms(op)) for op in args.ops.split(",") if op},
-            "measured": {**links, "gamma": g, "loaded": loaded, "cores": os.cpu_count()},
+            "measured": {**links, "gamma": g, "loaded": loaded,
+                         "loaded_allreduce": loaded_ar, "loaded_bulk": bulk,
+                         "cores": os.cpu_count()},  # fmt: skip
         }
         out = Path(args.out) / "calibrate.json"
         out.write_text(json.dumps(result, indent=1) + "\n")

@@ -173,7 +173,9 @@ def spec_from_calibration(
     rack uplink when the peer measured was in another rack): the NICs and
     uplinks are scaled by the share of it that TCP got. On shaped (emulated)
     links the ranks share the machine's `cores`, and the loaded ring step of
-    `nranks` gives every message's floor cost on a busy machine."""
+    `nranks` gives every message's floor cost on a busy machine; the same
+    ring with bulk (`loaded_bulk`) gives what a byte between hosts costs
+    those cores (`fit_stack_rate`)."""
     out = json.loads(json.dumps(spec))
     tcp, shm, gamma = measured.get("tcp"), measured.get("shm"), measured.get("gamma")
     count = spec["nic"]["count"]
@@ -216,11 +218,64 @@ def spec_from_calibration(
         # the messages each core carried (a floor of what a message costs a
         # busy machine, whatever its transport). With a core per rank the
         # step is a message's latency, which α and o already are.
+        step, call = loaded, 0.0
+        steps, ar = nranks - 1, measured.get("loaded_allreduce")
+        if ar:
+            # The allgather's call is n-1 steps and the call's own work, the
+            # allreduce's 2(n-1) steps and the same: a step is their
+            # difference over n-1 steps, the call what is left.
+            per_step = (2 * steps * ar - steps * loaded) / steps
+            if per_step > 0:
+                step, call = per_step, max(steps * loaded - steps * per_step, 0.0)
         out.setdefault("cpu", {}).update(
             shared_cores=float(cores),
-            loaded_overhead_us=round(loaded * cores / nranks * 1e6, 3),
+            loaded_overhead_us=round(step * cores / nranks * 1e6, 3),
         )
+        if call > 0:
+            # Every rank worked on the call on the same cores.
+            out["cpu"]["call_overhead_us"] = round(call * cores / nranks * 1e6, 3)
+        bulk = measured.get("loaded_bulk")
+        rate = fit_stack_rate(out, bulk, nranks) if bulk else None
+        if rate is not None:
+            out["cpu"]["stack_rate"] = f"{rate / 1e6:.1f}MB/s"
     return out
+
+
+STACK_RATES = (1e7, 1e11)  # bytes/s a core: the range the fit searches
+
+
+def fit_stack_rate(spec: dict, bulk: dict, nranks: int) -> float | None:
+    """What one shared core moves through the hosts' network stacks, such
+    that the model (`spec`, with everything else calibrated) gives the
+    loaded ring's bulk probe its measured time: the rate, bytes/s, or None
+    where the model is as slow as the probe without it (the stacks cost
+    nothing it can see). The model is slower the lower the rate, so a
+    bisection (in log space) finds it."""
+    import math
+
+    from cadence import _core
+
+    s = json.loads(json.dumps(spec))
+    s["ranks_per_host"] = nranks // s["hosts"]
+    per_rank, calls, measured = bulk["bytes_per_rank"], bulk["calls"], bulk["seconds"]
+
+    def simulated(rate: float) -> float:
+        s["cpu"]["stack_rate"] = f"{rate:.6g}B/s"
+        model = _core.SimCluster(json.dumps(s), "calibration", None)
+        return model.run("allgather", per_rank * nranks, 1, "ring", calls)[1]
+
+    lo, hi = STACK_RATES
+    if simulated(hi) >= measured:
+        return None
+    if simulated(lo) <= measured:
+        return lo
+    for _ in range(30):  # to 0.1 % of the rate
+        mid = math.sqrt(lo * hi)
+        if simulated(mid) > measured:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def calibrate(args: argparse.Namespace) -> int:
@@ -267,6 +322,15 @@ def calibrate(args: argparse.Namespace) -> int:
             bottleneck = min(bottleneck, cluster.uplink_bits * cluster.nics)
     measured = {**calib.get("measured", {}), "nranks": calib.get("nranks")}
     spec = spec_from_calibration(base, measured, cluster.rate_bits, bottleneck)
+    loaded, bulk = measured.get("loaded"), measured.get("loaded_bulk")
+    if loaded and bulk:
+        cpu = spec.get("cpu", {})
+        print(f"sim calibrate: loaded ring step {loaded * 1e6:.1f} µs (8 B a rank; allreduce "
+              f"{(measured.get('loaded_allreduce') or 0) * 1e6:.1f} µs); "
+              f"{bulk['seconds'] * 1e6:.1f} µs a call with {bulk['bytes_per_rank']} B a rank "
+              f"({bulk['calls']} calls a sample): a message {cpu.get('loaded_overhead_us')} µs "
+              f"and a call {cpu.get('call_overhead_us', 0)} µs of the cores, stack rate "
+              f"{cpu.get('stack_rate', 'not needed')}", file=sys.stderr)  # fmt: skip
     stamp = datetime.now().astimezone().isoformat(timespec="seconds")
     spec["note"] = f"emulated cluster {cluster.name}, calibrated {stamp}"
     out = Path(args.output) if args.output else saved

@@ -28,7 +28,9 @@
 //!   cores ([`Model::shared_cores`]: an emulated cluster), that start-up
 //!   work, at least [`Model::loaded_overhead`] a message, is shared by all
 //!   the messages being started at once on the machine (processor sharing,
-//!   at most one core each).
+//!   at most one core each); with [`Model::stack_cost`] the bytes of
+//!   messages between hosts cross those cores too, as a link, and each
+//!   call first costs each rank [`Model::call_overhead`] of them.
 //! - A receive completes when its message arrived and it is released; a
 //!   reducing one also needs γ per byte of the receiver's CPU, which it
 //!   spends while the bytes arrive (the engine reduces pieces as they land),
@@ -36,10 +38,10 @@
 //! - A phase ends when all its transfers are done; the held phase becomes
 //!   current and the one after it may be admitted held.
 //!
-//! Not modeled: CPU contention between ranks beyond the memory link and
-//! the shared cores' start-up work (reductions and copies use a rank's own
-//! CPU), TCP slow start and retransmits, the engine's wake-up costs on an
-//! idle machine (they are in α).
+//! Not modeled: CPU contention between ranks beyond the memory link, the
+//! shared cores' start-up work and their network stacks (reductions and
+//! copies use a rank's own CPU), TCP slow start and retransmits, the
+//! engine's wake-up costs on an idle machine (they are in α).
 //!
 //! The schedules are compiled to a compact form as they are built
 //! ([`simulate_with`]), so 4096 ranks' schedules of thousands of phases fit
@@ -98,6 +100,16 @@ pub struct Model {
     /// (seconds), what a loaded machine spends switching its receiver in
     /// and out, over shared memory as over TCP.
     pub loaded_overhead: f64,
+    /// With shared cores: seconds of those cores per byte of a message
+    /// between hosts (the hosts' network stacks: TCP, the veths and
+    /// shapers, the copies in and out); 0: free. The stacks' bytes and the
+    /// messages' start-up work then share the same cores, so a step in
+    /// which every rank sends costs their sum, not the larger of the two.
+    pub stack_cost: f64,
+    /// With shared cores: the core time each rank spends on a call before
+    /// its first message (the binding, the schedule's lookup, the
+    /// operation's record), shared with everything else on those cores.
+    pub call_overhead: f64,
 }
 
 /// How shaped links pass traffic: after an idle spell each NIC or uplink
@@ -133,6 +145,8 @@ impl Model {
             shaper: None,
             shared_cores: None,
             loaded_overhead: 0.0,
+            stack_cost: 0.0,
+            call_overhead: 0.0,
         }
     }
 
@@ -173,6 +187,8 @@ impl Model {
             self.tcp_eager,
             self.shm_eager,
             self.loaded_overhead,
+            self.stack_cost,
+            self.call_overhead,
         ];
         if times.iter().any(|&t| !t.is_finite() || t < 0.0) {
             return Err("latencies, overheads, γ and eager limits must be finite and ≥ 0".into());
@@ -195,11 +211,32 @@ impl Model {
         cap.extend(std::iter::repeat_n(self.shm_rate, self.topo.nranks()));
         cap.extend(std::iter::repeat_n(self.mem_rate, self.nhosts()));
         if let Some(cores) = self.shared_cores {
-            // Core-seconds per second: each rank's thread, then the machine.
-            cap.extend(std::iter::repeat_n(1.0, self.topo.nranks()));
-            cap.push(cores);
+            // Each rank's thread, then the machine, in units of work that
+            // messages between hosts also spend (see `cpu_unit`).
+            let unit = self.cpu_unit();
+            cap.extend(std::iter::repeat_n(1.0 / unit, self.topo.nranks()));
+            cap.push(cores / unit);
         }
         cap
+    }
+
+    /// Seconds of core time in one unit of the cores' links: a byte's
+    /// worth of the network stacks where they cost something (so that the
+    /// bytes of a message between hosts cross the cores' link as they
+    /// cross a NIC, one unit a byte), else one second.
+    fn cpu_unit(&self) -> f64 {
+        if self.stack_cost > 0.0 {
+            self.stack_cost
+        } else {
+            1.0
+        }
+    }
+
+    /// The machine's cores' link, when the ranks share cores.
+    fn cores_link(&self) -> Option<usize> {
+        self.shared_cores?;
+        let (h, g, n) = (self.nhosts(), self.ngroups(), self.topo.nranks());
+        Some(2 * h + 2 * g + n + h + n)
     }
 
     /// The links a message's start-up work on rank a's CPU crosses, when
@@ -238,6 +275,9 @@ impl Model {
         let mut r = vec![ha, h + hb];
         if ga != gb {
             r.extend([2 * h + ga, 2 * h + g + gb]);
+        }
+        if self.stack_cost > 0.0 {
+            r.extend(self.cores_link());
         }
         r
     }
@@ -502,6 +542,8 @@ struct RankState {
     cur_at: Vec<(u32, u64)>,
     ahead_at: Vec<(u32, u64)>,
     cpu_free: f64,
+    /// Whether the rank's work on the call that starts at phase `cur` is done.
+    call_paid: bool,
     /// The next unit of the program this rank has not finished.
     unit: usize,
     /// When the rank's CPU may start its next message.
@@ -695,6 +737,19 @@ where
                     .collect()
             })
             .collect(),
+        call_first: progs
+            .iter()
+            .zip(&unit_ends)
+            .map(|(p, ends)| {
+                let mut first = vec![false; p.nphases()];
+                for e in std::iter::once(0).chain(ends.iter().copied()) {
+                    if let Some(f) = first.get_mut(e) {
+                        *f = true;
+                    }
+                }
+                first
+            })
+            .collect(),
         progs,
         unit_ends,
         call_ends: vec![0.0; program.len()],
@@ -712,6 +767,9 @@ where
 /// A flow id's mark for a message's start-up work on shared cores (the
 /// rest of the id is its channel), as against the message on the wire.
 const CPU_WORK: usize = 1 << (usize::BITS - 1);
+/// A flow id's mark for a rank's work on a call before its first phase,
+/// on shared cores (the rest of the id is the rank).
+const CALL_WORK: usize = 1 << (usize::BITS - 2);
 
 struct Sim<'a> {
     model: &'a Model,
@@ -721,6 +779,8 @@ struct Sim<'a> {
     /// call, or folds or follows a phase that does (then it is never
     /// admitted ahead).
     has_local: Vec<Vec<bool>>,
+    /// Per rank and phase: whether the phase is a call's first.
+    call_first: Vec<Vec<bool>>,
     /// Per rank, the phase index at which each unit of the program ends;
     /// per unit, when its last rank was done.
     unit_ends: Vec<Vec<usize>>,
@@ -760,6 +820,10 @@ impl Sim<'_> {
                 for id in left {
                     if id & CPU_WORK != 0 {
                         self.leave((id & !CPU_WORK) as u32);
+                    } else if id & CALL_WORK != 0 {
+                        let r = id & !CALL_WORK;
+                        self.ranks[r].call_paid = true;
+                        self.enter(r);
                     } else {
                         self.left(id as u32)?;
                     }
@@ -805,8 +869,20 @@ impl Sim<'_> {
     }
 
     /// Rank r enters its current phase: local steps on its CPU, then Post.
+    /// A call's first phase waits for the rank's work on the call, where
+    /// the ranks share cores.
     fn enter(&mut self, r: usize) {
+        let call_work = self.model.call_overhead;
         let st = &mut self.ranks[r];
+        if call_work > 0.0 && self.model.shared_cores.is_some() && self.call_first[r][st.cur] {
+            if !st.call_paid {
+                let units = call_work / self.model.cpu_unit();
+                self.flows
+                    .start(CALL_WORK | r, self.model.cpu_route(r), units);
+                return;
+            }
+            st.call_paid = false;
+        }
         let cost = self.progs[r].local[st.cur] * self.es * self.model.gamma;
         let at = self.now.max(st.cpu_free) + cost;
         st.cpu_free = at;
@@ -920,8 +996,11 @@ impl Sim<'_> {
         self.chans[c as usize].busy = true;
         if self.model.shared_cores.is_some() {
             let work = self.model.overhead(a, b).max(self.model.loaded_overhead);
-            self.flows
-                .start(CPU_WORK | c as usize, self.model.cpu_route(a), work);
+            self.flows.start(
+                CPU_WORK | c as usize,
+                self.model.cpu_route(a),
+                work / self.model.cpu_unit(),
+            );
             return;
         }
         // The sender's CPU starts messages one at a time.
@@ -1287,6 +1366,90 @@ mod tests {
         assert!(close(t, 3.0 * 20e-6, 1e-4), "{t}");
         // A busy machine's floor applies where the transport's own cost is less.
         let t = ring(Some(2.0), 10e-6, 1e-6);
+        assert!(close(t, 3.0 * 20e-6, 1e-4), "{t}");
+    }
+
+    #[test]
+    fn shared_cores_carry_the_network_stacks_bytes_after_the_start_ups() {
+        // The same ring with 10 kB a rank (2 500 floats; wire free): each step's four
+        // start-ups (20 µs each) and four messages' bytes at 1 µs a kB of
+        // core time share two cores, so a step takes (4 × 20 + 4 × 10) / 2
+        // = 60 µs: the sum, not the larger of the two.
+        let ring = |stack_cost| {
+            let m = Model {
+                tcp_overhead: 20e-6,
+                shared_cores: Some(2.0),
+                stack_cost,
+                gamma: 0.0,
+                ..Model::flat(Topology::from_hosts(&[0, 1, 2, 3]), 1e15, 0.0)
+            };
+            run(CollKind::AllGather, Algo::Ring, vec![2_500; 4], &m)
+        };
+        let t = ring(0.0);
+        assert!(close(t, 3.0 * 40e-6, 1e-3), "{t}");
+        let t = ring(1e-9);
+        assert!(close(t, 3.0 * 60e-6, 1e-3), "{t}");
+        // Messages on one host do not cross the stacks.
+        let m = Model {
+            tcp_overhead: 20e-6,
+            shm_overhead: 20e-6,
+            shared_cores: Some(2.0),
+            stack_cost: 1e-9,
+            gamma: 0.0,
+            shm_rate: 1e15,
+            shm_alpha: 0.0,
+            mem_rate: f64::INFINITY,
+            ..Model::flat(Topology::from_hosts(&[0, 0, 0, 0]), 1e15, 0.0)
+        };
+        let t = run(CollKind::AllGather, Algo::Ring, vec![2_500; 4], &m);
+        assert!(close(t, 3.0 * 40e-6, 1e-2), "{t}");
+    }
+
+    #[test]
+    fn each_rank_works_on_a_call_before_its_first_message_on_shared_cores() {
+        // The 4-rank ring of 4 bytes a rank, 20 µs a message: 3 steps of
+        // 40 µs on 2 cores. With 30 µs of work per rank on each call, the
+        // four ranks' 120 µs first take 60 µs of the two cores.
+        let m = |call_overhead, shared_cores| Model {
+            tcp_overhead: 20e-6,
+            shared_cores,
+            call_overhead,
+            ..Model::flat(Topology::from_hosts(&[0, 1, 2, 3]), 1e15, 0.0)
+        };
+        let t = run(
+            CollKind::AllGather,
+            Algo::Ring,
+            vec![1; 4],
+            &m(0.0, Some(2.0)),
+        );
+        assert!(close(t, 3.0 * 40e-6, 1e-4), "{t}");
+        let t = run(
+            CollKind::AllGather,
+            Algo::Ring,
+            vec![1; 4],
+            &m(30e-6, Some(2.0)),
+        );
+        assert!(close(t, 60e-6 + 3.0 * 40e-6, 1e-4), "{t}");
+        // Calls back to back: each one pays it (3 calls, a rank starting
+        // the next as soon as its part of the one before is done).
+        let topo = Topology::from_hosts(&[0, 1, 2, 3]);
+        let b = |r: usize| {
+            let args = CollArgs {
+                kind: CollKind::AllGather,
+                root: 0,
+                counts: vec![1; 4],
+            };
+            build_on(&args, r, &topo, Algo::Ring).map_err(|e| e.to_string())
+        };
+        let one = simulate_calls(b, &m(30e-6, Some(2.0)), 4, 1)
+            .unwrap()
+            .seconds;
+        let three = simulate_calls(b, &m(30e-6, Some(2.0)), 4, 3)
+            .unwrap()
+            .seconds;
+        assert!(close(three, 3.0 * one, 0.05), "{one} {three}");
+        // A core per rank (a real cluster): the spec's number does not apply.
+        let t = run(CollKind::AllGather, Algo::Ring, vec![1; 4], &m(30e-6, None));
         assert!(close(t, 3.0 * 20e-6, 1e-4), "{t}");
     }
 

@@ -36,8 +36,11 @@
 //!   `cpu` may also say `"shared_cores": 2` (every rank of the cluster
 //!   runs on those cores: an emulated cluster on one machine) and
 //!   `"loaded_overhead_us"` (what a message costs those cores at least when
-//!   every rank is busy); `cadence sim calibrate` writes both where the
-//!   ranks outnumber the machine's cores.
+//!   every rank is busy), `"call_overhead_us"` (what each rank spends on
+//!   a call before its first message) and `"stack_rate"` (what one of
+//!   those cores moves through the hosts' network stacks: a message
+//!   between hosts costs the cores its bytes over it); `cadence sim
+//!   calibrate` writes them where the ranks outnumber the machine's cores.
 //! - **shaper** (optional): the NICs and uplinks are shaped by token
 //!   buckets, as `tc tbf` shapes the emulated cluster's (`cadence sim
 //!   --cluster` writes it): after an idle spell a link passes `burst_us` of
@@ -189,6 +192,15 @@ pub struct Cpu {
     /// when all ranks are busy (`cadence sim calibrate` measures it).
     #[serde(default)]
     pub loaded_overhead_us: f64,
+    /// With `shared_cores`: what one of those cores moves through the
+    /// hosts' network stacks (a rate); absent: the stacks cost nothing.
+    /// `cadence sim calibrate` fits it.
+    #[serde(default)]
+    pub stack_rate: Option<String>,
+    /// With `shared_cores`: the core time (µs) each rank spends on a call
+    /// before its first message (`cadence sim calibrate` measures it).
+    #[serde(default)]
+    pub call_overhead_us: f64,
 }
 
 impl Default for Cpu {
@@ -197,6 +209,8 @@ impl Default for Cpu {
             reduce: default_reduce(),
             shared_cores: None,
             loaded_overhead_us: 0.0,
+            stack_rate: None,
+            call_overhead_us: 0.0,
         }
     }
 }
@@ -500,6 +514,13 @@ fn build(spec: &Spec, file: Option<TopoFile>, ranks: Option<usize>) -> Result<Lo
         model.shared_cores = Some(c);
     }
     model.loaded_overhead = latency(spec.cpu.loaded_overhead_us, "cpu.loaded_overhead_us")?;
+    model.call_overhead = latency(spec.cpu.call_overhead_us, "cpu.call_overhead_us")?;
+    if let Some(r) = &spec.cpu.stack_rate {
+        if model.shared_cores.is_none() {
+            return Err("cpu.stack_rate needs cpu.shared_cores (the cores it is a rate of)".into());
+        }
+        model.stack_cost = 1.0 / rate(r, "cpu.stack_rate")?;
+    }
     model.tcp_eager = spec.eager.tcp.bytes("eager.tcp")?;
     model.shm_eager = spec.eager.shm.bytes("eager.shm")?;
     if let Some(sh) = &spec.shaper {
@@ -623,6 +644,18 @@ mod tests {
                     "cpu": {"shared_cores": 0.5}}"#,
                 None,
                 "cpu.shared_cores: 0.5 (at least 1 core)",
+            ),
+            (
+                r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4, "nic": {"rate": "1gbit"},
+                    "cpu": {"stack_rate": "1GB/s"}}"#,
+                None,
+                "cpu.stack_rate needs cpu.shared_cores",
+            ),
+            (
+                r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4, "nic": {"rate": "1gbit"},
+                    "cpu": {"shared_cores": 2, "stack_rate": "-1GB/s"}}"#,
+                None,
+                "cpu.stack_rate",
             ),
             (
                 r#"{"version": 1, "kind": "cadence-cluster", "hosts": 4, "nic": {"rate": "1gbit"},
