@@ -106,13 +106,18 @@ def test_tune_sim_writes_a_setting_for_the_simulated_cluster(tmp_path, capsys):
     assert setting["model"]["tcp"]["beta"] == pytest.approx(1 / 1.25e9)
 
 
-def test_calibration_of_an_emulated_cluster_shares_the_machines_cores():
+def _emulated_base() -> dict:
+    """The spec of an emulated 4-host cluster at 1 Gbit/s, before calibration."""
     from cadence.cli.sim import shaper_of
 
-    base = {
+    return {
         "version": 1, "kind": "cadence-cluster", "hosts": 4, "ranks_per_host": 1,
         "nic": {"count": 1, "rate": "119.551MB/s"}, "shaper": shaper_of(10**9, 1500),
     }  # fmt: skip
+
+
+def test_calibration_of_an_emulated_cluster_shares_the_machines_cores():
+    base = _emulated_base()
     # 8 ranks on 2 cores: a ring step of 100 µs carried 8 messages on 2 cores.
     measured = {"tcp": {"alpha": 20e-6, "beta": 1 / 1.2e8, "overhead": 20e-6},
                 "loaded": 100e-6, "cores": 2, "nranks": 8}  # fmt: skip
@@ -129,12 +134,7 @@ def test_calibration_of_an_emulated_cluster_shares_the_machines_cores():
 
 
 def test_calibration_separates_a_calls_cost_from_a_steps():
-    from cadence.cli.sim import shaper_of
-
-    base = {
-        "version": 1, "kind": "cadence-cluster", "hosts": 4, "ranks_per_host": 1,
-        "nic": {"count": 1, "rate": "119.551MB/s"}, "shaper": shaper_of(10**9, 1500),
-    }  # fmt: skip
+    base = _emulated_base()
     # 8 ranks on 2 cores. A step costs 50 µs and a call 140 µs: the
     # allgather's 7 steps take 490 µs (70 a step), the allreduce's 14
     # take 840 (60 a step).
@@ -151,12 +151,9 @@ def test_calibration_separates_a_calls_cost_from_a_steps():
 
 
 def test_calibration_fits_what_the_network_stacks_cost_the_shared_cores():
-    from cadence.cli.sim import fit_stack_rate, shaper_of
+    from cadence.cli.sim import fit_stack_rate
 
-    base = {
-        "version": 1, "kind": "cadence-cluster", "hosts": 4, "ranks_per_host": 1,
-        "nic": {"count": 1, "rate": "119.551MB/s"}, "shaper": shaper_of(10**9, 1500),
-    }  # fmt: skip
+    base = _emulated_base()
     measured = {"tcp": {"alpha": 13e-6, "beta": 1 / 1.2e8, "overhead": 8e-6},
                 "loaded": 60e-6, "cores": 2, "nranks": 8}  # fmt: skip
     plain = spec_from_calibration(base, measured, 10**9)

@@ -15,17 +15,18 @@ and o, the sender's time per message when messages go back to back, is
 (a burst of 64 8-byte sends answered by one 8-byte reply, minus 2α) / 64
 (median of 5; `cadence sim calibrate` uses it, the cost model does not).
 The other ranks wait at a barrier. Last, every rank at once runs a ring
-allgather of 8 bytes a rank (LOADED_CALLS back to back, median of
-LOADED_REPS): `loaded` is its time per ring step, when every rank sends and
-receives a message each step. Where ranks outnumber the machine's cores
-(`cores`: rank 0's), that is what a message costs a busy machine: switching
-its receiver in and out (`cadence sim calibrate` uses it). A ring
-allreduce of 8 bytes a rank, timed alike, is `loaded_allreduce` (per
-step, of its 2(n-1)): twice the allgather's steps, so the two separate a
-step's cost from the call's own. The same ring allgather with BULK bytes a
-rank, timed as `cadence bench` times it (a barrier, then
-its batch of calls), is `loaded_bulk`: from it `cadence sim calibrate` fits
-what the bytes cost cores that carry every host's network stack.
+allgather of 8 bytes a rank (LOADED_CALLS back to back after a barrier,
+the slowest rank's median of LOADED_REPS samples): `loaded` is its time
+per ring step, when every rank sends and receives a message each step.
+Where ranks outnumber the machine's cores (`cores`: rank 0's), that is
+what a message costs a busy machine: switching its receiver in and out
+(`cadence sim calibrate` uses it). A ring allreduce of 8 bytes a rank,
+timed alike, is `loaded_allreduce` (per step, of its 2(n-1)): twice the
+allgather's steps in the same kind of call, so the two separate a step's
+cost from the call's own. The ring allgather with BULK bytes a rank, in
+the bench's batch of calls for its size, is `loaded_bulk`: from it
+`cadence sim calibrate` fits what the bytes cost cores that carry every
+host's network stack.
 
 Rank 0 writes `DIR/calibrate.json`: the setting as cadence sees it (ranks,
 hosts, ranks per host, 0 when hosts differ), the algorithms of each of
@@ -118,69 +119,57 @@ def link(comm, peer: int, lead: bool) -> dict[str, float] | None:
     return {"alpha": alpha, "beta": beta, "overhead": overhead}
 
 
-def loaded_step(comm) -> float:
-    """Seconds per step of a ring allgather of 8 bytes a rank, every rank
-    busy: the median over LOADED_REPS samples of LOADED_CALLS calls."""
-    n = comm.size
-    x = np.zeros(SMALL * n, dtype=np.uint8)
-    mine = x[comm.rank * SMALL : (comm.rank + 1) * SMALL].copy()
+def loaded(comm, call, calls: int) -> float:
+    """Seconds per call of `call` with every rank busy, timed as `cadence
+    bench` times a collective: WARMUP calls, then LOADED_REPS samples of a
+    barrier and `calls` calls back to back; the slowest rank's median (with
+    more ranks than cores rank 0's own was up to 0.15 ms a call faster)."""
     for _ in range(WARMUP):
-        comm.allgather(mine, out=x, algo="ring")
+        call()
     times = []
     for _ in range(LOADED_REPS):
         comm.barrier()
         t0 = time.perf_counter()
-        for _ in range(LOADED_CALLS):
-            comm.allgather(mine, out=x, algo="ring")
-        times.append((time.perf_counter() - t0) / LOADED_CALLS / max(n - 1, 1))
-    return statistics.median(times)
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - t0) / calls)
+    slowest = np.array([statistics.median(times)])
+    comm.allreduce(slowest, op="max")
+    return float(slowest[0])
+
+
+def ring_allgather(comm, per_rank: int):
+    """A ring allgather of `per_rank` bytes a rank, as a call."""
+    x = np.zeros(per_rank * comm.size, dtype=np.uint8)
+    mine = x[comm.rank * per_rank : (comm.rank + 1) * per_rank].copy()
+    return lambda: comm.allgather(mine, out=x, algo="ring")
+
+
+def loaded_step(comm) -> float:
+    """Seconds per step of a ring allgather of 8 bytes a rank (n-1 steps),
+    LOADED_CALLS calls a sample."""
+    return loaded(comm, ring_allgather(comm, SMALL), LOADED_CALLS) / max(comm.size - 1, 1)
 
 
 def loaded_allreduce_step(comm) -> float:
     """Seconds per step of a ring allreduce of 8 bytes a rank (2(n-1)
     steps), timed as `loaded_step`: against the allgather's n-1 steps it
     separates a step's cost from the call's own."""
-    n = comm.size
-    x = np.zeros(2 * n, dtype=np.float32)  # 8 bytes a rank
-    for _ in range(WARMUP):
-        comm.allreduce(x, algo="ring")
-    times = []
-    for _ in range(LOADED_REPS):
-        comm.barrier()
-        t0 = time.perf_counter()
-        for _ in range(LOADED_CALLS):
-            comm.allreduce(x, algo="ring")
-        times.append((time.perf_counter() - t0) / LOADED_CALLS / max(2 * (n - 1), 1))
-    return statistics.median(times)
+    x = np.zeros(2 * comm.size, dtype=np.float32)  # 8 bytes a rank
+    per_call = loaded(comm, lambda: comm.allreduce(x, algo="ring"), LOADED_CALLS)
+    return per_call / max(2 * (comm.size - 1), 1)
 
 
 def loaded_bulk(comm) -> dict:
-    """A ring allgather of BULK bytes a rank, every rank busy, timed as
-    `cadence bench` times one (a barrier, then its batch of calls back to
-    back): seconds per call, the slowest rank's median of LOADED_REPS
-    samples. Against the
-    8-byte step it says what the bytes cost a machine whose cores carry
-    every host's network stack (`cadence sim calibrate` fits that)."""
+    """A ring allgather of BULK bytes a rank, in the bench's batch of calls
+    for its size: seconds per call. Against the 8-byte step it says what
+    the bytes cost a machine whose cores carry every host's network stack
+    (`cadence sim calibrate` fits that)."""
     from cadence.bench.worker import batch_calls
 
-    n = comm.size
-    x = np.zeros(BULK * n, dtype=np.uint8)
-    mine = x[comm.rank * BULK : (comm.rank + 1) * BULK].copy()
-    calls = batch_calls(BULK * n)
-    for _ in range(WARMUP):
-        comm.allgather(mine, out=x, algo="ring")
-    times = []
-    for _ in range(LOADED_REPS):
-        comm.barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            comm.allgather(mine, out=x, algo="ring")
-        times.append((time.perf_counter() - t0) / calls)
-    # The slowest rank's median, as the bench reports a collective (with
-    # more ranks than cores, rank 0's own was 0.1-0.15 ms a call faster).
-    slowest = np.array([statistics.median(times)])
-    comm.allreduce(slowest, op="max")
-    return {"bytes_per_rank": BULK, "calls": calls, "seconds": float(slowest[0])}
+    calls = batch_calls(BULK * comm.size)
+    seconds = loaded(comm, ring_allgather(comm, BULK), calls)
+    return {"bytes_per_rank": BULK, "calls": calls, "seconds": seconds}
 
 
 def peers(hosts: list[str]) -> dict[str, int]:

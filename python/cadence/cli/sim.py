@@ -223,10 +223,11 @@ def spec_from_calibration(
         if ar:
             # The allgather's call is n-1 steps and the call's own work, the
             # allreduce's 2(n-1) steps and the same: a step is their
-            # difference over n-1 steps, the call what is left.
-            per_step = (2 * steps * ar - steps * loaded) / steps
+            # difference over n-1 steps (2 ar - loaded), the call what the
+            # allgather's call has beyond its steps.
+            per_step = 2 * ar - loaded
             if per_step > 0:
-                step, call = per_step, max(steps * loaded - steps * per_step, 0.0)
+                step, call = per_step, max(steps * (loaded - per_step), 0.0)
         out.setdefault("cpu", {}).update(
             shared_cores=float(cores),
             loaded_overhead_us=round(step * cores / nranks * 1e6, 3),
