@@ -13,7 +13,6 @@ configured rate. Prints one line per trial and a summary.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import subprocess
@@ -21,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cadence.topo import load as load_topology
 
 
 def main() -> int:
@@ -59,7 +60,7 @@ def main() -> int:
                 if proc.returncode != 0:
                     print(proc.stdout[-2000:], proc.stderr[-2000:])
                     return 1
-                doc = json.loads(out.read_text())
+                doc = load_topology(out)
         finally:
             testbed.down(name)
         want = {}

@@ -106,8 +106,11 @@ def test_topo_show_prints_groups_matrix_and_ring_and_draws(tmp_path, capsys):
 
 def test_topo_show_summarises_the_rates_of_many_hosts(tmp_path, capsys):
     # 40 hosts profiled by shifted rounds: the groups, and one line for the
-    # 1560 estimated rates instead of 40 rows of 40.
+    # 1560 estimated rates instead of 40 rows of 40. The file stores each
+    # host's best rates, as such a profile writes it; the rates follow.
     doc = _file([h // 8 for h in range(40)])
+    del doc["rates"]
+    doc["host_rates"] = {"out": [GBIT] * 40, "in": [GBIT] * 40}
     doc["profile"] = {"bytes_per_flow": 1 << 20, "method": "shifts", "seconds": 2.0}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
@@ -321,6 +324,8 @@ def test_shifted_rounds_find_racks_whose_uplinks_beat_one_nic(make_cluster, tmp_
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     assert doc["profile"]["method"] == "shifts"
+    # Each host's best rates, not the matrix they give (n, not n², numbers).
+    assert "rates" not in doc and len(doc["host_rates"]["out"]) == 6, doc
     assert doc["groups"] == [[0, 1, 2], [3, 4, 5]], p.stdout
     uplink = 120e6 / 8
     for cap in doc["group_out"] + doc["group_in"]:

@@ -1100,7 +1100,7 @@ impl PyComm {
         let file = py
             .allow_threads(move || comm.profile_topology(&opts, &say))
             .map_err(|e| to_py_err(py, e))?;
-        Ok(serde_json::to_string_pretty(&file).expect("a topology file serializes") + "\n")
+        Ok(file.to_text())
     }
 
     /// Writes the dump into directory `dir`; returns the file's path.
@@ -1296,6 +1296,16 @@ fn topo_ring(py: Python<'_>, text: &str, hosts: Option<Vec<String>>) -> PyResult
     Ok(d.into_any().unbind())
 }
 
+/// A topology file's alone rates, as the core reads them: the file's
+/// matrix, or the one its `host_rates` give (a profile by shifted rounds).
+#[pyfunction]
+fn topo_rates(text: &str) -> PyResult<Vec<Vec<f64>>> {
+    use cadence_core::fabric::file::TopoFile;
+    let file =
+        TopoFile::parse(text, std::path::Path::new("<text>")).map_err(PyValueError::new_err)?;
+    Ok(file.rates)
+}
+
 /// Groups of hosts that share a bottleneck, from the alone rates the
 /// profiler measured (`rates[a][b]`, bytes/s; what `cadence topo profile`
 /// infers).
@@ -1474,6 +1484,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Bootstrap>()?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
     m.add_function(wrap_pyfunction!(topo_ring, m)?)?;
+    m.add_function(wrap_pyfunction!(topo_rates, m)?)?;
     m.add_function(wrap_pyfunction!(topo_groups, m)?)?;
     m.add_class::<SimCluster>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

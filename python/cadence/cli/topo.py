@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile_in_job(args: argparse.Namespace) -> int:
     import cadence
-    from cadence.topo import profile
+    from cadence.topo import profile, to_text
 
     # This is the profile: no file to order by, no start-up profile first.
     os.environ["CADENCE_TOPO_FILE"] = "none"
@@ -73,7 +73,7 @@ def _profile_in_job(args: argparse.Namespace) -> int:
         if comm.rank == 0:
             path = Path(args.out)
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(doc, indent=1) + "\n")
+            tmp.write_text(to_text(doc))
             tmp.replace(path)
             print(f"cadence topo: wrote {path}", flush=True)
             for line in describe(doc):
@@ -157,15 +157,18 @@ def describe(doc: dict) -> list[str]:
 
 
 def _loadable(doc: dict) -> dict:
-    """What the library reads (the patterns are for people)."""
-    return {k: v for k, v in doc.items() if k != "patterns"}
+    """What the library reads (the patterns are for people; a file of host
+    rates gives the library those, from which it computes the matrix)."""
+    skip = {"patterns", "rates"} if "host_rates" in doc else {"patterns"}
+    return {k: v for k, v in doc.items() if k not in skip}
 
 
 def _show(args: argparse.Namespace) -> int:
     from cadence import _core
+    from cadence.topo import load
 
     try:
-        doc = json.loads(Path(args.file).read_text())
+        doc = load(args.file)
         ring = _core.topo_ring(json.dumps(_loadable(doc)))
     except (OSError, ValueError, KeyError) as e:
         print(f"cadence topo show: {args.file}: {e}", file=sys.stderr)

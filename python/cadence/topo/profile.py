@@ -12,8 +12,6 @@ docs/topology.md.
 
 from __future__ import annotations
 
-import json
-
 
 def profile(comm, seconds: float = 0.05, note: str = "", progress: bool = True,
             rings: bool = True, pairs_max: int | None = None) -> dict:
@@ -21,8 +19,12 @@ def profile(comm, seconds: float = 0.05, note: str = "", progress: bool = True,
     rank of `comm`); returns the topology file's contents, the same on every
     rank. With `progress`, rank 0 prints a line per stage. Up to `pairs_max`
     hosts (default 16) every pair is measured alone; beyond, only rounds of
-    shifted flows (about 2 log2(hosts) of them)."""
+    shifted flows (about 2 log2(hosts) of them). The dict has "rates" even
+    where the file keeps each host's best rates instead (`cadence.topo.to_text`
+    writes it so)."""
+    from cadence.topo import from_text
+
     text = comm._c.profile_topology(seconds, rings, note,
                                     "cadence topo: " if progress else None,
                                     pairs_max)  # fmt: skip
-    return json.loads(text)
+    return from_text(text)

@@ -259,8 +259,7 @@ impl Comm {
             };
             let file = self.profile_topology(&opts, &say)?;
             if let (Some(path), 0) = (&cache, self.rank()) {
-                let text = serde_json::to_string_pretty(&file).expect("a topology file serializes");
-                match write_cache(path, &(text + "\n")) {
+                match write_cache(path, &file.to_text()) {
                     Ok(()) => say(&format!("cached in {}", path.display())),
                     Err(e) => {
                         if self.shared.cfg.debug >= DebugLevel::Warn {
@@ -323,6 +322,7 @@ mod tests {
             note: String::new(),
             hosts: ["a", "b", "c", "d"].map(String::from).to_vec(),
             rates,
+            host_rates: None,
             groups: vec![vec![0, 2], vec![1, 3]],
             group_out: vec![Some(slow); 2],
             group_in: vec![Some(slow); 2],

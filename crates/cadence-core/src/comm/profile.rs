@@ -174,6 +174,7 @@ impl Comm {
             note: opts.note.clone(),
             hosts,
             rates: vec![vec![0.0; n]; n],
+            host_rates: None,
             groups: vec![(0..n).collect()],
             group_out: vec![None],
             group_in: vec![None],
@@ -201,6 +202,7 @@ impl Comm {
             };
             let found = probe::profile(n, popts, &mut |f: &[Flow]| rounds.run(f), &say)?;
             file.rates = found.rates;
+            file.host_rates = found.host_rates;
             file.groups = found.groups;
             file.group_out = found.group_out;
             file.group_in = found.group_in;

@@ -20,6 +20,13 @@
 //!   left out of its path search.
 //! - **rates**: bytes/s one flow from host a to host b got alone (the
 //!   diagonal is unused, 0).
+//! - **host_rates** (in place of `rates`, as a profile by shifted rounds
+//!   writes it: it measures no pair alone): `{"out": [...], "in": [...]}`,
+//!   each host's best rate out and in; the alone rate a → b is then the
+//!   smaller of a's out and b's in, and between groups no more than either
+//!   group's capacity ([`estimated_rates`]). n numbers a direction where
+//!   the matrix has n², which at a thousand hosts is tens of megabytes that
+//!   every rank of a job reads back from the start-up cache.
 //! - **groups**: hosts that share a bottleneck to the others (a rack), as
 //!   inferred by the profiler; every host in exactly one group.
 //! - **group_out** / **group_in**: what all flows out of (into) a group
@@ -48,7 +55,12 @@ pub struct TopoFile {
     #[serde(default)]
     pub note: String,
     pub hosts: Vec<String>,
+    /// Filled on reading where the file has `host_rates` instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rates: Vec<Vec<f64>>,
+    /// Written in place of `rates` where they follow from it ([`TopoFile::to_text`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_rates: Option<HostRates>,
     pub groups: Vec<Vec<usize>>,
     pub group_out: Vec<Option<f64>>,
     pub group_in: Vec<Option<f64>>,
@@ -59,10 +71,58 @@ pub struct TopoFile {
     pub profile: serde_json::Value,
 }
 
+/// Each host's best rate out and in, bytes/s: what the alone rates follow
+/// from when no pair was measured alone.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostRates {
+    pub out: Vec<f64>,
+    #[serde(rename = "in")]
+    pub inn: Vec<f64>,
+}
+
+/// The alone rates a profile by shifted rounds estimates: a → b at the
+/// smaller of a's best out and b's best in, and between groups no more
+/// than a's group's capacity out or b's in (`group_of[h]`: h's group).
+pub fn estimated_rates(
+    host: &HostRates,
+    group_of: &[usize],
+    group_out: &[Option<f64>],
+    group_in: &[Option<f64>],
+) -> Vec<Vec<f64>> {
+    let n = group_of.len();
+    let cap = |c: &[Option<f64>], g: usize| c.get(g).copied().flatten();
+    super::infer::pair_rates(n, |a, b| {
+        let mut r = host.out[a].min(host.inn[b]);
+        let (ga, gb) = (group_of[a], group_of[b]);
+        if ga != gb {
+            for c in [cap(group_out, ga), cap(group_in, gb)]
+                .into_iter()
+                .flatten()
+            {
+                r = r.min(c);
+            }
+        }
+        r
+    })
+}
+
 impl TopoFile {
+    /// The file's text (pretty JSON): with `host_rates`, without the
+    /// matrix they give.
+    pub fn to_text(&self) -> String {
+        let text = if self.host_rates.is_some() {
+            let mut compact = self.clone();
+            compact.rates.clear();
+            serde_json::to_string_pretty(&compact)
+        } else {
+            serde_json::to_string_pretty(self)
+        };
+        text.expect("a topology file serializes") + "\n"
+    }
+
     pub fn parse(text: &str, origin: &Path) -> Result<TopoFile, String> {
         let at = |e: String| format!("topology file {}: {e}", origin.display());
-        let f: TopoFile = serde_json::from_str(text).map_err(|e| at(e.to_string()))?;
+        let mut f: TopoFile = serde_json::from_str(text).map_err(|e| at(e.to_string()))?;
         if f.kind != KIND {
             return Err(at(format!("kind {:?}, not {KIND:?}", f.kind)));
         }
@@ -86,6 +146,33 @@ impl TopoFile {
                 "host {h} ({:?}) is in {} groups; every host must be in exactly one",
                 f.hosts[h], groups_of[h]
             )));
+        }
+        match (&f.host_rates, f.rates.is_empty()) {
+            (Some(_), false) => {
+                return Err(at("it has both rates and host_rates; give one".into()));
+            }
+            (Some(hr), true) => {
+                let n = f.hosts.len();
+                if hr.out.len() != n || hr.inn.len() != n {
+                    return Err(at(format!(
+                        "host_rates has {} out and {} in; expected {n} each (one per host)",
+                        hr.out.len(),
+                        hr.inn.len()
+                    )));
+                }
+                if hr
+                    .out
+                    .iter()
+                    .chain(&hr.inn)
+                    .any(|r| !(r.is_finite() && *r >= 0.0))
+                {
+                    return Err(at("host_rates must be finite and ≥ 0".into()));
+                }
+                let group_of = f.fabric().group_of;
+                f.rates = estimated_rates(hr, &group_of, &f.group_out, &f.group_in);
+            }
+            (None, true) => return Err(at("it has neither rates nor host_rates".into())),
+            (None, false) => {}
         }
         f.fabric().check().map_err(at)?;
         let mut seen = HashMap::new();
@@ -226,5 +313,56 @@ mod tests {
         bad("[3e7, null]", "[3e7]", "group");
         bad(r#""rates": [[0, 3e7"#, r#""rates": [[0, -3e7"#, "rate");
         assert!(parse("{").is_err());
+    }
+
+    /// GOOD with each host's best rates in place of its matrix.
+    const BY_HOST: &str = r#"{"version": 1, "kind": "cadence-topology",
+        "hosts": ["a", "b", "c", "d"],
+        "host_rates": {"out": [1.2e8, 1.2e8, 1.2e8, 1e8], "in": [1.2e8, 1.1e8, 1.2e8, 1.2e8]},
+        "groups": [[0, 2], [1, 3]],
+        "group_out": [3e7, null], "group_in": [3e7, 3e7]}"#;
+
+    #[test]
+    fn a_file_of_host_rates_reads_back_as_the_matrix_they_give() {
+        let f = parse(BY_HOST).unwrap();
+        // In a group: the slower end's best; across: capped by the sending
+        // group's out and the receiving group's in.
+        assert_eq!(f.rates[0][2], 1.2e8);
+        assert_eq!(f.rates[3][1], 1e8);
+        assert_eq!(f.rates[0][1], 3e7);
+        assert_eq!(f.rates[1][0], 3e7); // group 1 out: none; group 0 in: 3e7
+        assert_eq!(f.rates[2][2], 0.0);
+        // Written back without the matrix, and read back the same.
+        let text = f.to_text();
+        assert!(!text.contains("\"rates\""), "{text}");
+        assert_eq!(parse(&text).unwrap(), f);
+        // A file with a matrix keeps it.
+        let g = parse(GOOD).unwrap();
+        assert!(g.to_text().contains("\"rates\""));
+        assert_eq!(parse(&g.to_text()).unwrap(), g);
+    }
+
+    #[test]
+    fn host_rates_that_do_not_fit_are_refused() {
+        let bad = |from: &str, to: &str, expect: &str| {
+            let e = parse(&BY_HOST.replace(from, to)).unwrap_err();
+            assert!(e.contains(expect), "{e}");
+        };
+        bad(
+            "[1.2e8, 1.2e8, 1.2e8, 1e8]",
+            "[1.2e8, 1e8]",
+            "2 out and 4 in",
+        );
+        bad(
+            "[1.2e8, 1.2e8, 1.2e8, 1e8]",
+            "[1.2e8, 1.2e8, 1.2e8, -1]",
+            "≥ 0",
+        );
+        bad(r#""groups""#, r#""rates": [[0]], "groups""#, "give one");
+        bad(
+            r#""host_rates""#,
+            r#""host_ratez""#,
+            "neither rates nor host_rates",
+        );
     }
 }

@@ -35,6 +35,7 @@
 //! slow flows runs twice (slow only if slow both times), and a group's
 //! capacity leaves out flows far below their peers ([`infer::capacity`]).
 
+use super::file::{self, HostRates};
 use super::infer;
 
 /// Hosts up to which a profile measures every pair alone by default: 16
@@ -62,6 +63,9 @@ pub struct Found {
     /// Bytes/s of one flow a → b alone: measured (pairs), or estimated from
     /// the hosts' best rates and the groups' capacities (shifts).
     pub rates: Vec<Vec<f64>>,
+    /// Where `rates` are estimated (shifts alone): the hosts' best rates
+    /// they follow from, which a topology file stores instead.
+    pub host_rates: Option<HostRates>,
     pub groups: Vec<Vec<usize>>,
     pub group_out: Vec<Option<f64>>,
     pub group_in: Vec<Option<f64>>,
@@ -168,6 +172,7 @@ pub fn profile<E>(
     };
     let mut found = Found {
         rates: vec![vec![0.0; n]; n],
+        host_rates: None,
         groups: vec![(0..n).collect()],
         group_out: vec![None],
         group_in: vec![None],
@@ -232,7 +237,7 @@ pub fn profile<E>(
             found.method = "pairs, then shifts".into();
         } else {
             found.method = "shifts".into();
-            found.rates = estimated_rates(&log, &shifts);
+            (found.rates, found.host_rates) = estimated_rates(&log, &shifts);
         }
         found.groups = shifts.groups;
         found.group_out = shifts.group_out;
@@ -241,7 +246,7 @@ pub fn profile<E>(
         // Two hosts and no pairs: their one flow each way is all there is.
         found.method = "shifts".into();
         log.run("pair".into(), vec![(0, 1), (1, 0)])?;
-        found.rates = estimated_rates(&log, &Shifts::one_group(n));
+        (found.rates, found.host_rates) = estimated_rates(&log, &Shifts::one_group(n));
     }
     if opts.rings {
         let fabric = super::pathfind::Fabric {
@@ -317,22 +322,16 @@ impl Shifts {
 }
 
 /// Alone rates as the shifts estimate them: the slower end's best rate,
-/// and across groups no more than either group's capacity.
-fn estimated_rates<E>(log: &Log<'_, E>, s: &Shifts) -> Vec<Vec<f64>> {
-    let n = log.best_out.len();
-    let of = group_of(n, &s.groups);
-    infer::pair_rates(n, |a, b| {
-        let mut r = log.reference(a, b);
-        if of[a] != of[b] {
-            for c in [s.group_out[of[a]], s.group_in[of[b]]]
-                .into_iter()
-                .flatten()
-            {
-                r = r.min(c);
-            }
-        }
-        r
-    })
+/// and across groups no more than either group's capacity; and the hosts'
+/// best rates they follow from.
+fn estimated_rates<E>(log: &Log<'_, E>, s: &Shifts) -> (Vec<Vec<f64>>, Option<HostRates>) {
+    let host = HostRates {
+        out: log.best_out.clone(),
+        inn: log.best_in.clone(),
+    };
+    let of = group_of(log.best_out.len(), &s.groups);
+    let rates = file::estimated_rates(&host, &of, &s.group_out, &s.group_in);
+    (rates, Some(host))
 }
 
 /// The hosts outside group `g`, taking one from each other group in turn,
@@ -593,6 +592,7 @@ fn probe_shifts<E>(n: usize, log: &mut Log<'_, E>, say: &dyn Fn(&str)) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::file::TopoFile;
     use crate::schedule::Topology;
     use crate::sim::exec::Model;
 
@@ -716,6 +716,38 @@ mod tests {
             assert_eq!(found.rates[0][1], NIC);
             assert_eq!(found.rates[n - 1][0], NIC.min(fat.uplink[0]));
         }
+    }
+
+    #[test]
+    fn a_shifts_profile_stores_the_hosts_rates_not_the_matrix() {
+        // 1024 hosts: the file holds 2 × 1024 rates, not a million, and
+        // reads back to exactly the rates the profile estimated.
+        let mut fat = Fat::uniform(1024, 32, 2.0);
+        let found = run_on(&mut fat, 0);
+        let hr = found
+            .host_rates
+            .clone()
+            .expect("shifts keep the hosts' rates");
+        let file = TopoFile {
+            version: file::VERSION,
+            kind: file::KIND.into(),
+            note: String::new(),
+            hosts: (0..1024).map(|h| format!("h{h}")).collect(),
+            rates: found.rates.clone(),
+            host_rates: Some(hr),
+            groups: found.groups.clone(),
+            group_out: found.group_out.clone(),
+            group_in: found.group_in.clone(),
+            patterns: serde_json::Value::Null,
+            profile: serde_json::Value::Null,
+        };
+        let text = file.to_text();
+        assert!(text.len() < 200_000, "{} bytes", text.len());
+        let back = TopoFile::parse(&text, std::path::Path::new("t.json")).unwrap();
+        assert_eq!(back.rates, found.rates);
+        // Measured pairs keep their matrix.
+        let mut small = Fat::uniform(8, 4, 4.0);
+        assert_eq!(run_on(&mut small, 16).host_rates, None);
     }
 
     #[test]

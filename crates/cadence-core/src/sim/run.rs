@@ -253,6 +253,7 @@ fn as_profile(m: &Model) -> TopoFile {
         ),
         hosts: (0..h).map(|i| format!("h{i}")).collect(),
         rates: found.rates,
+        host_rates: found.host_rates,
         groups: found.groups,
         group_out: found.group_out,
         group_in: found.group_in,
