@@ -26,7 +26,7 @@
 //!   smaller of a's out and b's in, and between groups no more than either
 //!   group's capacity ([`estimated_rates`]). n numbers a direction where
 //!   the matrix has n², which at a thousand hosts is tens of megabytes that
-//!   every rank of a job reads back from the start-up cache.
+//!   every rank of a job would read back from the start-up cache.
 //! - **groups**: hosts that share a bottleneck to the others (a rack), as
 //!   inferred by the profiler; every host in exactly one group.
 //! - **group_out** / **group_in**: what all flows out of (into) a group
