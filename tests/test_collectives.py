@@ -87,12 +87,15 @@ def test_every_algorithm_of_every_collective(n, transport, forced):
 
 @pytest.mark.parametrize("transport", ["shm", "tcp", "mixed"])
 def test_tiny_slots_and_many_streams(transport):
-    """Messages much larger than a shared-memory slot (4 KiB, 2 per ring) and
+    """Messages much larger than a shared-memory frame (8 KiB frames, 4 in
+    flight, 16 KiB of ring, so frames are cut to the room left and run past
+    the ring's end; no single copy, so the ring carries everything) and
     striped over 3 TCP streams: chunking, ring wrap-around and stripe
     reassembly at every odd boundary."""
     res = assert_all_ok(run_ranks(
         check_matrix, 4, transport=transport,
-        env={"CADENCE_SHM_SLOT_BYTES": "4096", "CADENCE_SHM_SLOTS": "2",
+        env={"CADENCE_SHM_FRAME_BYTES": "8K", "CADENCE_SHM_FRAMES": "4",
+             "CADENCE_SHM_RING_BYTES": "16K", "CADENCE_SHM_CMA_MIN": "0",
              "CADENCE_NSTREAMS": "3"},
         args=([7, 4097, 300007], ["float32", "float16", "int64"], ()), timeout=600))
     failures = {r: f for r, f in res.items() if f}

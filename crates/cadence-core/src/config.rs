@@ -463,23 +463,61 @@ impl Config {
         if let Some(v) = get("CADENCE_ALGO") {
             c.algo = AlgoOverride::parse(&v)?;
         }
-        if let Some(v) = get("CADENCE_SHM_SLOT_BYTES") {
-            let b: usize = num("CADENCE_SHM_SLOT_BYTES", &v)?;
-            if b < 4096 || !b.is_multiple_of(64) {
-                return Err(
-                    "CADENCE_SHM_SLOT_BYTES must be a multiple of 64, at least 4096".into(),
-                );
+        for old in ["CADENCE_SHM_SLOT_BYTES", "CADENCE_SHM_SLOTS"] {
+            if get(old).is_some() {
+                return Err(format!(
+                    "{old} is gone: shared-memory rings now have CADENCE_SHM_FRAME_BYTES \
+                     (the largest frame), CADENCE_SHM_FRAMES (frames in flight) and \
+                     CADENCE_SHM_RING_BYTES (payload space)"
+                ));
             }
-            c.shm.slot_bytes = b;
+        }
+        let bytes = |name: &str, v: &str, pow2: bool| -> Result<usize, String> {
+            let b = parse_size(v, v).ok().and_then(|b| usize::try_from(b).ok());
+            match b {
+                Some(b)
+                    if (4096..1 << 31).contains(&b)
+                        && b.is_multiple_of(128)
+                        && (!pow2 || b.is_power_of_two()) =>
+                {
+                    Ok(b)
+                }
+                _ => Err(format!(
+                    "{name}={v:?}: bytes (K, M allowed) from 4096 below 2G, {}",
+                    if pow2 {
+                        "a power of two"
+                    } else {
+                        "a multiple of 128"
+                    }
+                )),
+            }
+        };
+        if let Some(v) = get("CADENCE_SHM_FRAME_BYTES") {
+            c.shm.frame_bytes = bytes("CADENCE_SHM_FRAME_BYTES", &v, false)?;
+        }
+        if let Some(v) = get("CADENCE_SHM_RING_BYTES") {
+            c.shm.ring_bytes = bytes("CADENCE_SHM_RING_BYTES", &v, true)?;
+        }
+        if c.shm.ring_bytes < c.shm.frame_bytes {
+            return Err(format!(
+                "CADENCE_SHM_RING_BYTES ({}) must be at least CADENCE_SHM_FRAME_BYTES ({})",
+                c.shm.ring_bytes, c.shm.frame_bytes
+            ));
+        }
+        if let Some(v) = get("CADENCE_SHM_FRAMES") {
+            let n = num::<usize>("CADENCE_SHM_FRAMES", &v)?;
+            if !(2..=1 << 20).contains(&n) || !n.is_power_of_two() {
+                return Err(format!(
+                    "CADENCE_SHM_FRAMES={v:?}: a power of two from 2 to 1048576"
+                ));
+            }
+            c.shm.nframes = n;
         }
         if let Some(v) = get("CADENCE_SHM_CMA_MIN") {
             let bytes = parse_size(&v, &v).map_err(|_| {
                 format!("CADENCE_SHM_CMA_MIN={v:?}: bytes, optionally with K, M or G (0: off)")
             })?;
             c.shm.cma_min = usize::try_from(bytes).unwrap_or(usize::MAX);
-        }
-        if let Some(v) = get("CADENCE_SHM_SLOTS") {
-            c.shm.nslots = num::<usize>("CADENCE_SHM_SLOTS", &v)?.max(2);
         }
         if let Some(v) = get("CADENCE_TOPO_PAIRS_MAX") {
             c.topo_pairs_max = num::<usize>("CADENCE_TOPO_PAIRS_MAX", &v)?;
@@ -765,6 +803,33 @@ mod tests {
         let e = Config::from_lookup(env(&[("CADENCE_YIELD_US", "-5")])).unwrap_err();
         assert!(e.contains("CADENCE_YIELD_US"), "{e}");
         assert_eq!(c.shm.cma_min, 256 << 10);
+        assert_eq!(
+            (c.shm.frame_bytes, c.shm.nframes, c.shm.ring_bytes),
+            (64 << 10, 64, 512 << 10)
+        );
+        let g = Config::from_lookup(env(&[
+            ("CADENCE_SHM_FRAME_BYTES", "4K"),
+            ("CADENCE_SHM_RING_BYTES", "8192"),
+            ("CADENCE_SHM_FRAMES", "4"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (g.shm.frame_bytes, g.shm.nframes, g.shm.ring_bytes),
+            (4096, 4, 8192)
+        );
+        for bad in [
+            &[("CADENCE_SHM_SLOT_BYTES", "4096")][..],
+            &[("CADENCE_SHM_FRAME_BYTES", "100")][..],
+            &[("CADENCE_SHM_RING_BYTES", "12K")][..],
+            &[("CADENCE_SHM_FRAMES", "3")][..],
+            &[
+                ("CADENCE_SHM_FRAME_BYTES", "1M"),
+                ("CADENCE_SHM_RING_BYTES", "64K"),
+            ][..],
+        ] {
+            let e = Config::from_lookup(env(bad)).unwrap_err();
+            assert!(e.contains(bad.last().unwrap().0), "{e}");
+        }
         let m = Config::from_lookup(env(&[("CADENCE_SHM_CMA_MIN", "1M")])).unwrap();
         assert_eq!(m.shm.cma_min, 1 << 20);
         let off = Config::from_lookup(env(&[("CADENCE_SHM_CMA_MIN", "0")])).unwrap();

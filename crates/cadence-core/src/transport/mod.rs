@@ -126,13 +126,37 @@ impl OpMeta {
     /// Checks an incoming frame header against this operation; `want_len` is
     /// the payload length the receiver expects for this frame.
     pub fn check(&self, h: &WireHeader, peer: usize, want_len: usize) -> Result<(), ErrorKind> {
+        self.check_len(h, peer, h.len == want_len as u64, || want_len.to_string())
+    }
+
+    /// Like [`OpMeta::check`] for a transport whose frames may be shorter
+    /// than the rest of the message (shared memory sizes them by the room
+    /// in its ring): the frame must carry something of the `left` bytes
+    /// still expected, and no more than them.
+    pub fn check_frame(&self, h: &WireHeader, peer: usize, left: usize) -> Result<(), ErrorKind> {
+        let fits = h.len <= left as u64 && (h.len > 0 || left == 0);
+        self.check_len(h, peer, fits, || match left {
+            0 => "0".to_string(),
+            _ => format!("1 to {left}"),
+        })
+    }
+
+    /// The checks of both: `want` says what was expected, for the error.
+    fn check_len(
+        &self,
+        h: &WireHeader,
+        peer: usize,
+        len_ok: bool,
+        want: impl FnOnce() -> String,
+    ) -> Result<(), ErrorKind> {
         check_data_frame(h, peer)?;
-        if h.seq != self.seq || h.sig != self.sig || h.len != want_len as u64 {
+        if h.seq != self.seq || h.sig != self.sig || !len_ok {
             let mut theirs = describe(h.coll, h.seq, h.count, h.dtype, h.redop, h.root);
             if h.seq == self.seq && h.sig == self.sig {
                 theirs.push_str(&format!(
-                    " but sent a {}-byte frame where {want_len} bytes were expected",
-                    h.len
+                    " but sent a {}-byte frame where {} bytes were expected",
+                    h.len,
+                    want()
                 ));
             }
             return Err(ErrorKind::Mismatch {

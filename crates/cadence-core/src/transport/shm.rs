@@ -5,25 +5,37 @@
 //!   one ring per same-host sender plus a header (pid, abort notice). Each rank
 //!   creates only its own inbox, so creation never races; peers open it, and it
 //!   is unlinked once everyone has mapped it, so a crash leaves nothing behind.
-//! - **ring**: a single-producer single-consumer queue of `nslots` slots. The
-//!   receiver owns `tail` (on its own cache line), which the sender caches and
-//!   rereads only when the ring looks full (reading a line the other core
-//!   writes costs a cache miss).
-//! - **stamp**: the k-th frame's slot carries stamp k+1, written last; the
-//!   receiver polls the stamp of the slot it expects next, so it touches no
-//!   separate counter (as NCCL's low-latency protocol puts flags with data).
-//! - **slot**: a frame header ([`WireHeader`]) followed by up to `slot_bytes`
-//!   of payload. Small messages are one slot: the receiver sees them by
-//!   polling one counter, with no system call (flags instead of syscalls).
+//! - **ring**: a single-producer single-consumer queue of frames, in two
+//!   parts: `nframes` header slots (two cache lines each) and `ring_bytes` of
+//!   payload space that frames take as much of as they carry. So a small
+//!   message takes a header slot and a few lines, not a whole large slot,
+//!   and a sender can run up to `nframes` small messages ahead of its
+//!   receiver (a broadcast's root need not wait for late receivers; with 8
+//!   fixed 64 KiB slots it blocked at its ninth call). The receiver owns
+//!   `tail` (frames consumed, on its own cache lines), which the sender
+//!   caches and rereads only when the ring looks full (reading a line the
+//!   other core writes costs a cache miss).
+//! - **stamp**: the k-th frame's header slot carries stamp k+1, written
+//!   last; the receiver polls the stamp of the header it expects next, so it
+//!   touches no separate counter (as NCCL's low-latency protocol puts flags
+//!   with data). Header slots only ever hold headers, so a stale payload can
+//!   never pass for a stamp.
+//! - **frame**: a header ([`WireHeader`]) and up to `frame_bytes` of
+//!   payload. A payload of at most 72 bytes lives in the header slot; a
+//!   larger one takes the next bytes of the payload space, rounded up to a
+//!   pair of cache lines, in one contiguous piece: a frame that would cross the end
+//!   of the space runs on into `frame_bytes` of spill room behind it, so no
+//!   frame is split and none is padded. Both sides advance the same byte
+//!   position by the same rule, so the header needs no offset.
 //!
 //! Sleeping: a rank that has waited long (ranks outnumber cores) sleeps on the
 //! futex **doorbell** in its own inbox after raising its `sleeping` flag and
 //! re-checking its rings; whoever publishes into one of its rings, or frees a
 //! slot it waits for, rings the doorbell when the flag is up.
 //!
-//! Ordering: the sender writes a slot, then publishes it with a release store
-//! of its stamp; the receiver acquires the stamp, reads the slot, and releases
-//! it with a release store of `tail`.
+//! Ordering: the sender writes a frame's payload and header, then publishes
+//! it with a release store of its stamp; the receiver acquires the stamp,
+//! reads the frame, and releases it with a release store of `tail`.
 //!
 //! **Single copy** (large messages): through a ring a message is copied
 //! twice, into the slot by the sender and out of it by the receiver. From
@@ -60,8 +72,10 @@ const MIN_HDR_SIZE: usize = 4096;
 const OFF_MAGIC: usize = 0;
 const OFF_PID: usize = 8;
 const OFF_NRINGS: usize = 16;
-const OFF_SLOT_BYTES: usize = 20;
-const OFF_NSLOTS: usize = 24;
+// The rings' geometry ([`ShmConfig`]), which senders read from here.
+const OFF_FRAME_BYTES: usize = 20;
+const OFF_NFRAMES: usize = 24;
+const OFF_RING_BYTES: usize = 28;
 /// Where the owner mapped this inbox in its own address space: a peer reads
 /// the magic there through `process_vm_readv` to learn whether it may read
 /// the owner's memory (single copy).
@@ -101,12 +115,13 @@ fn header_size(nrings: usize) -> usize {
 }
 
 /// (offset, bytes) of every fixed header field, in address order.
-const HEADER_FIELDS: [(usize, usize); 17] = [
+const HEADER_FIELDS: [(usize, usize); 18] = [
     (OFF_MAGIC, 8),
     (OFF_PID, 4),
     (OFF_NRINGS, 4),
-    (OFF_SLOT_BYTES, 4),
-    (OFF_NSLOTS, 4),
+    (OFF_FRAME_BYTES, 4),
+    (OFF_NFRAMES, 4),
+    (OFF_RING_BYTES, 4),
     (OFF_SELF_ADDR, 8),
     (OFF_ABORT_FLAG, 4),
     (OFF_ABORT_ORIGIN, 4),
@@ -135,32 +150,52 @@ const fn header_fields_disjoint() -> bool {
     last_off + last_len <= OFF_STALL
 }
 const _: () = assert!(header_fields_disjoint(), "inbox header fields overlap");
-/// Ring control: the receiver's `tail`, alone on its cache line, and
+/// The unit the rings are laid out in: two cache lines, the pair that
+/// x86's spatial prefetcher fetches together. Keeping what one side writes
+/// and what the other side polls in different pairs keeps the prefetcher
+/// from pulling a line into the reader's cache just before the writer needs
+/// it back (64-byte header slots in a row made a 2-rank ping-pong 10–25 %
+/// slower at 8–2048 bytes).
+const LINE_PAIR: usize = 128;
+/// Ring control: the receiver's `tail`, alone on its line pair, and
 /// (`CTL_CMA_OK`, written once at set-up) whether the receiver can read the
 /// sender's memory.
-const RING_CTL: usize = 64;
+const RING_CTL: usize = LINE_PAIR;
 const CTL_CMA_OK: usize = 8;
-/// A rendezvous slot's payload: `[pid u32, pad u32, address u64, length u64]`.
+/// A rendezvous frame's payload: `[pid u32, pad u32, address u64, length u64]`.
 const CMA_DESC_BYTES: usize = 24;
 /// Bytes a receiver copies per call while it reads a sender's buffer, so
 /// the engine moves its other transfers in between; a reducing receive
 /// reads into a scratch buffer of this size (kept in cache) and reduces it.
 const CMA_CHUNK: usize = 256 * 1024;
-/// A slot's first cache line: the frame header (48 bytes), the slot's stamp
-/// (8 bytes) and up to 8 bytes of inline payload. Payloads of at most
-/// `INLINE_MAX` bytes live in that line, so a small message costs the
-/// receiver one cache-line transfer; larger ones start at the next line.
-const SLOT_HDR: usize = 64;
+/// A header slot, a line pair: the frame header (48 bytes), the stamp (8
+/// bytes) and up to 72 bytes of inline payload. Payloads of at most
+/// `INLINE_MAX` bytes live in the slot, so small messages cost the
+/// receiver the two lines the prefetcher brings together; larger ones live
+/// in the payload space.
+const SLOT_HDR: usize = LINE_PAIR;
 const OFF_STAMP: usize = 48;
 const OFF_INLINE: usize = 56;
-const INLINE_MAX: usize = 8;
+const INLINE_MAX: usize = SLOT_HDR - OFF_INLINE;
+/// A sender that cannot fit the rest of a message in the payload space
+/// sends a shorter frame only if it carries at least this much; smaller
+/// pieces would cost a hand-off each for little data.
+const MIN_PARTIAL_FRAME: usize = 4096;
 
-/// Ring geometry. Larger slots mean fewer hand-offs per byte; more slots mean
-/// more data in flight. 8 × 64 KiB keeps a ring's working set near L2 size.
+/// Ring geometry. Larger frames mean fewer hand-offs per byte; the payload
+/// space bounds the data in flight, the header slots the messages in
+/// flight. 512 KiB keeps a ring's working set near L2 size; 64 header slots
+/// let a sender run well ahead of its receiver on small messages (a
+/// benchmark's batch of 16 calls, a training step's burst of small
+/// tensors).
 #[derive(Clone, Copy, Debug)]
 pub struct ShmConfig {
-    pub slot_bytes: usize,
-    pub nslots: usize,
+    /// The largest payload one frame carries (a multiple of 128).
+    pub frame_bytes: usize,
+    /// Header slots per ring: frames in flight (a power of two).
+    pub nframes: usize,
+    /// Payload space per ring (a power of two, at least `frame_bytes`).
+    pub ring_bytes: usize,
     /// Messages of at least this many bytes go by single copy when the
     /// receiver can read this rank's memory (0: never).
     pub cma_min: usize,
@@ -169,8 +204,9 @@ pub struct ShmConfig {
 impl Default for ShmConfig {
     fn default() -> Self {
         ShmConfig {
-            slot_bytes: 64 * 1024,
-            nslots: 8,
+            frame_bytes: 64 * 1024,
+            nframes: 64,
+            ring_bytes: 512 * 1024,
             cma_min: 256 * 1024,
         }
     }
@@ -235,18 +271,21 @@ impl Progress {
     }
 }
 
-/// Where a slot's payload of `len` bytes starts: inline in the header line
-/// when it fits, else on the next line.
-fn payload_offset(len: usize) -> usize {
+/// Payload-space bytes a frame of `len` payload bytes takes: none when it
+/// fits in its header slot, else whole line pairs.
+fn payload_span(len: usize) -> u64 {
     if len <= INLINE_MAX {
-        OFF_INLINE
+        0
     } else {
-        SLOT_HDR
+        len.next_multiple_of(LINE_PAIR) as u64
     }
 }
 
+/// A ring's bytes: control line, header slots, payload space and the spill
+/// room a frame that starts near the end runs on into.
 fn ring_size(cfg: &ShmConfig) -> usize {
-    (RING_CTL + cfg.nslots * (SLOT_HDR + cfg.slot_bytes)).next_multiple_of(4096)
+    let spill = cfg.frame_bytes.next_multiple_of(LINE_PAIR);
+    (RING_CTL + cfg.nframes * SLOT_HDR + cfg.ring_bytes + spill).next_multiple_of(4096)
 }
 
 /// A mapped inbox file.
@@ -344,11 +383,14 @@ impl Inbox {
             .atomic_u32(OFF_NRINGS)
             .store(nrings as u32, Ordering::Relaxed);
         region
-            .atomic_u32(OFF_SLOT_BYTES)
-            .store(cfg.slot_bytes as u32, Ordering::Relaxed);
+            .atomic_u32(OFF_FRAME_BYTES)
+            .store(cfg.frame_bytes as u32, Ordering::Relaxed);
         region
-            .atomic_u32(OFF_NSLOTS)
-            .store(cfg.nslots as u32, Ordering::Relaxed);
+            .atomic_u32(OFF_NFRAMES)
+            .store(cfg.nframes as u32, Ordering::Relaxed);
+        region
+            .atomic_u32(OFF_RING_BYTES)
+            .store(cfg.ring_bytes as u32, Ordering::Relaxed);
         region
             .atomic_u64(OFF_SELF_ADDR)
             .store(region.map.as_ptr() as u64, Ordering::Relaxed);
@@ -477,11 +519,7 @@ fn try_map_initialised(file: &File, path: &Path) -> Result<Option<(Arc<Region>, 
     if region.atomic_u64(OFF_MAGIC).load(Ordering::Acquire) != INBOX_MAGIC {
         return Ok(None);
     }
-    let cfg = ShmConfig {
-        slot_bytes: region.atomic_u32(OFF_SLOT_BYTES).load(Ordering::Relaxed) as usize,
-        nslots: region.atomic_u32(OFF_NSLOTS).load(Ordering::Relaxed) as usize,
-        cma_min: 0, // the geometry only; the sender's own setting decides
-    };
+    let cfg = geometry(&region, 0); // the sender's own cma_min decides
     let nrings = region.atomic_u32(OFF_NRINGS).load(Ordering::Relaxed) as usize;
     if region.map.len() < header_size(nrings) + nrings * ring_size(&cfg) {
         return Ok(None);
@@ -490,21 +528,53 @@ fn try_map_initialised(file: &File, path: &Path) -> Result<Option<(Arc<Region>, 
     Ok(Some((Arc::new(region), pid)))
 }
 
+/// The ring geometry an inbox's owner chose, as its header says, with
+/// `cma_min` (not part of the geometry) filled in by the caller.
+fn geometry(inbox: &Region, cma_min: usize) -> ShmConfig {
+    let field = |off| inbox.atomic_u32(off).load(Ordering::Relaxed) as usize;
+    ShmConfig {
+        frame_bytes: field(OFF_FRAME_BYTES),
+        nframes: field(OFF_NFRAMES),
+        ring_bytes: field(OFF_RING_BYTES),
+        cma_min,
+    }
+}
+
 /// One direction of a ring as seen by one side.
 struct RingEnd {
     region: Arc<Region>,
     base: usize,
     cfg: ShmConfig,
-    /// Our own counter (head for the sender, tail for the receiver).
+    /// Our own counter of frames (sent for the sender, consumed for the
+    /// receiver; the receiver publishes it as `tail`).
     mine: u64,
     /// Last value read of the other side's counter.
     theirs: u64,
+    /// Where in the payload space (counted from the ring's start, never
+    /// wrapped) the next frame's payload goes: both sides advance it by
+    /// [`payload_span`] of each frame's length.
+    pos: u64,
+    /// The sender's record of where each frame in flight begins in the
+    /// payload space (frame k at `k % nframes`), so that a moved `tail`
+    /// says how much space came free.
+    starts: Vec<u64>,
 }
 
 impl RingEnd {
-    /// The stamp of the slot that holds frame `n`.
+    fn new(region: Arc<Region>, base: usize, cfg: ShmConfig) -> RingEnd {
+        RingEnd {
+            region,
+            base,
+            cfg,
+            mine: 0,
+            theirs: 0,
+            pos: 0,
+            starts: vec![0; cfg.nframes],
+        }
+    }
+    /// The stamp of the header slot that holds frame `n`.
     fn stamp(&self, n: u64) -> &AtomicU64 {
-        self.region.atomic_u64(self.slot(n) + OFF_STAMP)
+        self.region.atomic_u64(self.header(n) + OFF_STAMP)
     }
     fn tail(&self) -> &AtomicU64 {
         self.region.atomic_u64(self.base)
@@ -512,10 +582,72 @@ impl RingEnd {
     fn cma_ok(&self) -> &AtomicU32 {
         self.region.atomic_u32(self.base + CTL_CMA_OK)
     }
-    fn slot(&self, n: u64) -> usize {
-        self.base
-            + RING_CTL
-            + (n % self.cfg.nslots as u64) as usize * (SLOT_HDR + self.cfg.slot_bytes)
+    /// The header slot of frame `n`.
+    fn header(&self, n: u64) -> usize {
+        self.base + RING_CTL + self.frame_index(n) * SLOT_HDR
+    }
+    /// `n % nframes`; both are powers of two (a mask, not a division: the
+    /// small-message path computes this several times a frame).
+    fn frame_index(&self, n: u64) -> usize {
+        (n & (self.cfg.nframes as u64 - 1)) as usize
+    }
+    /// Where the payload of `len` bytes of the frame at `self.pos` lives.
+    fn payload(&self, n: u64, len: usize) -> usize {
+        if len <= INLINE_MAX {
+            self.header(n) + OFF_INLINE
+        } else {
+            self.base
+                + RING_CTL
+                + self.cfg.nframes * SLOT_HDR
+                + (self.pos & (self.cfg.ring_bytes as u64 - 1)) as usize
+        }
+    }
+    /// The sender's free payload space if the receiver has consumed
+    /// `tail` frames.
+    fn free_bytes(&self, tail: u64) -> usize {
+        let consumed = if tail >= self.mine {
+            self.pos
+        } else {
+            self.starts[self.frame_index(tail)]
+        };
+        self.cfg.ring_bytes - (self.pos - consumed) as usize
+    }
+    /// The sender's length for the next frame of a message with `left`
+    /// bytes to go, if the ring has room for it now (rereading `tail` only
+    /// when the cached value says it is full): the rest, or as much of it
+    /// as fits and at least `MIN_PARTIAL_FRAME`; the bytes it would need
+    /// when there is no room.
+    fn room(&mut self, left: usize) -> Result<usize, usize> {
+        let want = left.min(self.cfg.frame_bytes);
+        let need = if want <= INLINE_MAX {
+            0
+        } else {
+            want.min(MIN_PARTIAL_FRAME).next_multiple_of(LINE_PAIR)
+        };
+        for reread in [false, true] {
+            if reread {
+                self.theirs = self.tail().load(Ordering::Acquire);
+            }
+            if self.mine - self.theirs >= self.cfg.nframes as u64 {
+                continue;
+            }
+            let free = self.free_bytes(self.theirs);
+            if payload_span(want) as usize <= free {
+                return Ok(want);
+            }
+            if free >= need {
+                return Ok(free / LINE_PAIR * LINE_PAIR);
+            }
+        }
+        Err(need)
+    }
+    /// The sender's bookkeeping once frame `mine` with `len` payload bytes
+    /// is published.
+    fn sent(&mut self, len: usize) {
+        let i = self.frame_index(self.mine);
+        self.starts[i] = self.pos;
+        self.pos += payload_span(len);
+        self.mine += 1;
     }
 }
 
@@ -538,6 +670,9 @@ pub struct ShmLink {
     /// A single-copy send in flight: the `tail` that says the receiver is
     /// done with its buffer (messages to a peer go in order, so one at most).
     cma_wait: Option<u64>,
+    /// Payload bytes the send in progress waits to find free (see
+    /// [`ShmLink::tx_ready`]).
+    tx_need: usize,
     /// A single-copy receive in flight: the job's byte count when its
     /// rendezvous slot was first read (the sender's buffer offset 0).
     cma_rx_start: Option<usize>,
@@ -586,28 +721,18 @@ impl ShmLink {
         my_local: usize,
         peer_local: usize,
     ) -> ShmLink {
-        let peer_cfg = ShmConfig {
-            slot_bytes: peer_inbox
-                .atomic_u32(OFF_SLOT_BYTES)
-                .load(Ordering::Relaxed) as usize,
-            nslots: peer_inbox.atomic_u32(OFF_NSLOTS).load(Ordering::Relaxed) as usize,
-            cma_min: my_inbox.cfg.cma_min,
-        };
+        let peer_cfg = geometry(&peer_inbox, my_inbox.cfg.cma_min);
         let peer_nrings = peer_inbox.atomic_u32(OFF_NRINGS).load(Ordering::Relaxed) as usize;
-        let tx = RingEnd {
-            region: peer_inbox.clone(),
-            base: header_size(peer_nrings) + my_local * ring_size(&peer_cfg),
-            cfg: peer_cfg,
-            mine: 0,
-            theirs: 0,
-        };
-        let rx = RingEnd {
-            region: my_inbox.region.clone(),
-            base: header_size(my_inbox.nrings) + peer_local * ring_size(&my_inbox.cfg),
-            cfg: my_inbox.cfg,
-            mine: 0,
-            theirs: 0,
-        };
+        let tx = RingEnd::new(
+            peer_inbox.clone(),
+            header_size(peer_nrings) + my_local * ring_size(&peer_cfg),
+            peer_cfg,
+        );
+        let rx = RingEnd::new(
+            my_inbox.region.clone(),
+            header_size(my_inbox.nrings) + peer_local * ring_size(&my_inbox.cfg),
+            my_inbox.cfg,
+        );
         // Tell the peer whether we can read its memory (single copy): try to
         // read its inbox's magic through its own address space.
         if my_inbox.cfg.cma_min > 0 {
@@ -631,6 +756,7 @@ impl ShmLink {
             stats: LinkCounters::new(peer, "shm"),
             cma_min: my_inbox.cfg.cma_min,
             cma_wait: None,
+            tx_need: 0,
             cma_rx_start: None,
             cma_scratch: Vec::new(),
         }
@@ -641,15 +767,12 @@ impl ShmLink {
         self.cma_min > 0 && self.tx.cma_ok().load(Ordering::Acquire) == 1
     }
 
-    /// Starts a single-copy send: publishes a rendezvous slot naming the
-    /// job's buffer. False when no slot is free yet.
+    /// Starts a single-copy send: publishes a rendezvous frame naming the
+    /// job's buffer. False when the ring has no room for it yet.
     fn send_rendezvous(&mut self, job: &mut SendJob) -> bool {
-        let nslots = self.tx.cfg.nslots as u64;
-        if self.tx.mine - self.tx.theirs >= nslots {
-            self.tx.theirs = self.tx.tail().load(Ordering::Acquire);
-            if self.tx.mine - self.tx.theirs >= nslots {
-                return false;
-            }
+        if let Err(need) = self.tx.room(CMA_DESC_BYTES) {
+            self.tx_need = need;
+            return false;
         }
         let total = job.src.len();
         let desc = CmaDesc {
@@ -657,18 +780,9 @@ impl ShmLink {
             addr: job.src.bytes(0, total).as_ptr() as u64,
             len: total as u64,
         };
-        let slot = self.tx.slot(self.tx.mine);
         let mut hdr = job.meta.header(CMA_DESC_BYTES);
         hdr.frame = FRAME_CMA;
-        self.tx.region.write(slot, bytemuck::bytes_of(&hdr));
-        self.tx
-            .region
-            .write(slot + payload_offset(CMA_DESC_BYTES), &desc.encode());
-        self.tx
-            .stamp(self.tx.mine)
-            .store(self.tx.mine + 1, Ordering::Release);
-        self.tx.mine += 1;
-        ring_doorbell(&self.peer_inbox);
+        self.publish(&hdr, &desc.encode());
         self.cma_wait = Some(self.tx.mine);
         job.sent = total;
         job.started = true;
@@ -676,10 +790,25 @@ impl ShmLink {
         true
     }
 
+    /// Writes a frame (payload, then header, then the stamp that publishes
+    /// both) at the sender's next position, for which `room` said yes.
+    fn publish(&mut self, hdr: &WireHeader, payload: &[u8]) {
+        let n = self.tx.mine;
+        self.tx
+            .region
+            .write(self.tx.payload(n, payload.len()), payload);
+        self.tx
+            .region
+            .write(self.tx.header(n), bytemuck::bytes_of(hdr));
+        self.tx.stamp(n).store(n + 1, Ordering::Release);
+        self.tx.sent(payload.len());
+        ring_doorbell(&self.peer_inbox);
+    }
+
     pub fn send_progress(&mut self, job: &mut SendJob) -> Result<bool, ErrorKind> {
         if let Some(until) = self.cma_wait {
             // A single-copy send is done when the receiver released its
-            // rendezvous slot: it has read the whole buffer.
+            // rendezvous frame: it has read the whole buffer.
             self.tx.theirs = self.tx.tail().load(Ordering::Acquire);
             if self.tx.theirs < until {
                 return Ok(false);
@@ -694,29 +823,17 @@ impl ShmLink {
         if !job.started && self.cma_min > 0 && total >= self.cma_min && self.single_copy() {
             return Ok(self.send_rendezvous(job));
         }
-        let slot_bytes = self.tx.cfg.slot_bytes;
-        let nslots = self.tx.cfg.nslots as u64;
         let mut progressed = false;
         while !job.done {
-            if self.tx.mine - self.tx.theirs >= nslots {
-                self.tx.theirs = self.tx.tail().load(Ordering::Acquire);
-                if self.tx.mine - self.tx.theirs >= nslots {
+            let n = match self.tx.room(total - job.sent) {
+                Ok(n) => n,
+                Err(need) => {
+                    self.tx_need = need;
                     break;
                 }
-            }
-            let n = slot_bytes.min(total - job.sent);
-            let slot = self.tx.slot(self.tx.mine);
+            };
             let hdr = job.meta.header(n);
-            self.tx.region.write(slot, bytemuck::bytes_of(&hdr));
-            let data = payload_offset(n);
-            self.tx
-                .region
-                .write(slot + data, job.src.bytes(job.sent, n));
-            self.tx
-                .stamp(self.tx.mine)
-                .store(self.tx.mine + 1, Ordering::Release);
-            self.tx.mine += 1;
-            ring_doorbell(&self.peer_inbox);
+            self.publish(&hdr, job.src.bytes(job.sent, n));
             job.sent += n;
             job.started = true;
             job.done = job.sent == total;
@@ -731,34 +848,27 @@ impl ShmLink {
 
     pub fn recv_progress(&mut self, job: &mut RecvJob) -> Result<bool, ErrorKind> {
         let total = job.sink.len();
-        let slot_bytes = self.rx.cfg.slot_bytes;
         let mut progressed = false;
         while !job.done {
-            if self.rx.stamp(self.rx.mine).load(Ordering::Acquire) != self.rx.mine + 1 {
+            let n = self.rx.mine;
+            if self.rx.stamp(n).load(Ordering::Acquire) != n + 1 {
                 break;
             }
-            let want = slot_bytes.min(total - job.got);
-            let slot = self.rx.slot(self.rx.mine);
             let hdr: WireHeader =
-                bytemuck::pod_read_unaligned(self.rx.region.read(slot, HEADER_BYTES));
+                bytemuck::pod_read_unaligned(self.rx.region.read(self.rx.header(n), HEADER_BYTES));
             if hdr.frame == FRAME_CMA {
-                return self
-                    .recv_single_copy(job, hdr, slot)
-                    .map(|p| p || progressed);
+                return self.recv_single_copy(job, hdr).map(|p| p || progressed);
             }
-            job.meta.check(&hdr, self.peer, want)?;
-            let data = payload_offset(want);
+            job.meta.check_frame(&hdr, self.peer, total - job.got)?;
+            let len = self.frame_len(&hdr)?;
             job.sink
-                .deliver(job.got, self.rx.region.read(slot + data, want));
-            self.rx.mine += 1;
-            self.rx.tail().store(self.rx.mine, Ordering::Release);
-            // The sender may sleep waiting for a free slot.
-            ring_doorbell(&self.peer_inbox);
-            job.got += want;
+                .deliver(job.got, self.rx.region.read(self.rx.payload(n, len), len));
+            self.release(len);
+            job.got += len;
             job.started = true;
             job.done = job.got == total;
             progressed = true;
-            self.stats.bytes_recv.add(want as u64);
+            self.stats.bytes_recv.add(len as u64);
         }
         if job.done && progressed {
             self.stats.msgs_recv.add(1);
@@ -766,20 +876,51 @@ impl ShmLink {
         Ok(progressed)
     }
 
+    /// A received frame's payload length, refused when it could not have
+    /// come from a sender of this ring (it would reach past the spill room).
+    fn frame_len(&self, hdr: &WireHeader) -> Result<usize, ErrorKind> {
+        let max = self.rx.cfg.frame_bytes.max(CMA_DESC_BYTES) as u64;
+        if hdr.len > max {
+            return Err(ErrorKind::Garbage {
+                peer: self.peer,
+                detail: format!(
+                    "a {}-byte shared-memory frame (frames carry at most {max})",
+                    hdr.len
+                ),
+            });
+        }
+        Ok(hdr.len as usize)
+    }
+
+    /// Releases the receiver's next frame (of `len` payload bytes) to the
+    /// sender.
+    fn release(&mut self, len: usize) {
+        self.rx.mine += 1;
+        self.rx.pos += payload_span(len);
+        self.rx.tail().store(self.rx.mine, Ordering::Release);
+        // The sender may sleep waiting for room.
+        ring_doorbell(&self.peer_inbox);
+    }
+
+    /// The description in the receiver's next frame, a rendezvous frame.
+    fn rendezvous_desc(&self) -> CmaDesc {
+        CmaDesc::decode(self.rx.region.read(
+            self.rx.payload(self.rx.mine, CMA_DESC_BYTES),
+            CMA_DESC_BYTES,
+        ))
+    }
+
     /// Reads (a chunk of) a single-copy message from the sender's memory
     /// into the job's sink; releases the rendezvous slot once all is read.
-    fn recv_single_copy(
-        &mut self,
-        job: &mut RecvJob,
-        hdr: WireHeader,
-        slot: usize,
-    ) -> Result<bool, ErrorKind> {
+    fn recv_single_copy(&mut self, job: &mut RecvJob, hdr: WireHeader) -> Result<bool, ErrorKind> {
         let total = job.sink.len();
-        let desc = CmaDesc::decode(
-            self.rx
-                .region
-                .read(slot + payload_offset(CMA_DESC_BYTES), CMA_DESC_BYTES),
-        );
+        if hdr.len != CMA_DESC_BYTES as u64 {
+            return Err(ErrorKind::Garbage {
+                peer: self.peer,
+                detail: format!("a {}-byte single-copy frame", hdr.len),
+            });
+        }
+        let desc = self.rendezvous_desc();
         let start = match self.cma_rx_start {
             Some(s) => s,
             None => {
@@ -847,31 +988,28 @@ impl ShmLink {
             return Err(notice.into_error(job.meta.sig));
         }
         self.cma_rx_start = None;
-        self.rx.mine += 1;
-        self.rx.tail().store(self.rx.mine, Ordering::Release);
-        ring_doorbell(&self.peer_inbox);
+        self.release(CMA_DESC_BYTES);
         job.done = true;
         self.stats.msgs_recv.add(1);
         Ok(true)
     }
 
     /// The header of the next frame in the ring, if one is published; the
-    /// frame stays there. A rendezvous slot shows as the data frame it
+    /// frame stays there. A rendezvous frame shows as the data frame it
     /// stands for (its length the whole message's).
     pub fn peek_header(&self) -> Option<WireHeader> {
         if !self.rx_ready() {
             return None;
         }
-        let slot = self.rx.slot(self.rx.mine);
-        let hdr: WireHeader = bytemuck::pod_read_unaligned(self.rx.region.read(slot, HEADER_BYTES));
-        if hdr.frame != FRAME_CMA {
-            return Some(hdr);
-        }
-        let desc = CmaDesc::decode(
+        let hdr: WireHeader = bytemuck::pod_read_unaligned(
             self.rx
                 .region
-                .read(slot + payload_offset(CMA_DESC_BYTES), CMA_DESC_BYTES),
+                .read(self.rx.header(self.rx.mine), HEADER_BYTES),
         );
+        if hdr.frame != FRAME_CMA || hdr.len != CMA_DESC_BYTES as u64 {
+            return Some(hdr);
+        }
+        let desc = self.rendezvous_desc();
         Some(WireHeader {
             frame: FRAME_DATA,
             len: desc.len,
@@ -883,13 +1021,17 @@ impl ShmLink {
         self.rx.stamp(self.rx.mine).load(Ordering::Acquire) == self.rx.mine + 1
     }
 
-    /// Whether a send to this peer could move now (a slot is free, or the
-    /// receiver finished reading a single-copy send).
+    /// Whether a send to this peer could move now (the ring has room for
+    /// the frame the send waits to write, or the receiver finished reading
+    /// a single-copy send).
     pub fn tx_ready(&self) -> bool {
         let tail = self.tx.tail().load(Ordering::Acquire);
         match self.cma_wait {
             Some(until) => tail >= until,
-            None => self.tx.mine - tail < self.tx.cfg.nslots as u64,
+            None => {
+                self.tx.mine - tail < self.tx.cfg.nframes as u64
+                    && self.tx.free_bytes(tail) >= self.tx_need
+            }
         }
     }
 
@@ -1186,10 +1328,21 @@ mod tests {
         cma_min: usize,
     ) -> (ShmLink, ShmLink, Inbox, Inbox) {
         let cfg = ShmConfig {
-            slot_bytes: 4096,
-            nslots: 4,
+            frame_bytes: 4096,
+            nframes: 4,
+            ring_bytes: 16 * 1024,
             cma_min,
         };
+        pair_of(dir, nrings, a, b, cfg)
+    }
+
+    fn pair_of(
+        dir: &Path,
+        nrings: usize,
+        a: usize,
+        b: usize,
+        cfg: ShmConfig,
+    ) -> (ShmLink, ShmLink, Inbox, Inbox) {
         let ia = Inbox::create(&dir.join("a"), nrings, cfg).unwrap();
         let ib = Inbox::create(&dir.join("b"), nrings, cfg).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -1265,6 +1418,187 @@ mod tests {
         }
     }
 
+    /// `len` bytes of a pattern that differs per message (`k`).
+    fn pattern(k: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|i| ((i * 31 + k * 7) % 251) as u8).collect()
+    }
+
+    /// Small messages take a header slot and a line or two, not a whole
+    /// frame's room: a sender runs as many of them ahead of its receiver as
+    /// there are header slots (a broadcast's root is not held up by a late
+    /// receiver), then waits; the receiver gets every one intact, in order.
+    #[test]
+    fn a_sender_runs_small_messages_ahead_of_its_receiver() {
+        let dir = std::env::temp_dir().join(format!("cadence-shm-ahead-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = ShmConfig {
+            frame_bytes: 64 * 1024,
+            nframes: 64,
+            ring_bytes: 512 * 1024,
+            cma_min: 0,
+        };
+        let (mut la, mut lb, _ia, _ib) = pair_of(&dir, 2, 0, 1, cfg);
+        let sizes = [0usize, 8, 9, 64, 100, 1000, 4096];
+        let msgs: Vec<Vec<u8>> = (0..65)
+            .map(|k| pattern(k, sizes[k % sizes.len()]))
+            .collect();
+        let mut sends: Vec<SendJob> = msgs
+            .iter()
+            // SAFETY: `msgs` outlives the jobs and nothing writes it.
+            .map(|m| {
+                SendJob::new(meta(m.len() as u64), unsafe {
+                    Source::new(m.as_ptr(), m.len())
+                })
+            })
+            .collect();
+        for (k, job) in sends.iter_mut().enumerate().take(64) {
+            la.send_progress(job).unwrap();
+            assert!(job.done, "message {k} waited for the receiver");
+        }
+        assert!(!la.send_progress(&mut sends[64]).unwrap() && !la.tx_ready());
+        for (k, m) in msgs.iter().enumerate().take(64) {
+            let mut out = vec![0u8; m.len()];
+            // SAFETY: `out` outlives the job and nothing else touches it.
+            let sink = unsafe {
+                Sink::new(
+                    out.as_mut_ptr(),
+                    out.len(),
+                    SinkMode::Copy,
+                    DType::U8,
+                    ElemOp::Sum,
+                )
+            };
+            let mut recv = RecvJob::new(meta(m.len() as u64), sink);
+            lb.recv_progress(&mut recv).unwrap();
+            assert!(recv.done && out == *m, "message {k}");
+        }
+        assert!(la.tx_ready());
+        assert!(la.send_progress(&mut sends[64]).unwrap() && sends[64].done);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Through a ring smaller than a few frames, messages of every awkward
+    /// length: frames shortened to the room there is, frames that run past
+    /// the end of the payload space into the spill room, inline ones in
+    /// between; the sender fills what it can before the receiver drains.
+    #[test]
+    fn frames_fit_the_room_and_run_past_the_end_whole() {
+        let dir = std::env::temp_dir().join(format!("cadence-shm-wrap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = ShmConfig {
+            frame_bytes: 16 * 1024,
+            nframes: 8,
+            ring_bytes: 32 * 1024,
+            cma_min: 0,
+        };
+        let (mut la, mut lb, _ia, _ib) = pair_of(&dir, 2, 0, 1, cfg);
+        let sizes = [16384usize, 10_000, 3, 40_000, 4160, 0, 17, 20_480, 65, 6000];
+        let msgs: Vec<Vec<u8>> = (0..40)
+            .map(|k| pattern(k, sizes[k % sizes.len()]))
+            .collect();
+        let mut outs: Vec<Vec<u8>> = msgs.iter().map(|m| vec![0u8; m.len()]).collect();
+        let mut sends: Vec<SendJob> = msgs
+            .iter()
+            // SAFETY: `msgs` outlives the jobs and nothing writes it.
+            .map(|m| {
+                SendJob::new(meta(m.len() as u64), unsafe {
+                    Source::new(m.as_ptr(), m.len())
+                })
+            })
+            .collect();
+        let mut recvs: Vec<RecvJob> = outs
+            .iter_mut()
+            .map(|o| {
+                // SAFETY: `outs` outlives the jobs; each job has its own vector.
+                let sink = unsafe {
+                    Sink::new(
+                        o.as_mut_ptr(),
+                        o.len(),
+                        SinkMode::Copy,
+                        DType::U8,
+                        ElemOp::Sum,
+                    )
+                };
+                RecvJob::new(meta(o.len() as u64), sink)
+            })
+            .collect();
+        let (mut s, mut r) = (0, 0);
+        let mut partial = false;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while r < msgs.len() {
+            while s < msgs.len() {
+                let before = sends[s].sent;
+                la.send_progress(&mut sends[s]).unwrap();
+                let last = (sends[s].sent - before) % cfg.frame_bytes;
+                partial |= !sends[s].done && last != 0;
+                if !sends[s].done {
+                    break;
+                }
+                s += 1;
+            }
+            while r < s || (r == s && r < msgs.len() && recvs[r].got < sends[r].sent) {
+                lb.recv_progress(&mut recvs[r]).unwrap();
+                if !recvs[r].done {
+                    break;
+                }
+                r += 1;
+            }
+            assert!(Instant::now() < deadline, "stuck at send {s}, receive {r}");
+        }
+        assert!(partial, "no frame was shortened to the room left");
+        assert!(la.tx.pos > 4 * cfg.ring_bytes as u64, "the ring went round");
+        assert_eq!(la.tx.pos, lb.rx.pos);
+        for (k, (o, m)) in outs.iter().zip(&msgs).enumerate() {
+            assert!(o == m, "message {k} ({} bytes) arrived changed", m.len());
+        }
+        drop(recvs);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A frame the receiver's ring could not hold (longer than its largest
+    /// frame) is refused as garbage before anything is read; one longer
+    /// than the rest of the message is a mismatch.
+    #[test]
+    fn frame_lengths_are_checked() {
+        let dir = std::env::temp_dir().join(format!("cadence-shm-len-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut la, mut lb, _ia, _ib) = pair(&dir, 2, 0, 1);
+        let mut out = vec![0u8; 100_000];
+        // SAFETY: `out` outlives the jobs and nothing else touches it.
+        let sink = |out: &mut Vec<u8>, len: usize| unsafe {
+            Sink::new(
+                out.as_mut_ptr(),
+                len,
+                SinkMode::Copy,
+                DType::U8,
+                ElemOp::Sum,
+            )
+        };
+        la.publish(&meta(100_000).header(50_000), &[0u8; 8]);
+        let mut recv = RecvJob::new(meta(100_000), sink(&mut out, 100_000));
+        let e = lb.recv_progress(&mut recv).unwrap_err();
+        assert!(
+            matches!(&e, ErrorKind::Garbage { detail, .. } if detail.contains("50000-byte")),
+            "{e}"
+        );
+        let (mut la, mut lb, _ia, _ib) = {
+            std::fs::remove_dir_all(&dir).unwrap();
+            std::fs::create_dir_all(&dir).unwrap();
+            pair(&dir, 2, 0, 1)
+        };
+        let data = pattern(0, 3000);
+        // SAFETY: `data` outlives the job.
+        let mut send = SendJob::new(meta(3000), unsafe { Source::new(data.as_ptr(), 3000) });
+        la.send_progress(&mut send).unwrap();
+        let mut recv = RecvJob::new(meta(3000), sink(&mut out, 2000));
+        let e = lb.recv_progress(&mut recv).unwrap_err();
+        assert!(
+            matches!(&e, ErrorKind::Mismatch { theirs, .. } if theirs.contains("3000-byte frame where 1 to 2000")),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// From the threshold on, a message crosses as one rendezvous slot and a
     /// read of the sender's memory, whole (copy) or reduced on the way;
     /// below it, through the ring. The sender's job ends only once the
@@ -1297,7 +1631,7 @@ mod tests {
         transfer(&mut la, &mut lb, &data, &mut acc, SinkMode::ReduceInPlace);
         assert_eq!(acc, want);
         assert_eq!(la.tx.mine, 2);
-        // Below the threshold: the ring (4 KiB slots).
+        // Below the threshold: the ring (4 KiB frames).
         let small = &data[..10_000];
         let mut out = vec![0u8; small.len()];
         transfer(&mut la, &mut lb, small, &mut out, SinkMode::Copy);
