@@ -68,3 +68,40 @@ def test_no_wait_misses_its_wake_up():
         assert w["longest_idle_us"] < 1_000_000, (r, w)
     worst = max(v[1] for _, v in res.values())
     assert worst < 2.0, f"one iteration took {worst:.3f} s"
+
+
+LATE_S = 1.0
+AHEAD_CALLS = 32
+
+
+def _root_ahead(comm, calls, late_s):
+    x = np.zeros(2, np.float32)
+    comm.barrier()
+    if comm.rank != 0:
+        time.sleep(late_s)
+    t0 = time.perf_counter()
+    got = []
+    for i in range(calls):
+        if comm.rank == 0:
+            x[:] = i
+        comm.broadcast(x, root=0)
+        got.append(float(x[0]))
+    took = time.perf_counter() - t0
+    comm.barrier()
+    return took, got
+
+
+@pytest.mark.timeout(120)
+def test_a_root_runs_small_broadcasts_ahead_of_late_receivers():
+    """Small messages wait in the receiver's ring without holding the sender:
+    a root issues 32 broadcasts of 8 bytes while the other ranks sleep, and
+    returns from all of them at once; the late ranks then find every value,
+    in order (rank 3 through rank 2, which forwards). With 8 fixed ring
+    slots per peer the root blocked at its ninth call until the receivers
+    woke, the whole second."""
+    res = run_ranks(_root_ahead, 4, args=(AHEAD_CALLS, LATE_S), timeout=90)
+    assert all(st == "ok" for st, _ in res.values()), res
+    for r, (_, (took, got)) in res.items():
+        assert got == [float(i) for i in range(AHEAD_CALLS)], (r, got)
+    took = res[0][1][0]
+    assert took < LATE_S / 2, f"the root took {took:.3f} s: it waited for its receivers"
