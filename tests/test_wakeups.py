@@ -101,7 +101,7 @@ def test_a_root_runs_small_broadcasts_ahead_of_late_receivers():
     woke, the whole second."""
     res = run_ranks(_root_ahead, 4, args=(AHEAD_CALLS, LATE_S), timeout=90)
     assert all(st == "ok" for st, _ in res.values()), res
-    for r, (_, (took, got)) in res.items():
+    for r, (_, (_took, got)) in res.items():
         assert got == [float(i) for i in range(AHEAD_CALLS)], (r, got)
     took = res[0][1][0]
     assert took < LATE_S / 2, f"the root took {took:.3f} s: it waited for its receivers"
