@@ -201,6 +201,19 @@ pub struct ShmConfig {
     pub cma_min: usize,
 }
 
+impl ShmConfig {
+    /// What the ring arithmetic relies on (the configuration checks it; a
+    /// peer's inbox is checked again before its rings are used).
+    pub fn is_valid(&self) -> bool {
+        self.frame_bytes > 0
+            && self.frame_bytes.is_multiple_of(LINE_PAIR)
+            && self.nframes >= 2
+            && self.nframes.is_power_of_two()
+            && self.ring_bytes.is_power_of_two()
+            && self.ring_bytes >= self.frame_bytes
+    }
+}
+
 impl Default for ShmConfig {
     fn default() -> Self {
         ShmConfig {
@@ -359,6 +372,9 @@ impl Inbox {
     /// Creates the inbox file with `nrings` rings (one per same-host rank,
     /// indexed by local rank; the own one is unused).
     pub fn create(path: &Path, nrings: usize, cfg: ShmConfig) -> Result<Inbox, String> {
+        if !cfg.is_valid() {
+            return Err(format!("shared-memory ring geometry {cfg:?} is not usable"));
+        }
         let size = header_size(nrings) + nrings * ring_size(&cfg);
         let file = OpenOptions::new()
             .read(true)
@@ -520,6 +536,12 @@ fn try_map_initialised(file: &File, path: &Path) -> Result<Option<(Arc<Region>, 
         return Ok(None);
     }
     let cfg = geometry(&region, 0); // the sender's own cma_min decides
+    if !cfg.is_valid() {
+        return Err(format!(
+            "shared-memory inbox {} has a ring geometry no rank writes ({cfg:?})",
+            path.display()
+        ));
+    }
     let nrings = region.atomic_u32(OFF_NRINGS).load(Ordering::Relaxed) as usize;
     if region.map.len() < header_size(nrings) + nrings * ring_size(&cfg) {
         return Ok(None);
@@ -1418,9 +1440,62 @@ mod tests {
         }
     }
 
-    /// `len` bytes of a pattern that differs per message (`k`).
-    fn pattern(k: usize, len: usize) -> Vec<u8> {
-        (0..len).map(|i| ((i * 31 + k * 7) % 251) as u8).collect()
+    /// Messages `0..n` of the lengths `sizes` (in turn), each a pattern of
+    /// its own, and a send job for each.
+    fn messages(n: usize, sizes: &[usize]) -> (Vec<Vec<u8>>, Vec<SendJob>) {
+        let msgs: Vec<Vec<u8>> = (0..n)
+            .map(|k| {
+                let len = sizes[k % sizes.len()];
+                (0..len).map(|i| ((i * 31 + k * 7) % 251) as u8).collect()
+            })
+            .collect();
+        let sends = msgs
+            .iter()
+            // SAFETY: the vectors' buffers outlive the jobs (the callers keep
+            // `msgs` to the end) and nothing writes them.
+            .map(|m| {
+                SendJob::new(meta(m.len() as u64), unsafe {
+                    Source::new(m.as_ptr(), m.len())
+                })
+            })
+            .collect();
+        (msgs, sends)
+    }
+
+    /// A pair linked through rings of this geometry (no single copy), in a
+    /// private directory named after `tag`.
+    fn pair_in(
+        tag: &str,
+        frame_bytes: usize,
+        nframes: usize,
+        ring_bytes: usize,
+    ) -> (PathBuf, ShmLink, ShmLink, Inbox, Inbox) {
+        let dir = std::env::temp_dir().join(format!("cadence-shm-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = ShmConfig {
+            frame_bytes,
+            nframes,
+            ring_bytes,
+            cma_min: 0,
+        };
+        let (la, lb, ia, ib) = pair_of(&dir, 2, 0, 1, cfg);
+        (dir, la, lb, ia, ib)
+    }
+
+    /// A receive job that copies into `out`.
+    fn copy_into(out: &mut [u8]) -> RecvJob {
+        // SAFETY: the callers keep `out` to the job's end and touch it only
+        // after the job is done.
+        let sink = unsafe {
+            Sink::new(
+                out.as_mut_ptr(),
+                out.len(),
+                SinkMode::Copy,
+                DType::U8,
+                ElemOp::Sum,
+            )
+        };
+        RecvJob::new(meta(out.len() as u64), sink)
     }
 
     /// Small messages take a header slot and a line or two, not a whole
@@ -1429,28 +1504,8 @@ mod tests {
     /// receiver), then waits; the receiver gets every one intact, in order.
     #[test]
     fn a_sender_runs_small_messages_ahead_of_its_receiver() {
-        let dir = std::env::temp_dir().join(format!("cadence-shm-ahead-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cfg = ShmConfig {
-            frame_bytes: 64 * 1024,
-            nframes: 64,
-            ring_bytes: 512 * 1024,
-            cma_min: 0,
-        };
-        let (mut la, mut lb, _ia, _ib) = pair_of(&dir, 2, 0, 1, cfg);
-        let sizes = [0usize, 8, 9, 64, 100, 1000, 4096];
-        let msgs: Vec<Vec<u8>> = (0..65)
-            .map(|k| pattern(k, sizes[k % sizes.len()]))
-            .collect();
-        let mut sends: Vec<SendJob> = msgs
-            .iter()
-            // SAFETY: `msgs` outlives the jobs and nothing writes it.
-            .map(|m| {
-                SendJob::new(meta(m.len() as u64), unsafe {
-                    Source::new(m.as_ptr(), m.len())
-                })
-            })
-            .collect();
+        let (dir, mut la, mut lb, _ia, _ib) = pair_in("ahead", 64 * 1024, 64, 512 * 1024);
+        let (msgs, mut sends) = messages(65, &[0, 8, 9, 64, 100, 1000, 4096]);
         for (k, job) in sends.iter_mut().enumerate().take(64) {
             la.send_progress(job).unwrap();
             assert!(job.done, "message {k} waited for the receiver");
@@ -1458,17 +1513,7 @@ mod tests {
         assert!(!la.send_progress(&mut sends[64]).unwrap() && !la.tx_ready());
         for (k, m) in msgs.iter().enumerate().take(64) {
             let mut out = vec![0u8; m.len()];
-            // SAFETY: `out` outlives the job and nothing else touches it.
-            let sink = unsafe {
-                Sink::new(
-                    out.as_mut_ptr(),
-                    out.len(),
-                    SinkMode::Copy,
-                    DType::U8,
-                    ElemOp::Sum,
-                )
-            };
-            let mut recv = RecvJob::new(meta(m.len() as u64), sink);
+            let mut recv = copy_into(&mut out);
             lb.recv_progress(&mut recv).unwrap();
             assert!(recv.done && out == *m, "message {k}");
         }
@@ -1483,45 +1528,12 @@ mod tests {
     /// between; the sender fills what it can before the receiver drains.
     #[test]
     fn frames_fit_the_room_and_run_past_the_end_whole() {
-        let dir = std::env::temp_dir().join(format!("cadence-shm-wrap-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cfg = ShmConfig {
-            frame_bytes: 16 * 1024,
-            nframes: 8,
-            ring_bytes: 32 * 1024,
-            cma_min: 0,
-        };
-        let (mut la, mut lb, _ia, _ib) = pair_of(&dir, 2, 0, 1, cfg);
-        let sizes = [16384usize, 10_000, 3, 40_000, 4160, 0, 17, 20_480, 65, 6000];
-        let msgs: Vec<Vec<u8>> = (0..40)
-            .map(|k| pattern(k, sizes[k % sizes.len()]))
-            .collect();
+        let (dir, mut la, mut lb, _ia, _ib) = pair_in("wrap", 16 * 1024, 8, 32 * 1024);
+        let cfg = la.tx.cfg;
+        let sizes = [16384, 10_000, 3, 40_000, 4160, 0, 17, 20_480, 65, 6000];
+        let (msgs, mut sends) = messages(40, &sizes);
         let mut outs: Vec<Vec<u8>> = msgs.iter().map(|m| vec![0u8; m.len()]).collect();
-        let mut sends: Vec<SendJob> = msgs
-            .iter()
-            // SAFETY: `msgs` outlives the jobs and nothing writes it.
-            .map(|m| {
-                SendJob::new(meta(m.len() as u64), unsafe {
-                    Source::new(m.as_ptr(), m.len())
-                })
-            })
-            .collect();
-        let mut recvs: Vec<RecvJob> = outs
-            .iter_mut()
-            .map(|o| {
-                // SAFETY: `outs` outlives the jobs; each job has its own vector.
-                let sink = unsafe {
-                    Sink::new(
-                        o.as_mut_ptr(),
-                        o.len(),
-                        SinkMode::Copy,
-                        DType::U8,
-                        ElemOp::Sum,
-                    )
-                };
-                RecvJob::new(meta(o.len() as u64), sink)
-            })
-            .collect();
+        let mut recvs: Vec<RecvJob> = outs.iter_mut().map(|o| copy_into(o)).collect();
         let (mut s, mut r) = (0, 0);
         let mut partial = false;
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -1552,6 +1564,31 @@ mod tests {
             assert!(o == m, "message {k} ({} bytes) arrived changed", m.len());
         }
         drop(recvs);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An inbox whose header names a geometry the ring arithmetic cannot
+    /// use (here: frames in flight not a power of two) is refused with the
+    /// file's name, by its owner and by a peer that opens it.
+    #[test]
+    fn a_bad_ring_geometry_is_refused() {
+        let dir = std::env::temp_dir().join(format!("cadence-shm-geom-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = ShmConfig {
+            nframes: 3,
+            ..Default::default()
+        };
+        assert!(Inbox::create(&dir.join("x"), 2, cfg).is_err());
+        let ok = Inbox::create(&dir.join("a"), 2, ShmConfig::default()).unwrap();
+        ok.region
+            .atomic_u32(OFF_NFRAMES)
+            .store(3, Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let e = open_peer_inbox(&dir.join("a"), deadline).err().unwrap();
+        assert!(
+            e.contains("ring geometry") && e.contains("nframes: 3"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1586,7 +1623,8 @@ mod tests {
             std::fs::create_dir_all(&dir).unwrap();
             pair(&dir, 2, 0, 1)
         };
-        let data = pattern(0, 3000);
+        let (data, _) = messages(1, &[3000]);
+        let data = &data[0];
         // SAFETY: `data` outlives the job.
         let mut send = SendJob::new(meta(3000), unsafe { Source::new(data.as_ptr(), 3000) });
         la.send_progress(&mut send).unwrap();
@@ -1649,17 +1687,7 @@ mod tests {
             "done before the read"
         );
         let mut out = vec![0u8; data.len()];
-        // SAFETY: `out` outlives the job and nothing else touches it.
-        let sink = unsafe {
-            Sink::new(
-                out.as_mut_ptr(),
-                out.len(),
-                SinkMode::Copy,
-                DType::U8,
-                ElemOp::Sum,
-            )
-        };
-        let mut recv = RecvJob::new(meta(data.len() as u64), sink);
+        let mut recv = copy_into(&mut out);
         while !recv.done {
             lb.recv_progress(&mut recv).unwrap();
         }
