@@ -11,6 +11,7 @@ healthy one has none, and no wait near a second."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -105,3 +106,50 @@ def test_a_root_runs_small_broadcasts_ahead_of_late_receivers():
         assert got == [float(i) for i in range(AHEAD_CALLS)], (r, got)
     took = res[0][1][0]
     assert took < LATE_S / 2, f"the root took {took:.3f} s: it waited for its receivers"
+
+
+def _one_core(comm, fixed_spin):
+    # Both ranks on one CPU, pinned after `init` chose the policy for ranks
+    # that each have a core (as the scheduler pairs two ranks on a host with
+    # as many ranks as cores and one more busy task).
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    x = np.full(1024, comm.rank + 1, np.float32)  # 4 KiB
+    for _ in range(100):
+        comm.allreduce(x)
+    rounds = []
+    for _ in range(5):
+        x[:] = comm.rank + 1
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            comm.allreduce(x)
+            x[:] = comm.rank + 1
+        rounds.append((time.perf_counter() - t0) / 200)
+    comm.allreduce(x)
+    assert x[0] == 3, x[0]
+    return min(rounds), comm.dump_records()["waits"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="needs 2 CPUs, so that 2 ranks get the policy of ranks with a core each")
+@pytest.mark.timeout(120)
+def test_two_ranks_on_one_core_do_not_spin_at_each_other():
+    """Two ranks that the scheduler put on one core: each wait's spin keeps
+    the awaited rank off the core, so before the spin budget adapted every
+    wait spun its whole 50 µs (4 KiB allreduce: 60-68 µs a call here, against
+    9-10 µs now). The same run with the budget fixed at 50 µs
+    (`CADENCE_SPIN_US`, which turns adaptation off) shows that the set-up
+    reproduces the stall."""
+    got = {}
+    for fixed in (False, True):
+        env = {"CADENCE_SPIN_US": "50"} if fixed else {}
+        res = run_ranks(_one_core, 2, args=(fixed,), timeout=90, env=env)
+        assert all(st == "ok" for st, _ in res.values()), res
+        got[fixed] = max(v[0] for _, v in res.values())
+        waits = [v[1] for _, v in res.values()]
+        if not fixed:
+            assert any(w["shared_core_waits"] > 0 for w in waits), waits
+    adaptive, fixed = got[False] * 1e6, got[True] * 1e6
+    print(f"4 KiB allreduce on one core: {adaptive:.1f} µs a call, fixed spin {fixed:.1f}")
+    assert fixed > 40, f"the control did not stall ({fixed:.1f} µs a call): the test shows nothing"
+    assert adaptive < 25, f"{adaptive:.1f} µs a call on a shared core (fixed spin: {fixed:.1f})"

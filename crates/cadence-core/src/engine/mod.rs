@@ -41,6 +41,27 @@ const YIELD: Duration = Duration::from_millis(2);
 /// (Open MPI 10–11 and 28–37); broadcast 4.4 → 3.7 and 11.6 → 6.6–9.2.
 const SPIN_OVERSUBSCRIBED: Duration = Duration::ZERO;
 const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
+/// The spin budget adapts to what the yields of past waits showed. Two ranks
+/// that the scheduler put on one core (ranks equal cores, and one more task
+/// somewhere: a launcher, a watchdog thread, another job) cannot spin at
+/// each other: each wait burns the whole spin budget before its yield lets
+/// the awaited rank run, 50 µs a wait, while Open MPI, whose ranks are bound
+/// to cores, never pairs them. Measured on 2 cores with 2 ranks and a busy
+/// process beside them: 4 KiB allreduce 58–62 µs a call against 5–6 µs with
+/// no spinning. So a wait that ended after a yield *handed the core over*
+/// for a short while (a peer ran on our core and answered) drops the budget
+/// to nothing; a wait that ends within the full budget without handing the
+/// core over doubles it back (from 1 µs), as a peer on a core of its own
+/// answers within it. A yield that takes at least this long handed the core
+/// to another task (alone on its core, `sched_yield` returns in 0.1–0.7 µs;
+/// handing the core over and getting it back is two context switches) ...
+const YIELD_HANDED_MIN: Duration = Duration::from_micros(2);
+/// ... and one that takes this long lost the core for a scheduler slice to a
+/// task that is not a peer (a peer on our core hands it back as soon as it
+/// waits itself): spinning less would only lose the core more often.
+const YIELD_LOST_MIN: Duration = Duration::from_micros(500);
+/// Where a shrunk spin budget grows back from.
+const SPIN_REGROW: Duration = Duration::from_micros(1);
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// How often links with several paths get their background work done.
 const MAINTAIN_EVERY: Duration = Duration::from_millis(1);
@@ -59,6 +80,10 @@ pub struct WaitStats {
     pub late_wakeups: u64,
     /// The longest stretch in which nothing moved (µs), over all operations.
     pub longest_idle_us: u64,
+    /// Waits that ended after a yield handed this rank's core to another
+    /// task for a moment: a peer that shares the core (see
+    /// `YIELD_HANDED_MIN`). Each cut the spin budget to nothing.
+    pub shared_core_waits: u64,
 }
 
 /// How long a wait has lasted, for the backoff policy and the timeout text.
@@ -71,6 +96,10 @@ pub struct Wait {
     /// The wait-for chain this rank last published.
     published: Vec<u32>,
     last_interrupt_check: Instant,
+    /// In this idle stretch, a yield handed the core to another task for a
+    /// moment, or lost it for a slice (see `YIELD_HANDED_MIN`).
+    handed: bool,
+    lost: bool,
 }
 
 impl Wait {
@@ -84,11 +113,15 @@ impl Wait {
             stalled_at: None,
             published: Vec::new(),
             last_interrupt_check: now,
+            handed: false,
+            lost: false,
         }
     }
     /// Something moved: the next idle stretch starts spinning again.
     pub fn reset(&mut self) {
         self.idle_since = None;
+        self.handed = false;
+        self.lost = false;
     }
 }
 
@@ -289,9 +322,12 @@ pub struct Engine {
     /// Set by the communicator when a caller gave up on a queued operation
     /// or aborted the communicator: the wait fails with the reason given.
     pub cancel: Arc<Cancel>,
-    /// Spin and yield budgets (see `SPIN`).
+    /// Spin and yield budgets (see `SPIN`) ...
     spin: Duration,
     yield_for: Duration,
+    /// ... and the spin budget this rank's recent waits earned, at most
+    /// `spin` (see `YIELD_HANDED_MIN`; fixed when `CADENCE_SPIN_US` is set).
+    spin_budget: Duration,
     /// `CADENCE_SPIN_US` / `CADENCE_YIELD_US`, when set: fixed budgets that
     /// replace the policy (for measuring wait policies on a new machine).
     wait_override: (Option<Duration>, Option<Duration>),
@@ -340,6 +376,7 @@ impl Engine {
             cancel: Arc::default(),
             spin: SPIN,
             yield_for: YIELD,
+            spin_budget: SPIN,
             wait_override: (None, None),
             wait_stats: WaitStats::default(),
             stamp_messages: true,
@@ -387,6 +424,7 @@ impl Engine {
         self.wait_override = (spin, yield_for);
         self.spin = spin.unwrap_or(self.spin);
         self.yield_for = yield_for.unwrap_or(self.yield_for);
+        self.spin_budget = self.spin;
     }
 
     /// Tells the engine how many ranks share this machine's cores (emulated
@@ -401,6 +439,22 @@ impl Engine {
         };
         self.spin = self.wait_override.0.unwrap_or(spin);
         self.yield_for = self.wait_override.1.unwrap_or(yield_for);
+        self.spin_budget = self.spin;
+    }
+
+    /// The spin budget after an idle stretch of `idle` ended (see
+    /// `YIELD_HANDED_MIN`). Costs nothing on the fast path: called only
+    /// when a round found nothing to move before this one.
+    fn adapt_spin(&mut self, idle: Duration, wait: &Wait) {
+        if self.wait_override.0.is_some() || wait.lost {
+            return;
+        }
+        if wait.handed {
+            self.spin_budget = Duration::ZERO;
+            self.wait_stats.shared_core_waits += 1;
+        } else if idle <= self.spin {
+            self.spin_budget = (self.spin_budget * 2).max(SPIN_REGROW).min(self.spin);
+        }
     }
 
     /// Executes one rank's schedule. `deadline` bounds every wait.
@@ -777,9 +831,10 @@ impl Engine {
             progressed |= self.maintain_links()?;
             if progressed {
                 if let Some(since) = wait.idle_since {
-                    let idle = since.elapsed().as_micros() as u64;
+                    let idle = since.elapsed();
                     let longest = &mut self.wait_stats.longest_idle_us;
-                    *longest = (*longest).max(idle);
+                    *longest = (*longest).max(idle.as_micros() as u64);
+                    self.adapt_spin(idle, &wait);
                 }
                 wait.reset();
                 rec.moved();
@@ -954,12 +1009,16 @@ impl Engine {
         let (spin, yield_for) = if unwatched {
             (SPIN_OVERSUBSCRIBED, YIELD_OVERSUBSCRIBED)
         } else {
-            (self.spin, self.yield_for)
+            (self.spin_budget, self.yield_for)
         };
         if waited < spin {
             std::hint::spin_loop();
         } else if waited < yield_for {
+            let t = Instant::now();
             std::thread::yield_now();
+            let took = t.elapsed();
+            wait.handed |= took >= YIELD_HANDED_MIN;
+            wait.lost |= took >= YIELD_LOST_MIN;
         } else {
             if let Some(why) = self.cancel.reason() {
                 return Err(why);
