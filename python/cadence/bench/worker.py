@@ -121,6 +121,12 @@ class CadenceBackend(Backend):
     def barrier(self):
         self.comm.barrier()
 
+    def waits(self) -> dict:
+        """How this rank's waits went over the whole run (the engine's
+        counters: sleeps, late wake-ups, waits on a shared core, the longest
+        idle stretch)."""
+        return dict(self.comm.dump_records()["waits"])
+
     def links(self) -> list[dict]:
         """Each TCP link's per-path traffic over the whole run (`--paths`)."""
         from cadence.diagnosis.metrics import snapshot
@@ -457,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                     emit(record)
             if isinstance(backend, CadenceBackend):
                 emit({"links": backend.links()})
+                emit({"waits": backend.waits()})
     backend.barrier()  # nobody tears down while a peer still reads from it
     backend.close()
     return 0

@@ -428,6 +428,27 @@ def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
     return notes
 
 
+def wait_note(outcomes: list[Outcome]) -> str | None:
+    """cadence's waits over its whole run, all ranks: where a stall comes
+    from (sleeps that woke late: a lost wake-up; waits that ended on a
+    shared core: ranks the scheduler put on one core; the longest stretch
+    in which a rank moved nothing)."""
+    waits = next((o.waits for o in outcomes if o.waits), {})
+    if not waits:
+        return None
+    total = {k: sum(w.get(k, 0) for w in waits.values())
+             for k in ("naps", "late_wakeups", "shared_core_waits")}  # fmt: skip
+    shared = [r for r in sorted(waits) if waits[r].get("shared_core_waits", 0)]
+    worst = max(waits, key=lambda r: waits[r].get("longest_idle_us", 0))
+    where = f" (ranks {', '.join(map(str, shared))})" if shared else ""
+    longest_ms = waits[worst].get("longest_idle_us", 0) / 1e3
+    return (
+        f"cadence's waits, all ranks: {total['naps']} sleeps ({total['late_wakeups']} woke "
+        f"late), {total['shared_core_waits']} ended after the waiting rank's core ran another "
+        f"task for a moment{where}; longest idle stretch {longest_ms:.1f} ms (rank {worst})"
+    )
+
+
 def path_lines(outcomes: list[Outcome]) -> list[str]:
     """Per rank and TCP link, what each path carried over cadence's whole
     run (every algorithm and size), its measured rate, and its failures."""
@@ -536,6 +557,9 @@ def run(args: argparse.Namespace) -> int:
         table = build_table(job, outcomes, copy_gbps)
         if all(h is not None for h in handover) and handover:
             table.notes.insert(-1, handover_note(*handover))
+    note = wait_note(outcomes)
+    if note:
+        table.notes.insert(-1, note)
     if sys.stdout.isatty():
         print_rich(table, title)
     else:

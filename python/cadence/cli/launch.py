@@ -66,6 +66,8 @@ class Outcome:
     label: str = ""  # the column group: "cadence:ring"; empty means the backend's name
     # cadence: per rank, its TCP links' per-path traffic over the run
     links: dict[int, list[dict]] = field(default_factory=dict)
+    # cadence: per rank, its engine's wait counters over the run
+    waits: dict[int, dict] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -317,6 +319,8 @@ def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
                 outcome.na = rec["na"]
             if "links" in rec:
                 outcome.links[rec.get("rank", 0)] = rec["links"]
+            if "waits" in rec:
+                outcome.waits[rec.get("rank", 0)] = rec["waits"]
             if rec.get("nranks", job.nranks) != job.nranks and outcome.error is None:
                 outcome.error = f"worker saw {rec['nranks']} ranks, not {job.nranks}"
     for size in job.sizes:
