@@ -37,8 +37,16 @@ from cadence.bench.worker import (
 )
 from cadence.cli import bench as bench_cli
 from cadence.cli import main as cli_main
-from cadence.cli.launch import Job, Measure, Outcome, error_line, worker_command, worker_env
-from cadence.cli.report import build_table, json_records, render_plain
+from cadence.cli.launch import (
+    Job,
+    Measure,
+    Outcome,
+    error_line,
+    merge_rounds,
+    worker_command,
+    worker_env,
+)
+from cadence.cli.report import build_table, json_records, render_plain, rounds_spread
 
 RECORD_KEYS = {
     "backend", "op", "dtype", "bytes", "nranks", "algo", "chosen", "time_us", "p99_us",
@@ -209,6 +217,35 @@ def _outcome(
         p99 = (p99_us or {}).get(size)
         o.measures[size] = Measure(size, size, size // 4, t, wrong, chosen or algo, p99)
     return o
+
+
+def test_rounds_merge_into_medians_with_their_spread():
+    job = _job()
+    rounds = [
+        [_outcome("cadence", {8: 10.0, 1 << 20: 500.0}, p99_us={8: 30.0, 1 << 20: 900.0}),
+         _outcome("mpi", {8: 20.0, 1 << 20: 400.0})],
+        [_outcome("cadence", {8: 14.0, 1 << 20: 520.0}, wrong=1,
+                  p99_us={8: 50.0, 1 << 20: 600.0}),
+         _outcome("mpi", {8: 40.0})],  # 1 MiB missing in this round
+        [_outcome("cadence", {8: 11.0, 1 << 20: 480.0}, p99_us={8: 20.0, 1 << 20: 700.0}),
+         Outcome("mpi", error="rank 0 exited")],
+    ]
+    rounds[1][0].waits = {0: {"naps": 2, "shared_core_waits": 1, "longest_idle_us": 90}}
+    rounds[2][0].waits = {0: {"naps": 3, "shared_core_waits": 0, "longest_idle_us": 40}}
+    cad, mpi = merge_rounds(rounds)
+    m = cad.measures[8]
+    assert (m.time_us, m.p99_us, m.wrong, m.round_times) == (11.0, 30.0, 1, [10.0, 14.0, 11.0])
+    assert cad.measures[1 << 20].time_us == 500.0
+    assert cad.waits == {0: {"naps": 5, "shared_core_waits": 1, "longest_idle_us": 90}}
+    # A size some round did not measure has no median of the same rounds.
+    assert mpi.error == "rank 0 exited" and set(mpi.measures) == set()
+    note = rounds_spread([cad, mpi])
+    # 8 B: 14 / 10 = 1.40; 1 MiB: 520 / 480 = 1.08; the median of two is the upper one.
+    assert note == ("round-to-round spread of the medians over 3 rounds (slowest round / "
+                    "fastest; median over sizes, worst): cadence 1.40x (worst 1.40x at 8)")
+    recs = json_records(job, [cad])
+    assert recs[0]["round_time_us"] == [10.0, 14.0, 11.0]
+    assert note in build_table(job, [cad, mpi]).notes
 
 
 def test_table_columns_ratios_and_notes():
@@ -594,6 +631,27 @@ def test_cadence_algo_list_end_to_end(tmp_path):
     groups = next(line for line in output.splitlines() if "cadence:" in line).split()
     assert groups == ["cadence:direct", "cadence:auto"], output
     assert "cadence:ring" not in output
+
+
+@pytest.mark.skipif(not _cadence_built(), reason="cadence._core is not built (make build)")
+def test_rounds_end_to_end(tmp_path):
+    rc, output, records = _bench(
+        tmp_path, "--nranks", "2", "--op", "broadcast", "-b", "8", "-e", "64K", "-f", "8192",
+        "-n", "3", "-w", "1", "--backends", "cadence,gloo", "--rounds", "3",
+    )  # fmt: skip
+    assert rc == 0, output
+    # Three rounds, the second in reverse order.
+    starts = [ln.split()[1] for ln in output.splitlines() if ln.startswith("bench: ") and
+              ln.rstrip().endswith("...")]  # fmt: skip
+    assert starts == ["cadence", "gloo", "gloo", "cadence", "cadence", "gloo"], output
+    assert "medians over 3 rounds" in output
+    assert "# round-to-round spread of the medians over 3 rounds" in output
+    assert len(records) == 4  # one per backend and size
+    for r in records:
+        assert len(r["round_time_us"]) == 3 and r["wrong"] == 0
+        assert min(r["round_time_us"]) <= r["time_us"] <= max(r["round_time_us"])
+    groups = next(ln for ln in output.splitlines() if "time(us)" not in ln and "gloo" in ln)
+    assert groups.split()[:2] == ["cadence", "gloo"], output
 
 
 def test_link_share_is_quoted_at_the_largest_size(monkeypatch):

@@ -52,7 +52,7 @@ from cadence.bench.common import (
 )
 from cadence.bench.fused import FUSED_OPS
 from cadence.cli import fused, plot
-from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, run_backend, units
+from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, merge_rounds, run_backend, units
 from cadence.cli.report import algbw, build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import format_rate, payload_share
 
@@ -157,6 +157,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds one backend may take for the whole sweep before it is killed (600)",
     )  # fmt: skip
     p.add_argument("--mpirun-args", default="", help="extra arguments for mpirun, one string")
+    p.add_argument(
+        "--rounds", type=_positive, default=1,
+        help="run the whole sweep this many times, the backends in alternating order, and "
+        "show medians over the rounds with their spread (1): ratios that hold on a noisy host",
+    )  # fmt: skip
 
 
 class Reporter:
@@ -343,6 +348,22 @@ def sweep(job: Job, backends: list[str]) -> list[Outcome]:
                 print(f"--- {backend} output (tail) ---\n{first.log_tail}", file=sys.stderr)
             outcomes += results
     return outcomes
+
+
+def sweep_rounds(job: Job, backends: list[str], rounds: int) -> list[Outcome]:
+    """`sweep` `rounds` times, the backends in the given order and then
+    reversed, in turn (so that drift on a shared host hits them alike),
+    merged into medians over the rounds (see `merge_rounds`)."""
+    if rounds == 1:
+        return sweep(job, backends)
+    runs = []
+    for i in range(rounds):
+        print(f"bench: round {i + 1} of {rounds}", file=sys.stderr, flush=True)
+        order = backends if i % 2 == 0 else backends[::-1]
+        got = sweep(job, order)
+        # The table's column order is --backends', whatever order this round ran.
+        runs.append(sorted(got, key=lambda o: backends.index(o.backend)))
+    return merge_rounds(runs)
 
 
 def resolve_algos(text: str | None, op: str, backends: list[str]) -> list[str] | None:
@@ -534,7 +555,7 @@ def run(args: argparse.Namespace) -> int:
     # over, before and after the sweep (it can change meanwhile).
     local = not cluster and job.nranks > 1
     handover = [handover_us()] if local else []
-    outcomes = sweep(job, args.backends)
+    outcomes = sweep_rounds(job, args.backends, args.rounds)
     if local:
         handover.append(handover_us())
 
@@ -546,6 +567,7 @@ def run(args: argparse.Namespace) -> int:
         f"cadence bench: {job.op} {job.dtype}, {job.nranks} ranks{where}, {job.iters} iters "
         f"({job.warmup} warm-up), {format_size(sizes[0])}..{format_size(sizes[-1])} "
         f"x{args.stepfactor}" + (f", cadence algos {','.join(algos)}" if algos else "")
+        + (f", medians over {args.rounds} rounds" if args.rounds > 1 else "")
     )
     copy_gbps = None
     if cluster:

@@ -50,6 +50,9 @@ class Measure:
     # Max over ranks of each rank's 99th percentile of its samples (None: the
     # records did not say, e.g. written by an older worker).
     p99_us: float | None = None
+    # With `--rounds`: each round's time_us, in round order (time_us and
+    # p99_us are then the medians over the rounds).
+    round_times: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -72,6 +75,57 @@ class Outcome:
     @property
     def name(self) -> str:
         return self.label or self.backend
+
+
+def merge_rounds(rounds: list[list[Outcome]]) -> list[Outcome]:
+    """One outcome per (backend, algorithm) from the same sweep run several
+    times (`cadence bench --rounds`), in the first round's order: per size,
+    the median over the rounds of the round's time and of its p99, each
+    round's time kept (`round_times`), wrong elements summed; a failure or
+    n/a in any round is the outcome's. A size counts only where every round
+    measured it, so each figure is a median of the same number of rounds."""
+    import statistics
+
+    merged = []
+    for first in rounds[0]:
+        same = [
+            o for r in rounds for o in r
+            if (o.backend, o.algo) == (first.backend, first.algo)
+        ]  # fmt: skip
+        out = Outcome(
+            first.backend,
+            error=next((o.error for o in same if o.error), None),
+            na=next((o.na for o in same if o.na), None),
+            log_tail=next((o.log_tail for o in same if o.error), first.log_tail),
+            seconds=sum(o.seconds for o in same),
+            algo=first.algo,
+            label=first.label,
+            links=same[-1].links,
+        )
+        for o in same:
+            for rank, w in o.waits.items():
+                total = out.waits.setdefault(rank, {})
+                for k, v in w.items():
+                    # Counters add up over the rounds; the longest idle stretch is the longest.
+                    total[k] = max(total.get(k, 0), v) if k == "longest_idle_us" else (
+                        total.get(k, 0) + v)
+        for size, m in first.measures.items():
+            ms = [o.measures.get(size) for o in same]
+            if len(ms) < len(rounds) or any(x is None for x in ms):
+                continue
+            p99s = [x.p99_us for x in ms if x.p99_us is not None]
+            out.measures[size] = Measure(
+                size=size,
+                nbytes=m.nbytes,
+                count=m.count,
+                time_us=statistics.median(x.time_us for x in ms),
+                wrong=sum(x.wrong for x in ms),
+                chosen=m.chosen,
+                p99_us=statistics.median(p99s) if len(p99s) == len(ms) else None,
+                round_times=[x.time_us for x in ms],
+            )
+        merged.append(out)
+    return merged
 
 
 @dataclass

@@ -219,9 +219,37 @@ def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = Non
             )
     if with_auto:
         notes.append(auto_summary(job, outcomes))
+    spread = rounds_spread(outcomes)
+    if spread:
+        notes.append(spread)
     wrong = sum(m.wrong for o in outcomes for m in o.measures.values())
     notes.append(f"#wrong total: {wrong}")
     return notes
+
+
+def rounds_spread(outcomes: list[Outcome]) -> str | None:
+    """With `--rounds`: how steady each backend's medians were from round to
+    round (a size's spread: its slowest round's median over its fastest's),
+    the median spread over the sizes and the worst one."""
+    parts, nrounds = [], 0
+    for o in outcomes:
+        spreads = [
+            (max(m.round_times) / min(m.round_times), m.nbytes)
+            for m in o.measures.values()
+            if len(m.round_times) > 1 and min(m.round_times) > 0
+        ]
+        if not spreads:
+            continue
+        nrounds = max(nrounds, *(len(m.round_times) for m in o.measures.values()))
+        mid = sorted(s for s, _ in spreads)[len(spreads) // 2]
+        worst, nbytes = max(spreads)
+        parts.append(f"{o.name} {mid:.2f}x (worst {worst:.2f}x at {format_size(nbytes)})")
+    if not parts:
+        return None
+    return (
+        f"round-to-round spread of the medians over {nrounds} rounds (slowest round / "
+        "fastest; median over sizes, worst): " + ", ".join(parts)
+    )
 
 
 def auto_summary(job: Job, outcomes: list[Outcome]) -> str:
@@ -339,5 +367,6 @@ def json_records(job: Job, outcomes: list[Outcome]) -> list[dict]:
                 "algbw": bw,
                 "busbw": bw * factor,
                 "wrong": m.wrong,
+                **({"round_time_us": m.round_times} if len(m.round_times) > 1 else {}),
             })  # fmt: skip
     return records
