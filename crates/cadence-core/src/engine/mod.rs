@@ -52,9 +52,11 @@ const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
 /// for a short while (a peer ran on our core and answered) drops the budget
 /// to nothing; a wait that ends within the full budget without handing the
 /// core over doubles it back (from 1 µs), as a peer on a core of its own
-/// answers within it. A yield that takes at least this long handed the core
-/// to another task (alone on its core, `sched_yield` returns in 0.1–0.7 µs;
-/// handing the core over and getting it back is two context switches) ...
+/// answers within it. A yield that takes at least this long (or three times
+/// what a yield alone took at start-up, where that is longer: in some VMs the
+/// system call alone costs microseconds) handed the core to another task
+/// (alone on its core, `sched_yield` returns in 0.1–0.7 µs; handing the core
+/// over and getting it back is two context switches) ...
 const YIELD_HANDED_MIN: Duration = Duration::from_micros(2);
 /// ... and one that takes this long lost the core for a scheduler slice to a
 /// task that is not a peer (a peer on our core hands it back as soon as it
@@ -328,6 +330,8 @@ pub struct Engine {
     /// ... and the spin budget this rank's recent waits earned, at most
     /// `spin` (see `YIELD_HANDED_MIN`; fixed when `CADENCE_SPIN_US` is set).
     spin_budget: Duration,
+    /// How long a yield takes that handed the core over (`YIELD_HANDED_MIN`).
+    yield_handed_min: Duration,
     /// `CADENCE_SPIN_US` / `CADENCE_YIELD_US`, when set: fixed budgets that
     /// replace the policy (for measuring wait policies on a new machine).
     wait_override: (Option<Duration>, Option<Duration>),
@@ -377,6 +381,7 @@ impl Engine {
             spin: SPIN,
             yield_for: YIELD,
             spin_budget: SPIN,
+            yield_handed_min: YIELD_HANDED_MIN,
             wait_override: (None, None),
             wait_stats: WaitStats::default(),
             stamp_messages: true,
@@ -440,6 +445,7 @@ impl Engine {
         self.spin = self.wait_override.0.unwrap_or(spin);
         self.yield_for = self.wait_override.1.unwrap_or(yield_for);
         self.spin_budget = self.spin;
+        self.yield_handed_min = YIELD_HANDED_MIN.max(yield_alone() * 3);
     }
 
     /// The spin budget after an idle stretch of `idle` ended (see
@@ -1017,7 +1023,7 @@ impl Engine {
             let t = Instant::now();
             std::thread::yield_now();
             let took = t.elapsed();
-            wait.handed |= took >= YIELD_HANDED_MIN;
+            wait.handed |= took >= self.yield_handed_min;
             wait.lost |= took >= YIELD_LOST_MIN;
         } else {
             if let Some(why) = self.cancel.reason() {
@@ -1355,6 +1361,19 @@ impl Memory {
     }
 }
 
+/// How long `sched_yield` takes here with nobody else wanting the core: the
+/// least of a few (~10 µs in all, once per communicator).
+fn yield_alone() -> Duration {
+    (0..16)
+        .map(|_| {
+            let t = Instant::now();
+            std::thread::yield_now();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
 /// What [`Engine::drive`] counts for the records: idle rounds (when to
 /// start stamping transfers, see [`Evidence`]) and when to publish
 /// snapshots of a waiting operation's messages (the clock is read only
@@ -1672,4 +1691,57 @@ fn release_held(
         }
     }
     released
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(engine: &mut Engine, idle_us: u64, handed: bool, lost: bool) -> Duration {
+        let mut wait = Wait::since(Instant::now());
+        wait.handed = handed;
+        wait.lost = lost;
+        engine.adapt_spin(Duration::from_micros(idle_us), &wait);
+        engine.spin_budget
+    }
+
+    #[test]
+    fn the_spin_budget_follows_what_the_yields_showed() {
+        let mut e = Engine::new(0, 1, vec![None], None);
+        e.set_local_ranks(1);
+        assert_eq!(e.spin_budget, SPIN);
+        // A peer on our core answered after a yield handed it the core.
+        assert_eq!(ended(&mut e, 80, true, false), Duration::ZERO);
+        assert_eq!(e.wait_stats.shared_core_waits, 1);
+        // Waits answered within the full budget, nothing handed: it grows back.
+        let grown: Vec<u64> = (0..8)
+            .map(|_| ended(&mut e, 3, false, false).as_micros() as u64)
+            .collect();
+        assert_eq!(grown, [1, 2, 4, 8, 16, 32, 50, 50]);
+        // Longer than the full budget, alone on the core: spinning would not
+        // have helped, nor hurt; unchanged.
+        assert_eq!(ended(&mut e, 400, false, false), SPIN);
+        // The core lost to a foreign task for a slice: unchanged, even with a
+        // short hand-over in the same wait.
+        assert_eq!(ended(&mut e, 4000, true, true), SPIN);
+        assert_eq!(e.wait_stats.shared_core_waits, 1);
+    }
+
+    #[test]
+    fn a_fixed_spin_budget_does_not_adapt() {
+        let mut e = Engine::new(0, 1, vec![None], None);
+        e.override_wait(Some(Duration::from_micros(50)), None);
+        e.set_local_ranks(1);
+        assert_eq!(ended(&mut e, 80, true, false), Duration::from_micros(50));
+        assert_eq!(e.wait_stats.shared_core_waits, 0);
+    }
+
+    #[test]
+    fn with_more_ranks_than_cores_nothing_spins() {
+        let mut e = Engine::new(0, 1, vec![None], None);
+        e.set_local_ranks(100_000);
+        assert_eq!(e.spin_budget, Duration::ZERO);
+        assert_eq!(ended(&mut e, 0, false, false), Duration::ZERO);
+        assert_eq!(ended(&mut e, 3, false, false), Duration::ZERO);
+    }
 }
