@@ -1,5 +1,5 @@
-//! Direct ("starlike") algorithms: allreduce, reduce_scatter, allgather,
-//! gather, scatter.
+//! Direct ("starlike") algorithms: allreduce, reduce_scatter, reduce,
+//! allgather, gather, scatter.
 //!
 //! Terms:
 //! - **block**: the part of a buffer one rank is responsible for: balanced
@@ -10,7 +10,8 @@
 //!   once, visiting them in the order r+1, r+2, … so that ranks start on
 //!   different partners. Allreduce is two stages (reduce to owners, then
 //!   allgather from them); reduce_scatter is the first of those, allgather the
-//!   second; gather and scatter are a single stage to or from the root.
+//!   second; reduce, gather and scatter are a single stage to or from the
+//!   root (reduce: the root owns one block, the whole buffer).
 //! - **slot**: a piece of scratch, one block long, holding one peer's
 //!   contribution to the owner's block until it is reduced.
 //!
@@ -78,6 +79,33 @@ pub(crate) fn reduce_scatter(plan: &mut Plan, counts: &[usize]) {
     let blocks = Blocks::of_counts(counts);
     let dst = Span::output(0, counts[plan.rank]);
     reduce_to_owners(plan, &blocks, dst);
+}
+
+/// Reduce: every rank sends its whole Input to the root at once; the root
+/// reduces the first peer's into Output on arrival and folds the others in,
+/// in peer order, as they land. Non-roots wait on nobody, which is what pays
+/// when ranks share cores: a rank never waits for one that the scheduler
+/// has not run yet, as a tree's inner ranks do.
+pub(crate) fn reduce(plan: &mut Plan, count: usize, root: usize) {
+    let (r, n) = (plan.rank, plan.nranks);
+    let whole = Span::input(0, count);
+    if r != root {
+        plan.phase().send(root, whole);
+        return;
+    }
+    let dst = Span::output(0, count);
+    plan.need_scratch((n - 2) * count);
+    let mut phase = plan.phase();
+    for (k, p) in peers(r, n) {
+        if k == 1 {
+            phase.recv_reduce(p, dst, whole);
+        } else {
+            phase.recv(p, slot(k, count));
+        }
+    }
+    for k in 2..n {
+        phase.fold(slot(k, count), dst);
+    }
 }
 
 /// Allgather: every rank sends its Input to every peer and copies it into its
