@@ -753,6 +753,8 @@ def test_fused_operator_bench_refuses_a_bad_shape(tmp_path):
     assert rc == 2 and "gemm_alltoall takes T=N,H=N,O=N,E=N" in output, output
     rc, output, _ = _bench(tmp_path, "--op", "allreduce", "--shape", "M=4")
     assert rc == 2 and "--shape and --tile-rows are for fused operators" in output, output
+    rc, output, _ = _bench(tmp_path, "--op", "gemv_allreduce", "--rounds", "2")
+    assert rc == 2 and "--rounds is for collectives" in output, output
 
 
 def test_handover_probe_times_two_cores_and_needs_two():

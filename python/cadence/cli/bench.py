@@ -514,6 +514,10 @@ def resolve_ranks(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if args.op in FUSED_OPS:
+        if args.rounds > 1:
+            print("cadence bench: --rounds is for collectives, not fused operators",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         return fused.run(args)
     if args.shape or args.tile_rows:
         print("cadence bench: --shape and --tile-rows are for fused operators", file=sys.stderr)
