@@ -45,10 +45,10 @@ const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
 /// that the scheduler put on one core (ranks equal cores, and one more task
 /// somewhere: a launcher, a watchdog thread, another job) cannot spin at
 /// each other: each wait burns the whole spin budget before its yield lets
-/// the awaited rank run, 50 µs a wait, while Open MPI, whose ranks are bound
-/// to cores, never pairs them. Measured on 2 cores with 2 ranks and a busy
-/// process beside them: 4 KiB allreduce 58–62 µs a call against 5–6 µs with
-/// no spinning. So a wait that ended after a yield *handed the core over*
+/// the awaited rank run, 50 µs a wait (the issue-11 stalls at 16 ranks on
+/// 16 cores fit that price per wait). Measured on 2 cores with 2 ranks and
+/// a busy process beside them: 4 KiB allreduce 58–62 µs a call against
+/// 5–6 µs with no spinning. So a wait that ended after a yield *handed the core over*
 /// for a short while (a peer ran on our core and answered) drops the budget
 /// to nothing; a wait that ends within the full budget without handing the
 /// core over doubles it back (from 1 µs), as a peer on a core of its own
