@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import operator
 import os
 import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -84,8 +86,6 @@ def merge_rounds(rounds: list[list[Outcome]]) -> list[Outcome]:
     round's time kept (`round_times`), wrong elements summed; a failure or
     n/a in any round is the outcome's. A size counts only where every round
     measured it, so each figure is a median of the same number of rounds."""
-    import statistics
-
     merged = []
     for first in rounds[0]:
         same = [
@@ -107,8 +107,8 @@ def merge_rounds(rounds: list[list[Outcome]]) -> list[Outcome]:
                 total = out.waits.setdefault(rank, {})
                 for k, v in w.items():
                     # Counters add up over the rounds; the longest idle stretch is the longest.
-                    total[k] = max(total.get(k, 0), v) if k == "longest_idle_us" else (
-                        total.get(k, 0) + v)
+                    merge = max if k == "longest_idle_us" else operator.add
+                    total[k] = merge(total.get(k, 0), v)
         for size, m in first.measures.items():
             ms = [o.measures.get(size) for o in same]
             if len(ms) < len(rounds) or any(x is None for x in ms):
