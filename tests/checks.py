@@ -53,10 +53,13 @@ def check_reducing(comm, count, dtype, op, failures, algo=None):
         compare(from_user(res, dtype), want, dtype, op, f"reduce root={root} {tag}", failures)
 
     # reduce_scatter on count per block, and reduce_scatterv on irregular counts
-    rs_in = [gen(q, count * n, dtype, op, 2) for q in range(n)]
-    rs_want = reference(rs_in, dtype, op)
-    out = comm.reduce_scatter(to_user(rs_in[r], dtype), **kw)
-    compare(from_user(out, dtype), rs_want[r * count:(r + 1) * count], dtype, op,
+    # Rank q's input is n blocks, block b drawn as gen(q, count, ..., (2, b)),
+    # so this rank draws its own input and block r of the others' (2n blocks,
+    # not n²: at 8 ranks the whole inputs' draws were most of the test's time).
+    mine = np.concatenate([gen(r, count, dtype, op, (2, b)) for b in range(n)])
+    block_r = [gen(q, count, dtype, op, (2, r)) for q in range(n)]
+    out = comm.reduce_scatter(to_user(mine, dtype), **kw)
+    compare(from_user(out, dtype), reference(block_r, dtype, op), dtype, op,
             f"reduce_scatter {tag}", failures)
     counts = _counts(n, count, 7)
     v_in = [gen(q, count, dtype, op, 3) for q in range(n)]
@@ -87,29 +90,30 @@ def check_moving(comm, count, dtype, failures, algo=None):
     compare(from_user(g, dtype), np.concatenate(vin), dtype, op,
             f"allgatherv counts={counts} {tag}", failures)
 
-    a_in = [gen(q, count * n, dtype, op, 6) for q in range(n)]
-    got = comm.alltoall(to_user(a_in[r], dtype))
-    want = np.concatenate([a_in[s][r * count:(r + 1) * count] for s in range(n)])
+    # Rank s's block for d is gen(s, count, ..., (6, d)): drawn block by block
+    # as for reduce_scatter, this rank's own and the ones sent to it.
+    mine = np.concatenate([gen(r, count, dtype, op, (6, d)) for d in range(n)])
+    got = comm.alltoall(to_user(mine, dtype))
+    want = np.concatenate([gen(s, count, dtype, op, (6, r)) for s in range(n)])
     compare(from_user(got, dtype), want, dtype, op, f"alltoall {tag}", failures)
 
-    # alltoallv: rank s sends m[s][d] elements to d
+    # alltoallv: rank s sends m[s][d] elements to d, drawn as gen(s, m[s][d], ..., (8, d))
     m = [_counts(n, count, 100 + s) for s in range(n)]
-    av_in = [gen(q, sum(m[q]), dtype, op, 8) for q in range(n)]
+    mine = np.concatenate([gen(r, m[r][d], dtype, op, (8, d)) for d in range(n)])
     recv_counts = [m[s][r] for s in range(n)]
-    got = comm.alltoallv(to_user(av_in[r], dtype), m[r], recv_counts)
-    want = np.concatenate(
-        [av_in[s][sum(m[s][:r]):sum(m[s][:r]) + m[s][r]] for s in range(n)]
-    )
+    got = comm.alltoallv(to_user(mine, dtype), m[r], recv_counts)
+    want = np.concatenate([gen(s, m[s][r], dtype, op, (8, r)) for s in range(n)])
     compare(from_user(got, dtype), want, dtype, op, f"alltoallv {tag}", failures)
 
     res = comm.gather(to_user(ins[r], dtype), root=root)
     if r == root:
         compare(from_user(res, dtype), np.concatenate(ins), dtype, op, f"gather {tag}", failures)
 
-    src = np.concatenate([gen(root, count, dtype, op, 9 + q) for q in range(n)])
+    src = (np.concatenate([gen(root, count, dtype, op, 9 + q) for q in range(n)])
+           if r == root else None)
     out = empty_user(count, dtype)
     comm.scatter(to_user(src, dtype) if r == root else None, out, root=root)
-    compare(from_user(out, dtype), src[r * count:(r + 1) * count], dtype, op,
+    compare(from_user(out, dtype), gen(root, count, dtype, op, 9 + r), dtype, op,
             f"scatter {tag}", failures)
 
     if n > 1:  # ring of sends: r -> r+1, async so nobody blocks

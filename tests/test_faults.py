@@ -386,6 +386,10 @@ def _interrupted(comm, async_op):
     if comm.rank == 1:
         time.sleep(6)  # never joins in time
         return None
+    # Python's own Ctrl-C handler, whatever the launch left: a test run started
+    # in the background of a non-interactive shell has SIGINT ignored, and the
+    # ranks inherit that (the rank then waited out the sleep, and failed).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
     try:
