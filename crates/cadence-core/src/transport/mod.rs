@@ -583,6 +583,9 @@ pub struct LinkCounters {
     pub busy_ns: Counter,
     /// Messages sent by single copy.
     pub single_copy_sent: Counter,
+    /// Shared memory: futex wake-ups this rank sent the peer (a publish or
+    /// a freed slot that found the peer asleep).
+    pub doorbells_rung: Counter,
     /// TCP: the same per path (local NIC k to the peer's NIC k); empty on
     /// shared memory.
     pub paths: Vec<PathCounters>,
@@ -629,6 +632,7 @@ impl LinkCounters {
             msgs_recv: self.msgs_recv.get(),
             busy_ns: self.busy_ns.get(),
             single_copy_sent: self.single_copy_sent.get(),
+            doorbells_rung: self.doorbells_rung.get(),
             paths: self
                 .paths
                 .iter()
@@ -671,6 +675,8 @@ pub struct LinkStats {
     /// Messages sent by single copy (shared memory: read by the receiver
     /// straight from this rank's buffer).
     pub single_copy_sent: u64,
+    /// Shared memory: futex wake-ups sent to the peer (0 on TCP).
+    pub doorbells_rung: u64,
     /// TCP: per path (local NIC k to the peer's NIC k).
     pub paths: Vec<PathStats>,
 }

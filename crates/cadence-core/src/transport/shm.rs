@@ -824,7 +824,9 @@ impl ShmLink {
             .write(self.tx.header(n), bytemuck::bytes_of(hdr));
         self.tx.stamp(n).store(n + 1, Ordering::Release);
         self.tx.sent(payload.len());
-        ring_doorbell(&self.peer_inbox);
+        if ring_doorbell(&self.peer_inbox) {
+            self.stats.doorbells_rung.add(1);
+        }
     }
 
     pub fn send_progress(&mut self, job: &mut SendJob) -> Result<bool, ErrorKind> {
@@ -921,7 +923,9 @@ impl ShmLink {
         self.rx.pos += payload_span(len);
         self.rx.tail().store(self.rx.mine, Ordering::Release);
         // The sender may sleep waiting for room.
-        ring_doorbell(&self.peer_inbox);
+        if ring_doorbell(&self.peer_inbox) {
+            self.stats.doorbells_rung.add(1);
+        }
     }
 
     /// The description in the receiver's next frame, a rendezvous frame.
@@ -1153,17 +1157,29 @@ pub fn post_abort(inbox: &Region, n: &AbortNotice) {
     }
 }
 
-/// Wakes the owner of `inbox` if it sleeps. The fence orders our preceding
-/// publish before the flag read, pairing with the sleeper's flag store before
-/// its re-check: one of the two always sees the other.
-fn ring_doorbell(inbox: &Region) {
+/// Wakes the owner of `inbox` if it sleeps; true when it did (a system
+/// call). The fence orders our preceding publish before the flag read,
+/// pairing with the sleeper's flag store before its re-check: one of the
+/// two always sees the other.
+fn ring_doorbell(inbox: &Region) -> bool {
     std::sync::atomic::fence(Ordering::SeqCst);
-    if inbox.atomic_u32(OFF_SLEEPING).load(Ordering::Relaxed) != 0 {
+    let sleeping = inbox.atomic_u32(OFF_SLEEPING);
+    // The waker lowers the flag, so that only one publish per sleep pays
+    // for the system call: a sleeper woken but not yet run (ranks that
+    // outnumber cores) used to take a futex wake from every publish meant
+    // for it until it ran, e.g. each of a broadcast root's calls run ahead.
+    // The plain load first keeps the usual case (awake) a read of a line
+    // that does not change. Lowering it early is safe: the doorbell moves
+    // before the wake, and a sleeper that has not yet called futex_wait
+    // sees it moved and does not sleep.
+    if sleeping.load(Ordering::Relaxed) != 0 && sleeping.swap(0, Ordering::Relaxed) != 0 {
         inbox
             .atomic_u32(OFF_DOORBELL)
             .fetch_add(1, Ordering::Release);
         futex_wake(inbox.atomic_u32(OFF_DOORBELL));
+        return true;
     }
+    false
 }
 
 /// True when the wait ended by its timeout (not by a wake-up, a changed
@@ -1438,6 +1454,50 @@ mod tests {
             lb.recv_progress(&mut recv).unwrap();
             assert!(Instant::now() < deadline, "transfer did not finish");
         }
+    }
+
+    /// One wake-up per sleep: the first publish that finds the receiver
+    /// asleep rings (and lowers its flag), the ones after it until the
+    /// receiver runs again do not (each used to be a futex system call), and
+    /// the receiver's sleep then returns at once, not by its timeout.
+    #[test]
+    fn a_sleeping_receiver_is_woken_once_per_sleep() {
+        let (dir, mut la, mut lb, _ia, ib) = pair_in("bell", 4096, 8, 16 * 1024);
+        let rung = |l: &ShmLink| l.stats.doorbells_rung.get();
+        let mut out = [0u8; 8];
+        transfer(&mut la, &mut lb, b"awake", &mut out[..5], SinkMode::Copy);
+        assert_eq!(rung(&la), 0, "the receiver was awake");
+        for round in 1..=2 {
+            let seen = ib.prepare_sleep();
+            for _ in 0..3 {
+                // Sends only: the receiver has not run since it went to sleep.
+                // SAFETY: the static bytes outlive the job.
+                let src = unsafe { Source::new(b"ping".as_ptr(), 4) };
+                let mut send = SendJob::new(meta(4), src);
+                while !send.done {
+                    la.send_progress(&mut send).unwrap();
+                }
+            }
+            assert_eq!(rung(&la), round, "one wake-up for three publishes");
+            let t = Instant::now();
+            assert!(
+                !ib.sleep(seen, Duration::from_secs(5)),
+                "the doorbell moved"
+            );
+            assert!(t.elapsed() < Duration::from_secs(1));
+            for _ in 0..3 {
+                // SAFETY: `out` outlives the job and nothing else touches it.
+                let sink = unsafe {
+                    Sink::new(out.as_mut_ptr(), 4, SinkMode::Copy, DType::U8, ElemOp::Sum)
+                };
+                let mut recv = RecvJob::new(meta(4), sink);
+                while !recv.done {
+                    lb.recv_progress(&mut recv).unwrap();
+                }
+                assert_eq!(&out[..4], b"ping");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Messages `0..n` of the lengths `sizes` (in turn), each a pattern of
