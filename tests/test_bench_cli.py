@@ -589,6 +589,7 @@ def test_cadence_end_to_end(tmp_path):
     # The engine's wait counters, summed over the ranks (a stall's first clue).
     waits = [ln for ln in output.splitlines() if ln.startswith("# cadence's waits, all ranks: ")]
     assert len(waits) == 1 and "sleeps" in waits[0] and "longest idle" in waits[0], output
+    assert "futex wake-ups sent" in waits[0], output
 
 
 @pytest.mark.skipif(not _cadence_built(), reason="cadence._core is not built (make build)")

@@ -124,8 +124,12 @@ class CadenceBackend(Backend):
     def waits(self) -> dict:
         """How this rank's waits went over the whole run (the engine's
         counters: sleeps, late wake-ups, waits on a shared core, the longest
-        idle stretch)."""
-        return dict(self.comm.dump_records()["waits"])
+        idle stretch), and the futex wake-ups it sent its shared-memory
+        peers (`doorbells_rung`)."""
+        rec = self.comm.dump_records()
+        waits = dict(rec["waits"])
+        waits["doorbells_rung"] = sum(link.get("doorbells_rung", 0) for link in rec["links"])
+        return waits
 
     def links(self) -> list[dict]:
         """Each TCP link's per-path traffic over the whole run (`--paths`)."""

@@ -452,13 +452,14 @@ def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
 def wait_note(outcomes: list[Outcome]) -> str | None:
     """cadence's waits over its whole run, all ranks: where a stall comes
     from (sleeps that woke late: a lost wake-up; waits that ended on a
-    shared core: ranks the scheduler put on one core; the longest stretch
-    in which a rank moved nothing)."""
+    shared core: ranks the scheduler put on one core; the futex wake-ups
+    the sleepers cost their senders; the longest stretch in which a rank
+    moved nothing)."""
     waits = next((o.waits for o in outcomes if o.waits), {})
     if not waits:
         return None
     total = {k: sum(w.get(k, 0) for w in waits.values())
-             for k in ("naps", "late_wakeups", "shared_core_waits")}  # fmt: skip
+             for k in ("naps", "late_wakeups", "shared_core_waits", "doorbells_rung")}  # fmt: skip
     shared = [r for r in sorted(waits) if waits[r].get("shared_core_waits", 0)]
     worst = max(waits, key=lambda r: waits[r].get("longest_idle_us", 0))
     where = f" (ranks {', '.join(map(str, shared))})" if shared else ""
@@ -466,7 +467,8 @@ def wait_note(outcomes: list[Outcome]) -> str | None:
     return (
         f"cadence's waits, all ranks: {total['naps']} sleeps ({total['late_wakeups']} woke "
         f"late), {total['shared_core_waits']} ended after the waiting rank's core ran another "
-        f"task for a moment{where}; longest idle stretch {longest_ms:.1f} ms (rank {worst})"
+        f"task for a moment{where}; {total['doorbells_rung']} futex wake-ups sent; longest "
+        f"idle stretch {longest_ms:.1f} ms (rank {worst})"
     )
 
 
