@@ -16,7 +16,10 @@
 #      budget fixed at 50 us (CADENCE_SPIN_US=50: the policy before it
 #      adapted) as the control;
 #   2.-3. every collective at 16, then 8 ranks against Open MPI;
-#   4. the algorithm choice at 12 and 16 ranks (--algo all, cadence only).
+#   4. the algorithm choice at 12 and 16 ranks (--algo all, cadence only);
+#   5. 2-rank reduce from 256 KiB, direct against the two stages (the size
+#      table's pick) and Open MPI: on 2 cores the winner followed the
+#      machine's memory state (docs/benchmarks.md), so a host decides.
 #
 # RANKS (default "16 8") and ALGO_RANKS (default "16 12") set the rank
 # counts of steps 1-3 (the first is the stall check's) and of step 4, for a
@@ -94,6 +97,8 @@ for n in "${algo_ranks[@]}"; do
       --backends cadence --algo all
   done
 done
+step "reduce2-algos" 60 -- --nranks 2 --op reduce -b 256K -e 64M -f 4 -n 20 -w 5 \
+  --backends cadence,mpi --algo direct,reduce_scatter_gather --rounds 2
 
 say ""
 say "# done in $((SECONDS - start)) s; skipped (out of budget): ${skipped[*]:-none}"
