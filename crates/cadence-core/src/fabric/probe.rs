@@ -709,6 +709,21 @@ mod tests {
         profile(n, opts, &mut run, &|_| {}).unwrap()
     }
 
+    /// A shifts-only profile of `n` hosts through `run`, and what it said.
+    fn shifts_saying(
+        n: usize,
+        run: &mut dyn FnMut(&[Flow]) -> Result<Vec<f64>, ()>,
+    ) -> (Found, String) {
+        let lines = std::cell::RefCell::new(Vec::new());
+        let opts = Options {
+            pairs_max: 0,
+            rings: false,
+        };
+        let found = profile(n, opts, run, &|m| lines.borrow_mut().push(m.to_string())).unwrap();
+        let said = lines.into_inner().join("\n");
+        (found, said)
+    }
+
     #[test]
     fn shifts_find_oversubscribed_racks_whose_uplinks_beat_a_nic() {
         // (hosts, per rack, blocking): the study's 2:1 fat tree from 64 to
@@ -817,18 +832,8 @@ mod tests {
         // cannot place them and say so rather than guess.
         let mut mixed = Fat::uniform(32, 8, 2.0);
         mixed.rack_of = (0..32).map(|h| h % 4).collect();
-        let lines = std::cell::RefCell::new(Vec::new());
-        let mut run = |f: &[Flow]| -> Result<Vec<f64>, ()> { Ok(mixed.rates(f)) };
-        let opts = Options {
-            pairs_max: 0,
-            rings: false,
-        };
-        let found = profile(32, opts, &mut run, &|m| {
-            lines.borrow_mut().push(m.to_string())
-        })
-        .unwrap();
+        let (found, said) = shifts_saying(32, &mut |f| Ok(mixed.rates(f)));
         assert_eq!(found.groups.len(), 1, "{:?}", found.groups);
-        let said = lines.borrow().join("\n");
         assert!(said.contains("not racks of hosts in a row"), "{said}");
     }
 
@@ -840,7 +845,7 @@ mod tests {
         // inside one, and the second, from the start, finds the racks.
         let mut fat = Fat::uniform(6, 3, 1.25);
         let mut calls = 0;
-        let mut run = |f: &[Flow]| -> Result<Vec<f64>, ()> {
+        let mut run = |f: &[Flow]| {
             calls += 1;
             let mut rates = fat.rates(f);
             if calls <= 2 {
@@ -852,16 +857,7 @@ mod tests {
             }
             Ok(rates)
         };
-        let lines = std::cell::RefCell::new(Vec::new());
-        let opts = Options {
-            pairs_max: 0,
-            rings: false,
-        };
-        let found = profile(6, opts, &mut run, &|m| {
-            lines.borrow_mut().push(m.to_string())
-        })
-        .unwrap();
-        let said = lines.borrow().join("\n");
+        let (found, said) = shifts_saying(6, &mut run);
         assert_eq!(found.groups, vec![vec![0, 1, 2], vec![3, 4, 5]], "{said}");
         assert!(said.contains("measuring the shifts once more"), "{said}");
         assert!(
