@@ -710,10 +710,7 @@ mod tests {
     }
 
     /// A shifts-only profile of `n` hosts through `run`, and what it said.
-    fn shifts_saying(
-        n: usize,
-        run: &mut dyn FnMut(&[Flow]) -> Result<Vec<f64>, ()>,
-    ) -> (Found, String) {
+    fn shifts_saying(n: usize, run: &mut RunRound<'_, ()>) -> (Found, String) {
         let lines = std::cell::RefCell::new(Vec::new());
         let opts = Options {
             pairs_max: 0,
