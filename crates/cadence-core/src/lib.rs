@@ -1,7 +1,8 @@
 //! cadence-core: the Rust core of the cadence collective communication library.
 //!
-//! Layers, bottom up: [`types`] (vocabulary), [`reduce`] (element-wise
-//! reductions), [`schedule`] (algorithms as per-rank plans, plus their verifier),
+//! Layers, bottom up: [`types`] (vocabulary), [`copy`] (byte copies that stay
+//! fast at any alignment), [`reduce`] (element-wise reductions), [`schedule`]
+//! (algorithms as per-rank plans, plus their verifier),
 //! [`transport`] (shared memory and TCP links), [`engine`] (runs schedules
 //! with deadlines), [`monitor`] (always-on operation records), [`comm`] (the
 //! communicator that ties them together), [`config`] (`CADENCE_*` variables),
@@ -14,6 +15,7 @@ mod log;
 
 pub mod comm;
 pub mod config;
+pub mod copy;
 pub mod engine;
 pub mod error;
 pub mod fabric;

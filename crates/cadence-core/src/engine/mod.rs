@@ -10,6 +10,7 @@
 //! Every wait checks the operation's deadline, the shared-memory abort notice,
 //! and (every 100 ms) whether same-host peers are still alive.
 
+use crate::copy::copy_bytes;
 use crate::error::{CommError, ErrorKind};
 use crate::reduce;
 use crate::schedule::lower::{InputPrep, Layout, Lowering};
@@ -553,7 +554,7 @@ impl Engine {
                 let copy = &mut tmp_in[..inp.len()];
                 match low.input {
                     InputPrep::ScaleCopy(f) => reduce::scale_into(dtype, copy, inp, f),
-                    _ => copy.copy_from_slice(inp),
+                    _ => copy_bytes(copy, inp),
                 }
                 bufs.input = tmp_in.as_ptr();
             }
@@ -1328,11 +1329,24 @@ impl Memory {
         if n != m {
             return Err(internal("copy lengths differ"));
         }
-        if s != d && n > 0 {
+        if s == d || n == 0 {
+            return Ok(());
+        }
+        if ranges_overlap(s, d, n) {
             // SAFETY: both ranges are in bounds (`locate`); `copy` tolerates
             // overlap (the in-place case maps Input and Output to one buffer).
             unsafe { std::ptr::copy(s, d, n) };
+            return Ok(());
         }
+        // SAFETY: in bounds (`locate`), disjoint (checked above), and no
+        // other reference to these bytes exists during the call.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(s as *const u8, n),
+                std::slice::from_raw_parts_mut(d, n),
+            )
+        };
+        copy_bytes(dst, src);
         Ok(())
     }
 

@@ -16,6 +16,7 @@ pub mod shm;
 pub mod tcp;
 pub mod tcp_setup;
 
+use crate::copy::copy_bytes;
 use crate::error::ErrorKind;
 use crate::reduce;
 use crate::types::{CollKind, DType, ElemOp, RedOp};
@@ -326,7 +327,7 @@ impl Sink {
         unsafe {
             let dst = std::slice::from_raw_parts_mut(self.dst.add(off), data.len());
             match self.mode {
-                SinkMode::Copy => dst.copy_from_slice(data),
+                SinkMode::Copy => copy_bytes(dst, data),
                 SinkMode::ReduceInPlace => reduce::reduce_inplace(self.dtype, self.op, dst, data),
                 SinkMode::ReduceWith(a) => {
                     let a = std::slice::from_raw_parts(a.add(off), data.len());

@@ -54,6 +54,7 @@ use super::{
     AbortNotice, LinkCounters, RecvJob, SendJob, StallNotice, WireHeader, ABORT_TEXT_MAX,
     FRAME_CMA, FRAME_DATA, HEADER_BYTES, STALL_CHAIN_MAX,
 };
+use crate::copy::{copy_bytes, line_aligned, window_aligned_like};
 use crate::error::ErrorKind;
 use memmap2::MmapRaw;
 use std::fs::{File, OpenOptions};
@@ -334,8 +335,10 @@ impl Region {
     fn write(&self, off: usize, src: &[u8]) {
         assert!(off + src.len() <= self.map.len());
         // SAFETY: in bounds (checked); the ring protocol gives the writer
-        // exclusive use of these bytes until it publishes them.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr(off), src.len()) }
+        // exclusive use of these bytes until it publishes them, so no other
+        // reference to them exists while this one lives.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr(off), src.len()) };
+        copy_bytes(dst, src);
     }
 
     /// Views `len` bytes at `off`.
@@ -983,13 +986,18 @@ impl ShmLink {
                 detail: format!("single-copy read of {n} bytes at {from:#x}: {e}"),
             },
         };
-        let read = if let Some(dst) = job.sink.direct(job.got, n) {
-            cma_read(desc.pid, from, dst)
-        } else {
-            self.cma_scratch.resize(n, 0);
-            cma_read(desc.pid, from, &mut self.cma_scratch[..n]).inspect(|_| {
-                job.sink.deliver(job.got, &self.cma_scratch[..n]);
-            })
+        // Straight into the destination when it lines up with the sender's
+        // buffer; otherwise through a scratch chunk that does (kept in
+        // cache), as the kernel's copy is slow between buffers shifted
+        // within a line (see `crate::copy`), and for reducing receives.
+        let read = match job.sink.direct(job.got, n) {
+            Some(dst) if line_aligned(dst.as_ptr() as usize, from as usize) => {
+                cma_read(desc.pid, from, dst)
+            }
+            _ => {
+                let buf = window_aligned_like(&mut self.cma_scratch, n, from as usize);
+                cma_read(desc.pid, from, buf).inspect(|_| job.sink.deliver(job.got, buf))
+            }
         };
         if let Err(e) = read {
             // A sender that failed leaves its abort notice before it hands
@@ -1711,12 +1719,27 @@ mod tests {
             "this process can read itself"
         );
         let data: Vec<u8> = (0..600_000u32).map(|i| (i * 13 % 101) as u8).collect();
-        let mut out = vec![0u8; data.len()];
-        transfer(&mut la, &mut lb, &data, &mut out, SinkMode::Copy);
-        assert_eq!(out, data);
+        // A destination at the source's offset within a line is read into
+        // straight; one shifted 16 bytes from it through an aligned scratch
+        // chunk (the kernel's copy is slow between them; `crate::copy`).
+        let mut room = vec![0u8; data.len() + 128];
+        let lined_up = (data.as_ptr() as usize).wrapping_sub(room.as_ptr() as usize) % 64;
+        for (shift, via_scratch) in [(0, false), (16, true)] {
+            room.fill(0);
+            let at = lined_up + shift;
+            transfer(
+                &mut la,
+                &mut lb,
+                &data,
+                &mut room[at..at + data.len()],
+                SinkMode::Copy,
+            );
+            assert!(room[at..at + data.len()] == data[..], "shift {shift}");
+            assert_eq!(!lb.cma_scratch.is_empty(), via_scratch, "shift {shift}");
+        }
         assert_eq!(
-            la.tx.mine, 1,
-            "one rendezvous slot, not {} data slots",
+            la.tx.mine, 2,
+            "one rendezvous slot a message, not {} data slots",
             la.tx.mine
         );
         // A reducing receive: out = out + data, chunk by chunk.
@@ -1728,13 +1751,13 @@ mod tests {
             .collect();
         transfer(&mut la, &mut lb, &data, &mut acc, SinkMode::ReduceInPlace);
         assert_eq!(acc, want);
-        assert_eq!(la.tx.mine, 2);
+        assert_eq!(la.tx.mine, 3);
         // Below the threshold: the ring (4 KiB frames).
         let small = &data[..10_000];
         let mut out = vec![0u8; small.len()];
         transfer(&mut la, &mut lb, small, &mut out, SinkMode::Copy);
         assert_eq!(out, small);
-        assert_eq!(la.tx.mine, 2 + 3);
+        assert_eq!(la.tx.mine, 3 + 3);
         // Any-source matching sees the message the rendezvous stands for.
         // SAFETY: as above.
         let src = unsafe { Source::new(data.as_ptr(), data.len()) };
