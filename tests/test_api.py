@@ -140,6 +140,22 @@ def _torch_tensors(comm):
     with torch.no_grad():
         comm.allreduce(p.data)
     out["param"] = p.detach().tolist()
+    # A view that starts inside its storage: the data at its own offset.
+    big = torch.arange(8, dtype=torch.int32)
+    comm.allreduce(big[3:6])
+    out["view"] = big.tolist()
+    empty = torch.zeros(0, dtype=torch.float64)
+    comm.allreduce(empty)
+    out["empty"] = empty.tolist()
+    errs = []
+    for bad in (torch.ones(4, 4)[:, 1], torch.ones(3, dtype=torch.bool),
+                torch.ones(3, dtype=torch.complex64)):
+        try:
+            comm.allreduce(bad)
+            errs.append("no error")
+        except (TypeError, ValueError) as e:
+            errs.append(str(e))
+    out["errs"] = errs
     return out
 
 
@@ -152,6 +168,12 @@ def test_torch_tensors_every_dtype():
         assert v["gather_type"] == "Tensor/torch.bfloat16"
         assert v["gather"] == [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]
         assert v["param"] == [2.0] * 4
+        assert v["view"] == [0, 1, 2, 6, 8, 10, 6, 7]
+        assert v["empty"] == []
+        contiguous, boolean, complex_ = v["errs"]
+        assert "contiguous" in contiguous, contiguous
+        assert "bool" in boolean, boolean
+        assert "unsupported" in complex_, complex_
 
 
 def _records(comm):

