@@ -28,6 +28,7 @@ from cadence.bench.common import (
 from cadence.bench.worker import (
     ROOT,
     Backend,
+    alloc,
     batch_calls,
     chosen_algos,
     expected_result,
@@ -413,6 +414,27 @@ def test_worker_gets_the_algorithms_and_no_cadence_algo_env(monkeypatch, tmp_pat
     assert "CADENCE_ALGO" not in worker_env(job, "cadence")
     default = worker_command(_job(), "cadence", tmp_path)
     assert default[default.index("--algos") + 1] == "auto"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "float64"])
+@pytest.mark.parametrize("offset", [0, 16, 48, 4088])
+def test_offset_places_every_buffer_past_a_page(dtype, offset):
+    buf = alloc(1000, DTYPES[dtype], offset)
+    assert buf.ctypes.data % 4096 == offset
+    assert buf.dtype == np.dtype(dtype) and buf.shape == (1000,)
+    assert not buf.any()
+    assert alloc(0, DTYPES[dtype], offset).size == 0
+
+
+def test_offset_reaches_every_backend_and_is_checked(tmp_path):
+    job = _job(offset=16)
+    for backend in ("cadence", "gloo", "mpi"):
+        cmd = worker_command(job, backend, tmp_path)
+        assert cmd[cmd.index("--offset") + 1] == "16"
+    assert "--offset" not in worker_command(_job(), "cadence", tmp_path)
+    for bad in ("3", "4096", "-8"):
+        rc, output, _ = _bench(tmp_path, "--offset", bad, "--backends", "cadence")
+        assert rc == 2 and "--offset" in output, output
 
 
 def test_resolve_algos_all_follows_the_core(monkeypatch):

@@ -19,6 +19,8 @@ REDUCING_OPS = frozenset({"allreduce", "reduce_scatter", "reduce"})
 # Collectives that work on one buffer in place; the others read `inp`, write `out`.
 IN_PLACE_OPS = frozenset({"allreduce", "broadcast"})
 ROOT = 0
+# The page size that `cadence bench --offset` places buffers against.
+PAGE = 4096
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from cadence.bench.common import (
     DTYPES,
     IN_PLACE_OPS,
     OPS,
+    PAGE,
     ROOT,
     DType,
     Layout,
@@ -226,16 +227,28 @@ BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (CadenceBackend, GlooBa
 # ---------------------------------------------------------------- buffers
 
 
-def alloc(count: int, dtype: DType) -> Buffer:
+def alloc(count: int, dtype: DType, offset: int | None = None) -> Buffer:
     """A zero-filled buffer whose pages are all touched (np.zeros would map
-    the shared zero page lazily, and reading that is unrealistically fast)."""
+    the shared zero page lazily, and reading that is unrealistically fast);
+    with `offset`, starting that many bytes past a page boundary."""
+    if offset is None:
+        if dtype.name == "bfloat16":
+            import torch
+
+            return torch.zeros(count, dtype=torch.bfloat16)
+        buf = np.empty(count, dtype=dtype.name)
+        buf.fill(0)
+        return buf
+    nbytes = count * dtype.itemsize
+    raw = np.empty(nbytes + 2 * PAGE, np.uint8)
+    start = -raw.ctypes.data % PAGE + offset
+    view = raw[start : start + nbytes]
+    view.fill(0)
     if dtype.name == "bfloat16":
         import torch
 
-        return torch.zeros(count, dtype=torch.bfloat16)
-    buf = np.empty(count, dtype=dtype.name)
-    buf.fill(0)
-    return buf
+        return torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
+    return view.view(dtype.name)
 
 
 def fill(buf: Buffer, values: np.ndarray) -> None:
@@ -380,6 +393,7 @@ def run_size(
     iters: int,
     warmup: int,
     algos: list[str | None],
+    offset: int | None = None,
 ) -> Iterator[dict]:
     """One record per algorithm (None: the backend's own, no "algo" key), as
     each finishes; the algorithms one after the other on the same buffers."""
@@ -389,8 +403,8 @@ def run_size(
             named = {} if algo is None else {"algo": algo}
             yield {"size": size, **named, "skipped": "no element per rank at this size"}
         return
-    inp = alloc(lay.in_count, dtype)
-    out = None if op in IN_PLACE_OPS else alloc(lay.out_count, dtype)
+    inp = alloc(lay.in_count, dtype, offset)
+    out = None if op in IN_PLACE_OPS else alloc(lay.out_count, dtype, offset)
     fns = [backend.bind(op, inp, out, algo) for algo in algos]
     all_times = time_ops(fns, iters, warmup, backend.barrier, batch_calls(lay.nbytes))
     wrongs = [check(backend, op, dtype, lay, inp, out, algo) for algo in algos]
@@ -423,6 +437,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="directory for rank<R>.jsonl")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds, for gloo's init")
     p.add_argument("--algos", help="cadence: comma-separated algorithms, auto for its own choice")
+    p.add_argument("--offset", type=int, help="buffers start this many bytes past a page")
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.algos = [a for a in (args.algos or "").split(",") if a] or None
@@ -462,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             algos = args.algos or [None]
             for size in args.sizes:
                 for record in run_size(
-                    backend, args.op, dtype, size, args.iters, args.warmup, algos
+                    backend, args.op, dtype, size, args.iters, args.warmup, algos, args.offset
                 ):
                     emit(record)
             if isinstance(backend, CadenceBackend):

@@ -45,6 +45,7 @@ from cadence import testbed
 from cadence.bench.common import (
     DTYPES,
     OPS,
+    PAGE,
     busbw_factor,
     format_size,
     parse_size,
@@ -140,6 +141,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--algo", metavar="ALGO[,ALGO...]",
         help="cadence's algorithm(s), each its own column group: a name, a comma list, "
         "auto (cadence's choice) or all (auto and every algorithm of --op)",
+    )  # fmt: skip
+    p.add_argument(
+        "--offset", type=int, metavar="BYTES",
+        help="start every buffer this many bytes past a page boundary, on every backend "
+        "(default: where the allocator puts it): copies can be slower when buffers sit "
+        "at different offsets within a cache line",
     )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON records")
     p.add_argument(
@@ -524,6 +531,12 @@ def run(args: argparse.Namespace) -> int:
     if args.shape or args.tile_rows:
         print("cadence bench: --shape and --tile-rows are for fused operators", file=sys.stderr)
         return 2
+    if args.offset is not None:
+        itemsize = DTYPES[args.dtype].itemsize
+        if not 0 <= args.offset < PAGE or args.offset % itemsize:
+            print(f"cadence bench: --offset {args.offset}: a multiple of {args.dtype}'s "
+                  f"{itemsize} bytes from 0 to {PAGE - 1}", file=sys.stderr)  # fmt: skip
+            return 2
     try:
         sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as e:
@@ -556,6 +569,7 @@ def run(args: argparse.Namespace) -> int:
         mpirun_args=shlex.split(args.mpirun_args),
         cluster=cluster,
         ranks_per_host=args.ranks_per_host,
+        offset=args.offset,
     )
     # Where ranks share this machine's cores, how fast two of them hand data
     # over, before and after the sweep (it can change meanwhile).
@@ -574,6 +588,7 @@ def run(args: argparse.Namespace) -> int:
         f"({job.warmup} warm-up), {format_size(sizes[0])}..{format_size(sizes[-1])} "
         f"x{args.stepfactor}" + (f", cadence algos {','.join(algos)}" if algos else "")
         + (f", medians over {args.rounds} rounds" if args.rounds > 1 else "")
+        + (f", buffers {args.offset} B past a page" if args.offset is not None else "")
     )
     copy_gbps = None
     if cluster:

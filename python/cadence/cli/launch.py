@@ -147,6 +147,8 @@ class Job:
     ranks_per_host: int = 1
     # Set in every rank's environment (`cadence tune`: an empty CADENCE_TUNING_FILE).
     env: dict[str, str] = field(default_factory=dict)
+    # Where every buffer starts past a page boundary (None: the allocator's choice).
+    offset: int | None = None
 
 
 def unavailable(backend: str) -> str | None:
@@ -212,6 +214,7 @@ def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
         "--out", str(outdir),
         "--timeout", str(job.timeout),
         *(["--algos", ",".join(cadence_algos(job))] if backend == "cadence" else []),
+        *(["--offset", str(job.offset)] if job.offset is not None else []),
     ]  # fmt: skip
 
 
