@@ -54,7 +54,7 @@ use super::{
     AbortNotice, LinkCounters, RecvJob, SendJob, StallNotice, WireHeader, ABORT_TEXT_MAX,
     FRAME_CMA, FRAME_DATA, HEADER_BYTES, STALL_CHAIN_MAX,
 };
-use crate::copy::{copy_bytes, line_aligned, window_aligned_like};
+use crate::copy::{copy_bytes, shifted_ahead, window_aligned_like};
 use crate::error::ErrorKind;
 use memmap2::MmapRaw;
 use std::fs::{File, OpenOptions};
@@ -986,12 +986,12 @@ impl ShmLink {
                 detail: format!("single-copy read of {n} bytes at {from:#x}: {e}"),
             },
         };
-        // Straight into the destination when it lines up with the sender's
-        // buffer; otherwise through a scratch chunk that does (kept in
-        // cache), as the kernel's copy is slow between buffers shifted
-        // within a line (see `crate::copy`), and for reducing receives.
+        // Straight into the destination, unless it sits 1-31 bytes past the
+        // sender's buffer within a line, where the kernel's copy is slow (see
+        // `crate::copy`): then, as for reducing receives, through a scratch
+        // chunk (kept in cache) lined up with the sender's buffer.
         let read = match job.sink.direct(job.got, n) {
-            Some(dst) if line_aligned(dst.as_ptr() as usize, from as usize) => {
+            Some(dst) if !shifted_ahead(dst.as_ptr() as usize, from as usize) => {
                 cma_read(desc.pid, from, dst)
             }
             _ => {
@@ -1719,12 +1719,12 @@ mod tests {
             "this process can read itself"
         );
         let data: Vec<u8> = (0..600_000u32).map(|i| (i * 13 % 101) as u8).collect();
-        // A destination at the source's offset within a line is read into
-        // straight; one shifted 16 bytes from it through an aligned scratch
-        // chunk (the kernel's copy is slow between them; `crate::copy`).
+        // A destination at the source's offset within a line, or 48 bytes
+        // past it, is read into straight; one 16 bytes past it through a
+        // lined-up scratch chunk (the kernel's copy is slow there; `crate::copy`).
         let mut room = vec![0u8; data.len() + 128];
         let lined_up = (data.as_ptr() as usize).wrapping_sub(room.as_ptr() as usize) % 64;
-        for (shift, via_scratch) in [(0, false), (16, true)] {
+        for (shift, via_scratch) in [(0, false), (48, false), (16, true)] {
             room.fill(0);
             let at = lined_up + shift;
             transfer(
@@ -1738,7 +1738,7 @@ mod tests {
             assert_eq!(!lb.cma_scratch.is_empty(), via_scratch, "shift {shift}");
         }
         assert_eq!(
-            la.tx.mine, 2,
+            la.tx.mine, 3,
             "one rendezvous slot a message, not {} data slots",
             la.tx.mine
         );
@@ -1751,13 +1751,13 @@ mod tests {
             .collect();
         transfer(&mut la, &mut lb, &data, &mut acc, SinkMode::ReduceInPlace);
         assert_eq!(acc, want);
-        assert_eq!(la.tx.mine, 3);
+        assert_eq!(la.tx.mine, 4);
         // Below the threshold: the ring (4 KiB frames).
         let small = &data[..10_000];
         let mut out = vec![0u8; small.len()];
         transfer(&mut la, &mut lb, small, &mut out, SinkMode::Copy);
         assert_eq!(out, small);
-        assert_eq!(la.tx.mine, 3 + 3);
+        assert_eq!(la.tx.mine, 4 + 3);
         // Any-source matching sees the message the rendezvous stands for.
         // SAFETY: as above.
         let src = unsafe { Source::new(data.as_ptr(), data.len()) };
