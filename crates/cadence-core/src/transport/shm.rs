@@ -388,7 +388,16 @@ impl Inbox {
             .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         file.set_len(size as u64)
             .map_err(|e| format!("cannot size {} to {size} bytes: {e}", path.display()))?;
-        let map = MmapRaw::map_raw(&file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
+        reserve(&file, size).map_err(|e| {
+            format!(
+                "cannot reserve {} MiB for {} ({e}): the shared-memory file system is too \
+                 small for this many ranks on a host (each needs about {} KiB per local peer)",
+                size.div_ceil(1 << 20),
+                path.display(),
+                ring_size(&cfg) >> 10
+            )
+        })?;
+        let map = map_populated(&file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
         let region = Region {
             map,
             path: path.to_owned(),
@@ -505,6 +514,30 @@ fn read_abort(r: &Region) -> Option<AbortNotice> {
     })
 }
 
+/// Allocates the inbox's pages now. Left to the first write, each page of a
+/// ring cost a page fault on its first pass, for the sender that wrote it and
+/// for the receiver that read it: with 2 KiB messages a fault every second
+/// call, which took a 2-rank allgather's first 512 KiB of traffic from 2.9 to
+/// 7-8 µs a call (and a full shared-memory file system shows here, as an
+/// error, not as SIGBUS in the middle of a collective).
+fn reserve(file: &File, size: usize) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain system call on an open descriptor; no memory is passed.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        // File systems without fallocate: the pages come on first touch.
+        libc::EOPNOTSUPP | libc::EINVAL => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// Maps an inbox with its page tables filled in (`MAP_POPULATE`), so that no
+/// message takes a page fault on this side either (see `reserve`).
+fn map_populated(file: &File) -> std::io::Result<MmapRaw> {
+    memmap2::MmapOptions::new().populate().map_raw(file)
+}
+
 /// Opens a peer's inbox, waiting until its owner has initialised it.
 pub fn open_peer_inbox(path: &Path, deadline: Instant) -> Result<(Arc<Region>, u32), String> {
     loop {
@@ -528,7 +561,7 @@ fn try_map_initialised(file: &File, path: &Path) -> Result<Option<(Arc<Region>, 
     if len < MIN_HDR_SIZE {
         return Ok(None);
     }
-    let map = MmapRaw::map_raw(file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
+    let map = map_populated(file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
     let region = Region {
         map,
         path: path.to_owned(),
@@ -1570,6 +1603,47 @@ mod tests {
     /// frame's room: a sender runs as many of them ahead of its receiver as
     /// there are header slots (a broadcast's root is not held up by a late
     /// receiver), then waits; the receiver gets every one intact, in order.
+    /// The inbox's pages are allocated and mapped when the link is made:
+    /// the first pass over a ring (here 600 KiB of 2 KiB messages through
+    /// its 512 KiB) takes no page fault on either side (it took one per
+    /// page on each: about 260 in this test without).
+    #[test]
+    fn a_new_ring_takes_no_page_faults() {
+        fn minor_faults() -> i64 {
+            let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+            // SAFETY: getrusage fills the struct it is given; RUSAGE_THREAD
+            // counts this thread's faults only (other tests run beside it).
+            let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, u.as_mut_ptr()) };
+            assert_eq!(rc, 0);
+            // SAFETY: initialised by the successful call above.
+            unsafe { u.assume_init() }.ru_minflt
+        }
+        // In /dev/shm, as the communicator's inboxes are: on a disk file
+        // system a populated shared mapping still faults on its first write.
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() {
+            shm.to_owned()
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!("cadence-faults-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut la, mut lb, _ia, _ib) = pair_of(&dir, 2, 0, 1, ShmConfig::default());
+        let data: Vec<u8> = (0..2048u32).map(|i| (i % 251) as u8).collect();
+        let mut out = vec![0u8; data.len()];
+        let before = minor_faults();
+        for _ in 0..300 {
+            transfer(&mut la, &mut lb, &data, &mut out, SinkMode::Copy);
+        }
+        let faults = minor_faults() - before;
+        assert_eq!(out, data);
+        assert!(
+            faults < 16,
+            "{faults} page faults on a new ring's first pass"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn a_sender_runs_small_messages_ahead_of_its_receiver() {
         let (dir, mut la, mut lb, _ia, _ib) = pair_in("ahead", 64 * 1024, 64, 512 * 1024);
