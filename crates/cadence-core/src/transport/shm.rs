@@ -391,7 +391,9 @@ impl Inbox {
         reserve(&file, size).map_err(|e| {
             format!(
                 "cannot reserve {} MiB for {} ({e}): the shared-memory file system is too \
-                 small for this many ranks on a host (each needs about {} KiB per local peer)",
+                 small for this many ranks on a host (each rank needs about {} KiB per \
+                 local peer; give /dev/shm more room, e.g. docker run --shm-size, or \
+                 shrink the rings with CADENCE_SHM_RING_BYTES)",
                 size.div_ceil(1 << 20),
                 path.display(),
                 ring_size(&cfg) >> 10
@@ -1642,6 +1644,35 @@ mod tests {
             "{faults} page faults on a new ring's first pass"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An inbox that does not fit the file system is refused when it is
+    /// made, with what to do about it (it used to fail later, as a SIGBUS
+    /// on the first write past the room). Needs root to mount a small tmpfs;
+    /// skipped (with a line saying so) elsewhere.
+    #[test]
+    fn an_inbox_too_big_for_its_file_system_is_an_error_at_creation() {
+        let dir = std::env::temp_dir().join(format!("cadence-small-shm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(&dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: mounting a 1 MiB tmpfs needs root");
+            let _ = std::fs::remove_dir(&dir);
+            return;
+        }
+        let got = Inbox::create(&dir.join("inbox"), 4, ShmConfig::default());
+        let _ = std::process::Command::new("umount").arg(&dir).status();
+        let _ = std::fs::remove_dir(&dir);
+        let err = got
+            .err()
+            .expect("a 2 MiB inbox in a 1 MiB file system is refused");
+        assert!(err.contains("cannot reserve"), "{err}");
+        assert!(err.contains("CADENCE_SHM_RING_BYTES"), "{err}");
     }
 
     #[test]
