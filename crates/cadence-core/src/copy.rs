@@ -9,9 +9,11 @@
 //! 2-core EPYC VM: 1.6–1.9 GB/s against 30–60 at 4 KiB–256 KiB; the kernel's
 //! copy for `process_vm_readv` has the same fault, 1–2 against 6–7 GB/s).
 //! Which case a copy hits depends on where the user's allocator put the
-//! buffers: numpy's large arrays start 16 bytes into a page, ring payloads at
-//! a line pair, so every receive into such an array hit it, and a 2-rank
-//! all-gather of 64 KiB a rank took 46 µs against 7 at 32 KiB a rank.
+//! buffers: numpy places an array on any 16-byte boundary when it reuses heap
+//! memory, so about half the copies between a user's input and output, or
+//! between them and a ring (whose payloads start on a line pair), hit it: a
+//! 2-rank all-gather of 256 KiB took 92 µs a call in such a job against 20
+//! with the buffers lined up (docs/benchmarks.md).
 //!
 //! [`copy_bytes`] hands copies whose two ends are not line-aligned to each
 //! other to `memcpy` in blocks below every glibc's `rep movsb` threshold, so
