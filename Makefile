@@ -8,7 +8,7 @@
 #   make bench-cluster  build, then allreduce/allgather across an emulated 4-host cluster (root)
 #   make tune    build, then `cadence tune` with its defaults (writes ~/.cache/cadence/tuning.json)
 #   make soak    build, then 30 minutes of random collectives on an emulated cluster under link faults (root)
-#   make lint    cargo fmt --check, cargo clippy -D warnings, ruff
+#   make lint    cargo fmt --check, cargo clippy --all-targets -D warnings, ruff (python, tests, benchmarks)
 #   make fuzz    the wire fuzzer's properties with FUZZ_CASES cases each (cargo only)
 #   make clean   remove build outputs and .venv (the wheel cache stays)
 #
@@ -250,8 +250,8 @@ fuzz:
 lint: $(VENV)/.stamp-deps
 	status=0; \
 	cargo fmt --all --check || status=1; \
-	$(CARGO_ENV) cargo clippy --workspace -- -D warnings || status=1; \
-	$(VBIN)/ruff check python tests || status=1; \
+	$(CARGO_ENV) cargo clippy --workspace --all-targets -- -D warnings || status=1; \
+	$(VBIN)/ruff check python tests benchmarks || status=1; \
 	exit $$status
 
 clean:
