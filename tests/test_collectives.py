@@ -66,7 +66,7 @@ FORCED = [
     "reduce:reduce_scatter_gather;alltoall:direct",
     "allgather:direct;reduce_scatter:direct;broadcast:binomial_tree;"
     "reduce:binomial_tree;alltoall:pairwise",
-    "allgather:recursive_doubling;reduce:direct",
+    "allgather:recursive_doubling;reduce:direct;broadcast:direct",
     "allgather:bruck;reduce_scatter:recursive_halving;broadcast:pipelined_chain;"
     "alltoall:bruck",
     "allgather:hierarchical;reduce_scatter:hierarchical",

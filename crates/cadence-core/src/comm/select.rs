@@ -423,7 +423,7 @@ mod tests {
         };
         assert_eq!(
             select_algo(&o, &bc, 4, 4, None).unwrap(),
-            (Algo::BinomialTree, Why::Default)
+            (Algo::Direct, Why::Default)
         );
         // The call's own choice beats everything.
         assert_eq!(
@@ -478,7 +478,7 @@ mod tests {
         };
         assert_eq!(
             select_algo(&o, &bc, 4, 4, None).unwrap(),
-            (Algo::BinomialTree, Why::Default)
+            (Algo::Direct, Why::Default)
         );
         // Everything excluded.
         let all: Vec<String> = schedule::algos_for(CollKind::AllReduce)
@@ -576,7 +576,7 @@ mod tests {
             "default allreduce: recursive_doubling:0-32767,direct:32K-1M,ring:1048577-max"
         ));
         assert!(has(
-            "default broadcast: binomial_tree:0-262143,scatter_allgather:256K-max"
+            "default broadcast: direct:0-32767,binomial_tree:32K-262143,scatter_allgather:256K-max"
         ));
         assert!(has("default barrier: dissemination:0-max"));
         assert!(!lines.iter().any(|l| l.contains("send")));

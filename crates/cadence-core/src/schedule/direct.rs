@@ -1,5 +1,5 @@
 //! Direct ("starlike") algorithms: allreduce, reduce_scatter, reduce,
-//! allgather, gather, scatter.
+//! broadcast, allgather, gather, scatter.
 //!
 //! Terms:
 //! - **block**: the part of a buffer one rank is responsible for: balanced
@@ -10,8 +10,9 @@
 //!   once, visiting them in the order r+1, r+2, … so that ranks start on
 //!   different partners. Allreduce is two stages (reduce to owners, then
 //!   allgather from them); reduce_scatter is the first of those, allgather the
-//!   second; reduce, gather and scatter are a single stage to or from the
-//!   root (reduce: the root owns one block, the whole buffer).
+//!   second; reduce, broadcast, gather and scatter are a single stage to or
+//!   from the root (reduce and broadcast: the root owns one block, the whole
+//!   buffer).
 //! - **slot**: a piece of scratch, one block long, holding one peer's
 //!   contribution to the owner's block until it is reduced.
 //!
@@ -105,6 +106,24 @@ pub(crate) fn reduce(plan: &mut Plan, count: usize, root: usize) {
     }
     for k in 2..n {
         phase.fold(slot(k, count), dst);
+    }
+}
+
+/// Broadcast: the root sends its whole Output to every peer at once. A
+/// non-root waits on the root alone, never on a forwarding rank the scheduler
+/// may not have run yet (a tree's inner ranks), which is what pays for small
+/// messages when ranks share cores. The root sends n-1 copies, so it loses to
+/// the tree once the root's copying outweighs the latencies it saves.
+pub(crate) fn broadcast(plan: &mut Plan, count: usize, root: usize) {
+    let (r, n) = (plan.rank, plan.nranks);
+    let data = Span::output(0, count);
+    let mut phase = plan.phase();
+    if r != root {
+        phase.recv(root, data);
+        return;
+    }
+    for (_, p) in peers(r, n) {
+        phase.send(p, data);
     }
 }
 
