@@ -544,7 +544,10 @@ mod tests {
         assert_eq!(at(Broadcast, &two_each, 64 << 20), ScatterAllgather);
         assert_eq!(at(Broadcast, &two_each, 64), BinomialTree);
         let bc = |bytes: usize| args(Broadcast, 0, vec![bytes / 4]);
-        assert_eq!(default_algo_on(&bc(64), &Topology::single_host(8), 4), Direct);
+        assert_eq!(
+            default_algo_on(&bc(64), &Topology::single_host(8), 4),
+            Direct
+        );
     }
 
     #[test]
