@@ -394,7 +394,8 @@ def test_every_sample_starts_at_a_barrier_and_times_a_batch():
     events: list[str] = []
     fns = [lambda: events.append("a"), lambda: events.append("b")]
     times = time_ops(fns, iters=2, warmup=1, barrier=lambda: events.append("|"), batch=3)
-    assert events == ["a", "b"] + ["|", "a", "a", "a", "|", "b", "b", "b"] + [
+    # Warm-up: one batch of each, untimed and without barriers.
+    assert events == ["a"] * 3 + ["b"] * 3 + ["|", "a", "a", "a", "|", "b", "b", "b"] + [
         "|", "b", "b", "b", "|", "a", "a", "a"]  # fmt: skip
     assert [len(t) for t in times] == [2, 2]
 

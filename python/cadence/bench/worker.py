@@ -5,8 +5,9 @@ Launched by the `cadence bench` command, N times per backend:
     python -m cadence.bench.worker --backend {cadence,gloo} ...   (torchrun's env)
     mpirun -np N python -m cadence.bench.worker --backend mpi ...
 
-For each size: `--warmup` untimed iterations, then `--iters` timed samples,
-each a barrier and then a batch of back-to-back calls (16 for messages up to
+For each size: `--warmup` untimed iterations (of a batch of calls each, as
+a sample has), then `--iters` timed samples, each a barrier and then a batch
+of back-to-back calls (16 for messages up to
 16 KiB, fewer above, one from 256 KiB) timed together with
 time.perf_counter; a sample is the batch's time per call, and the rank keeps
 the median. The barrier puts every sample on the same start (no rank still
@@ -103,13 +104,16 @@ class CadenceBackend(Backend):
     def bind(self, op, inp, out, algo=None):
         c = self.comm
         algo = None if algo == "auto" else algo  # the native allreduce knows no "auto"
+        # Positional arguments only, for every backend: a partial with
+        # keywords builds a dict on every call (0.25-0.4 µs of Python here,
+        # a fifth of a small call), which no training loop pays.
         return {
-            "allreduce": partial(c.allreduce, inp, op="sum", algo=algo),
-            "broadcast": partial(c.broadcast, inp, root=ROOT, algo=algo),
-            "reduce": partial(c.reduce, inp, root=ROOT, out=out, op="sum", algo=algo),
-            "allgather": partial(c.allgather, inp, out=out, algo=algo),
-            "reduce_scatter": partial(c.reduce_scatter, inp, out=out, op="sum", algo=algo),
-            "alltoall": partial(c.alltoall, inp, out=out, algo=algo),
+            "allreduce": partial(c.allreduce, inp, None, "sum", None, algo),
+            "broadcast": partial(c.broadcast, inp, ROOT, algo),
+            "reduce": partial(c.reduce, inp, ROOT, out, "sum", None, algo),
+            "allgather": partial(c.allgather, inp, out, algo),
+            "reduce_scatter": partial(c.reduce_scatter, inp, out, "sum", None, algo),
+            "alltoall": partial(c.alltoall, inp, out, algo),
         }[op]
 
     def ran(self, op, ncalls):
@@ -175,7 +179,7 @@ class GlooBackend(Backend):
             return reduce_out_of_place
         return {
             "allreduce": partial(dist.all_reduce, t_in),
-            "broadcast": partial(dist.broadcast, t_in, src=ROOT),
+            "broadcast": partial(dist.broadcast, t_in, ROOT),
             "allgather": partial(dist.all_gather_into_tensor, t_out, t_in),
             "reduce_scatter": partial(dist.reduce_scatter_tensor, t_out, t_in),
             "alltoall": partial(dist.all_to_all_single, t_out, t_in),
@@ -206,9 +210,9 @@ class MpiBackend(Backend):
     def bind(self, op, inp, out, algo=None):
         c, MPI = self.comm, self.MPI
         return {
-            "allreduce": partial(c.Allreduce, MPI.IN_PLACE, inp, op=MPI.SUM),
-            "broadcast": partial(c.Bcast, inp, root=ROOT),
-            "reduce": partial(c.Reduce, inp, out, op=MPI.SUM, root=ROOT),
+            "allreduce": partial(c.Allreduce, MPI.IN_PLACE, inp, MPI.SUM),
+            "broadcast": partial(c.Bcast, inp, ROOT),
+            "reduce": partial(c.Reduce, inp, out, MPI.SUM, ROOT),
             "allgather": partial(c.Allgather, inp, out),
             "reduce_scatter": partial(c.Reduce_scatter_block, inp, out, op=MPI.SUM),
             "alltoall": partial(c.Alltoall, inp, out),
@@ -340,8 +344,11 @@ def time_ops(
     next call's). With several calls (one per algorithm) the samples take
     turns, so that drift or interference while they run hits them all alike;
     sample round i starts with call i mod n (see `turns`)."""
+    # Warm-up in the samples' unit (a batch): 5 single calls of a sweep's
+    # first size left a library's first size measured cold, before the
+    # kernel's scheduler had seen the ranks busy.
     for fn in fns:
-        for _ in range(warmup):
+        for _ in range(warmup * batch):
             fn()
     times: list[list[float]] = [[] for _ in fns]
     gc.disable()  # a collection inside the loop would be timed as communication

@@ -42,6 +42,23 @@ const YIELD: Duration = Duration::from_millis(2);
 /// (Open MPI 10–11 and 28–37); broadcast 4.4 → 3.7 and 11.6 → 6.6–9.2.
 const SPIN_OVERSUBSCRIBED: Duration = Duration::ZERO;
 const YIELD_OVERSUBSCRIBED: Duration = Duration::from_micros(50);
+/// ... except in small rooted collectives (broadcast, reduce, gather,
+/// scatter of less than `ROOTED_SMALL` bytes), which keep yielding for as
+/// long as when ranks have cores. There the root
+/// does n-1 ranks' work a call and every other rank waits on it; a rank that
+/// sleeps makes the root, the bottleneck, pay a futex wake for it every call,
+/// and sleeping ranks came back late (the nap and the scheduler's wake-up).
+/// 4 ranks on 2 cores, 8 B–4 KiB (`cadence bench --rounds 2`, twice, with
+/// `CADENCE_YIELD_US`): broadcast 6–31 µs with 50 µs of yielding against
+/// 5–7 with 2 ms, reduce 16–28 against 6–8; 2 ms and no sleeping at all
+/// were level. Allreduce and allgather, where every rank wakes one or two
+/// peers a round and a sleeping rank leaves its core to one with work,
+/// were level or better with 50 µs (8 ranks: allreduce 42–56 µs against
+/// 68–85), so they keep it; so do large rooted calls, whose waits are for
+/// data in flight (8 ranks, 256 KiB broadcast: 440 µs with 50 µs of
+/// yielding, 595 with 2 ms).
+const YIELD_ROOTED_OVERSUBSCRIBED: Duration = YIELD;
+const ROOTED_SMALL: u64 = 32 << 10;
 /// The spin budget adapts to what the yields of past waits showed. Two ranks
 /// that the scheduler put on one core (ranks equal cores, and one more task
 /// somewhere: a launcher, a watchdog thread, another job) cannot spin at
@@ -328,6 +345,10 @@ pub struct Engine {
     /// Spin and yield budgets (see `SPIN`) ...
     spin: Duration,
     yield_for: Duration,
+    /// ... the yield budget of rooted collectives (`YIELD_ROOTED_OVERSUBSCRIBED`)
+    /// and the one in force for the operation running now ...
+    yield_rooted: Duration,
+    op_yield: Duration,
     /// ... and the spin budget this rank's recent waits earned, at most
     /// `spin` (see `YIELD_HANDED_MIN`; fixed when `CADENCE_SPIN_US` is set).
     spin_budget: Duration,
@@ -381,6 +402,8 @@ impl Engine {
             cancel: Arc::default(),
             spin: SPIN,
             yield_for: YIELD,
+            yield_rooted: YIELD,
+            op_yield: YIELD,
             spin_budget: SPIN,
             yield_handed_min: YIELD_HANDED_MIN,
             wait_override: (None, None),
@@ -430,6 +453,7 @@ impl Engine {
         self.wait_override = (spin, yield_for);
         self.spin = spin.unwrap_or(self.spin);
         self.yield_for = yield_for.unwrap_or(self.yield_for);
+        self.yield_rooted = yield_for.unwrap_or(self.yield_rooted);
         self.spin_budget = self.spin;
     }
 
@@ -438,15 +462,34 @@ impl Engine {
     /// core, hand the core over when they do not.
     pub fn set_local_ranks(&mut self, local: usize) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let (spin, yield_for) = if local > cores {
-            (SPIN_OVERSUBSCRIBED, YIELD_OVERSUBSCRIBED)
+        let (spin, yield_for, yield_rooted) = if local > cores {
+            (
+                SPIN_OVERSUBSCRIBED,
+                YIELD_OVERSUBSCRIBED,
+                YIELD_ROOTED_OVERSUBSCRIBED,
+            )
         } else {
-            (SPIN, YIELD)
+            (SPIN, YIELD, YIELD)
         };
         self.spin = self.wait_override.0.unwrap_or(spin);
         self.yield_for = self.wait_override.1.unwrap_or(yield_for);
+        self.yield_rooted = self.wait_override.1.unwrap_or(yield_rooted);
         self.spin_budget = self.spin;
         self.yield_handed_min = YIELD_HANDED_MIN.max(yield_alone() * 3);
+    }
+
+    /// How long a wait of a `coll` call of `bytes` yields before it sleeps
+    /// (see `YIELD_ROOTED_OVERSUBSCRIBED`).
+    fn yield_budget(&self, coll: CollKind, bytes: u64) -> Duration {
+        let rooted = matches!(
+            coll,
+            CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
+        );
+        if rooted && bytes < ROOTED_SMALL {
+            self.yield_rooted
+        } else {
+            self.yield_for
+        }
     }
 
     /// The spin budget after an idle stretch of `idle` ended (see
@@ -476,6 +519,7 @@ impl Engine {
     ) -> Result<(), ErrorKind> {
         let dtype = meta.dtype;
         let esize = dtype.size();
+        self.op_yield = self.yield_budget(meta.coll, meta.count * esize as u64);
         let need = sched.scratch_len * esize;
         if self.scratch.len() < need {
             self.scratch.resize(need, 0);
@@ -1016,7 +1060,7 @@ impl Engine {
         let (spin, yield_for) = if unwatched {
             (SPIN_OVERSUBSCRIBED, YIELD_OVERSUBSCRIBED)
         } else {
-            (self.spin_budget, self.yield_for)
+            (self.spin_budget, self.op_yield)
         };
         if waited < spin {
             std::hint::spin_loop();
@@ -1757,5 +1801,41 @@ mod tests {
         assert_eq!(e.spin_budget, Duration::ZERO);
         assert_eq!(ended(&mut e, 0, false, false), Duration::ZERO);
         assert_eq!(ended(&mut e, 3, false, false), Duration::ZERO);
+    }
+
+    #[test]
+    fn with_more_ranks_than_cores_small_rooted_calls_yield_longer() {
+        use CollKind::*;
+        let mut e = Engine::new(0, 1, vec![None], None);
+        e.set_local_ranks(100_000);
+        for coll in [Broadcast, Reduce, Gather, Scatter] {
+            assert_eq!(e.yield_budget(coll, 64), YIELD, "{coll}");
+            assert_eq!(
+                e.yield_budget(coll, 1 << 20),
+                YIELD_OVERSUBSCRIBED,
+                "{coll}"
+            );
+        }
+        for coll in [
+            AllReduce,
+            AllGather,
+            ReduceScatter,
+            AllToAll,
+            Barrier,
+            Send,
+            Recv,
+        ] {
+            assert_eq!(e.yield_budget(coll, 64), YIELD_OVERSUBSCRIBED, "{coll}");
+        }
+        // A core per rank: every call yields as long.
+        e.set_local_ranks(1);
+        assert_eq!(e.yield_budget(AllReduce, 64), YIELD);
+        assert_eq!(e.yield_budget(Broadcast, 64), YIELD);
+        // CADENCE_YIELD_US fixes it for every call.
+        let us = Duration::from_micros(7);
+        e.override_wait(None, Some(us));
+        e.set_local_ranks(100_000);
+        assert_eq!(e.yield_budget(Broadcast, 64), us);
+        assert_eq!(e.yield_budget(AllReduce, 64), us);
     }
 }
