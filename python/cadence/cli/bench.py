@@ -106,7 +106,8 @@ def add_sweep_arguments(p: argparse.ArgumentParser, *, stepfactor: int) -> None:
         "-n", "--iters", type=_positive, default=20, help="timed iterations per size (20)"
     )
     p.add_argument(
-        "-w", "--warmup-iters", type=int, default=5, help="warm-up iterations per size, each a batch of calls as a sample (5)"
+        "-w", "--warmup-iters", type=int, default=5,
+        help="warm-up iterations per size, each a batch of calls as a sample (5)",
     )
 
 
