@@ -214,7 +214,7 @@ class MpiBackend(Backend):
             "broadcast": partial(c.Bcast, inp, ROOT),
             "reduce": partial(c.Reduce, inp, out, MPI.SUM, ROOT),
             "allgather": partial(c.Allgather, inp, out),
-            "reduce_scatter": partial(c.Reduce_scatter_block, inp, out, op=MPI.SUM),
+            "reduce_scatter": partial(c.Reduce_scatter_block, inp, out, MPI.SUM),
             "alltoall": partial(c.Alltoall, inp, out),
         }[op]
 

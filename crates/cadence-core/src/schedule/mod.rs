@@ -200,15 +200,15 @@ pub fn default_algo(args: &CollArgs, nranks: usize, elem_size: usize) -> Algo {
         // Large: bandwidth-bound; the ring keeps every link busy with 1/n of
         // the buffer per step and sends the minimum 2(n-1)/n per rank.
         K::AllReduce => Ring,
-        // A tree's root sends the whole buffer per level; above a few hundred
-        // KiB, scattering first halves the root's traffic. With 2 ranks there
-        // is nothing to scatter.
         // Up to 8 ranks, small broadcasts go straight from the root to every
         // rank (one phase; no leaf waits on a forwarding rank the scheduler
         // has not run): on 2 cores, 8 B–32 KiB, 8 ranks 1.1–2× faster than
         // the binomial tree, 4 ranks level, p99 3–20× lower at both
         // (`--algo binomial_tree,direct --rounds 3`).
         K::Broadcast if bytes < 32 * KIB && (3..=8).contains(&nranks) => Direct,
+        // A tree's root sends the whole buffer per level; above a few hundred
+        // KiB, scattering first halves the root's traffic. With 2 ranks there
+        // is nothing to scatter.
         K::Broadcast if bytes < 256 * KIB || nranks <= 2 => BinomialTree,
         K::Broadcast => ScatterAllgather,
         // Up to 4 ranks, small reduces go straight to the root (one phase; no
