@@ -517,14 +517,15 @@ mod tests {
         assert_eq!(
             t,
             vec![
-                (0, 32 * 1024 - 1, Algo::RecursiveDoubling),
+                (0, 4 * 1024 - 1, Algo::OneShot),
+                (4 * 1024, 32 * 1024 - 1, Algo::RecursiveDoubling),
                 (32 * 1024, 1 << 20, Algo::Direct),
                 ((1 << 20) + 1, u64::MAX, Algo::Ring)
             ]
         );
         assert_eq!(
             ranges_text(t),
-            "recursive_doubling:0-32767,direct:32K-1M,ring:1048577-max"
+            "one_shot:0-4095,recursive_doubling:4K-32767,direct:32K-1M,ring:1048577-max"
         );
         // With 16 ranks the medium range goes to rabenseifner.
         assert_eq!(
@@ -573,7 +574,7 @@ mod tests {
         assert!(has("CADENCE_ALGO excludes direct everywhere"));
         assert!(has("CADENCE_ALGO excludes scatter_allgather for broadcast"));
         assert!(has(
-            "default allreduce: recursive_doubling:0-32767,direct:32K-1M,ring:1048577-max"
+            "default allreduce: one_shot:0-4095,recursive_doubling:4K-32767,direct:32K-1M,ring:1048577-max"
         ));
         assert!(has(
             "default broadcast: direct:0-32767,binomial_tree:32K-262143,scatter_allgather:256K-max"

@@ -1,5 +1,5 @@
-//! Direct ("starlike") algorithms: allreduce, reduce_scatter, reduce,
-//! broadcast, allgather, gather, scatter.
+//! Direct ("starlike") algorithms: allreduce (two stages, and one-shot),
+//! reduce_scatter, reduce, broadcast, allgather, gather, scatter.
 //!
 //! Terms:
 //! - **block**: the part of a buffer one rank is responsible for: balanced
@@ -72,6 +72,34 @@ pub(crate) fn allreduce(plan: &mut Plan, count: usize) {
     let mut phase = plan.phase();
     for (_, p) in peers(r, n) {
         phase.send(p, own).recv(p, chunks.span(Buf::Output, p));
+    }
+}
+
+/// One-shot allreduce: every rank sends its whole Input to every peer and
+/// receives theirs into one scratch slot per rank (one phase, one wait on
+/// each peer, no rank waiting on another's partial result), then reduces
+/// the n buffers into Output locally, in rank order: ((x0 ⊕ x1) ⊕ x2) ⊕ …
+/// on every rank, so every rank ends with the same bits (⊕ of two values is
+/// commutative; only the grouping has to agree). It moves n-1 whole buffers
+/// per rank, so it is for small ones. In an in-place call Output is Input,
+/// so a rank other than 0 keeps its own contribution in its slot first.
+pub(crate) fn one_shot_allreduce(plan: &mut Plan, count: usize) {
+    let (r, n) = (plan.rank, plan.nranks);
+    let input = Span::input(0, count);
+    let slot = |k: usize| Span::scratch(k * count, count);
+    plan.need_scratch(n * count);
+    let mut phase = plan.phase();
+    if r != 0 {
+        phase.copy(input, slot(r));
+    }
+    for (_, p) in peers(r, n) {
+        phase.send(p, input).recv(p, slot(p));
+    }
+    let out = Span::output(0, count);
+    let mut phase = plan.phase();
+    phase.copy(if r == 0 { input } else { slot(0) }, out);
+    for k in 1..n {
+        phase.reduce(slot(k), out);
     }
 }
 

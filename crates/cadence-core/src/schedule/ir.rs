@@ -175,10 +175,13 @@ pub enum Algo {
     /// [`Algo::Torus2d`] with a ring allgather along the rows in its last
     /// stage: the seed study's "2d-torus(ring)".
     Torus2dRing,
+    /// Allreduce in one exchange: every rank sends its whole buffer to
+    /// every other, then reduces all n buffers locally in rank order.
+    OneShot,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 17] = [
+    pub const ALL: [Algo; 18] = [
         Algo::Ring,
         Algo::RecursiveDoubling,
         Algo::Direct,
@@ -196,6 +199,7 @@ impl Algo {
         Algo::RecursiveHalving,
         Algo::PipelinedChain,
         Algo::Torus2dRing,
+        Algo::OneShot,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -217,6 +221,7 @@ impl Algo {
             Algo::RecursiveHalving => "recursive_halving",
             Algo::PipelinedChain => "pipelined_chain",
             Algo::Torus2dRing => "torus2d_ring",
+            Algo::OneShot => "one_shot",
         }
     }
 

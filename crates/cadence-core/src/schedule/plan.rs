@@ -129,6 +129,14 @@ impl PhaseBuilder<'_> {
         self
     }
 
+    /// `dst = dst ⊕ src`, a local step (before the phase's transfers).
+    pub fn reduce(&mut self, src: Span, dst: Span) -> &mut Self {
+        if src.len > 0 {
+            self.step(Step::Reduce { src, dst });
+        }
+        self
+    }
+
     /// `dst = dst ⊕ src` as the phase's receive into `src` lands (after the
     /// folds into `dst` listed before it).
     pub fn fold(&mut self, src: Span, dst: Span) -> &mut Self {
