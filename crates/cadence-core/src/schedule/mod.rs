@@ -8,7 +8,8 @@
 //! correct by running every rank's schedule on symbolic data.
 //!
 //! One generator file per algorithm family: `ring.rs`, `recursive_doubling.rs`,
-//! `direct.rs`, `tree.rs` (binomial), `two_stage.rs` (scatter-allgather and
+//! `direct.rs` (the starlike ones and one-shot allreduce), `tree.rs`
+//! (binomial), `two_stage.rs` (scatter-allgather and
 //! reduce-scatter-gather), `alltoall.rs`, `barrier.rs`, `p2p.rs`,
 //! `rabenseifner.rs`, `double_binary_tree.rs`, `torus2d.rs`, `bruck.rs`
 //! (allgather and all-to-all), `recursive_halving.rs` (reduce_scatter),
