@@ -4,7 +4,7 @@
 
 use crate::fabric::file::TopoFile;
 use crate::schedule::Algo;
-use crate::transport::shm::ShmConfig;
+use crate::transport::shm::{ShmConfig, Streamed};
 use crate::tuning::TuningFile;
 use crate::types::CollKind;
 use std::path::{Path, PathBuf};
@@ -154,6 +154,26 @@ fn coll_named(name: &str, item: &str) -> Result<CollKind, String> {
 /// Whether an item's field is a size range rather than a name.
 fn is_range(field: &str) -> bool {
     field.starts_with(|c: char| c.is_ascii_digit()) || field.contains('-')
+}
+
+/// `CADENCE_SHM_STREAM`: the collectives whose large messages stream
+/// through shared memory instead of going by single copy, a list from
+/// `reduce` and `broadcast`, or `none`.
+fn parse_streamed(v: &str) -> Result<Streamed, String> {
+    let mut out = Streamed::NONE;
+    for item in v.split([',', ';']).map(str::trim).filter(|s| !s.is_empty()) {
+        match item {
+            "reduce" => out.reduce = true,
+            "broadcast" => out.broadcast = true,
+            "none" => {}
+            _ => {
+                return Err(format!(
+                    "CADENCE_SHM_STREAM={v:?}: a list from reduce, broadcast (or none)"
+                ))
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn parse_size(s: &str, item: &str) -> Result<u64, String> {
@@ -519,6 +539,9 @@ impl Config {
             })?;
             c.shm.cma_min = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
+        if let Some(v) = get("CADENCE_SHM_STREAM") {
+            c.shm.stream = parse_streamed(&v)?;
+        }
         if let Some(v) = get("CADENCE_TOPO_PAIRS_MAX") {
             c.topo_pairs_max = num::<usize>("CADENCE_TOPO_PAIRS_MAX", &v)?;
         }
@@ -836,5 +859,19 @@ mod tests {
         assert_eq!(off.shm.cma_min, 0);
         let e = Config::from_lookup(env(&[("CADENCE_SHM_CMA_MIN", "lots")])).unwrap_err();
         assert!(e.contains("CADENCE_SHM_CMA_MIN"), "{e}");
+        assert_eq!(m.shm.stream, Streamed::DEFAULT);
+        let none = Config::from_lookup(env(&[("CADENCE_SHM_STREAM", "none")])).unwrap();
+        assert_eq!(none.shm.stream, Streamed::NONE);
+        let b = Config::from_lookup(env(&[("CADENCE_SHM_STREAM", "broadcast")])).unwrap();
+        let (reduce, broadcast) = (false, true);
+        assert_eq!(b.shm.stream, Streamed { reduce, broadcast });
+        let both = Config::from_lookup(env(&[("CADENCE_SHM_STREAM", "reduce, broadcast")]));
+        let (reduce, broadcast) = (true, true);
+        assert_eq!(both.unwrap().shm.stream, Streamed { reduce, broadcast });
+        let e = Config::from_lookup(env(&[("CADENCE_SHM_STREAM", "allgather")])).unwrap_err();
+        assert!(
+            e.contains("CADENCE_SHM_STREAM") && e.contains("reduce, broadcast"),
+            "{e}"
+        );
     }
 }

@@ -409,6 +409,10 @@ pub struct SendJob {
     /// Looked ahead into a later phase but not allowed to move yet (the
     /// engine's hazard check); transports never see held jobs.
     pub held: bool,
+    /// Its call is one where streaming through the shared-memory ring beats
+    /// single copy (see [`crate::engine::prefers_stream`]); shared memory then keeps it in
+    /// the ring whatever its size, unless `ShmConfig::cma_rooted`.
+    pub prefer_stream: bool,
     /// TCP's chunk bookkeeping (unused on shared memory).
     pub tcp: ChunkCursor,
     /// Evidence for the records (see [`JobTrace`]).
@@ -487,6 +491,7 @@ impl SendJob {
             started: false,
             done: false,
             held: false,
+            prefer_stream: false,
             tcp: ChunkCursor::default(),
             trace: JobTrace::default(),
         }
