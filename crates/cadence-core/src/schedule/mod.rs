@@ -225,7 +225,14 @@ pub fn default_algo(args: &CollArgs, nranks: usize, elem_size: usize) -> Algo {
         // p99 5–10× lower (`--algo binomial_tree,direct --rounds 3`); level
         // or behind from 32 KiB.
         K::Reduce if bytes < 16 * KIB && nranks <= 4 => Direct,
-        K::Reduce if bytes < 256 * KIB => BinomialTree,
+        // Large reduces stream through shared memory (the sender's core
+        // copies, the receiver's reduces: `engine::prefers_stream`), and
+        // then the tree beat the two stages at 2-4 ranks on 2 cores, 256
+        // KiB-16 MiB: 2 ranks 1.3-1.5x, 4 ranks level to 1.5x (`--algo
+        // binomial_tree,reduce_scatter_gather --rounds 2`, twice). Beyond 4
+        // ranks the two stages spread the reduction over the cores (not
+        // measured with streaming).
+        K::Reduce if bytes < 256 * KIB || nranks <= 4 => BinomialTree,
         K::Reduce => ReduceScatterGather,
         // Recursive doubling takes any counts and any n (it folds), so it is
         // always applicable; latency wins below 64 KiB, one phase of
