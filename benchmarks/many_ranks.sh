@@ -20,6 +20,9 @@
 #   5. 2-rank reduce from 256 KiB, direct against the two stages (the size
 #      table's pick) and Open MPI: on 2 cores the winner followed the
 #      machine's memory state (docs/benchmarks.md), so a host decides.
+#   6. step 5 with reduce's messages by single copy (CADENCE_SHM_STREAM=none;
+#      they stream by default), and a 2-rank broadcast streamed and not, to
+#      decide the default of CADENCE_SHM_STREAM.
 #
 # RANKS (default "16 8") and ALGO_RANKS (default "16 12") set the rank
 # counts of steps 1-3 (the first is the stall check's) and of step 4, for a
@@ -99,6 +102,15 @@ for n in "${algo_ranks[@]}"; do
 done
 step "reduce2-algos" 60 -- --nranks 2 --op reduce -b 256K -e 64M -f 4 -n 20 -w 5 \
   --backends cadence,mpi --algo direct,reduce_scatter_gather --rounds 2
+# 6. the same with single copy for reduce's messages, and a 2-rank broadcast
+#    streamed and not (on 2 cores streaming won or lost 1.1-3x with the
+#    machine's state; docs/benchmarks.md).
+step "reduce2-single-copy" 60 CADENCE_SHM_STREAM=none -- --nranks 2 --op reduce -b 256K \
+  -e 64M -f 4 -n 20 -w 5 --backends cadence,mpi --algo direct,reduce_scatter_gather --rounds 2
+for s in none broadcast; do
+  step "bcast2-stream-$s" 40 CADENCE_SHM_STREAM=$s -- --nranks 2 --op broadcast -b 256K \
+    -e 64M -f 4 -n 20 -w 5 --backends cadence,mpi --rounds 2
+done
 
 say ""
 say "# done in $((SECONDS - start)) s; skipped (out of budget): ${skipped[*]:-none}"
