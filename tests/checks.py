@@ -197,6 +197,37 @@ def check_matrix_single_copy(comm, counts, dtypes):
     return failures, single
 
 
+def single_copies_of(comm, op, count):
+    """Runs `op` (reduce, broadcast or allgather) once on `count` random
+    float32 per rank, checks it against numpy, and returns (failures, how
+    many messages this rank sent by single copy meanwhile)."""
+    n, r = comm.size, comm.rank
+    ins = [np.random.default_rng([q, count, 5]).standard_normal(count).astype(np.float32)
+           for q in range(n)]
+
+    def sent():
+        links = comm.dump_records()["links"]
+        return sum(link["single_copy_sent"] for link in links if link["transport"] == "shm")
+
+    before, failures = sent(), []
+    if op == "reduce":
+        out = np.zeros(count, np.float32)
+        comm.reduce(ins[r], 0, out)
+        want = np.sum(ins, axis=0, dtype=np.float32)
+        if r == 0 and not np.allclose(out, want, rtol=1e-5, atol=1e-5 * n):
+            failures.append(f"reduce off by {np.max(np.abs(out - want))}")
+    elif op == "broadcast":
+        x = ins[r].copy()
+        comm.broadcast(x, 0)
+        if not np.array_equal(x, ins[0]):
+            failures.append("broadcast differs from the root's buffer")
+    else:
+        parts = comm.allgather(ins[r])
+        if not all(np.array_equal(parts[q], ins[q]) for q in range(n)):
+            failures.append("allgather differs from the inputs")
+    return failures, sent() - before
+
+
 def check_direct_fold_order(comm, count):
     """Direct allreduce and reduce_scatter on random float32: every element
     of owner r's block must have exactly the bits of adding the

@@ -1,6 +1,8 @@
 """Every collective × dtype × op against numpy, on shared memory, TCP and a mix,
 for rank counts that are and are not powers of two."""
 
+import os
+
 import pytest
 from checks import (
     check_algorithms,
@@ -9,6 +11,7 @@ from checks import (
     check_matrix_single_copy,
     check_one_algorithm,
     check_random_floats,
+    single_copies_of,
 )
 from harness import assert_all_ok, run_ranks
 
@@ -129,3 +132,27 @@ def test_single_copy_under_every_algorithm(n, transport, forced):
     failures = {r: f for r, (f, _) in res.items() if f}
     assert not failures, "\n".join(f"rank {r}: {x}" for r, fs in failures.items() for x in fs)
     assert all(single > 0 for _, single in res.values()), res
+
+
+@pytest.mark.parametrize("n", [2, 5])
+@pytest.mark.parametrize("stream", [None, "none", "broadcast"])
+def test_reduce_streams_where_ranks_have_cores(n, stream):
+    """Reduce's messages (4 MiB a rank: even five ranks' blocks pass the
+    256 KiB single-copy threshold) stream through shared memory by default,
+    a 2-rank broadcast's (the binomial tree) when CADENCE_SHM_STREAM names
+    it, allgather's never; with more than two ranks per core, or `none`,
+    every one goes by single copy. Results checked against numpy."""
+    count = 1 << 20
+    streams = n <= 2 * (os.cpu_count() or 1)
+    env = {} if stream is None else {"CADENCE_SHM_STREAM": stream}
+    for op in ("reduce", "allgather") + (("broadcast",) if n == 2 else ()):
+        res = assert_all_ok(run_ranks(single_copies_of, n, env=env, args=(op, count),
+                                      timeout=120))
+        failures = {r: f for r, (f, _) in res.items() if f}
+        assert not failures, (op, failures)
+        # The ranks that send whatever the algorithm: all but the root, the
+        # broadcast's root alone.
+        senders = [r for r in res if op == "allgather" or (r == 0) == (op == "broadcast")]
+        single = sum(res[r][1] for r in senders)
+        streamed = streams and op == (stream or "reduce")
+        assert (single == 0) == streamed, (op, n, stream, {r: s for r, (_, s) in res.items()})

@@ -46,6 +46,12 @@ use std::time::{Duration, Instant};
 /// in a second, 1.1× slower in a third; 4-rank binomial reduce 1.05–1.9×
 /// faster. 2-rank broadcast 1.1–1.8× faster in the first state, level to
 /// 1.5× either way in the second: not streamed by default.
+///
+/// A streamed message moves only while its sender and receiver both run,
+/// which ranks crowding the cores make rare: 8 ranks on 2 cores, a 4–16 MiB
+/// reduce took 1.3–1.7× longer streamed (binomial tree 9.4–11.2 against
+/// 6.2–7.1 ms at 4 MiB), where 4 ranks on 2 cores were mostly faster
+/// streamed. Beyond `STREAM_RANKS_PER_CORE` every message goes by single copy.
 pub fn prefers_stream(coll: CollKind, algo: Algo) -> bool {
     match coll {
         CollKind::Reduce => true,
@@ -53,6 +59,9 @@ pub fn prefers_stream(coll: CollKind, algo: Algo) -> bool {
         _ => false,
     }
 }
+
+/// Ranks per core up to which messages may stream ([`prefers_stream`]).
+const STREAM_RANKS_PER_CORE: usize = 2;
 
 /// How long to spin before yielding, and how long to yield before sleeping,
 /// when every rank of this host has a core of its own ...
@@ -377,9 +386,6 @@ pub struct Engine {
     /// and the one in force for the operation running now ...
     yield_rooted: Duration,
     op_yield: Duration,
-    /// The running call's messages stream through shared memory rather
-    /// than go by single copy ([`prefers_stream`]).
-    op_stream: bool,
     /// ... and the spin budget this rank's recent waits earned, at most
     /// `spin` (see `YIELD_HANDED_MIN`; fixed when `CADENCE_SPIN_US` is set).
     spin_budget: Duration,
@@ -388,6 +394,12 @@ pub struct Engine {
     /// `CADENCE_SPIN_US` / `CADENCE_YIELD_US`, when set: fixed budgets that
     /// replace the policy (for measuring wait policies on a new machine).
     wait_override: (Option<Duration>, Option<Duration>),
+    /// Whether this host's ranks are few enough for streaming
+    /// (`STREAM_RANKS_PER_CORE`), and whether the running call's messages
+    /// stream through shared memory rather than go by single copy
+    /// ([`prefers_stream`]).
+    may_stream: bool,
+    op_stream: bool,
     pub wait_stats: WaitStats,
     /// Whether transfers may be stamped with the time they move (per-message
     /// records; see [`Evidence`]) ...
@@ -435,6 +447,7 @@ impl Engine {
             yield_for: YIELD,
             yield_rooted: YIELD,
             op_yield: YIELD,
+            may_stream: true,
             op_stream: false,
             spin_budget: SPIN,
             yield_handed_min: YIELD_HANDED_MIN,
@@ -491,9 +504,11 @@ impl Engine {
 
     /// Tells the engine how many ranks share this machine's cores (emulated
     /// hosts included), to pick its waiting policy: spin when each has a
-    /// core, hand the core over when they do not.
+    /// core, hand the core over when they do not; and whether streaming can
+    /// count on a sender and its receiver running at once ([`prefers_stream`]).
     pub fn set_local_ranks(&mut self, local: usize) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.may_stream = local <= STREAM_RANKS_PER_CORE * cores;
         let (spin, yield_for, yield_rooted) = if local > cores {
             (
                 SPIN_OVERSUBSCRIBED,
@@ -552,7 +567,7 @@ impl Engine {
         let dtype = meta.dtype;
         let esize = dtype.size();
         self.op_yield = self.yield_budget(meta.coll, meta.count * esize as u64);
-        self.op_stream = prefers_stream(meta.coll, sched.algo);
+        self.op_stream = self.may_stream && prefers_stream(meta.coll, sched.algo);
         let need = sched.scratch_len * esize;
         if self.scratch.len() < need {
             self.scratch.resize(need, 0);

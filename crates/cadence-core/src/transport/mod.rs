@@ -409,9 +409,10 @@ pub struct SendJob {
     /// Looked ahead into a later phase but not allowed to move yet (the
     /// engine's hazard check); transports never see held jobs.
     pub held: bool,
-    /// Its call is one where streaming through the shared-memory ring beats
-    /// single copy (see [`crate::engine::prefers_stream`]); shared memory then keeps it in
-    /// the ring whatever its size, unless `ShmConfig::cma_rooted`.
+    /// Its call is one where streaming through the shared-memory ring can
+    /// beat single copy ([`crate::engine::prefers_stream`]); shared memory
+    /// keeps it in the ring whatever its size when its collective is in
+    /// `ShmConfig::stream` (`CADENCE_SHM_STREAM`).
     pub prefer_stream: bool,
     /// TCP's chunk bookkeeping (unused on shared memory).
     pub tcp: ChunkCursor,
