@@ -136,7 +136,8 @@ def test_flows_into_a_shared_uplink_take_no_retransmission_timeouts(make_cluster
     # Direct allgather of 16 MiB across two racks (every host sends to the
     # three others at once, two flows through each uplink each way). With
     # 64 KiB segments in the shapers' queues a drop lost 44 packets at once:
-    # 7 timeouts in 7 calls, p99 2-3x the median. With 16 KiB: none.
+    # 7 timeouts in 7 calls, p99 2-3x the median. With 16 KiB: none on a
+    # quiet machine, up to 3 on a busy one.
     cluster = make_cluster(4, tag="gs", racks=2, uplink_rate="250mbit",
                            placement="interleaved")  # fmt: skip
     for h in cluster.hosts:
@@ -145,7 +146,15 @@ def test_flows_into_a_shared_uplink_take_no_retransmission_timeouts(make_cluster
     before = _tcp_timeouts(cluster)
     recs = _job(cluster, "incast16m", timeout=180)
     assert len(recs) == 4 and all(r["wrong"] == 0 for r in recs), recs
-    assert _tcp_timeouts(cluster) - before <= 1, [r["seconds"] for r in recs]
+    # One rank per host: the ranks' counts are the hosts', counted around
+    # the calls. The fault this guards against took one timeout per call (7
+    # in 7). Healthy, an incast still loses packets (hundreds of fast
+    # retransmits a host) and now and then a retransmission too: with the
+    # 2 cores also busy elsewhere (CI's suite; two `yes` hogs here) 3
+    # timeouts in 7 calls, once with one call at 1.16 s against 0.55.
+    timeouts = sum(r["timeouts"] for r in recs)
+    whole_job = _tcp_timeouts(cluster) - before
+    assert timeouts <= 3, (timeouts, whole_job, [r["seconds"] for r in recs])
 
 
 def _u32_takes(matches: list[str], packet: bytes) -> bool:
@@ -720,11 +729,25 @@ def _rd64k(comm) -> dict:
     return {"ms": ms, "wrong": wrong}
 
 
+def _host_tcp_timeouts() -> int:
+    """Retransmission timeouts TCP took so far in this process's network
+    namespace (its emulated host): TcpExt TCPTimeouts of /proc/net/netstat."""
+    with open("/proc/net/netstat") as f:
+        rows = [line.split() for line in f if line.startswith("TcpExt:")]
+    names, values = rows[0], rows[1]
+    return int(values[names.index("TCPTimeouts")])
+
+
 def _incast16m(comm) -> dict:
     """A warm-up and 6 direct allgathers of 16 MiB in all (4 MiB per rank);
-    each call's seconds and the elements that are not their rank's."""
+    each call's seconds, the elements that are not their rank's, and the
+    retransmission timeouts this rank's host took during the calls (not
+    during start-up or shutdown: a SYN or FIN retransmitted while 4 ranks
+    import torch on 2 cores is not the incast's)."""
     x = np.full(1 << 20, comm.rank, dtype=np.float32)
     seconds, wrong = [], 0
+    comm.barrier()
+    timeouts_before = _host_tcp_timeouts()
     for i in range(7):
         comm.barrier()
         t0 = time.perf_counter()
@@ -732,7 +755,8 @@ def _incast16m(comm) -> dict:
         if i:
             seconds.append(time.perf_counter() - t0)
         wrong += sum(int(np.count_nonzero(parts[r] != r)) for r in range(comm.size))
-    return {"seconds": seconds, "wrong": wrong}
+    comm.barrier()
+    return {"seconds": seconds, "wrong": wrong, "timeouts": _host_tcp_timeouts() - timeouts_before}
 
 
 def _cut(comm) -> dict:
