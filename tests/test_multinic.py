@@ -82,10 +82,13 @@ def test_a_job_stripes_over_both_rails(make_cluster, tmp_path):  # noqa: F811
     for r in res:
         assert r["wrong"] == [], r
         # Each rank sends ~2 x 24 MB of allreduce and allgather data to the
-        # other hosts: both NICs carry a large share of it.
+        # other hosts: both NICs carry a large share of it, at least a
+        # quarter. (Chunks go to the path that finishes first, so a rank
+        # descheduled on a busy 2-core machine shifts the split: CI once saw
+        # 83.5 against 40.1 MB, 2.08x.)
         eth0, eth1 = r["sent"]["eth0"], r["sent"]["eth1"]
         assert eth0 > 5e6 and eth1 > 5e6, r["sent"]
-        assert 0.5 < eth0 / eth1 < 2.0, r["sent"]
+        assert 1 / 3 < eth0 / eth1 < 3.0, r["sent"]
 
 
 THROTTLED = r"""
