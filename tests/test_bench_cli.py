@@ -5,7 +5,9 @@ its extension is built)."""
 
 from __future__ import annotations
 
+import collections
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -34,6 +36,7 @@ from cadence.bench.worker import (
     expected_result,
     pattern,
     time_ops,
+    turn_rounds,
     turns,
 )
 from cadence.cli import bench as bench_cli
@@ -369,8 +372,19 @@ def test_one_cadence_failure_is_noted_once():
     assert table.rows[0][4:14] == ["error", "-", "-", "-", "-"] * 2
 
 
-def test_turns_give_every_algorithm_every_position():
-    assert turns(3, 3) == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+def test_turns_give_every_algorithm_every_position_and_predecessor():
+    for n in range(2, 12):
+        rounds = turn_rounds(n)
+        assert len(rounds) == (n if n % 2 == 0 else 2 * n)
+        for r in rounds:
+            assert sorted(r) == list(range(n))
+        for pos in range(n):
+            at = collections.Counter(r[pos] for r in rounds)
+            assert set(at.values()) == {len(rounds) // n}, (n, pos, at)
+        follows = collections.Counter((a, b) for r in rounds for a, b in itertools.pairwise(r))
+        assert len(follows) == n * (n - 1), (n, follows)  # every ordered pair
+        assert set(follows.values()) == {len(rounds) // n}, (n, follows)
+    assert turns(4, 5) == [0, 1, 3, 2, 1, 2, 0, 3, 2, 3, 1, 0, 3, 0, 2, 1, 0, 1, 3, 2]
     assert turns(1, 4) == [0, 0, 0, 0]
 
 

@@ -23,8 +23,10 @@ reduce, which is in place only, copies the input into the output first).
 
 cadence takes `--algos auto,ring,...` (`algo=` per call; `auto` is the
 library's own choice): at each size, on the same buffers, every algorithm is
-warmed up, then the timed samples take turns (auto, ring, ..., auto, ring,
-...) so that drift and interference hit them all alike, then each is checked.
+warmed up, then the timed samples take turns (rounds of auto, ring, ...,
+each algorithm in every position and after every other one: `turn_rounds`)
+so that drift, interference and what one call leaves for the next hit them
+all alike, then each is checked.
 Its records carry "algo" and "chosen": the algorithm the flight recorder says
 the check call ran (for `auto`, what the library picked; a call's choice
 depends only on its shape, so the timed calls ran the same).
@@ -342,8 +344,9 @@ def time_ops(
     all ranks in step, so an algorithm is not charged for the skew its
     predecessor left (a slow ring's stragglers would otherwise be timed as the
     next call's). With several calls (one per algorithm) the samples take
-    turns, so that drift or interference while they run hits them all alike;
-    sample round i starts with call i mod n (see `turns`)."""
+    turns, so that drift or interference while they run hits them all alike,
+    in rounds where each call has every position and every predecessor (see
+    `turn_rounds`)."""
     # Warm-up in the samples' unit (a batch): 5 single calls of a sweep's
     # first size left a library's first size measured cold, before the
     # kernel's scheduler had seen the ranks busy.
@@ -380,9 +383,36 @@ def batch_calls(nbytes: int) -> int:
     return max(1, min(16, (256 * 1024) // max(nbytes, 1)))
 
 
+def turn_rounds(n: int) -> list[list[int]]:
+    """Rounds of n calls in which every call takes every position, and every
+    call follows every other one equally often (a Williams design, as
+    crossover trials use against carry-over): n rounds for even n, 2n for
+    odd n (the rounds and their mirror images).
+
+    The predecessor matters: a call can leave the caches in a state that
+    taxes the next one (hierarchical allgather sends from the output, which
+    the next call writes first, and the peer's core holds those lines). With
+    a fixed successor, as the rotation 0..n-1, 1..n-1,0, ... had, that tax
+    fell on one algorithm every time: the call after hierarchical took 1.3-2x
+    its time in `--algo all` at 1-16 MiB on 2 ranks, and `auto/best` read
+    0.56-0.79 where auto and the best were level."""
+    if n <= 1:
+        return [[0] * n]
+    # 0, 1, n-1, 2, n-2, ...: the successive differences are 1, -2, 3, -4,
+    # ..., all distinct mod n for even n, so shifting the row by i covers
+    # every ordered pair once.
+    first = [0 if j == 0 else (j + 1) // 2 if j % 2 else n - j // 2 for j in range(n)]
+    rounds = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2:
+        rounds += [r[::-1] for r in rounds]
+    return rounds
+
+
 def turns(n: int, iters: int) -> list[int]:
-    """The order in which n calls take their timed turns: 0..n-1, then 1..n-1,0, ..."""
-    return [(i + k) % n for i in range(iters) for k in range(n)]
+    """The order in which n calls take their `iters` timed turns each:
+    `turn_rounds(n)` one after the other, over again."""
+    rounds = turn_rounds(n)
+    return [k for i in range(iters) for k in rounds[i % len(rounds)]]
 
 
 def chosen_algos(backend: Backend, op: str, algos: list[str]) -> list[str | None]:
