@@ -24,6 +24,10 @@
 #      they stream by default), and a 2-rank broadcast streamed and not, to
 #      decide the default of CADENCE_SHM_STREAM.
 #
+# A first run that ran out of budget lists the steps it skipped; STEPS
+# (shell patterns of step names, e.g. STEPS="algos* reduce2-* bcast2-*")
+# runs only the matching steps, so a second run can take those.
+#
 # RANKS (default "16 8") and ALGO_RANKS (default "16 12") set the rank
 # counts of steps 1-3 (the first is the stall check's) and of step 4, for a
 # dry run on a small machine: RANKS="4 2" ALGO_RANKS=3 bash ... OUT 120.
@@ -52,7 +56,7 @@ if ! python3 -c 'import cadence' 2>/dev/null; then
 fi
 
 say() { echo "$*" | tee -a "$log"; }
-say "# many_ranks.sh on $(hostname), $(nproc) cores, $(date -u +%FT%TZ), budget ${budget} s"
+say "# many_ranks.sh on $(hostname), $(nproc) cores, $(date -u +%FT%TZ), budget ${budget} s${STEPS:+, steps $STEPS}"
 say "# $(python3 -c 'import cadence, sys; print("cadence", cadence.__file__, "python", sys.version.split()[0])')"
 command -v mpirun >/dev/null && say "# $(mpirun --version 2>&1 | head -1)"
 
@@ -66,6 +70,15 @@ step() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
+  if [ -n "${STEPS:-}" ]; then
+    local - pat wanted=
+    set -f # the patterns are for step names, not files
+    for pat in $STEPS; do
+      # shellcheck disable=SC2254
+      case $name in $pat) wanted=1 ;; esac
+    done
+    [ -n "$wanted" ] || return 0
+  fi
   local left=$((budget - (SECONDS - start)))
   if [ "$left" -lt 30 ]; then
     skipped+=("$name")

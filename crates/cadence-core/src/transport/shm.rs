@@ -173,10 +173,19 @@ const RING_CTL: usize = LINE_PAIR;
 const CTL_CMA_OK: usize = 8;
 /// A rendezvous frame's payload: `[pid u32, pad u32, address u64, length u64]`.
 const CMA_DESC_BYTES: usize = 24;
-/// Bytes a receiver copies per call while it reads a sender's buffer, so
-/// the engine moves its other transfers in between; a reducing receive
-/// reads into a scratch buffer of this size (kept in cache) and reduces it.
+/// Bytes a receiver copies per call while it reads a sender's buffer
+/// through its scratch buffer (reducing receives, and destinations shifted
+/// within a line from the source): the scratch stays in cache, and the
+/// engine moves its other transfers in between.
 const CMA_CHUNK: usize = 256 * 1024;
+/// Bytes a receiver reads per call straight into the destination. Each
+/// `process_vm_readv` has a fixed cost (the permission check, pinning the
+/// first pages): 16 MiB between two processes took 1.3-1.6x as long in 256
+/// KiB reads as in 4 MiB ones on this project's 2-core host (5.5-8 against
+/// 7.2-11 GB/s; `benchmarks/cma_chunks.py`), and one 16 MiB read gained
+/// 5-10 % more. A 4 MiB read takes about half a millisecond, which bounds
+/// how long the engine leaves its other transfers.
+const CMA_DIRECT_CHUNK: usize = 4 << 20;
 /// A header slot, a line pair: the frame header (48 bytes), the stamp (8
 /// bytes) and up to 72 bytes of inline payload. Payloads of at most
 /// `INLINE_MAX` bytes live in the slot, so small messages cost the
@@ -1061,10 +1070,10 @@ impl ShmLink {
                 job.got
             }
         };
-        let n = CMA_CHUNK.min(total - job.got);
+        let rest = total - job.got;
         let from = desc.addr + (job.got - start) as u64;
         let peer = self.peer;
-        let failed = |e: std::io::Error| match e.raw_os_error() {
+        let failed = |e: std::io::Error, n: usize| match e.raw_os_error() {
             Some(libc::ESRCH) => ErrorKind::PeerDied {
                 peer,
                 pid: desc.pid,
@@ -1078,25 +1087,39 @@ impl ShmLink {
         // sender's buffer within a line, where the kernel's copy is slow (see
         // `crate::copy`): then, as for reducing receives, through a scratch
         // chunk (kept in cache) lined up with the sender's buffer.
-        let read = match job.sink.direct(job.got, n) {
+        let big = CMA_DIRECT_CHUNK.min(rest);
+        let read = match job.sink.direct(job.got, big) {
             Some(dst) if !shifted_ahead(dst.as_ptr() as usize, from as usize) => {
                 cma_read(desc.pid, from, dst)
+                    .map(|_| big)
+                    .map_err(|e| (e, big))
             }
             _ => {
+                let n = CMA_CHUNK.min(rest);
                 let buf = window_aligned_like(&mut self.cma_scratch, n, from as usize);
-                cma_read(desc.pid, from, buf).inspect(|_| job.sink.deliver(job.got, buf))
+                match cma_read(desc.pid, from, buf) {
+                    Ok(()) => {
+                        job.sink.deliver(job.got, buf);
+                        Ok(n)
+                    }
+                    Err(e) => Err((e, n)),
+                }
             }
         };
-        if let Err(e) = read {
-            // A sender that failed leaves its abort notice before it hands
-            // its buffer back, so a read that found the buffer gone (EFAULT)
-            // is that failure's consequence: report the failure, which names
-            // its origin, not this peer's vanished memory.
-            if let Some(notice) = read_abort(&self.my_inbox) {
-                return Err(notice.into_error(job.meta.sig));
+        let n = match read {
+            Ok(n) => n,
+            Err((e, n)) => {
+                // A sender that failed leaves its abort notice before it
+                // hands its buffer back, so a read that found the buffer
+                // gone (EFAULT) is that failure's consequence: report the
+                // failure, which names its origin, not this peer's vanished
+                // memory.
+                if let Some(notice) = read_abort(&self.my_inbox) {
+                    return Err(notice.into_error(job.meta.sig));
+                }
+                return Err(failed(e, n));
             }
-            return Err(failed(e));
-        }
+        };
         job.got += n;
         job.started = true;
         self.stats.bytes_recv.add(n as u64);
@@ -2014,6 +2037,51 @@ mod tests {
                 "case {k}: 4 KiB frames or one rendezvous"
             );
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A read straight into the destination takes `CMA_DIRECT_CHUNK` bytes
+    /// a call (each `process_vm_readv` has a fixed cost), a read through the
+    /// scratch (a reducing receive) `CMA_CHUNK`; both deliver every byte,
+    /// the last chunk partial.
+    #[test]
+    fn direct_reads_take_large_chunks_and_scratch_reads_small_ones() {
+        let dir = std::env::temp_dir().join(format!("cadence-cma-chunks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut la, mut lb, _ia, _ib) = pair_with(&dir, 2, 0, 1, 64 * 1024);
+        let len = 2 * CMA_DIRECT_CHUNK + 100_003;
+        let data: Vec<u8> = (0..len as u32).map(|i| (i * 29 % 251) as u8).collect();
+        let chunks_of = |la: &mut ShmLink, lb: &mut ShmLink, out: &mut [u8], mode| {
+            // SAFETY: `data` and `out` outlive the jobs; nothing else touches them.
+            let src = unsafe { Source::new(data.as_ptr(), len) };
+            // SAFETY: as for `src`.
+            let sink = unsafe { Sink::new(out.as_mut_ptr(), len, mode, DType::U8, ElemOp::Sum) };
+            let mut send = SendJob::new(meta(len as u64), src);
+            let mut recv = RecvJob::new(meta(len as u64), sink);
+            assert!(la.send_progress(&mut send).unwrap());
+            let mut reads = 0;
+            while !recv.done {
+                let got = recv.got;
+                lb.recv_progress(&mut recv).unwrap();
+                reads += usize::from(recv.got > got);
+            }
+            assert!(la.send_progress(&mut send).unwrap() && send.done);
+            reads
+        };
+        // The destination at the source's offset within a line: read into straight.
+        let mut room = vec![0u8; len + 64];
+        let at = (data.as_ptr() as usize).wrapping_sub(room.as_ptr() as usize) % 64;
+        let reads = chunks_of(&mut la, &mut lb, &mut room[at..at + len], SinkMode::Copy);
+        assert_eq!(
+            reads, 3,
+            "2 whole chunks of {CMA_DIRECT_CHUNK} and the rest"
+        );
+        assert!(room[at..at + len] == data[..]);
+        assert!(lb.cma_scratch.is_empty(), "no scratch for straight reads");
+        let mut acc = vec![1u8; len];
+        let reads = chunks_of(&mut la, &mut lb, &mut acc, SinkMode::ReduceInPlace);
+        assert_eq!(reads, len.div_ceil(CMA_CHUNK));
+        assert!(acc.iter().zip(&data).all(|(a, d)| *a == d.wrapping_add(1)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
