@@ -180,7 +180,7 @@ const CMA_DESC_BYTES: usize = 24;
 const CMA_CHUNK: usize = 256 * 1024;
 /// Bytes a receiver reads per call straight into the destination. Each
 /// `process_vm_readv` has a fixed cost (the permission check, pinning the
-/// first pages): 16 MiB between two processes took 1.3-1.6x as long in 256
+/// first pages): 16 MiB between two processes took 1.2-1.6x as long in 256
 /// KiB reads as in 4 MiB ones on this project's 2-core host (5.5-8 against
 /// 7.2-11 GB/s; `benchmarks/cma_chunks.py`), and one 16 MiB read gained
 /// 5-10 % more. A 4 MiB read takes about half a millisecond, which bounds
