@@ -228,6 +228,33 @@ def single_copies_of(comm, op, count):
     return failures, sent() - before
 
 
+def helped_copies(comm, op, count, calls):
+    """Runs `op` (broadcast or allgather) `calls` times on `count` random
+    float32 per rank, each result checked against numpy, and returns
+    (failures, bytes this rank wrote into its receivers' memory, helping
+    their single-copy reads: the links' `single_copy_helped`)."""
+    n, r = comm.size, comm.rank
+
+    def helped():
+        links = comm.dump_records()["links"]
+        return sum(link["single_copy_helped"] for link in links if link["transport"] == "shm")
+
+    before, failures = helped(), []
+    for k in range(calls):
+        ins = [np.random.default_rng([q, count, k, 17]).standard_normal(count).astype(np.float32)
+               for q in range(n)]
+        if op == "broadcast":
+            x = ins[r].copy()
+            comm.broadcast(x, 0)
+            if not np.array_equal(x, ins[0]):
+                failures.append(f"call {k}: broadcast differs from the root's buffer")
+        else:
+            parts = comm.allgather(ins[r])
+            if not all(np.array_equal(parts[q], ins[q]) for q in range(n)):
+                failures.append(f"call {k}: allgather differs from the inputs")
+    return failures, helped() - before
+
+
 def check_direct_fold_order(comm, count):
     """Direct allreduce and reduce_scatter on random float32: every element
     of owner r's block must have exactly the bits of adding the

@@ -590,6 +590,9 @@ pub struct LinkCounters {
     pub busy_ns: Counter,
     /// Messages sent by single copy.
     pub single_copy_sent: Counter,
+    /// Bytes of those this rank wrote into the receiver's memory itself,
+    /// helping the receiver's read.
+    pub single_copy_helped: Counter,
     /// Shared memory: futex wake-ups this rank sent the peer (a publish or
     /// a freed slot that found the peer asleep).
     pub doorbells_rung: Counter,
@@ -639,6 +642,7 @@ impl LinkCounters {
             msgs_recv: self.msgs_recv.get(),
             busy_ns: self.busy_ns.get(),
             single_copy_sent: self.single_copy_sent.get(),
+            single_copy_helped: self.single_copy_helped.get(),
             doorbells_rung: self.doorbells_rung.get(),
             paths: self
                 .paths
@@ -682,6 +686,9 @@ pub struct LinkStats {
     /// Messages sent by single copy (shared memory: read by the receiver
     /// straight from this rank's buffer).
     pub single_copy_sent: u64,
+    /// Bytes of those this rank wrote into the receiver's destination
+    /// itself (shared memory: the sender helps a large read).
+    pub single_copy_helped: u64,
     /// Shared memory: futex wake-ups sent to the peer (0 on TCP).
     pub doorbells_rung: u64,
     /// TCP: per path (local NIC k to the peer's NIC k).
