@@ -1618,33 +1618,22 @@ fn futex_wake(word: &AtomicU32) {
 /// Copies `dst.len()` bytes from address `addr` of process `pid` into `dst`
 /// (`process_vm_readv(2)`, looping over partial reads).
 fn cma_read(pid: u32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < dst.len() {
+    let len = dst.len();
+    cma_loop(len, "the peer's buffer ended early", |done| {
         let local = libc::iovec {
             iov_base: dst[done..].as_mut_ptr().cast(),
-            iov_len: dst.len() - done,
+            iov_len: len - done,
         };
         let remote = libc::iovec {
             iov_base: (addr + done as u64) as *mut libc::c_void,
-            iov_len: dst.len() - done,
+            iov_len: len - done,
         };
         // SAFETY: `local` describes `dst[done..]`, memory we own and may
         // write, for exactly its length; the kernel writes nothing else in
         // this process. `remote` is only read, in the other process, and the
         // kernel checks it there (EFAULT when it is not mapped).
-        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the peer's buffer ended early",
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(())
+        unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) }
+    })
 }
 
 /// Writes `src` into process `pid`'s memory at `addr`
@@ -1653,28 +1642,42 @@ fn cma_read(pid: u32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
 /// destination for this message and does not give it back to its caller
 /// until every chunk it let us claim is written (`CTL_HELP_DONE`).
 fn cma_write(pid: u32, addr: u64, src: &[u8]) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < src.len() {
+    let len = src.len();
+    cma_loop(len, "the receiver's range ended early", |done| {
         let local = libc::iovec {
             iov_base: src[done..].as_ptr().cast_mut().cast(),
-            iov_len: src.len() - done,
+            iov_len: len - done,
         };
         let remote = libc::iovec {
             iov_base: (addr + done as u64) as *mut libc::c_void,
-            iov_len: src.len() - done,
+            iov_len: len - done,
         };
         // SAFETY: `local` describes `src[done..]`, memory we own, which the
         // kernel only reads. `remote` is written in the other process only,
         // within the range it offered us (see above); the kernel checks it
         // there (EFAULT when it is not mapped).
-        let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) }
+    })
+}
+
+/// Calls `one(done)` (one `process_vm_readv`/`writev` of the bytes from
+/// `done` on, returning its result) until `len` bytes have moved: the
+/// kernel may move fewer than asked.
+fn cma_loop(
+    len: usize,
+    short: &str,
+    mut one: impl FnMut(usize) -> libc::ssize_t,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let n = one(done);
         if n < 0 {
             return Err(std::io::Error::last_os_error());
         }
         if n == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
-                "the receiver's range ended early",
+                short,
             ));
         }
         done += n as usize;
