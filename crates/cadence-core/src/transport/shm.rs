@@ -1317,18 +1317,19 @@ impl ShmLink {
             return;
         }
         let at = dst.as_ptr() as u64;
+        let chunk = help_chunk(rest);
         let ctl = |off| self.rx.ctl_u64(off);
         ctl(CTL_HELP_DST).store(at, Ordering::Relaxed);
         ctl(CTL_HELP_LEN).store(rest as u64, Ordering::Relaxed);
-        ctl(CTL_HELP_CHUNK).store(help_chunk(rest) as u64, Ordering::Relaxed);
+        ctl(CTL_HELP_CHUNK).store(chunk as u64, Ordering::Relaxed);
         ctl(CTL_HELP_DONE).store(help_word(tag, 0), Ordering::Relaxed);
         ctl(CTL_HELP_FAILED).store(0, Ordering::Relaxed);
         // Publishes the words above to the sender.
         ctl(CTL_HELP_CLAIM).store(help_word(tag, 0), Ordering::Release);
         self.help_rx = Some(HelpRx {
             tag,
-            chunk: help_chunk(rest),
-            chunks: rest.div_ceil(help_chunk(rest)) as u64,
+            chunk,
+            chunks: rest.div_ceil(chunk) as u64,
             mine: 0,
             claimed: 0,
             redone: 0,
@@ -1985,6 +1986,15 @@ mod tests {
         (dir, la, lb, ia, ib)
     }
 
+    /// [`pair_with`] in a directory of its own (`tag`): a pair whose
+    /// messages from `cma_min` bytes go by single copy.
+    fn cma_pair_in(tag: &str, cma_min: usize) -> (PathBuf, ShmLink, ShmLink, Inbox, Inbox) {
+        let dir = std::env::temp_dir().join(format!("cadence-cma-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (la, lb, ia, ib) = pair_with(&dir, 2, 0, 1, cma_min);
+        (dir, la, lb, ia, ib)
+    }
+
     /// A receive job that copies into `out`.
     fn copy_into(out: &mut [u8]) -> RecvJob {
         // SAFETY: the callers keep `out` to the job's end and touch it only
@@ -2216,9 +2226,7 @@ mod tests {
     /// receiver has read everything.
     #[test]
     fn large_messages_go_by_single_copy() {
-        let dir = std::env::temp_dir().join(format!("cadence-cma-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (mut la, mut lb, _ia, _ib) = pair_with(&dir, 2, 0, 1, 64 * 1024);
+        let (dir, mut la, mut lb, _ia, _ib) = cma_pair_in("test", 64 * 1024);
         assert!(
             la.single_copy() && lb.single_copy(),
             "this process can read itself"
@@ -2370,9 +2378,7 @@ mod tests {
     /// arrives, the last chunk partial.
     #[test]
     fn single_copy_reads_in_chunks_that_the_sender_may_share() {
-        let dir = std::env::temp_dir().join(format!("cadence-cma-chunks-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (mut la, mut lb, _ia, _ib) = pair_with(&dir, 2, 0, 1, 64 * 1024);
+        let (dir, mut la, mut lb, _ia, _ib) = cma_pair_in("chunks", 64 * 1024);
         let big = 9 * (1 << 20) + 100_003;
         let data: Vec<u8> = (0..big as u32).map(|i| (i * 29 % 251) as u8).collect();
         // One message of `len` bytes; the sender polls (and helps) after
@@ -2455,9 +2461,7 @@ mod tests {
     /// stops helping; a revoked offer lets the sender claim nothing more.
     #[test]
     fn a_failed_or_revoked_help_leaves_the_receiver_to_read() {
-        let dir = std::env::temp_dir().join(format!("cadence-cma-help-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (mut la, mut lb, _ia, _ib) = pair_with(&dir, 2, 0, 1, 64 * 1024);
+        let (dir, mut la, mut lb, _ia, _ib) = cma_pair_in("help", 64 * 1024);
         let len = 6 << 20;
         let data: Vec<u8> = (0..len as u32).map(|i| (i * 7 % 253) as u8).collect();
         // Lined up with `data` within a line: a destination shifted from the
@@ -2503,9 +2507,7 @@ mod tests {
     /// both calls, as for a data frame.
     #[test]
     fn single_copy_checks_the_length() {
-        let dir = std::env::temp_dir().join(format!("cadence-cma-len-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (mut la, mut lb, _ia, _ib) = pair_with(&dir, 2, 0, 1, 4096);
+        let (dir, mut la, mut lb, _ia, _ib) = cma_pair_in("len", 4096);
         let data = vec![1u8; 100_000];
         let mut out = vec![0u8; 50_000];
         // SAFETY: both outlive the jobs.
