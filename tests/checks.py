@@ -7,6 +7,8 @@ The inputs, references and comparison live in cadence.testbed.reference
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from cadence.testbed.reference import (  # noqa: F401 - re-exported for the tests
     DTYPES,
@@ -232,7 +234,9 @@ def helped_copies(comm, op, count, calls):
     """Runs `op` (broadcast or allgather) `calls` times on `count` random
     float32 per rank, each result checked against numpy, and returns
     (failures, bytes this rank wrote into its receivers' memory, helping
-    their single-copy reads: the links' `single_copy_helped`)."""
+    their single-copy reads: the links' `single_copy_helped`). Every rank
+    but 0 comes to each call 20 ms late, so that rank 0 has stopped
+    spinning and yielding and sleeps when its receivers offer it help."""
     n, r = comm.size, comm.rank
 
     def helped():
@@ -243,6 +247,9 @@ def helped_copies(comm, op, count, calls):
     for k in range(calls):
         ins = [np.random.default_rng([q, count, k, 17]).standard_normal(count).astype(np.float32)
                for q in range(n)]
+        comm.barrier()  # after the inputs: only the sleep below sets who is late
+        if r != 0:
+            time.sleep(0.02)
         if op == "broadcast":
             x = ins[r].copy()
             comm.broadcast(x, 0)
