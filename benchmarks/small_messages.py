@@ -9,6 +9,13 @@ drift hits both alike):
 - **broadcasts back to back**: `--nranks` ranks (default 4), root 0, 20 000
   calls after 2 000; the root's µs a call. With more ranks than cores this is
   how fast the ranks pass small messages along while they share the cores.
+- **streamed or batched**: `--nranks` ranks, broadcast and reduce (root
+  0) of 8 bytes, timed two ways: *stream*, 20 000 calls back to back (the
+  root's µs a call), and *batched*, as `cadence bench` times them: 2 000
+  samples of a barrier and then 16 calls, each rank's median µs a call,
+  the slowest rank's. With more ranks than cores the two part: the first
+  shows how fast calls pass once the ranks run, the second adds how the
+  ranks come out of each barrier.
 - **late receivers**: `--nranks` ranks; after a barrier every rank but the
   root sleeps half a second, and the root times 32 broadcasts of 8 bytes.
   A transport that holds small messages in the receiver's ring returns at
@@ -17,6 +24,7 @@ drift hits both alike):
 
     python benchmarks/small_messages.py --rounds 4
     python benchmarks/small_messages.py --rounds 4 --nranks 8 --only broadcast
+    python benchmarks/small_messages.py --rounds 4 --only batched
 
 Prints each round, then the median over rounds and Open MPI's time over
 cadence's (above 1: cadence faster). Needs `mpirun` and mpi4py for the Open
@@ -43,6 +51,8 @@ if lib == "mpi":
     send = lambda x, peer: comm.Send(x, dest=peer)
     recv = lambda x, peer: comm.Recv(x, source=peer)
     bcast = lambda x: comm.Bcast(x, root=0)
+    reduce = lambda x, y: comm.Reduce(x, y, op=MPI.SUM, root=0)
+    slowest = lambda v: comm.allreduce(v, op=MPI.MAX)
     barrier = comm.Barrier
 else:
     import cadence
@@ -51,6 +61,8 @@ else:
     send = lambda x, peer: comm.send(x, peer)
     recv = lambda x, peer: comm.recv(x, peer)
     bcast = lambda x: comm.broadcast(x, root=0)
+    reduce = lambda x, y: comm.reduce(x, root=0, out=y)
+    slowest = lambda v: float(comm.allreduce(np.array([v]), op="max")[0])
     barrier = comm.barrier
 out = []
 if what == "pingpong":
@@ -78,6 +90,26 @@ elif what == "broadcast":
         for _ in range(20000):
             bcast(x)
         out.append(f"{nbytes}={(time.perf_counter() - t) / 20000 * 1e6:.3f}")
+        barrier()
+elif what == "batched":
+    x, y = np.ones(2, np.float32), np.zeros(2, np.float32)
+    calls = {"bcast": lambda: bcast(x), "reduce": lambda: reduce(x, y)}
+    for name, call in calls.items():
+        for _ in range(2000):
+            call()
+        barrier()
+        t = time.perf_counter()
+        for _ in range(20000):
+            call()
+        out.append(f"{name}-stream={(time.perf_counter() - t) / 20000 * 1e6:.3f}")
+        samples = []
+        for _ in range(2000):
+            barrier()
+            t = time.perf_counter()
+            for _ in range(16):
+                call()
+            samples.append((time.perf_counter() - t) / 16)
+        out.append(f"{name}-batched={slowest(float(np.median(samples))) * 1e6:.3f}")
         barrier()
 else:  # late receivers
     x = np.zeros(2, np.float32)
@@ -123,15 +155,23 @@ def main() -> int:
     ap.add_argument("--nranks", type=int, default=4, help="ranks for the broadcasts (default 4)")
     ap.add_argument("--pingpong-sizes", default="8,64,512,2048,16384")
     ap.add_argument("--broadcast-sizes", default="8,1024")
-    ap.add_argument("--only", choices=["pingpong", "broadcast", "late"], action="append",
-                    help="run only these measurements (repeatable)")
+    ap.add_argument(
+        "--only",
+        choices=["pingpong", "broadcast", "batched", "late"],
+        action="append",
+        help="run only these measurements (repeatable)",
+    )
     ap.add_argument("--no-mpi", action="store_true", help="cadence only")
     args = ap.parse_args()
     libs = ["cadence"] if args.no_mpi else ["cadence", "mpi"]
     if not args.no_mpi and shutil.which("mpirun") is None:
         raise SystemExit("mpirun not found: install Open MPI and mpi4py, or pass --no-mpi")
-    plan = [("pingpong", 2, args.pingpong_sizes), ("broadcast", args.nranks, args.broadcast_sizes),
-            ("late", args.nranks, "-")]
+    plan = [
+        ("pingpong", 2, args.pingpong_sizes),
+        ("broadcast", args.nranks, args.broadcast_sizes),
+        ("batched", args.nranks, "-"),
+        ("late", args.nranks, "-"),
+    ]
     plan = [p for p in plan if not args.only or p[0] in args.only]
     results: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
@@ -143,12 +183,18 @@ def main() -> int:
                     got = run(lib, n, what, arg, f.name)
                     for key, v in got.items():
                         results.setdefault((what, key, lib), []).append(v)
-                    print(f"round {i + 1} {what} ({n} ranks) {lib}: "
-                          + " ".join(f"{k} {v}" for k, v in got.items()), flush=True)
+                    print(
+                        f"round {i + 1} {what} ({n} ranks) {lib}: "
+                        + " ".join(f"{k} {v}" for k, v in got.items()),
+                        flush=True,
+                    )
     finally:
         os.unlink(f.name)
-    print("# median over rounds, µs (ping-pong: half a round trip; broadcast: the root's time a "
-          "call; late: the root's 32 calls)")
+    print(
+        "# median over rounds, µs (ping-pong: half a round trip; broadcast and *-stream: the "
+        "root's time a call; *-batched: the slowest rank's median a call, 16 calls after a "
+        "barrier; late: the root's 32 calls)"
+    )
     for what, key in dict.fromkeys((w, k) for w, k, _ in results):
         meds = {lib: statistics.median(results[(what, key, lib)]) for lib in libs}
         line = f"{what:9} {key:>8}: " + "  ".join(f"{lib} {v:.3f}" for lib, v in meds.items())
