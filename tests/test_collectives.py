@@ -143,9 +143,10 @@ def test_senders_help_large_single_copies(n, transport, op):
     whichever claims each first: results checked against numpy at an odd
     size over several calls, and the links' counters prove senders wrote
     some of it. Receivers come late, so that a sender sleeps until its
-    receiver's offer wakes it (without that wake-up none helped; with it, a
-    late call now and then still finds no help: a wake-up on this VM can
-    take as long as the read, hence 8 calls)."""
+    receiver's offer wakes it (without that wake-up the 2-rank broadcast's
+    sender never helped; with it, a late call now and then still finds no
+    help: a wake-up on this VM can take as long as the read, hence 8
+    calls)."""
     res = assert_all_ok(run_ranks(helped_copies, n, transport=transport,
                                   args=(op, 3_000_007, 8), timeout=300))
     failures = {r: f for r, (f, _) in res.items() if f}

@@ -71,8 +71,9 @@
 //! (`revoke_help`). The offer rings the sender's doorbell: a sender that
 //! came early has stopped polling and sleeps (without the wake-up, a
 //! receiver 20 ms late was never helped). A sender that is busy elsewhere
-//! claims nothing, and the receiver reads it all, as before. Measured: a 2-rank 16 MiB broadcast
-//! 1.8-2x faster than by the receiver alone (docs/benchmarks.md).
+//! claims nothing, and the receiver reads it all, as before. Measured: a
+//! 2-rank 16 MiB broadcast 1.8-2x faster than by the receiver alone
+//! (docs/benchmarks.md).
 
 use super::{
     AbortNotice, LinkCounters, RecvJob, SendJob, StallNotice, WireHeader, ABORT_TEXT_MAX,
