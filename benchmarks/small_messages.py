@@ -65,6 +65,19 @@ else:
     slowest = lambda v: float(comm.allreduce(np.array([v]), op="max")[0])
     barrier = comm.barrier
 out = []
+
+
+def back_to_back(call, calls):
+    # µs a call of `calls` calls in a row, after 2 000 to warm up.
+    for _ in range(2000):
+        call()
+    barrier()
+    t = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
 if what == "pingpong":
     for nbytes in [int(s) for s in arg.split(",")]:
         x, y = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
@@ -73,35 +86,17 @@ if what == "pingpong":
                 send(x, 1); recv(y, 1)
             else:
                 recv(y, 0); send(x, 0)
-        for _ in range(2000):
-            trip()
-        barrier()
-        t = time.perf_counter()
-        for _ in range(10000):
-            trip()
-        out.append(f"{nbytes}={(time.perf_counter() - t) / 20000 * 1e6:.3f}")
+        out.append(f"{nbytes}={back_to_back(trip, 10000) / 2:.3f}")
 elif what == "broadcast":
     for nbytes in [int(s) for s in arg.split(",")]:
         x = np.ones(max(nbytes // 4, 1), np.float32)
-        for _ in range(2000):
-            bcast(x)
-        barrier()
-        t = time.perf_counter()
-        for _ in range(20000):
-            bcast(x)
-        out.append(f"{nbytes}={(time.perf_counter() - t) / 20000 * 1e6:.3f}")
+        out.append(f"{nbytes}={back_to_back(lambda: bcast(x), 20000):.3f}")
         barrier()
 elif what == "batched":
     x, y = np.ones(2, np.float32), np.zeros(2, np.float32)
     calls = {"bcast": lambda: bcast(x), "reduce": lambda: reduce(x, y)}
     for name, call in calls.items():
-        for _ in range(2000):
-            call()
-        barrier()
-        t = time.perf_counter()
-        for _ in range(20000):
-            call()
-        out.append(f"{name}-stream={(time.perf_counter() - t) / 20000 * 1e6:.3f}")
+        out.append(f"{name}-stream={back_to_back(call, 20000):.3f}")
         samples = []
         for _ in range(2000):
             barrier()
