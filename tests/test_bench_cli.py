@@ -23,6 +23,7 @@ from cadence.bench.common import (
     busbw_factor,
     format_size,
     layout,
+    p99,
     parse_size,
     pattern_modulus,
     size_sweep,
@@ -45,6 +46,7 @@ from cadence.cli.launch import (
     Job,
     Measure,
     Outcome,
+    collect,
     error_line,
     merge_rounds,
     worker_command,
@@ -54,7 +56,7 @@ from cadence.cli.report import build_table, json_records, render_plain, rounds_s
 
 RECORD_KEYS = {
     "backend", "op", "dtype", "bytes", "nranks", "algo", "chosen", "time_us", "p99_us",
-    "algbw", "busbw", "wrong",
+    "timing", "rank_time_us", "span_time_us", "algbw", "busbw", "wrong",
 }  # fmt: skip
 # What a run on this host adds: the cores' handover probes (`handover_us`).
 LOCAL_RECORD_KEYS = RECORD_KEYS | {"handover_us"}
@@ -236,9 +238,15 @@ def test_rounds_merge_into_medians_with_their_spread():
     ]
     rounds[1][0].waits = {0: {"naps": 2, "shared_core_waits": 1, "longest_idle_us": 90}}
     rounds[2][0].waits = {0: {"naps": 3, "shared_core_waits": 0, "longest_idle_us": 40}}
+    for r, (rank_us, span_us) in enumerate([(10.0, 12.0), (14.0, 19.0), (11.0, 13.0)]):
+        rounds[r][0].measures[8].rank_time_us = rank_us
+        rounds[r][0].measures[8].span_time_us = span_us
+    rounds[0][0].measures[1 << 20].span_time_us = 600.0  # the other rounds lack it
     cad, mpi = merge_rounds(rounds)
     m = cad.measures[8]
     assert (m.time_us, m.p99_us, m.wrong, m.round_times) == (11.0, 30.0, 1, [10.0, 14.0, 11.0])
+    assert (m.rank_time_us, m.span_time_us) == (11.0, 13.0)
+    assert cad.measures[1 << 20].span_time_us is None
     assert cad.measures[1 << 20].time_us == 500.0
     assert cad.waits == {0: {"naps": 5, "shared_core_waits": 1, "longest_idle_us": 90}}
     # A size some round did not measure has no median of the same rounds.
@@ -407,11 +415,49 @@ def test_chosen_algos_reads_the_check_calls():
 def test_every_sample_starts_at_a_barrier_and_times_a_batch():
     events: list[str] = []
     fns = [lambda: events.append("a"), lambda: events.append("b")]
-    times = time_ops(fns, iters=2, warmup=1, barrier=lambda: events.append("|"), batch=3)
+    samples = time_ops(fns, iters=2, warmup=1, barrier=lambda: events.append("|"), batch=3)
     # Warm-up: one batch of each, untimed and without barriers.
     assert events == ["a"] * 3 + ["b"] * 3 + ["|", "a", "a", "a", "|", "b", "b", "b"] + [
         "|", "b", "b", "b", "|", "a", "a", "a"]  # fmt: skip
-    assert [len(t) for t in times] == [2, 2]
+    assert [(s.batch, len(s.starts), len(s.ends)) for s in samples] == [(3, 2, 2)] * 2
+    a, b = samples
+    # On one clock, in the order they ran: a, b, then b, a.
+    assert a.starts[0] <= a.ends[0] <= b.starts[0] <= b.ends[0] <= b.starts[1] <= b.ends[1]
+    assert b.ends[1] <= a.starts[1] <= a.ends[1]
+    assert a.per_call == [(e - s) / 3 for s, e in zip(a.starts, a.ends, strict=True)]
+
+
+def _rank_records(outdir: Path, starts: list[list[float]], ends: list[list[float]], batch=2):
+    """Write the rank files a worker would: one size (8 B), each rank's own
+    median and p99 as the worker computes them, and the samples' clock times."""
+    for rank, (s, e) in enumerate(zip(starts, ends, strict=True)):
+        per_call = [(b - a) / batch for a, b in zip(s, e, strict=True)]
+        rec = {"rank": rank, "nranks": len(starts), "size": 8, "bytes": 8, "count": 2,
+               "time_us": float(np.median(per_call)) * 1e6, "p99_us": p99(per_call) * 1e6,
+               "wrong": 0, "batch": batch, "starts": s, "ends": e}  # fmt: skip
+        (outdir / f"rank{rank}.jsonl").write_text(json.dumps(rec) + "\n")
+
+
+def test_span_timing_counts_from_the_first_start_to_the_last_end(tmp_path):
+    """A rank that leaves the barrier late finds its data waiting and times
+    itself short; the rank timing takes the slowest rank's median, the span
+    timing each sample's first start to last end."""
+    # Three samples of a batch of 2 calls (seconds on the host's clock). Rank 1
+    # starts 4-6 us after rank 0 and ends 2 us after it.
+    starts = [[0.0, 100e-6, 200e-6], [4e-6, 106e-6, 205e-6]]
+    ends = [[10e-6, 110e-6, 212e-6], [12e-6, 112e-6, 214e-6]]
+    _rank_records(tmp_path, starts, ends)
+    for timing, median, tail in (("rank", 5.0, 6.0), ("span", 6.0, 7.0)):
+        job = _job(sizes=[8], nranks=2, timing=timing)
+        o = Outcome("cadence")
+        collect(job, tmp_path, o)
+        m = o.measures[8]
+        # rank: rank 0's samples are 5, 5, 6 us a call, rank 1's 4, 3, 4.5;
+        # span: 6, 6, 7 us a call; p99 sits just under the largest sample.
+        assert m.time_us == pytest.approx(median), timing
+        assert tail - 0.05 < m.p99_us <= tail, timing
+        # Both medians either way, for comparing them in one run.
+        assert (m.rank_time_us, m.span_time_us) == (pytest.approx(5.0), pytest.approx(6.0))
 
 
 def test_batches_shrink_with_the_message_and_agree_across_ranks():
@@ -541,6 +587,9 @@ def _assert_clean(rc, output, records, backends, op, sizes, nalgos=1):
         assert r["wrong"] == 0, output
         assert r["time_us"] > 0 and r["algbw"] > 0
         assert r["p99_us"] >= r["time_us"]  # the tail is never below the median
+        # The same samples in both timings; a span covers every rank's time.
+        assert r["time_us"] == r[f"{r['timing']}_time_us"]
+        assert r["span_time_us"] >= r["rank_time_us"] > 0
         # Two probes of the cores' handover, before and after the sweep.
         assert len(r["handover_us"]) == 2
         assert all(h is None or h > 0 for h in r["handover_us"])
@@ -662,8 +711,11 @@ def test_cadence_algo_list_end_to_end(tmp_path):
     rc, output, records = _bench(
         tmp_path, "--nranks", "2", "--op", "allgather", "-b", "64", "-e", "64K", "-f", "32",
         "-n", "3", "-w", "1", "--backends", "cadence", "--algo", "direct,auto",
+        "--timing", "span",
     )  # fmt: skip
     _assert_clean(rc, output, records, ["cadence"], "allgather", sizes=3, nalgos=2)
+    assert "timed first start to last end" in output
+    assert {r["timing"] for r in records} == {"span"}
     assert [r["algo"] for r in records] == ["direct"] * 3 + ["auto"] * 3
     assert {r["chosen"] for r in records[:3]} == {"direct"}
     groups = next(line for line in output.splitlines() if "cadence:" in line).split()
@@ -793,6 +845,8 @@ def test_fused_operator_bench_refuses_a_bad_shape(tmp_path):
     assert rc == 2 and "--shape and --tile-rows are for fused operators" in output, output
     rc, output, _ = _bench(tmp_path, "--op", "gemv_allreduce", "--rounds", "2")
     assert rc == 2 and "--rounds is for collectives" in output, output
+    rc, output, _ = _bench(tmp_path, "--op", "gemv_allreduce", "--timing", "span")
+    assert rc == 2 and "--timing is for collectives" in output, output
 
 
 def test_handover_probe_times_two_cores_and_needs_two():

@@ -140,3 +140,12 @@ def pattern_modulus(dtype: DType, nranks: int) -> int:
     """Check values lie in [0, modulus): small integers whose sum over all ranks
     is exact in `dtype`."""
     return max(1, min(97, dtype.max_exact // nranks))
+
+
+def p99(samples: list[float]) -> float:
+    """The 99th percentile of the samples (linear interpolation between the
+    two nearest, numpy's default): with the default 20 samples it sits
+    between the largest two, so one stalled sample shows."""
+    import numpy as np  # here, not at the top: this module stays cheap to import
+
+    return float(np.percentile(samples, 99))

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cadence.bench.worker import p99, time_ops
+from cadence.bench.common import p99
+from cadence.bench.worker import time_ops
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     wrong = _differ(calls["fused"](), calls["unfused"](), args.dtype)
     path = Path(args.out) / f"rank{comm.rank}.jsonl"
     with path.open("a") as f:
-        for name, samples in zip(names, times, strict=True):
+        for name, timed in zip(names, times, strict=True):
+            samples = timed.per_call
             f.write(json.dumps({
                 "op": args.op, "algo": name, "shape": shape, "dtype": args.dtype,
                 "rank": comm.rank, "nranks": comm.size,

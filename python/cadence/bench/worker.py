@@ -12,7 +12,10 @@ of back-to-back calls (16 for messages up to
 time.perf_counter; a sample is the batch's time per call, and the rank keeps
 the median. The barrier puts every sample on the same start (no rank still
 finishing the previous call), and the batch amortizes the barrier's own skew
-between ranks. Then a correctness check on fresh data: every
+between ranks. Each record also carries every sample's start and end on the
+host's monotonic clock, so that the launcher can time a sample from the first
+rank's start to the last rank's end (`cadence bench --timing span`). Then a
+correctness check on fresh data: every
 rank fills its input with small integers that depend on (rank, index), runs the
 collective once and counts the elements that differ from the result computed
 locally. Each rank appends one JSON line per size to `<out>/rank<R>.jsonl`; the
@@ -41,6 +44,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -56,6 +60,7 @@ from cadence.bench.common import (
     DType,
     Layout,
     layout,
+    p99,
     pattern_modulus,
 )
 
@@ -332,14 +337,30 @@ def check(
 # ---------------------------------------------------------------- the loop
 
 
+@dataclass
+class Samples:
+    """One call's timed samples: each batch's start and end, in seconds on
+    time.perf_counter (the host's monotonic clock, one for every process on
+    it), and the calls a batch made."""
+
+    batch: int
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+
+    @property
+    def per_call(self) -> list[float]:
+        """Each sample's seconds per call, as this rank saw it."""
+        return [(e - s) / self.batch for s, e in zip(self.starts, self.ends, strict=True)]
+
+
 def time_ops(
     fns: list[Callable[[], object]],
     iters: int,
     warmup: int,
     barrier: Callable[[], None],
     batch: int = 1,
-) -> list[list[float]]:
-    """Each call's `iters` samples, seconds per call. A sample is a barrier,
+) -> list[Samples]:
+    """Each call's `iters` samples. A sample is a barrier,
     then `batch` calls back to back timed together: every sample starts with
     all ranks in step, so an algorithm is not charged for the skew its
     predecessor left (a slow ring's stragglers would otherwise be timed as the
@@ -353,7 +374,7 @@ def time_ops(
     for fn in fns:
         for _ in range(warmup * batch):
             fn()
-    times: list[list[float]] = [[] for _ in fns]
+    samples = [Samples(batch) for _ in fns]
     gc.disable()  # a collection inside the loop would be timed as communication
     try:
         for k in turns(len(fns), iters):
@@ -362,17 +383,12 @@ def time_ops(
             t0 = time.perf_counter()
             for _ in range(batch):
                 fn()
-            times[k].append((time.perf_counter() - t0) / batch)
+            t1 = time.perf_counter()
+            samples[k].starts.append(t0)
+            samples[k].ends.append(t1)
     finally:
         gc.enable()
-    return times
-
-
-def p99(samples: list[float]) -> float:
-    """The 99th percentile of the samples (linear interpolation between the
-    two nearest, numpy's default): with the default 20 samples it sits
-    between the largest two, so one stalled sample shows."""
-    return float(np.percentile(samples, 99))
+    return samples
 
 
 def batch_calls(nbytes: int) -> int:
@@ -443,12 +459,13 @@ def run_size(
     inp = alloc(lay.in_count, dtype, offset)
     out = None if op in IN_PLACE_OPS else alloc(lay.out_count, dtype, offset)
     fns = [backend.bind(op, inp, out, algo) for algo in algos]
-    all_times = time_ops(fns, iters, warmup, backend.barrier, batch_calls(lay.nbytes))
+    all_samples = time_ops(fns, iters, warmup, backend.barrier, batch_calls(lay.nbytes))
     wrongs = [check(backend, op, dtype, lay, inp, out, algo) for algo in algos]
     named_algos = [a for a in algos if a is not None]
     chosen = chosen_algos(backend, op, named_algos) if named_algos else [None]
-    for algo, times, wrong, ran in zip(algos, all_times, wrongs, chosen, strict=True):
+    for algo, samples, wrong, ran in zip(algos, all_samples, wrongs, chosen, strict=True):
         named = {} if algo is None else {"algo": algo, "chosen": ran}
+        times = samples.per_call
         yield {
             "size": size,
             **named,
@@ -458,6 +475,9 @@ def run_size(
             "p99_us": p99(times) * 1e6,
             "min_us": min(times) * 1e6,
             "wrong": wrong,
+            "batch": samples.batch,
+            "starts": samples.starts,
+            "ends": samples.ends,
         }
 
 

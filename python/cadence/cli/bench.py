@@ -166,6 +166,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--mpirun-args", default="", help="extra arguments for mpirun, one string")
     p.add_argument(
+        "--timing", choices=("rank", "span"), default="rank",
+        help="how a sample is timed. rank (default, as nccl-tests and OSU do): each rank from "
+        "its own barrier exit to its last call's end, the slowest rank's median. span: from "
+        "the first rank's start to the last rank's end on the host's clock, what the job "
+        "waits for; with more ranks than cores a rank that starts late finds its data "
+        "waiting and times itself short, which span does not miss",
+    )  # fmt: skip
+    p.add_argument(
         "--rounds", type=_positive, default=1,
         help="run the whole sweep this many times, the backends in alternating order, and "
         "show medians over the rounds with their spread (1): ratios that hold on a noisy host",
@@ -524,10 +532,11 @@ def resolve_ranks(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if args.op in FUSED_OPS:
-        if args.rounds > 1:
-            print("cadence bench: --rounds is for collectives, not fused operators",
-                  file=sys.stderr)  # fmt: skip
-            return 2
+        for flag, given in (("--rounds", args.rounds > 1), ("--timing", args.timing != "rank")):
+            if given:
+                print(f"cadence bench: {flag} is for collectives, not fused operators",
+                      file=sys.stderr)  # fmt: skip
+                return 2
         return fused.run(args)
     if args.shape or args.tile_rows:
         print("cadence bench: --shape and --tile-rows are for fused operators", file=sys.stderr)
@@ -571,6 +580,7 @@ def run(args: argparse.Namespace) -> int:
         cluster=cluster,
         ranks_per_host=args.ranks_per_host,
         offset=args.offset,
+        timing=args.timing,
     )
     # Where ranks share this machine's cores, how fast two of them hand data
     # over, before and after the sweep (it can change meanwhile).
@@ -590,6 +600,7 @@ def run(args: argparse.Namespace) -> int:
         f"x{args.stepfactor}" + (f", cadence algos {','.join(algos)}" if algos else "")
         + (f", medians over {args.rounds} rounds" if args.rounds > 1 else "")
         + (f", buffers {args.offset} B past a page" if args.offset is not None else "")
+        + (", timed first start to last end" if job.timing == "span" else "")
     )
     copy_gbps = None
     if cluster:

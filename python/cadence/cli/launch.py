@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cadence.bench.common import format_size
+from cadence.bench.common import format_size, p99
 from cadence.testbed import Cluster
 from cadence.testbed import jobs as cluster_jobs
 
@@ -46,15 +46,23 @@ class Measure:
     size: int  # requested bytes
     nbytes: int  # bytes of the full buffer actually used
     count: int
-    time_us: float  # max over ranks of each rank's median
+    # The median sample: with `--timing rank` the max over ranks of each
+    # rank's median; with `--timing span` the median of the samples timed
+    # from the first rank's start to the last rank's end.
+    time_us: float
     wrong: int  # summed over ranks
     chosen: str | None = None  # cadence: the algorithm the timed calls ran (rank 0's word)
-    # Max over ranks of each rank's 99th percentile of its samples (None: the
-    # records did not say, e.g. written by an older worker).
+    # The 99th percentile in the same timing: the max over ranks of each
+    # rank's, or the spans' (None: the records did not say, e.g. written by an
+    # older worker).
     p99_us: float | None = None
     # With `--rounds`: each round's time_us, in round order (time_us and
     # p99_us are then the medians over the rounds).
     round_times: list[float] = field(default_factory=list)
+    # The median in both timings, whichever the table shows (None: not
+    # measured, e.g. a simulated or tuned figure), so that one run compares them.
+    rank_time_us: float | None = None
+    span_time_us: float | None = None
 
 
 @dataclass
@@ -77,6 +85,11 @@ class Outcome:
     @property
     def name(self) -> str:
         return self.label or self.backend
+
+
+def median_or_none(figures: list[float | None]) -> float | None:
+    """The median, or None where a round did not give the figure."""
+    return None if None in figures else statistics.median(figures)
 
 
 def merge_rounds(rounds: list[list[Outcome]]) -> list[Outcome]:
@@ -113,7 +126,6 @@ def merge_rounds(rounds: list[list[Outcome]]) -> list[Outcome]:
             ms = [o.measures.get(size) for o in same]
             if len(ms) < len(rounds) or any(x is None for x in ms):
                 continue
-            p99s = [x.p99_us for x in ms if x.p99_us is not None]
             out.measures[size] = Measure(
                 size=size,
                 nbytes=m.nbytes,
@@ -121,8 +133,10 @@ def merge_rounds(rounds: list[list[Outcome]]) -> list[Outcome]:
                 time_us=statistics.median(x.time_us for x in ms),
                 wrong=sum(x.wrong for x in ms),
                 chosen=m.chosen,
-                p99_us=statistics.median(p99s) if len(p99s) == len(ms) else None,
+                p99_us=median_or_none([x.p99_us for x in ms]),
                 round_times=[x.time_us for x in ms],
+                rank_time_us=median_or_none([x.rank_time_us for x in ms]),
+                span_time_us=median_or_none([x.span_time_us for x in ms]),
             )
         merged.append(out)
     return merged
@@ -149,6 +163,9 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     # Where every buffer starts past a page boundary (None: the allocator's choice).
     offset: int | None = None
+    # How a sample is timed: "rank" (each rank from its own barrier exit, the
+    # slowest rank's median) or "span" (first rank's start to last rank's end).
+    timing: str = "rank"
 
 
 def unavailable(backend: str) -> str | None:
@@ -387,16 +404,44 @@ def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
              and "time_us" in rec),
             key=lambda rec: rec.get("rank", 0),
         )  # fmt: skip
-        if len(recs) == job.nranks:
-            outcome.measures[size] = Measure(
-                size=size,
-                nbytes=recs[0]["bytes"],
-                count=recs[0]["count"],
-                time_us=max(r["time_us"] for r in recs),
-                wrong=sum(r["wrong"] for r in recs),
-                chosen=recs[0].get("chosen"),
-                p99_us=max((r["p99_us"] for r in recs if "p99_us" in r), default=None),
-            )
+        if len(recs) != job.nranks:
+            continue
+        rank_us = max(r["time_us"] for r in recs)
+        spans = span_samples(recs)
+        span_us = statistics.median(spans) * 1e6
+        if job.timing == "span":
+            time_us, p99_us = span_us, p99(spans) * 1e6
+        else:
+            time_us = rank_us
+            p99_us = max((r["p99_us"] for r in recs if "p99_us" in r), default=None)
+        outcome.measures[size] = Measure(
+            size=size,
+            nbytes=recs[0]["bytes"],
+            count=recs[0]["count"],
+            time_us=time_us,
+            wrong=sum(r["wrong"] for r in recs),
+            chosen=recs[0].get("chosen"),
+            p99_us=p99_us,
+            rank_time_us=rank_us,
+            span_time_us=span_us,
+        )
+
+
+def span_samples(recs: list[dict]) -> list[float]:
+    """Each sample's seconds per call from the first rank's start to the last
+    rank's end. Every rank runs the same samples in the same order, so the
+    k-th start of every rank belongs to the same sample; the ranks' clocks are
+    one (time.perf_counter is the host's monotonic clock, and every rank
+    `cadence bench` launches runs on this host, network namespaces included)."""
+    batch = recs[0]["batch"]
+    return [
+        (max(ends) - min(starts)) / batch
+        for starts, ends in zip(
+            zip(*(r["starts"] for r in recs), strict=True),
+            zip(*(r["ends"] for r in recs), strict=True),
+            strict=True,
+        )
+    ]
 
 
 def run_backend(

@@ -15,7 +15,8 @@ from cadence.cli.launch import Job, Measure, Outcome
 
 # time: the median sample (a sample: the mean of a batch of back-to-back
 # calls, see cadence.bench.worker); p99: the 99th percentile of the samples,
-# the tail a training step would feel. Both the slowest rank's.
+# the tail a training step would feel. Both the slowest rank's, or with
+# `--timing span` the samples' from the first rank's start to the last's end.
 BACKEND_COLUMNS = ("time(us)", "p99(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong")
 # auto counts as close to the best when auto/best, as the table shows it (two
 # decimals), is at least this: within 10% of the best algorithm's speed.
@@ -364,6 +365,10 @@ def json_records(job: Job, outcomes: list[Outcome]) -> list[dict]:
                 "chosen": m.chosen,
                 "time_us": m.time_us,
                 "p99_us": m.p99_us,
+                "timing": job.timing,
+                # Both timings' medians of the same samples (docs/bench-cli.md).
+                "rank_time_us": m.rank_time_us,
+                "span_time_us": m.span_time_us,
                 "algbw": bw,
                 "busbw": bw * factor,
                 "wrong": m.wrong,

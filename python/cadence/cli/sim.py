@@ -435,6 +435,8 @@ def run(args: argparse.Namespace) -> int:
         records = json_records(job, outcomes)
         for rec in records:
             rec.pop("p99_us", None)
+            for key in ("timing", "rank_time_us", "span_time_us"):
+                rec.pop(key, None)
             rec.pop("wrong", None)
             rec["simulated"] = True
             rec["topology"] = where
