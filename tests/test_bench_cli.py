@@ -260,6 +260,27 @@ def test_rounds_merge_into_medians_with_their_spread():
     assert note in build_table(job, [cad, mpi]).notes
 
 
+def test_a_note_says_when_the_two_timings_part():
+    job = _job()
+    cad, mpi = _outcome("cadence", {8: 10.0, 1 << 20: 500.0}), _outcome("mpi", {8: 4.0})
+    for m, span in ((cad.measures[8], 21.0), (cad.measures[1 << 20], 510.0),
+                    (mpi.measures[8], 4.4)):  # fmt: skip
+        m.rank_time_us, m.span_time_us = m.time_us, span
+    notes = build_table(job, [cad, mpi]).notes
+    # 8 B: 21 / 10 = 2.10; 1 MiB: 1.02; the median of two is the upper one.
+    assert ("ranks ran staggered: first start to last end over the slowest rank's own time "
+            "(median over sizes, worst): cadence 2.10x (worst 2.10x at 8), mpi 1.10x (worst "
+            "1.10x at 8); the table shows the slowest rank's own time (--timing rank)"
+            in notes), notes  # fmt: skip
+    assert notes[-1].startswith("#wrong total")
+    # Within 25 % everywhere: no note.
+    cad.measures[8].span_time_us = 12.0
+    assert not any("staggered" in n for n in build_table(job, [cad, mpi]).notes)
+    # Figures without both timings (simulated, tuned): no note either.
+    bare = build_table(job, [_outcome("cadence", {8: 1.0})])
+    assert not any("staggered" in n for n in bare.notes)
+
+
 def test_table_columns_ratios_and_notes():
     job = _job()
     outcomes = [

@@ -220,9 +220,9 @@ def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = Non
             )
     if with_auto:
         notes.append(auto_summary(job, outcomes))
-    spread = rounds_spread(outcomes)
-    if spread:
-        notes.append(spread)
+    for note in (rounds_spread(outcomes), timings_disagree(job, outcomes)):
+        if note:
+            notes.append(note)
     wrong = sum(m.wrong for o in outcomes for m in o.measures.values())
     notes.append(f"#wrong total: {wrong}")
     return notes
@@ -250,6 +250,41 @@ def rounds_spread(outcomes: list[Outcome]) -> str | None:
     return (
         f"round-to-round spread of the medians over {nrounds} rounds (slowest round / "
         "fastest; median over sizes, worst): " + ", ".join(parts)
+    )
+
+
+# The other timing is worth a note when some size's median moves this much
+# between them (docs/bench-cli.md, "Timing across ranks").
+TIMINGS_APART = 1.25
+
+
+def timings_disagree(job: Job, outcomes: list[Outcome]) -> str | None:
+    """Where the span across ranks is well above the slowest rank's own time
+    (ranks staggered: more ranks than cores, or a barrier that lets them out
+    apart), each backend's median and worst span/rank over the sizes, so
+    that a reader of the default table knows the other timing differs."""
+    parts, apart = [], False
+    for o in outcomes:
+        shares = [
+            (m.span_time_us / m.rank_time_us, m.nbytes)
+            for m in o.measures.values()
+            if m.span_time_us is not None and m.rank_time_us
+        ]
+        if not shares:
+            continue
+        mid = sorted(r for r, _ in shares)[len(shares) // 2]
+        worst, nbytes = max(shares)
+        apart = apart or worst >= TIMINGS_APART
+        parts.append(f"{o.name} {mid:.2f}x (worst {worst:.2f}x at {format_size(nbytes)})")
+    if not apart:
+        return None
+    shown = (
+        "first start to last end (--timing span)" if job.timing == "span"
+        else "the slowest rank's own time (--timing rank)"
+    )  # fmt: skip
+    return (
+        "ranks ran staggered: first start to last end over the slowest rank's own time "
+        f"(median over sizes, worst): {', '.join(parts)}; the table shows {shown}"
     )
 
 
