@@ -228,6 +228,14 @@ def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = Non
     return notes
 
 
+def median_and_worst(name: str, ratios: list[tuple[float, int]]) -> str:
+    """One backend's part of a note over sizes: the median of its (ratio,
+    bytes) pairs (the upper middle for an even count) and the worst one."""
+    mid = sorted(r for r, _ in ratios)[len(ratios) // 2]
+    worst, nbytes = max(ratios)
+    return f"{name} {mid:.2f}x (worst {worst:.2f}x at {format_size(nbytes)})"
+
+
 def rounds_spread(outcomes: list[Outcome]) -> str | None:
     """With `--rounds`: how steady each backend's medians were from round to
     round (a size's spread: its slowest round's median over its fastest's),
@@ -242,9 +250,7 @@ def rounds_spread(outcomes: list[Outcome]) -> str | None:
         if not spreads:
             continue
         nrounds = max(nrounds, *(len(m.round_times) for m in o.measures.values()))
-        mid = sorted(s for s, _ in spreads)[len(spreads) // 2]
-        worst, nbytes = max(spreads)
-        parts.append(f"{o.name} {mid:.2f}x (worst {worst:.2f}x at {format_size(nbytes)})")
+        parts.append(median_and_worst(o.name, spreads))
     if not parts:
         return None
     return (
@@ -272,10 +278,8 @@ def timings_disagree(job: Job, outcomes: list[Outcome]) -> str | None:
         ]
         if not shares:
             continue
-        mid = sorted(r for r, _ in shares)[len(shares) // 2]
-        worst, nbytes = max(shares)
-        apart = apart or worst >= TIMINGS_APART
-        parts.append(f"{o.name} {mid:.2f}x (worst {worst:.2f}x at {format_size(nbytes)})")
+        apart = apart or max(shares)[0] >= TIMINGS_APART
+        parts.append(median_and_worst(o.name, shares))
     if not apart:
         return None
     shown = (
