@@ -151,10 +151,12 @@ def test_flows_into_a_shared_uplink_take_no_retransmission_timeouts(make_cluster
     # in 7). Healthy, an incast still loses packets (hundreds of fast
     # retransmits a host) and now and then a retransmission too: with the
     # 2 cores also busy elsewhere (CI's suite; two `yes` hogs here) 3
-    # timeouts in 7 calls, once with one call at 1.16 s against 0.55.
+    # timeouts in 7 calls, once with one call at 1.16 s against 0.55, and
+    # once in a clean-clone CI run 4, with every call at 0.53-0.62 s. So
+    # the bound sits at 4, still well under the fault's 7-8.
     timeouts = sum(r["timeouts"] for r in recs)
     whole_job = _tcp_timeouts(cluster) - before
-    assert timeouts <= 3, (timeouts, whole_job, [r["seconds"] for r in recs])
+    assert timeouts <= 4, (timeouts, whole_job, [r["seconds"] for r in recs])
 
 
 def _u32_takes(matches: list[str], packet: bytes) -> bool:
