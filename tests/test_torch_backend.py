@@ -171,6 +171,7 @@ def test_killed_rank_raises_clear_error_within_timeout(transport):
         assert res["at"] - res["death"] <= timeout_s + 5, res
 
 
+@pytest.mark.hardware_skip
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensors_staged_through_host():
     out = all_ok(spawn(w.cuda_worker, 2, free_port(), timeout=180))

@@ -130,6 +130,7 @@ def _one_core(comm, fixed_spin):
     return min(rounds), comm.dump_records()["waits"]
 
 
+@pytest.mark.hardware_skip
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                     reason="needs 2 CPUs, so that 2 ranks get the policy of ranks with a core each")
 @pytest.mark.timeout(120)
