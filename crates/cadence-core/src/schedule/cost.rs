@@ -436,7 +436,7 @@ mod tests {
 
     #[test]
     fn with_racks_auto_takes_hierarchical_in_the_found_order() {
-        // Two ranks per host (the acceptance case of issue 14 at 4 × 2): a
+        // Two ranks per host on 4 hosts with two racks (docs/topology.md): a
         // torus keeps rank order and crosses the uplinks often.
         let f = interleaved_racks();
         let t = Topology::from_hosts(&[0, 0, 1, 1, 2, 2, 3, 3])

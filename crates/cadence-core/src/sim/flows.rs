@@ -1,5 +1,5 @@
 //! Flows sharing links by max-min fairness: the network half of the
-//! simulator (issue 15).
+//! simulator.
 //!
 //! Terms:
 //! - **link**: anything with a capacity in bytes/s that transfers share: a

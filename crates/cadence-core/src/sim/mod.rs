@@ -1,4 +1,4 @@
-//! The simulator (issue 15): cadence's own schedules, as the generators
+//! The simulator (docs/simulator.md): cadence's own schedules, as the generators
 //! build them and the selection code chooses them, run on a model of a
 //! cluster instead of a network.
 //!

@@ -1,4 +1,4 @@
-//! Cluster specs: the simulator's input, JSON a person writes (issue 15).
+//! Cluster specs: the simulator's input, JSON a person writes.
 //!
 //! ```json
 //! {"version": 1, "kind": "cadence-cluster",
