@@ -28,6 +28,12 @@
 //!   (abort, stall, progress);
 //! - here: [`ShmLink`], the face the engine sees, which decides per message
 //!   between the ring and single copy, and the configuration.
+//!
+//! `ShmLink`'s fields are declared here; its methods live with their
+//! concern, in an `impl ShmLink` block of the file above that owns it, so
+//! that a reader of the ring protocol, say, finds all of it in `ring.rs`.
+//! What the rest of the crate uses is re-exported here, under
+//! `transport::shm`.
 
 mod doorbell;
 mod help;

@@ -6,10 +6,10 @@
 //!   carry. So a small message takes a header slot and a few lines, not a
 //!   whole large slot, and a sender can run up to `nframes` small messages
 //!   ahead of its receiver (a broadcast's root need not wait for late
-//!   receivers; fixed 64 KiB slots held it up after a handful of calls).
-//!   The receiver owns `tail` (frames consumed, on its own cache lines),
-//!   which the sender caches and rereads only when the ring looks full
-//!   (reading a line the other core writes costs a cache miss).
+//!   receivers; with 8 fixed 64 KiB slots instead, it blocked at its ninth
+//!   call). The receiver owns `tail` (frames consumed, on its own cache
+//!   lines), which the sender caches and rereads only when the ring looks
+//!   full (reading a line the other core writes costs a cache miss).
 //! - **stamp**: the k-th frame's header slot carries stamp k+1, written
 //!   last; the receiver polls the stamp of the header it expects next, so it
 //!   touches no separate counter (as NCCL's low-latency protocol puts flags
