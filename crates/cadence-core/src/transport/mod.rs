@@ -695,6 +695,22 @@ pub struct LinkStats {
     pub paths: Vec<PathStats>,
 }
 
+/// What an idle engine waits on for one transfer that cannot move now
+/// ([`Link::wait_on`]). The engine gathers these over its transfers and
+/// blocks once: in poll(2) on every socket, on its shared-memory doorbell,
+/// or in short turns of each.
+pub enum WaitOn<P> {
+    /// The kernel says when: `poll(2)` these entries.
+    Poll(P),
+    /// The peer rings this rank's doorbell (the futex word in its
+    /// [`shm::Inbox`]) when it publishes; after raising the sleep flag the
+    /// engine asks [`Link::ready`] once more, for a publish that came first.
+    Doorbell,
+}
+
+/// Blocks in poll(2) on `fds` for at most `timeout` (sleeps when empty).
+pub use tcp::poll_fds;
+
 /// A connection to one peer, over shared memory or TCP.
 pub enum Link {
     Shm(shm::ShmLink),
@@ -723,13 +739,63 @@ impl Link {
     pub fn is_tcp(&self) -> bool {
         matches!(self, Link::Tcp(_))
     }
-    /// For shared memory: whether a send (`send = true`) or receive could
-    /// move now. TCP links answer `false` (poll(2) tells for them).
-    pub fn shm_ready(&self, send: bool) -> bool {
+    /// Whether this link has several paths, and so background work
+    /// ([`Link::maintain`]).
+    pub fn multipath(&self) -> bool {
+        match self {
+            Link::Tcp(l) => l.multipath(),
+            Link::Shm(_) => false,
+        }
+    }
+    /// What to wait on while a send (`send = true`) or receive to this peer
+    /// cannot move; `started`: the job's `started` (the link has begun it).
+    pub fn wait_on(
+        &self,
+        send: bool,
+        started: bool,
+    ) -> WaitOn<impl Iterator<Item = libc::pollfd> + '_> {
+        match self {
+            Link::Tcp(l) => {
+                let events = if send { libc::POLLOUT } else { libc::POLLIN };
+                WaitOn::Poll(l.waiting_fds(send, started).map(move |fd| libc::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                }))
+            }
+            Link::Shm(_) => WaitOn::Doorbell,
+        }
+    }
+    /// What else to poll while this link writes chunks on its own (sent
+    /// again after a path failed, or the rest of a completed send), with no
+    /// send of the engine's to this peer pending.
+    pub fn background_wait(&self) -> impl Iterator<Item = libc::pollfd> + '_ {
+        let fds = match self {
+            Link::Tcp(l) => Some(l.background_fds()),
+            Link::Shm(_) => None,
+        };
+        fds.into_iter().flatten().map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        })
+    }
+    /// Whether a send (`send = true`) or receive that waits on the doorbell
+    /// ([`WaitOn::Doorbell`]) could move now. Links waited on by poll(2)
+    /// answer `false` (the kernel tells for them).
+    pub fn ready(&self, send: bool) -> bool {
         match self {
             Link::Shm(l) if send => l.tx_ready(),
             Link::Shm(l) => l.rx_ready(),
             Link::Tcp(_) => false,
+        }
+    }
+    /// Where the peer says it stands in its collectives, against operation
+    /// `seq`, for a timeout's text (`None` where the link cannot tell).
+    pub fn describe_peer_progress(&self, peer: usize, seq: u64) -> Option<String> {
+        match self {
+            Link::Shm(l) => Some(l.peer_progress().describe(peer, seq)),
+            Link::Tcp(_) => None,
         }
     }
     /// Checks, cheaply, whether the peer is known to be gone.
