@@ -61,7 +61,8 @@ use tuning::{MAINTAIN_EVERY, SPIN, YIELD, YIELD_HANDED_MIN};
 /// A streamed message moves only while its sender and receiver both run,
 /// which ranks crowding the cores make rare: beyond `STREAM_RANKS_PER_CORE`
 /// every message goes by single copy.
-// A shared-memory policy, kept here until the shared-memory transport has a folder of its own.
+// Decided here, not in `transport::shm`: it reads the schedule's algorithm, and the transports sit
+// below the schedule layer; shared memory only honours each job's `prefer_stream`.
 pub fn prefers_stream(coll: CollKind, algo: Algo) -> bool {
     match coll {
         CollKind::Reduce => true,
