@@ -88,14 +88,14 @@ fn drive(
         t += MS;
         kernel.run(MS);
         kernel.report(mp, t);
-        for s in 0..kernel.queued.len() {
+        for (s, took) in taken.iter_mut().enumerate() {
             while mp.stream_up(s)
                 && kernel.queued[s] < room
                 && mp.first_to_finish(CHUNK, &tx, t) == s
             {
                 kernel.write(mp, s, chunk_header(*msg, 0));
                 *msg = msg.wrapping_add(1);
-                taken[s] += 1;
+                *took += 1;
             }
         }
     }
