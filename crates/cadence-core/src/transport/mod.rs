@@ -14,7 +14,7 @@
 pub mod handshake;
 pub mod shm;
 pub mod tcp;
-pub mod tcp_setup;
+pub use tcp::setup as tcp_setup;
 
 use crate::copy::copy_bytes;
 use crate::error::ErrorKind;

@@ -1,5 +1,6 @@
 //! Setting up TCP streams: the thin socket loops that drive the handshake
-//! machines of `handshake.rs`.
+//! machines of `transport/handshake.rs`. Reached as `transport::tcp_setup`
+//! as well.
 //!
 //! - [`connect`] (the higher rank) is a blocking loop: connect, HELLO,
 //!   CHALLENGE, PROOF, WELCOME, each read bounded by the bootstrap deadline.
@@ -8,8 +9,10 @@
 //!   a stranger that connects and says nothing (or says garbage) costs the
 //!   job nothing: members keep getting through around it.
 
-use super::handshake::{fresh_nonce, Acceptor, Connector, JobSecret, Reject, Step, StreamKey};
-use super::tcp::poll_fds;
+use super::socket::poll_fds;
+use crate::transport::handshake::{
+    fresh_nonce, Acceptor, Connector, JobSecret, Reject, Step, StreamKey,
+};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
