@@ -28,66 +28,23 @@ after the first rank gave up (a rank frozen, then resumed) do not count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from cadence.diagnosis.dumps import Dump, Msg, Op
-
-HEALTHY, NONCOMM_HANG, COMM_HANG, MISMATCH = "healthy", "noncomm_hang", "comm_hang", "mismatch"
-COMM_SLOW, NONCOMM_SLOW = "comm_slow", "noncomm_slow"  # slow.py
-CLASSES = (HEALTHY, NONCOMM_HANG, COMM_HANG, MISMATCH, COMM_SLOW, NONCOMM_SLOW)
+from cadence.diagnosis.slow import diagnose_slow
+from cadence.diagnosis.verdict import (  # noqa: F401 - also importable from here
+    CLASSES,
+    COMM_HANG,
+    COMM_SLOW,
+    HEALTHY,
+    MISMATCH,
+    NONCOMM_HANG,
+    NONCOMM_SLOW,
+    Verdict,
+    VerdictClass,
+    ranks_text,
+)
 
 #: Slack on top of the clocks' error bounds when comparing times of ranks.
 TOLERANCE_S = 0.1
-
-
-@dataclass
-class Verdict:
-    cls: str
-    headline: str
-    comm: str | None = None
-    op: Op | None = None
-    ranks: list[int] = field(default_factory=list)
-    links: list[tuple[int, int]] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)
-    evidence: list[str] = field(default_factory=list)
-    job: str | None = None
-    #: Seconds since the epoch (rank 0's clock) when the operation got stuck.
-    since: float | None = None
-    #: Python stacks of the named ranks (live diagnosis), faulthandler style.
-    stacks: dict[int, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        op = None
-        if self.op is not None:
-            op = {"comm": self.comm, "seq": self.op.seq, "collective": self.op.collective,
-                  "bytes": self.op.bytes}
-        return {
-            "class": self.cls, "verdict": self.headline, "job": self.job, "op": op,
-            "ranks": self.ranks, "links": [list(x) for x in self.links], "hosts": self.hosts,
-            "evidence": self.evidence,
-            **({"stacks": {str(r): t for r, t in self.stacks.items()}} if self.stacks else {}),
-        }
-
-    def text(self) -> str:
-        lines = [f"cadence doctor: {self.headline}"]
-        lines += [f"  {e}" for e in self.evidence]
-        for r, text in sorted(self.stacks.items()):
-            lines.append(f"  rank {r}'s Python stack when the others were stuck:")
-            lines += [f"    {x}" for x in text.rstrip().splitlines()]
-        return "\n".join(lines)
-
-
-def ranks_text(ranks) -> str:
-    """`0-3,5`"""
-    rs = sorted(set(ranks))
-    out, i = [], 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def _short(status: str, n: int = 160) -> str:
@@ -176,8 +133,6 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         p2p = _p2p_stuck(c)
         if p2p is not None:
             return p2p
-        from cadence.diagnosis.slow import diagnose_slow
-
         slow = diagnose_slow(list(c.by_rank.values()))
         return slow if slow is not None else _healthy(c)
     recs = {r: ops.get(k) for r, ops in c.colls.items()}

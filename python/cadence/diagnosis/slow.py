@@ -56,8 +56,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from cadence.diagnosis.classify import COMM_SLOW, NONCOMM_SLOW, Verdict, ranks_text
 from cadence.diagnosis.dumps import Dump, Op
+from cadence.diagnosis.verdict import COMM_SLOW, NONCOMM_SLOW, Verdict, ranks_text
 
 # --- thresholds ---------------------------------------------------------------
 # Chosen from real runs on the emulated cluster (4 hosts x 2 ranks, 1 Gbit/s
