@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cadence.bench.fused import FUSED_OPS, VARIANTS
 from cadence.cli.launch import Job, read_records, run_program
+from cadence.cli.options import resolve_ranks
 
 
 def _ms(us: float) -> str:
@@ -49,8 +50,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"cadence bench: {args.op} runs float32 or bfloat16, not {args.dtype}",
               file=sys.stderr)  # fmt: skip
         return 2
-    from cadence.cli.bench import resolve_ranks
-
     try:
         cluster, nranks = resolve_ranks(args)
     except ValueError as e:

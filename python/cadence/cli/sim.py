@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 from cadence.bench.common import DTYPES, OPS, format_size, layout, size_sweep
-from cadence.cli.bench import _positive, add_sweep_arguments
 from cadence.cli.launch import Job, Measure, Outcome
+from cadence.cli.options import _positive, add_sweep_arguments
 from cadence.cli.report import build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import payload_share
 

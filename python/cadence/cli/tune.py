@@ -58,15 +58,9 @@ from pathlib import Path
 
 from cadence import testbed
 from cadence.bench.common import DTYPES, OPS, format_size, size_sweep
-from cadence.cli.bench import (
-    Reporter,
-    _positive,
-    add_cluster_arguments,
-    add_sweep_arguments,
-    resolve_ranks,
-    unwind_on_signals,
-)
+from cadence.cli.bench import Reporter, unwind_on_signals
 from cadence.cli.launch import Job, Outcome, run_backend, run_program, units
+from cadence.cli.options import _positive, add_cluster_arguments, add_sweep_arguments, resolve_ranks
 from cadence.cli.report import Column, Table, best, print_rich, render_plain
 
 NAME = "tune"
