@@ -1,0 +1,58 @@
+"""Which modules of the package are the library and which are its tools.
+
+The library is what a user's program imports: `cadence` (the communicator),
+`cadence.torch`, `cadence.fused`, `cadence.topo` and the live diagnosis
+with the classifier it runs inside a job. The tools are what the `cadence`
+command and the test rigs run: the CLI, the benchmark harness, the testbed
+(emulated clusters, soak runs, campaigns) and the post-mortem reports.
+
+Two rules keep the library light and the package untangled (checked by
+tests/test_layers.py, which reads every `import` in the package):
+
+- no library module imports a tool module, not even inside a function:
+  a training job never loads the CLI or the testbed;
+- the import graph has no cycle: every module can be read, tested and
+  replaced on top of the ones it imports.
+
+A module belongs to the longest prefix listed below that names it or a
+package above it; every module must be listed under one of the two.
+"""
+
+from __future__ import annotations
+
+LIBRARY = (
+    "cadence",  # the package root: init, Communicator, the torch hook
+    "cadence._buffers",
+    "cadence._communicator",
+    "cadence._core",  # the compiled core (crates/cadence-py)
+    "cadence._layers",
+    "cadence.diagnosis",  # the package root re-exports the classifier
+    "cadence.diagnosis.classify",
+    "cadence.diagnosis.dumps",
+    "cadence.diagnosis.live",
+    "cadence.diagnosis.metrics",
+    "cadence.diagnosis.slow",
+    "cadence.diagnosis.verdict",
+    "cadence.fused",
+    "cadence.topo",
+    "cadence.torch",
+)
+
+TOOLS = (
+    "cadence.bench",
+    "cadence.cli",
+    "cadence.diagnosis.exclude",
+    "cadence.diagnosis.report_html",
+    "cadence.diagnosis.trace",
+    "cadence.testbed",
+    "cadence.topo.draw",  # `cadence topo show --png`
+)
+
+
+def layer(module: str) -> str | None:
+    """"library", "tools", or None for a module listed under neither."""
+    best, where = "", None
+    for name, kind in [(m, "library") for m in LIBRARY] + [(m, "tools") for m in TOOLS]:
+        if (module == name or module.startswith(name + ".")) and len(name) > len(best):
+            best, where = name, kind
+    return where
