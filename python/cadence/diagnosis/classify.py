@@ -28,7 +28,7 @@ after the first rank gave up (a rank frozen, then resumed) do not count.
 
 from __future__ import annotations
 
-from cadence.diagnosis.dumps import Dump, Msg, Op
+from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
 from cadence.diagnosis.slow import diagnose_slow
 from cadence.diagnosis.verdict import (  # noqa: F401 - also importable from here
     CLASSES,
@@ -372,15 +372,15 @@ def _at(d: Dump, m: Msg, t_fail: float | None, tol: float) -> tuple[str, int | N
         return m.state, m.moved, ""
     later = f"it moved only {last - t_fail:.3f}s later"
     if first is not None and first > t_fail + tol:
-        return "pending", 0, later
-    return "pending", None, later
+        return MsgState.PENDING, 0, later
+    return MsgState.PENDING, None, later
 
 
 def _sent_in(c: _Comm, present: dict[int, Op], m: int) -> bool:
     """Whether data from rank `m` arrived at any rank in this operation."""
     for o in present.values():
         for x in o.messages or ():
-            if x.dir == "recv" and x.peer == m and (x.moved > 0 or x.state == "done"):
+            if x.dir == "recv" and x.peer == m and (x.moved > 0 or x.state == MsgState.DONE):
                 return True
     return False
 
@@ -418,7 +418,7 @@ def _stalled_links(c: _Comm, present: dict[int, Op], t_fail: float | None):
             continue
         for j, m in enumerate(ms):
             view = at(dst, m)
-            if view[0] != "pending":
+            if view[0] != MsgState.PENDING:
                 continue
             rx = f"rank {dst}'s receive {j + 1} from rank {src} pending ({moved(m, view)})"
             if src not in present or present[src].messages is None:
@@ -426,11 +426,11 @@ def _stalled_links(c: _Comm, present: dict[int, Op], t_fail: float | None):
                 links.setdefault((src, dst), []).append(f"{rx}; rank {src} {why}")
                 continue
             sends = msgs.get((src, dst, "send"), [])
-            if j >= len(sends) or at(src, sends[j])[0] == "held":
+            if j >= len(sends) or at(src, sends[j])[0] == MsgState.HELD:
                 deps.add((dst, src))  # src had not got there: it waits itself
                 continue
             sv = at(src, sends[j])
-            if sv[0] == "done":
+            if sv[0] == MsgState.DONE:
                 t = c.by_rank[src].wall(sends[j].last_ns)
                 links.setdefault((src, dst), []).append(
                     f"{rx}, but rank {src}'s send had finished at {c.rel(t)}: the data left "
@@ -444,7 +444,7 @@ def _stalled_links(c: _Comm, present: dict[int, Op], t_fail: float | None):
             continue
         for j, m in enumerate(ms):
             view = at(src, m)
-            if view[0] == "pending":
+            if view[0] == MsgState.PENDING:
                 links.setdefault((src, dst), []).append(
                     f"rank {src}'s send {j + 1} to rank {dst} pending ({moved(m, view)}); "
                     f"rank {dst} left no dump")
@@ -503,7 +503,7 @@ def _stall_began(c: _Comm, present: dict[int, Op], cross) -> float | None:
             o = present.get(r)
             for m in (o.messages or []) if o is not None else []:
                 if m.peer == peer and m.dir == want and m.last_ns is not None and (
-                        want == "recv" or m.state == "done"):
+                        want == "recv" or m.state == MsgState.DONE):
                     t.append(c.by_rank[r].wall(m.last_ns))
         if t:
             times.append(max(t))

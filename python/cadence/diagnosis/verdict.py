@@ -21,6 +21,8 @@ class VerdictClass(StrEnum):
     MISMATCH = "mismatch"
     COMM_SLOW = "comm_slow"
     NONCOMM_SLOW = "noncomm_slow"
+    #: Not a finding: the live diagnosis itself failed (the evidence says why).
+    UNKNOWN = "unknown"
 
 
 HEALTHY = VerdictClass.HEALTHY
@@ -29,7 +31,8 @@ COMM_HANG = VerdictClass.COMM_HANG
 MISMATCH = VerdictClass.MISMATCH
 COMM_SLOW = VerdictClass.COMM_SLOW
 NONCOMM_SLOW = VerdictClass.NONCOMM_SLOW
-CLASSES = tuple(VerdictClass)
+#: The classes the classifier finds.
+CLASSES = (HEALTHY, NONCOMM_HANG, COMM_HANG, MISMATCH, COMM_SLOW, NONCOMM_SLOW)
 
 
 @dataclass
@@ -54,7 +57,7 @@ class Verdict:
             op = {"comm": self.comm, "seq": self.op.seq, "collective": self.op.collective,
                   "bytes": self.op.bytes}
         return {
-            "class": self.cls, "verdict": self.headline, "job": self.job, "op": op,
+            "class": str(self.cls), "verdict": self.headline, "job": self.job, "op": op,
             "ranks": self.ranks, "links": [list(x) for x in self.links], "hosts": self.hosts,
             "evidence": self.evidence,
             **({"stacks": {str(r): t for r, t in self.stacks.items()}} if self.stacks else {}),
