@@ -20,7 +20,6 @@ import operator
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cadence.bench.common import format_size, p99
-from cadence.testbed import Cluster
+from cadence.testbed import Cluster, processes
 from cadence.testbed import jobs as cluster_jobs
 
 # Where the `cadence` package lives, so the workers run this very code.
@@ -302,25 +301,6 @@ def _popen(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         )  # fmt: skip
 
 
-def kill(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
-    """SIGTERM each rank's process group, then SIGKILL what is left after `grace`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-        end = time.monotonic() + grace
-        while time.monotonic() < end and any(p.poll() is None for p in procs):
-            time.sleep(0.05)
-    for p in procs:
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-
-
 def read_records(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -336,15 +316,6 @@ def read_records(path: Path) -> list[dict]:
 def units_done(outdir: Path) -> int:
     """Records rank 0 has written: one per size (and algorithm, for cadence)."""
     return sum(1 for r in read_records(outdir / "rank0.jsonl") if "size" in r)
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 _EXC_RE = re.compile(r"^\s*([\w.]+(Error|Exception|Interrupt|Exit)\b.*)$")
@@ -367,20 +338,12 @@ def supervise(
 ) -> tuple[str | None, int | None]:
     """Wait for the ranks: (None, None) if all succeeded, else (why, which proc
     failed or None). Kills everything on the first failure or at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        poll()
-        codes = [p.poll() for p in procs]
-        for i, code in enumerate(codes):
-            if code not in (None, 0):
-                kill(procs)
-                return describe_exit(code), i
-        if all(code == 0 for code in codes):
-            return None, None
-        if time.monotonic() > deadline:
-            kill(procs)
-            return f"timed out after {timeout:g} s", None
-        time.sleep(0.1)
+    result = processes.supervise(dict(enumerate(procs)), timeout, grace=0.0, poll=poll)
+    if result.first is not None:
+        return processes.describe_exit(result.exits[result.first]), result.first
+    if result.status != 0:
+        return f"timed out after {timeout:g} s", None
+    return None, None
 
 
 def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
@@ -467,7 +430,7 @@ def run_backend(
     try:
         why, which = supervise(procs, job.timeout, lambda: on_progress(units_done(outdir)))
     finally:
-        kill(procs)  # no-op unless interrupted
+        processes.terminate(procs)  # no-op unless interrupted
     seconds = time.monotonic() - start
     for o in outcomes:
         o.seconds = seconds
@@ -490,7 +453,7 @@ def run_program(job: Job, cmd: list[str], outdir: Path) -> str | None:
     try:
         why, which = supervise(procs, job.timeout, lambda: None)
     finally:
-        kill(procs)
+        processes.terminate(procs)
     if why is None:
         return None
     logs = [outdir / f"rank{which}.log"] if which is not None else sorted(outdir.glob("*.log"))
