@@ -52,7 +52,7 @@ from cadence.bench.common import (
 )
 from cadence.bench.fused import FUSED_OPS
 from cadence.cli import fused, plot
-from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, merge_rounds, run_backend, units
+from cadence.cli.launch import BACKEND_NAMES, Outcome, Workload, merge_rounds, run_backend, units
 from cadence.cli.options import (  # noqa: F401 - also importable from here
     _positive,
     _size,
@@ -314,7 +314,7 @@ def unwind_on_signals() -> None:
     signal.signal(signal.SIGHUP, _exit_on_signal)
 
 
-def sweep(job: Job, backends: list[str]) -> list[Outcome]:
+def sweep(job: Workload, backends: list[str]) -> list[Outcome]:
     """Run `job` on each backend in turn; a failing one does not stop the others."""
     unwind_on_signals()
     outcomes = []
@@ -333,7 +333,7 @@ def sweep(job: Job, backends: list[str]) -> list[Outcome]:
     return outcomes
 
 
-def sweep_rounds(job: Job, backends: list[str], rounds: int) -> list[Outcome]:
+def sweep_rounds(job: Workload, backends: list[str], rounds: int) -> list[Outcome]:
     """`sweep` `rounds` times, the backends in the given order and then
     reversed, in turn (so that drift on a shared host hits them alike),
     merged into medians over the rounds (see `merge_rounds`)."""
@@ -393,7 +393,7 @@ def plot_problem(path: str) -> str | None:
     return None
 
 
-def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
+def link_notes(job: Workload, outcomes: list[Outcome]) -> list[str]:
     """How close each backend came to the link rate, and any link that is not
     as the cluster was brought up (throttled or cut since)."""
     cluster = job.cluster
@@ -516,7 +516,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
-    job = Job(
+    job = Workload(
         op=args.op,
         dtype=args.dtype,
         sizes=sizes,

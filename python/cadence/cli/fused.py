@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from cadence.bench.fused import FUSED_OPS, VARIANTS
-from cadence.cli.launch import Job, read_records, run_program
+from cadence.cli.launch import Workload, read_records, run_program
 from cadence.cli.options import resolve_ranks
 
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
-    job = Job(op=args.op, dtype=args.dtype, sizes=[], nranks=nranks, iters=args.iters,
+    job = Workload(op=args.op, dtype=args.dtype, sizes=[], nranks=nranks, iters=args.iters,
               warmup=max(0, args.warmup_iters), timeout=args.timeout, cluster=cluster,
               ranks_per_host=args.ranks_per_host)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="cadence-bench-") as workdir:

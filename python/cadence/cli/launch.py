@@ -5,10 +5,10 @@ RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); mpi ranks are started by
 mpirun. Every rank runs `python -m cadence.bench.worker` and appends its results
 to <workdir>/rank<R>.jsonl; `collect` merges them. A rank that fails or a launch
 that outlives its deadline is killed (its whole process group) and reported.
-cadence's ranks time all of `Job.algos` in one launch (`--algos`), which comes
+cadence's ranks time all of `Workload.algos` in one launch (`--algos`), which comes
 back as one Outcome per algorithm.
 
-On an emulated cluster (`Job.cluster`) the ranks run inside the hosts'
+On an emulated cluster (`Workload.cluster`) the ranks run inside the hosts'
 namespaces instead, placed and configured by cadence.testbed.jobs.
 """
 
@@ -142,7 +142,7 @@ def merge_rounds(rounds: list[list[Outcome]]) -> list[Outcome]:
 
 
 @dataclass
-class Job:
+class Workload:
     """What every rank of every backend is asked to run."""
 
     op: str
@@ -192,7 +192,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_env(job: Job, backend: str) -> dict[str, str]:
+def worker_env(job: Workload, backend: str) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     path = env.get("PYTHONPATH")
@@ -204,21 +204,21 @@ def worker_env(job: Job, backend: str) -> dict[str, str]:
     return env
 
 
-def cadence_algos(job: Job) -> list[str]:
+def cadence_algos(job: Workload) -> list[str]:
     """The algorithms cadence's ranks time, in order."""
     return list(job.algos) if job.algos else ["auto"]
 
 
-def cadence_label(job: Job, algo: str) -> str:
+def cadence_label(job: Workload, algo: str) -> str:
     return f"cadence:{algo}" if job.algos else "cadence"
 
 
-def units(job: Job, backend: str) -> int:
+def units(job: Workload, backend: str) -> int:
     """Records one rank writes for the whole sweep (for the progress bar)."""
     return len(job.sizes) * (len(cadence_algos(job)) if backend == "cadence" else 1)
 
 
-def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
+def worker_command(job: Workload, backend: str, outdir: Path) -> list[str]:
     return [
         sys.executable, "-m", "cadence.bench.worker",
         "--backend", backend,
@@ -235,7 +235,7 @@ def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
 
 
 def spawn(
-    job: Job, backend: str, outdir: Path, cmd: list[str] | None = None
+    job: Workload, backend: str, outdir: Path, cmd: list[str] | None = None
 ) -> list[subprocess.Popen]:
     """Start the ranks; each in its own session so that a kill reaches its children.
     They run the bench worker, or `cmd` (a program of one rank, as the worker)."""
@@ -271,7 +271,7 @@ def spawn(
 
 
 def spawn_on_cluster(
-    job: Job, cluster: Cluster, backend: str, outdir: Path, cmd: list[str], env: dict[str, str]
+    job: Workload, cluster: Cluster, backend: str, outdir: Path, cmd: list[str], env: dict[str, str]
 ) -> list[subprocess.Popen]:
     """The ranks of `job` inside the cluster's hosts, `job.ranks_per_host` each."""
     rph = job.ranks_per_host
@@ -346,7 +346,7 @@ def supervise(
     return None, None
 
 
-def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
+def collect(job: Workload, outdir: Path, outcome: Outcome) -> None:
     """Merge the ranks' records of `outcome.algo` into `outcome` (sizes every
     rank finished)."""
     per_rank = [read_records(outdir / f"rank{r}.jsonl") for r in range(job.nranks)]
@@ -408,7 +408,7 @@ def span_samples(recs: list[dict]) -> list[float]:
 
 
 def run_backend(
-    job: Job, backend: str, workdir: Path, on_progress: Callable[[int], None]
+    job: Workload, backend: str, workdir: Path, on_progress: Callable[[int], None]
 ) -> list[Outcome]:
     """Run `job` on every rank of `backend`; never raises for a failing backend.
     One Outcome, or for cadence one per algorithm of the job (all from one
@@ -444,7 +444,7 @@ def run_backend(
     return outcomes
 
 
-def run_program(job: Job, cmd: list[str], outdir: Path) -> str | None:
+def run_program(job: Workload, cmd: list[str], outdir: Path) -> str | None:
     """Run `cmd`, a program of one rank, on every rank of `job` as cadence's
     ranks run (environment, placement, deadline `job.timeout`); None when every
     rank exited 0, else one line saying who failed and why."""
@@ -464,7 +464,7 @@ def run_program(job: Job, cmd: list[str], outdir: Path) -> str | None:
 
 
 def describe_failure(
-    job: Job, backend: str, outdir: Path, outcomes: list[Outcome], why: str, which: int | None
+    job: Workload, backend: str, outdir: Path, outcomes: list[Outcome], why: str, which: int | None
 ) -> None:
     """Fill the first outcome's error (one line: who, what, where, the
     exception) and log_tail."""

@@ -127,7 +127,7 @@ class JobRecord:
     note: str = ""
 
 
-class Job:
+class RunningJob:
     """One running job: its ranks' processes and what they said."""
 
     def __init__(self, soak: Soak, jid: int):
@@ -366,7 +366,7 @@ class Soak:
         self.events: queue.Queue = queue.Queue()
         self.cluster: tb.Cluster | None = None
         self.owns_cluster = False
-        self.job: Job | None = None
+        self.job: RunningJob | None = None
         self.records: list[JobRecord] = []
         self.faults: list[Fault] = []
         self.active: Fault | None = None
@@ -547,7 +547,7 @@ class Soak:
                     # A job started in the last seconds would only start and stop.
                     if stopping or (jid > 0 and end - now < LAST_START):
                         break
-                    self.job = Job(self, jid)
+                    self.job = RunningJob(self, jid)
                     jid += 1
                 self._faults_tick(stopping)
                 if now >= next_progress:
