@@ -5,8 +5,9 @@
     verdict = diagnose(dumps)
     print(verdict.text())            # or verdict.to_json()
 
-Classes: `comm_hang`, `noncomm_hang`, `mismatch` (classify.py),
-`comm_slow`, `noncomm_slow` (slow.py), `healthy`. The same classifier runs
+Classes (`VerdictClass`, verdict.py): `comm_hang`, `noncomm_hang`,
+`mismatch` (found by classify.py), `comm_slow`, `noncomm_slow` (slow.py),
+`healthy`. The same classifier runs
 post-mortem (`cadence doctor DUMPDIR`: dumps.py, with trace.py,
 report_html.py and exclude.py for its reports) and live inside the job
 (live.py: the watchdog, `cadence doctor --store`); metrics.py serves

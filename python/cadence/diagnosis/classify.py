@@ -1,4 +1,4 @@
-"""The post-mortem classifier: from every rank's dump, the first collective
+"""The classifier (post-mortem in `cadence doctor`, live in the watchdog):
 not completed by every rank, and why.
 
 - `mismatch`: the ranks' records of that operation have different
