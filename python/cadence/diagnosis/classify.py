@@ -1,5 +1,6 @@
 """The classifier (post-mortem in `cadence doctor`, live in the watchdog):
-not completed by every rank, and why.
+from every rank's dump, the first collective not completed by every rank,
+and why.
 
 - `mismatch`: the ranks' records of that operation have different
   argument signatures (the ranks called different things).
