@@ -50,7 +50,7 @@ TOOLS = (
 
 
 def layer(module: str) -> str | None:
-    """"library", "tools", or None for a module listed under neither."""
+    """The layer of `module`: "library", "tools", or None when neither lists it."""
     best, where = "", None
     for name, kind in [(m, "library") for m in LIBRARY] + [(m, "tools") for m in TOOLS]:
         if (module == name or module.startswith(name + ".")) and len(name) > len(best):
