@@ -199,6 +199,14 @@ def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
     return root
 
 
+def test_a_new_module_in_a_mixed_package_has_no_layer_until_placed():
+    assert layers.layer("cadence.torch.new") == "library"
+    assert layers.layer("cadence.cli.new") == "tools"
+    assert layers.layer("cadence.new") is None
+    assert layers.layer("cadence.diagnosis.new") is None
+    assert layers.layer("cadence.diagnosis") == "library"
+
+
 def test_a_cycle_through_a_function_local_import_is_found(tmp_path):
     root = _package(tmp_path, {
         "__init__.py": "",

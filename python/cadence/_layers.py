@@ -14,11 +14,14 @@ tests/test_layers.py, which reads every `import` in the package):
 - the import graph has no cycle: every module can be read, tested and
   replaced on top of the ones it imports.
 
-A module belongs to the longest prefix listed below that names it or a
-package above it; every module must be listed under one of the two.
+A module belongs to the longest entry below that names it or a package
+above it; the entries of MIXED, packages with modules in both layers, name
+their __init__ alone, so a new module there must be placed by hand.
 """
 
 from __future__ import annotations
+
+MIXED = ("cadence", "cadence.diagnosis")
 
 LIBRARY = (
     "cadence",  # the package root: init, Communicator, the torch hook
@@ -26,6 +29,7 @@ LIBRARY = (
     "cadence._communicator",
     "cadence._core",  # the compiled core (crates/cadence-py)
     "cadence._layers",
+    "cadence._rendezvous",
     "cadence.diagnosis",  # the package root re-exports the classifier
     "cadence.diagnosis.classify",
     "cadence.diagnosis.dumps",
@@ -53,6 +57,7 @@ def layer(module: str) -> str | None:
     """The layer of `module`: "library", "tools", or None when neither lists it."""
     best, where = "", None
     for name, kind in [(m, "library") for m in LIBRARY] + [(m, "tools") for m in TOOLS]:
-        if (module == name or module.startswith(name + ".")) and len(name) > len(best):
+        above = module.startswith(name + ".") and name not in MIXED
+        if (module == name or above) and len(name) > len(best):
             best, where = name, kind
     return where
