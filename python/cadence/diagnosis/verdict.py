@@ -21,7 +21,7 @@ class VerdictClass(StrEnum):
     MISMATCH = "mismatch"
     COMM_SLOW = "comm_slow"
     NONCOMM_SLOW = "noncomm_slow"
-    #: Not a finding: the live diagnosis itself failed (the evidence says why).
+    #: Not a finding: the live diagnosis itself failed (its headline says why).
     UNKNOWN = "unknown"
 
 
