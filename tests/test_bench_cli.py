@@ -43,9 +43,9 @@ from cadence.bench.worker import (
 from cadence.cli import bench as bench_cli
 from cadence.cli import main as cli_main
 from cadence.cli.launch import (
-    Job,
     Measure,
     Outcome,
+    Workload,
     collect,
     error_line,
     merge_rounds,
@@ -207,11 +207,11 @@ def test_check_values_are_exact(dtype, nranks):
 # ------------------------------------------------------------------ table and JSON
 
 
-def _job(**kw) -> Job:
+def _job(**kw) -> Workload:
     args = dict(op="allreduce", dtype="float32", sizes=[8, 1 << 20], nranks=4, iters=5,
                 warmup=1, timeout=60.0)  # fmt: skip
     args.update(kw)
-    return Job(**args)
+    return Workload(**args)
 
 
 def _outcome(
@@ -772,7 +772,7 @@ def test_link_share_is_quoted_at_the_largest_size(monkeypatch):
 
     monkeypatch.setattr(bench_cli.testbed, "link_states", lambda cluster: [])
     cluster = SimpleNamespace(rate_bits=1_000_000_000, rate="1gbit", mtu=1500, hosts=(0,) * 4)
-    job = Job("allreduce", "float32", [1 << 20, 64 << 20], 8, 1, 0, 60.0, cluster=cluster)
+    job = Workload("allreduce", "float32", [1 << 20, 64 << 20], 8, 1, 0, 60.0, cluster=cluster)
     # 1 MiB "faster than the link", 64 MiB at 80 % of it (busbw factor 1.5).
     fast = Measure(1 << 20, 1 << 20, 1 << 18, (1 << 20) * 1.5 / 0.130e9 * 1e6, 0)
     sustained = Measure(64 << 20, 64 << 20, 16 << 20, (64 << 20) * 1.5 / 0.100e9 * 1e6, 0)

@@ -120,13 +120,13 @@ def test_references_match_a_direct_computation():
 
 
 def _fake_job(tmp_path, scripts, **cfg):
-    """A soak Job over local processes (no cluster): what poll() makes of them."""
+    """A soak RunningJob over local processes (no cluster): what poll() makes of them."""
     import threading
 
     from cadence.testbed import soak
 
     s = soak.Soak(soak.Config(out=tmp_path, **cfg), out=open(os.devnull, "w"))  # noqa: SIM115
-    job = object.__new__(soak.Job)
+    job = object.__new__(soak.RunningJob)
     job.soak, job.record = s, soak.JobRecord(0, time.time())
     job.started, job.failed_at, job.running_at = time.monotonic(), None, None
     job.log, job.log_lock, job.readers = open(tmp_path / "log", "w"), threading.Lock(), []  # noqa: SIM115

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cadence.cli import main as cli_main
 from cadence.cli import tune
-from cadence.cli.launch import Job, Measure, Outcome
+from cadence.cli.launch import Measure, Outcome, Workload
 from harness import run_ranks
 
 
@@ -94,7 +94,7 @@ def test_boundary_probes_sit_halfway_between_different_winners():
 
 
 def test_refine_adds_the_faster_of_the_pair_at_each_probe(monkeypatch):
-    job = Job(op="allreduce", dtype="float32", sizes=[64, 256], nranks=2, iters=1, warmup=0,
+    job = Workload(op="allreduce", dtype="float32", sizes=[64, 256], nranks=2, iters=1, warmup=0,
               timeout=1, algos=["rd", "direct", "ring"])
     res = tune.OpResult("allreduce", job.algos, [], [(64, "rd"), (256, "direct")], {})
     ran = []
@@ -121,7 +121,7 @@ def test_refine_adds_the_faster_of_the_pair_at_each_probe(monkeypatch):
 
 
 def test_judge_skips_wrong_results_and_reports_them():
-    job = Job(
+    job = Workload(
         op="allreduce", dtype="float32", sizes=[8, 64, 512], nranks=2, iters=1, warmup=0, timeout=1
     )
     outs = [

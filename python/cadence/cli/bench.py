@@ -48,24 +48,23 @@ from cadence.bench.common import (
     PAGE,
     busbw_factor,
     format_size,
-    parse_size,
     size_sweep,
 )
 from cadence.bench.fused import FUSED_OPS
 from cadence.cli import fused, plot
-from cadence.cli.launch import BACKEND_NAMES, Job, Outcome, merge_rounds, run_backend, units
+from cadence.cli.launch import BACKEND_NAMES, Outcome, Workload, merge_rounds, run_backend, units
+from cadence.cli.options import (  # noqa: F401 - also importable from here
+    _positive,
+    _size,
+    add_cluster_arguments,
+    add_sweep_arguments,
+    resolve_ranks,
+)
 from cadence.cli.report import algbw, build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import format_rate, payload_share
 
 NAME = "bench"
 HELP = "time a collective over a sweep of sizes on cadence, gloo and Open MPI"
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _backends(text: str) -> list[str]:
@@ -77,38 +76,6 @@ def _backends(text: str) -> list[str]:
             f"unknown backend(s) {', '.join(bad) or '(none)'}; choose from {known}"
         )
     return list(dict.fromkeys(names))
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
-    return value
-
-
-def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
-    """--cluster and --ranks-per-host, as `cadence bench` and `cadence tune` take them."""
-    p.add_argument("--cluster", metavar="NAME", help="run across this emulated cluster's hosts")
-    p.add_argument(
-        "--ranks-per-host", type=_positive, default=1, help="ranks per host with --cluster (1)"
-    )
-
-
-def add_sweep_arguments(p: argparse.ArgumentParser, *, stepfactor: int) -> None:
-    """The size sweep and iteration counts (-b, -e, -f, -n, -w)."""
-    p.add_argument("-b", "--minbytes", type=_size, default="8", help="smallest size (8)")
-    p.add_argument("-e", "--maxbytes", type=_size, default="64M", help="largest size (64M)")
-    p.add_argument(
-        "-f", "--stepfactor", type=int, default=stepfactor,
-        help=f"size multiplier per step ({stepfactor})",
-    )  # fmt: skip
-    p.add_argument(
-        "-n", "--iters", type=_positive, default=20, help="timed iterations per size (20)"
-    )
-    p.add_argument(
-        "-w", "--warmup-iters", type=int, default=5,
-        help="warm-up iterations per size, each a batch of calls as a sample (5)",
-    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -347,7 +314,7 @@ def unwind_on_signals() -> None:
     signal.signal(signal.SIGHUP, _exit_on_signal)
 
 
-def sweep(job: Job, backends: list[str]) -> list[Outcome]:
+def sweep(job: Workload, backends: list[str]) -> list[Outcome]:
     """Run `job` on each backend in turn; a failing one does not stop the others."""
     unwind_on_signals()
     outcomes = []
@@ -366,7 +333,7 @@ def sweep(job: Job, backends: list[str]) -> list[Outcome]:
     return outcomes
 
 
-def sweep_rounds(job: Job, backends: list[str], rounds: int) -> list[Outcome]:
+def sweep_rounds(job: Workload, backends: list[str], rounds: int) -> list[Outcome]:
     """`sweep` `rounds` times, the backends in the given order and then
     reversed, in turn (so that drift on a shared host hits them alike),
     merged into medians over the rounds (see `merge_rounds`)."""
@@ -426,7 +393,7 @@ def plot_problem(path: str) -> str | None:
     return None
 
 
-def link_notes(job: Job, outcomes: list[Outcome]) -> list[str]:
+def link_notes(job: Workload, outcomes: list[Outcome]) -> list[str]:
     """How close each backend came to the link rate, and any link that is not
     as the cluster was brought up (throttled or cut since)."""
     cluster = job.cluster
@@ -512,24 +479,6 @@ def path_lines(outcomes: list[Outcome]) -> list[str]:
     return lines
 
 
-def resolve_ranks(args: argparse.Namespace):
-    """(cluster or None, ranks) from --nranks, --cluster, --ranks-per-host;
-    ValueError when they disagree."""
-    if args.ranks_per_host != 1 and not args.cluster:
-        raise ValueError("--ranks-per-host needs --cluster")
-    if not args.cluster:
-        return None, args.nranks or 2
-    try:
-        cluster = testbed.require(args.cluster)
-    except testbed.TestbedError as e:
-        raise ValueError(str(e)) from None
-    nranks = len(cluster.hosts) * args.ranks_per_host
-    if args.nranks not in (None, nranks):
-        raise ValueError(f"--nranks {args.nranks} disagrees with cluster {cluster.name}: "
-                         f"{len(cluster.hosts)} hosts x {args.ranks_per_host} ranks per host")
-    return cluster, nranks
-
-
 def run(args: argparse.Namespace) -> int:
     if args.op in FUSED_OPS:
         for flag, given in (("--rounds", args.rounds > 1), ("--timing", args.timing != "rank")):
@@ -567,7 +516,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
-    job = Job(
+    job = Workload(
         op=args.op,
         dtype=args.dtype,
         sizes=sizes,

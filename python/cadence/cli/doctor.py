@@ -156,7 +156,7 @@ def _ask_store(args: argparse.Namespace) -> int:
     """`--store`: a verdict from a running job's live watchdogs."""
     from datetime import timedelta
 
-    from cadence.diagnosis import live
+    from cadence.diagnosis import VerdictClass, live
 
     host, _, port = args.store.rpartition(":")
     if not host or not port.isdigit():
@@ -187,7 +187,7 @@ def _ask_store(args: argparse.Namespace) -> int:
         print(json.dumps({k: v for k, v in verdict.items() if k != "text"}, indent=1))
     else:
         print(verdict["text"])
-    return 0 if verdict["class"] == "healthy" else 1
+    return 0 if verdict["class"] == VerdictClass.HEALTHY else 1
 
 
 def _ask_cluster(args: argparse.Namespace) -> int:

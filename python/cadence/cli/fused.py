@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 from cadence.bench.fused import FUSED_OPS, VARIANTS
-from cadence.cli.launch import Job, read_records, run_program
+from cadence.cli.launch import Workload, read_records, run_program
+from cadence.cli.options import resolve_ranks
 
 
 def _ms(us: float) -> str:
@@ -49,14 +50,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"cadence bench: {args.op} runs float32 or bfloat16, not {args.dtype}",
               file=sys.stderr)  # fmt: skip
         return 2
-    from cadence.cli.bench import resolve_ranks
-
     try:
         cluster, nranks = resolve_ranks(args)
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
-    job = Job(op=args.op, dtype=args.dtype, sizes=[], nranks=nranks, iters=args.iters,
+    job = Workload(op=args.op, dtype=args.dtype, sizes=[], nranks=nranks, iters=args.iters,
               warmup=max(0, args.warmup_iters), timeout=args.timeout, cluster=cluster,
               ranks_per_host=args.ranks_per_host)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="cadence-bench-") as workdir:

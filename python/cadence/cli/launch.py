@@ -5,10 +5,10 @@ RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); mpi ranks are started by
 mpirun. Every rank runs `python -m cadence.bench.worker` and appends its results
 to <workdir>/rank<R>.jsonl; `collect` merges them. A rank that fails or a launch
 that outlives its deadline is killed (its whole process group) and reported.
-cadence's ranks time all of `Job.algos` in one launch (`--algos`), which comes
+cadence's ranks time all of `Workload.algos` in one launch (`--algos`), which comes
 back as one Outcome per algorithm.
 
-On an emulated cluster (`Job.cluster`) the ranks run inside the hosts'
+On an emulated cluster (`Workload.cluster`) the ranks run inside the hosts'
 namespaces instead, placed and configured by cadence.testbed.jobs.
 """
 
@@ -20,7 +20,6 @@ import operator
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cadence.bench.common import format_size, p99
-from cadence.testbed import Cluster
+from cadence.testbed import Cluster, processes
 from cadence.testbed import jobs as cluster_jobs
 
 # Where the `cadence` package lives, so the workers run this very code.
@@ -143,7 +142,7 @@ def merge_rounds(rounds: list[list[Outcome]]) -> list[Outcome]:
 
 
 @dataclass
-class Job:
+class Workload:
     """What every rank of every backend is asked to run."""
 
     op: str
@@ -193,7 +192,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_env(job: Job, backend: str) -> dict[str, str]:
+def worker_env(job: Workload, backend: str) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     path = env.get("PYTHONPATH")
@@ -205,21 +204,21 @@ def worker_env(job: Job, backend: str) -> dict[str, str]:
     return env
 
 
-def cadence_algos(job: Job) -> list[str]:
+def cadence_algos(job: Workload) -> list[str]:
     """The algorithms cadence's ranks time, in order."""
     return list(job.algos) if job.algos else ["auto"]
 
 
-def cadence_label(job: Job, algo: str) -> str:
+def cadence_label(job: Workload, algo: str) -> str:
     return f"cadence:{algo}" if job.algos else "cadence"
 
 
-def units(job: Job, backend: str) -> int:
+def units(job: Workload, backend: str) -> int:
     """Records one rank writes for the whole sweep (for the progress bar)."""
     return len(job.sizes) * (len(cadence_algos(job)) if backend == "cadence" else 1)
 
 
-def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
+def worker_command(job: Workload, backend: str, outdir: Path) -> list[str]:
     return [
         sys.executable, "-m", "cadence.bench.worker",
         "--backend", backend,
@@ -236,7 +235,7 @@ def worker_command(job: Job, backend: str, outdir: Path) -> list[str]:
 
 
 def spawn(
-    job: Job, backend: str, outdir: Path, cmd: list[str] | None = None
+    job: Workload, backend: str, outdir: Path, cmd: list[str] | None = None
 ) -> list[subprocess.Popen]:
     """Start the ranks; each in its own session so that a kill reaches its children.
     They run the bench worker, or `cmd` (a program of one rank, as the worker)."""
@@ -272,7 +271,7 @@ def spawn(
 
 
 def spawn_on_cluster(
-    job: Job, cluster: Cluster, backend: str, outdir: Path, cmd: list[str], env: dict[str, str]
+    job: Workload, cluster: Cluster, backend: str, outdir: Path, cmd: list[str], env: dict[str, str]
 ) -> list[subprocess.Popen]:
     """The ranks of `job` inside the cluster's hosts, `job.ranks_per_host` each."""
     rph = job.ranks_per_host
@@ -302,25 +301,6 @@ def _popen(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         )  # fmt: skip
 
 
-def kill(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
-    """SIGTERM each rank's process group, then SIGKILL what is left after `grace`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-        end = time.monotonic() + grace
-        while time.monotonic() < end and any(p.poll() is None for p in procs):
-            time.sleep(0.05)
-    for p in procs:
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-
-
 def read_records(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -336,15 +316,6 @@ def read_records(path: Path) -> list[dict]:
 def units_done(outdir: Path) -> int:
     """Records rank 0 has written: one per size (and algorithm, for cadence)."""
     return sum(1 for r in read_records(outdir / "rank0.jsonl") if "size" in r)
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 _EXC_RE = re.compile(r"^\s*([\w.]+(Error|Exception|Interrupt|Exit)\b.*)$")
@@ -367,23 +338,15 @@ def supervise(
 ) -> tuple[str | None, int | None]:
     """Wait for the ranks: (None, None) if all succeeded, else (why, which proc
     failed or None). Kills everything on the first failure or at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        poll()
-        codes = [p.poll() for p in procs]
-        for i, code in enumerate(codes):
-            if code not in (None, 0):
-                kill(procs)
-                return describe_exit(code), i
-        if all(code == 0 for code in codes):
-            return None, None
-        if time.monotonic() > deadline:
-            kill(procs)
-            return f"timed out after {timeout:g} s", None
-        time.sleep(0.1)
+    result = processes.supervise(dict(enumerate(procs)), timeout, grace=0.0, poll=poll)
+    if result.first is not None:
+        return processes.describe_exit(result.exits[result.first]), result.first
+    if result.status != 0:
+        return f"timed out after {timeout:g} s", None
+    return None, None
 
 
-def collect(job: Job, outdir: Path, outcome: Outcome) -> None:
+def collect(job: Workload, outdir: Path, outcome: Outcome) -> None:
     """Merge the ranks' records of `outcome.algo` into `outcome` (sizes every
     rank finished)."""
     per_rank = [read_records(outdir / f"rank{r}.jsonl") for r in range(job.nranks)]
@@ -445,7 +408,7 @@ def span_samples(recs: list[dict]) -> list[float]:
 
 
 def run_backend(
-    job: Job, backend: str, workdir: Path, on_progress: Callable[[int], None]
+    job: Workload, backend: str, workdir: Path, on_progress: Callable[[int], None]
 ) -> list[Outcome]:
     """Run `job` on every rank of `backend`; never raises for a failing backend.
     One Outcome, or for cadence one per algorithm of the job (all from one
@@ -467,7 +430,7 @@ def run_backend(
     try:
         why, which = supervise(procs, job.timeout, lambda: on_progress(units_done(outdir)))
     finally:
-        kill(procs)  # no-op unless interrupted
+        processes.terminate(procs)  # no-op unless interrupted
     seconds = time.monotonic() - start
     for o in outcomes:
         o.seconds = seconds
@@ -481,7 +444,7 @@ def run_backend(
     return outcomes
 
 
-def run_program(job: Job, cmd: list[str], outdir: Path) -> str | None:
+def run_program(job: Workload, cmd: list[str], outdir: Path) -> str | None:
     """Run `cmd`, a program of one rank, on every rank of `job` as cadence's
     ranks run (environment, placement, deadline `job.timeout`); None when every
     rank exited 0, else one line saying who failed and why."""
@@ -490,7 +453,7 @@ def run_program(job: Job, cmd: list[str], outdir: Path) -> str | None:
     try:
         why, which = supervise(procs, job.timeout, lambda: None)
     finally:
-        kill(procs)
+        processes.terminate(procs)
     if why is None:
         return None
     logs = [outdir / f"rank{which}.log"] if which is not None else sorted(outdir.glob("*.log"))
@@ -501,7 +464,7 @@ def run_program(job: Job, cmd: list[str], outdir: Path) -> str | None:
 
 
 def describe_failure(
-    job: Job, backend: str, outdir: Path, outcomes: list[Outcome], why: str, which: int | None
+    job: Workload, backend: str, outdir: Path, outcomes: list[Outcome], why: str, which: int | None
 ) -> None:
     """Fill the first outcome's error (one line: who, what, where, the
     exception) and log_tail."""

@@ -12,14 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from cadence.bench.common import busbw_factor, format_size
-from cadence.cli.launch import Job, Outcome
+from cadence.cli.launch import Outcome, Workload
 
 
 class PlotError(Exception):
     """The plot could not be drawn (matplotlib missing, nothing measured, bad path)."""
 
 
-def series(job: Job, outcome: Outcome) -> tuple[list[int], list[float], list[float], list[float]]:
+def series(job: Workload,
+           outcome: Outcome) -> tuple[list[int], list[float], list[float], list[float]]:
     """(bytes, median us, p99 us, busbw GB/s) of the sizes `outcome` measured
     without a wrong result, in size order. p99 falls back to the median where
     the records do not carry one."""
@@ -37,7 +38,7 @@ def series(job: Job, outcome: Outcome) -> tuple[list[int], list[float], list[flo
 
 
 def plot(
-    job: Job,
+    job: Workload,
     outcomes: list[Outcome],
     path: str | Path,
     title: str,

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from cadence.bench.common import DTYPES, REDUCING_OPS, busbw_factor, format_size, layout
-from cadence.cli.launch import Job, Measure, Outcome
+from cadence.cli.launch import Measure, Outcome, Workload
 
 # time: the median sample (a sample: the mean of a batch of back-to-back
 # calls, see cadence.bench.worker); p99: the 99th percentile of the samples,
@@ -105,7 +105,7 @@ def compares_algos(outcomes: list[Outcome]) -> tuple[bool, bool]:
     return len(mine) > 1, len(mine) > 1 and any(o.algo == "auto" for o in mine)
 
 
-def backend_cells(job: Job, outcome: Outcome, size: int) -> list[str]:
+def backend_cells(job: Workload, outcome: Outcome, size: int) -> list[str]:
     m = outcome.measures.get(size)
     if m is not None:
         bw = algbw(m.nbytes, m.time_us)
@@ -120,7 +120,7 @@ def backend_cells(job: Job, outcome: Outcome, size: int) -> list[str]:
     return ["-"] * width
 
 
-def build_table(job: Job, outcomes: list[Outcome], copy_gbps: float | None = None) -> Table:
+def build_table(job: Workload, outcomes: list[Outcome], copy_gbps: float | None = None) -> Table:
     by_name = {o.backend: o for o in outcomes if o.backend != "cadence"}
     several, with_auto = compares_algos(outcomes)
     columns = [Column("", t) for t in ("size", "count", "type", "redop")]
@@ -173,7 +173,8 @@ def fmt_ratio(r: float | None) -> str:
     return f"{r:.0f}x" if r >= 100 else f"{r:.3g}x"
 
 
-def build_notes(job: Job, outcomes: list[Outcome], copy_gbps: float | None = None) -> list[str]:
+def build_notes(job: Workload, outcomes: list[Outcome],
+                copy_gbps: float | None = None) -> list[str]:
     notes = []
     for o in outcomes:
         # cadence's algorithms run in one launch: its failure is theirs, said once.
@@ -264,7 +265,7 @@ def rounds_spread(outcomes: list[Outcome]) -> str | None:
 TIMINGS_APART = 1.25
 
 
-def timings_disagree(job: Job, outcomes: list[Outcome]) -> str | None:
+def timings_disagree(job: Workload, outcomes: list[Outcome]) -> str | None:
     """Where the span across ranks is well above the slowest rank's own time
     (ranks staggered: more ranks than cores, or a barrier that lets them out
     apart), each backend's median and worst span/rank over the sizes, so
@@ -292,7 +293,7 @@ def timings_disagree(job: Job, outcomes: list[Outcome]) -> str | None:
     )
 
 
-def auto_summary(job: Job, outcomes: list[Outcome]) -> str:
+def auto_summary(job: Workload, outcomes: list[Outcome]) -> str:
     """In how many sizes auto is within 10% of the fastest algorithm's speed
     (auto/best >= NEAR_BEST), and where it is not."""
     itemsize = DTYPES[job.dtype].itemsize
@@ -385,7 +386,7 @@ def print_rich(table: Table, title: str) -> None:
         console.print(f"# {note}", markup=False, highlight=False)
 
 
-def json_records(job: Job, outcomes: list[Outcome]) -> list[dict]:
+def json_records(job: Workload, outcomes: list[Outcome]) -> list[dict]:
     factor = busbw_factor(job.op, job.nranks)
     records = []
     for o in outcomes:

@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 from cadence.bench.common import DTYPES, OPS, format_size, layout, size_sweep
-from cadence.cli.bench import _positive, add_sweep_arguments
-from cadence.cli.launch import Job, Measure, Outcome
+from cadence.cli.launch import Measure, Outcome, Workload
+from cadence.cli.options import _positive, add_sweep_arguments
 from cadence.cli.report import build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import payload_share
 
@@ -300,7 +300,7 @@ def calibrate(args: argparse.Namespace) -> int:
     if saved.exists():
         saved.unlink()  # measure the cluster as configured, not an old spec
     base = cluster_spec(args.cluster, args.ranks_per_host)
-    job = Job(
+    job = Workload(
         op="allreduce", dtype="float32", sizes=[8], nranks=len(cluster.hosts) * rph, iters=1,
         warmup=0, timeout=300.0, cluster=cluster, ranks_per_host=rph,
     )  # fmt: skip
@@ -380,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
 
     n = model.nranks
     itemsize = DTYPES[args.dtype].itemsize
-    job = Job(
+    job = Workload(
         op=args.op, dtype=args.dtype, sizes=sizes, nranks=n, iters=1, warmup=0, timeout=0.0,
         algos=algos,
     )  # fmt: skip

@@ -58,15 +58,9 @@ from pathlib import Path
 
 from cadence import testbed
 from cadence.bench.common import DTYPES, OPS, format_size, size_sweep
-from cadence.cli.bench import (
-    Reporter,
-    _positive,
-    add_cluster_arguments,
-    add_sweep_arguments,
-    resolve_ranks,
-    unwind_on_signals,
-)
-from cadence.cli.launch import Job, Outcome, run_backend, run_program, units
+from cadence.cli.bench import Reporter, unwind_on_signals
+from cadence.cli.launch import Outcome, Workload, run_backend, run_program, units
+from cadence.cli.options import _positive, add_cluster_arguments, add_sweep_arguments, resolve_ranks
 from cadence.cli.report import Column, Table, best, print_rich, render_plain
 
 NAME = "tune"
@@ -304,7 +298,7 @@ class OpResult:
         return build_ranges(self.winners)
 
 
-def judge(job: Job, op: str, algos: list[str], outcomes: list[Outcome]) -> OpResult:
+def judge(job: Workload, op: str, algos: list[str], outcomes: list[Outcome]) -> OpResult:
     """The winner at each size: the fastest algorithm with no wrong element."""
     res = OpResult(op, algos, outcomes, [], {}, wrong=[], unjudged=[])
     res.error = next((o.error or o.na for o in outcomes if o.error or o.na), None)
@@ -332,7 +326,7 @@ def judge(job: Job, op: str, algos: list[str], outcomes: list[Outcome]) -> OpRes
     return res
 
 
-def refine(res: OpResult, job: Job, workdir: Path, rep: Reporter) -> None:
+def refine(res: OpResult, job: Workload, workdir: Path, rep: Reporter) -> None:
     """Times the two algorithms of each boundary probe (see
     `boundary_probes`) side by side and adds the faster as a winner."""
     probes = boundary_probes(res.winners)
@@ -354,7 +348,7 @@ def refine(res: OpResult, job: Job, workdir: Path, rep: Reporter) -> None:
     res.winners.sort()
 
 
-def calibrate(job: Job, ops: list[str], workdir: Path) -> dict:
+def calibrate(job: Workload, ops: list[str], workdir: Path) -> dict:
     """Run the calibration job on the setting; its calibrate.json."""
     outdir = workdir / "calibrate"
     cmd = [
@@ -489,7 +483,7 @@ def simulated(args: argparse.Namespace, sizes: list[int]) -> tuple[dict, list[Op
     results = []
     for op in args.ops:
         algos = list(model.algorithms(op))
-        job = Job(op=op, dtype=args.dtype, sizes=sizes, nranks=n, iters=1, warmup=0,
+        job = Workload(op=op, dtype=args.dtype, sizes=sizes, nranks=n, iters=1, warmup=0,
                   timeout=0.0, algos=algos)  # fmt: skip
         outcomes = []
         for a in algos:
@@ -562,8 +556,8 @@ def run(args: argparse.Namespace) -> int:
         empty = workdir / "empty-tuning.json"
         empty.write_text(EMPTY_TABLE)
 
-        def job_for(op: str, algos: list[str] | None) -> Job:
-            return Job(
+        def job_for(op: str, algos: list[str] | None) -> Workload:
+            return Workload(
                 op=op,
                 dtype=args.dtype,
                 sizes=sizes,

@@ -1,5 +1,6 @@
-"""The post-mortem classifier: from every rank's dump, the first collective
-not completed by every rank, and why.
+"""The classifier (post-mortem in `cadence doctor`, live in the watchdog):
+from every rank's dump, the first collective not completed by every rank,
+and why.
 
 - `mismatch`: the ranks' records of that operation have different
   argument signatures (the ranks called different things).
@@ -28,66 +29,23 @@ after the first rank gave up (a rank frozen, then resumed) do not count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from cadence.diagnosis.dumps import Dump, Msg, Op
-
-HEALTHY, NONCOMM_HANG, COMM_HANG, MISMATCH = "healthy", "noncomm_hang", "comm_hang", "mismatch"
-COMM_SLOW, NONCOMM_SLOW = "comm_slow", "noncomm_slow"  # slow.py
-CLASSES = (HEALTHY, NONCOMM_HANG, COMM_HANG, MISMATCH, COMM_SLOW, NONCOMM_SLOW)
+from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
+from cadence.diagnosis.slow import diagnose_slow
+from cadence.diagnosis.verdict import (  # noqa: F401 - also importable from here
+    CLASSES,
+    COMM_HANG,
+    COMM_SLOW,
+    HEALTHY,
+    MISMATCH,
+    NONCOMM_HANG,
+    NONCOMM_SLOW,
+    Verdict,
+    VerdictClass,
+    ranks_text,
+)
 
 #: Slack on top of the clocks' error bounds when comparing times of ranks.
 TOLERANCE_S = 0.1
-
-
-@dataclass
-class Verdict:
-    cls: str
-    headline: str
-    comm: str | None = None
-    op: Op | None = None
-    ranks: list[int] = field(default_factory=list)
-    links: list[tuple[int, int]] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)
-    evidence: list[str] = field(default_factory=list)
-    job: str | None = None
-    #: Seconds since the epoch (rank 0's clock) when the operation got stuck.
-    since: float | None = None
-    #: Python stacks of the named ranks (live diagnosis), faulthandler style.
-    stacks: dict[int, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        op = None
-        if self.op is not None:
-            op = {"comm": self.comm, "seq": self.op.seq, "collective": self.op.collective,
-                  "bytes": self.op.bytes}
-        return {
-            "class": self.cls, "verdict": self.headline, "job": self.job, "op": op,
-            "ranks": self.ranks, "links": [list(x) for x in self.links], "hosts": self.hosts,
-            "evidence": self.evidence,
-            **({"stacks": {str(r): t for r, t in self.stacks.items()}} if self.stacks else {}),
-        }
-
-    def text(self) -> str:
-        lines = [f"cadence doctor: {self.headline}"]
-        lines += [f"  {e}" for e in self.evidence]
-        for r, text in sorted(self.stacks.items()):
-            lines.append(f"  rank {r}'s Python stack when the others were stuck:")
-            lines += [f"    {x}" for x in text.rstrip().splitlines()]
-        return "\n".join(lines)
-
-
-def ranks_text(ranks) -> str:
-    """`0-3,5`"""
-    rs = sorted(set(ranks))
-    out, i = [], 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def _short(status: str, n: int = 160) -> str:
@@ -176,8 +134,6 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         p2p = _p2p_stuck(c)
         if p2p is not None:
             return p2p
-        from cadence.diagnosis.slow import diagnose_slow
-
         slow = diagnose_slow(list(c.by_rank.values()))
         return slow if slow is not None else _healthy(c)
     recs = {r: ops.get(k) for r, ops in c.colls.items()}
@@ -417,15 +373,15 @@ def _at(d: Dump, m: Msg, t_fail: float | None, tol: float) -> tuple[str, int | N
         return m.state, m.moved, ""
     later = f"it moved only {last - t_fail:.3f}s later"
     if first is not None and first > t_fail + tol:
-        return "pending", 0, later
-    return "pending", None, later
+        return MsgState.PENDING, 0, later
+    return MsgState.PENDING, None, later
 
 
 def _sent_in(c: _Comm, present: dict[int, Op], m: int) -> bool:
     """Whether data from rank `m` arrived at any rank in this operation."""
     for o in present.values():
         for x in o.messages or ():
-            if x.dir == "recv" and x.peer == m and (x.moved > 0 or x.state == "done"):
+            if x.dir == "recv" and x.peer == m and (x.moved > 0 or x.state == MsgState.DONE):
                 return True
     return False
 
@@ -463,7 +419,7 @@ def _stalled_links(c: _Comm, present: dict[int, Op], t_fail: float | None):
             continue
         for j, m in enumerate(ms):
             view = at(dst, m)
-            if view[0] != "pending":
+            if view[0] != MsgState.PENDING:
                 continue
             rx = f"rank {dst}'s receive {j + 1} from rank {src} pending ({moved(m, view)})"
             if src not in present or present[src].messages is None:
@@ -471,11 +427,11 @@ def _stalled_links(c: _Comm, present: dict[int, Op], t_fail: float | None):
                 links.setdefault((src, dst), []).append(f"{rx}; rank {src} {why}")
                 continue
             sends = msgs.get((src, dst, "send"), [])
-            if j >= len(sends) or at(src, sends[j])[0] == "held":
+            if j >= len(sends) or at(src, sends[j])[0] == MsgState.HELD:
                 deps.add((dst, src))  # src had not got there: it waits itself
                 continue
             sv = at(src, sends[j])
-            if sv[0] == "done":
+            if sv[0] == MsgState.DONE:
                 t = c.by_rank[src].wall(sends[j].last_ns)
                 links.setdefault((src, dst), []).append(
                     f"{rx}, but rank {src}'s send had finished at {c.rel(t)}: the data left "
@@ -489,7 +445,7 @@ def _stalled_links(c: _Comm, present: dict[int, Op], t_fail: float | None):
             continue
         for j, m in enumerate(ms):
             view = at(src, m)
-            if view[0] == "pending":
+            if view[0] == MsgState.PENDING:
                 links.setdefault((src, dst), []).append(
                     f"rank {src}'s send {j + 1} to rank {dst} pending ({moved(m, view)}); "
                     f"rank {dst} left no dump")
@@ -548,7 +504,7 @@ def _stall_began(c: _Comm, present: dict[int, Op], cross) -> float | None:
             o = present.get(r)
             for m in (o.messages or []) if o is not None else []:
                 if m.peer == peer and m.dir == want and m.last_ns is not None and (
-                        want == "recv" or m.state == "done"):
+                        want == "recv" or m.state == MsgState.DONE):
                     t.append(c.by_rank[r].wall(m.last_ns))
         if t:
             times.append(max(t))

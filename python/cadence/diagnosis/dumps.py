@@ -13,6 +13,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 FORMAT = "cadence-dump"
 VERSION = 1
@@ -24,6 +25,26 @@ class DumpError(Exception):
     """Input `cadence doctor` cannot use; the message is one line."""
 
 
+class MsgState(StrEnum):
+    """Where a message stood when its rank recorded it (the core's
+    `monitor::MsgState`)."""
+
+    #: Every byte moved.
+    DONE = "done"
+    #: Allowed to move, not finished: waiting on the peer (or the link).
+    PENDING = "pending"
+    #: Held back behind the rank's own earlier transfers: not yet offered.
+    HELD = "held"
+
+
+class OpStatus(StrEnum):
+    """An operation's status while it runs and once it completed; any other
+    status is the error it failed with."""
+
+    OK = "ok"
+    RUNNING = "running"
+
+
 @dataclass
 class Msg:
     """One message of one operation as its rank recorded it (times in ns
@@ -31,7 +52,7 @@ class Msg:
 
     peer: int
     dir: str  # "send" | "recv"
-    state: str  # "done" | "pending" | "held"
+    state: MsgState
     bytes: int
     moved: int
     first_ns: int | None
@@ -69,7 +90,7 @@ class Op:
     enqueue_ns: int
     start_ns: int
     end_ns: int
-    status: str
+    status: str  # an OpStatus, or the error the operation failed with
     messages: list[Msg] | None
     messages_state: str  # "final" | "live" | "dropped" | "none"
     messages_at_ns: int | None = None
@@ -80,11 +101,11 @@ class Op:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == OpStatus.OK
 
     @property
     def running(self) -> bool:
-        return self.status == "running"
+        return self.status == OpStatus.RUNNING
 
     @property
     def failed(self) -> bool:
@@ -159,7 +180,7 @@ def _need(obj: dict, key: str, kind, where: str):
 
 def _msg(m: dict, where: str) -> Msg:
     try:
-        return Msg(peer=int(m["peer"]), dir=str(m["dir"]), state=str(m["state"]),
+        return Msg(peer=int(m["peer"]), dir=str(m["dir"]), state=MsgState(m["state"]),
                    bytes=int(m["bytes"]), moved=int(m["moved"]),
                    first_ns=None if m.get("first_ns") is None else int(m["first_ns"]),
                    last_ns=None if m.get("last_ns") is None else int(m["last_ns"]))

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-from cadence.diagnosis.classify import HEALTHY, MISMATCH
 from cadence.diagnosis.dumps import Dump
+from cadence.diagnosis.verdict import HEALTHY, MISMATCH
 
 _DEFAULT_IDENTITY = re.compile(r"^(?P<name>.+)-[0-9a-f]{8}$")
 

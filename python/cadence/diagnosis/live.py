@@ -49,6 +49,8 @@ import weakref
 import zlib
 from dataclasses import dataclass, field
 
+from cadence.diagnosis.verdict import VerdictClass
+
 log = logging.getLogger("cadence")
 
 #: Default soft deadline (seconds) before a running operation is diagnosed.
@@ -390,7 +392,7 @@ class Watchdog:
                 running is None or running[2] < w.after):
             core._set_diagnosis(None)
             w.verdict_at_ops = None
-            _metrics_verdict(w, {"class": "healthy", "verdict": "recovered"})
+            _metrics_verdict(w, {"class": str(VerdictClass.HEALTHY), "verdict": "recovered"})
 
     def _windows(self, w: _Watched, core) -> None:
         """Slowness: every rank publishes each finished window's operations;
@@ -438,7 +440,7 @@ class Watchdog:
         v = w.slow_watch.feed(dumps)
         if _ident(v) == _ident(before):
             return
-        out = v.to_json() if v is not None else {"class": "healthy",
+        out = v.to_json() if v is not None else {"class": str(VerdictClass.HEALTHY),
                                                  "verdict": "slowness cleared"}
         if v is not None:
             out["text"] = v.text()
@@ -453,7 +455,7 @@ class Watchdog:
             return
         w.slow_logged = ident
         _metrics_verdict(w, verdict)
-        if verdict.get("class") == "healthy":
+        if verdict.get("class") == VerdictClass.HEALTHY:
             log.info("cadence: comm %s: %s", w.prefix, verdict.get("verdict"))
             return
         log.warning("cadence: %s", verdict.get("verdict"))
@@ -484,7 +486,7 @@ class Watchdog:
         try:
             verdict = verdict_of(summaries, hang_after=w.after * 0.9)
         except Exception as e:  # noqa: BLE001 - say so rather than go silent
-            verdict = {"class": "unknown", "verdict": f"live diagnosis failed: {e}",
+            verdict = {"class": str(VerdictClass.UNKNOWN), "verdict": f"live diagnosis failed: {e}",
                        "text": f"cadence: live diagnosis failed: {e}", "ranks": [],
                        "links": [], "hosts": [], "evidence": [], "op": None,
                        "summaries": sorted(summaries)}
@@ -503,7 +505,7 @@ class Watchdog:
         if ident in w.logged:
             return
         w.logged.add(ident)
-        if verdict.get("class") == "healthy":
+        if verdict.get("class") == VerdictClass.HEALTHY:
             log.info("cadence: %s", verdict.get("verdict"))
         else:
             log.warning("cadence: %s", verdict.get("verdict"))

@@ -25,6 +25,8 @@ import threading
 import time
 import weakref
 
+from cadence.diagnosis.verdict import VerdictClass
+
 PORT_VAR = "CADENCE_METRICS_PORT"
 ADDR_VAR = "CADENCE_METRICS_ADDR"
 DEFAULT_ADDR = "0.0.0.0"
@@ -33,8 +35,8 @@ PACKAGE = "prometheus_client"
 # Every class a verdict can have; cadence_verdict has one series per class
 # (1 for the current one), so a change of verdict is a change of value, not
 # a series that appears.
-VERDICT_CLASSES = ("healthy", "comm_hang", "noncomm_hang", "comm_slow", "noncomm_slow",
-                   "mismatch")
+VERDICT_CLASSES = (VerdictClass.HEALTHY, VerdictClass.COMM_HANG, VerdictClass.NONCOMM_HANG,
+                   VerdictClass.COMM_SLOW, VerdictClass.NONCOMM_SLOW, VerdictClass.MISMATCH)
 
 _lock = threading.Lock()
 # Live communicators (weakly: a communicator the application dropped is
@@ -70,7 +72,7 @@ def set_verdict(comm_id: str, cls: str, headline: str = "") -> None:
 def verdict(comm_id: str) -> tuple[str, str]:
     """The current verdict of `comm_id` as (class, headline)."""
     with _lock:
-        cls, headline, _ = _verdicts.get(comm_id, ("healthy", "", 0.0))
+        cls, headline, _ = _verdicts.get(comm_id, (VerdictClass.HEALTHY, "", 0.0))
     return cls, headline
 
 
@@ -200,7 +202,7 @@ class Collector:
             fam["running"].add_metric(
                 base, 0.0 if running is None else (m["now_ns"] - running["start_ns"]) / 1e9
             )
-            cls, _, _ = _verdicts.get(m["comm_id"], ("healthy", "", 0.0))
+            cls, _, _ = _verdicts.get(m["comm_id"], (VerdictClass.HEALTHY, "", 0.0))
             classes = VERDICT_CLASSES if cls in VERDICT_CLASSES else (*VERDICT_CLASSES, cls)
             for c in classes:
                 fam["verdict"].add_metric([*base, c], 1.0 if c == cls else 0.0)

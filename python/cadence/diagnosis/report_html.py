@@ -28,14 +28,14 @@ import math
 import os
 import time
 
-from cadence.diagnosis.classify import ranks_text
-from cadence.diagnosis.dumps import Dump, Msg, Op
+from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
 from cadence.diagnosis.exclude import exclusion_hosts
 from cadence.diagnosis.trace import op_name
+from cadence.diagnosis.verdict import VerdictClass, ranks_text
 
 CLASS_COLORS = {
-    "healthy": "#2e7d32", "noncomm_hang": "#b26a00", "comm_hang": "#c62828",
-    "mismatch": "#6a1b9a",
+    VerdictClass.HEALTHY: "#2e7d32", VerdictClass.NONCOMM_HANG: "#b26a00",
+    VerdictClass.COMM_HANG: "#c62828", VerdictClass.MISMATCH: "#6a1b9a",
 }
 STATE_COLORS = {
     "stalled": "#d62728", "pending": "#fd8d3c", "held": "#fdd049", "none": "#f3f3f3",
@@ -176,9 +176,9 @@ def _cell_state(c: _Cell, stalled: bool) -> str:
     ms = c.sends + c.recvs
     if stalled:
         return "stalled"
-    if any(m.state == "pending" for m in ms):
+    if any(m.state == MsgState.PENDING for m in ms):
         return "pending"
-    if any(m.state == "held" for m in ms):
+    if any(m.state == MsgState.HELD for m in ms):
         return "held"
     if ms:
         return "done"
@@ -195,7 +195,7 @@ def _side(ms: list[Msg], what: str) -> str:
     states = sorted({m.state for m in ms})
     text = f"{what}: {fmt_bytes(moved)} of {fmt_bytes(total)} in {len(ms)} message" \
            f"{'s' if len(ms) != 1 else ''} ({', '.join(states)})"
-    open_ = [(j, m) for j, m in enumerate(ms, 1) if m.state != "done"]
+    open_ = [(j, m) for j, m in enumerate(ms, 1) if m.state != MsgState.DONE]
     for j, m in open_[:3]:
         text += f"\n  message {j}: {m.state}, {fmt_bytes(m.moved)} of {fmt_bytes(m.bytes)}"
     if len(open_) > 3:

@@ -56,8 +56,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from cadence.diagnosis.classify import COMM_SLOW, NONCOMM_SLOW, Verdict, ranks_text
-from cadence.diagnosis.dumps import Dump, Op
+from cadence.diagnosis.dumps import Dump, MsgState, Op
+from cadence.diagnosis.verdict import COMM_SLOW, NONCOMM_SLOW, Verdict, ranks_text
 
 # --- thresholds ---------------------------------------------------------------
 # Chosen from real runs on the emulated cluster (4 hosts x 2 ranks, 1 Gbit/s
@@ -345,7 +345,7 @@ def _timed_receives(job: _Job, after: int):
             if o.is_p2p or not o.ok or o.seq <= after or not o.messages:
                 continue
             for m in o.messages:
-                if (m.dir != "recv" or m.state != "done" or m.bytes < MIN_MSG_BYTES
+                if (m.dir != "recv" or m.state != MsgState.DONE or m.bytes < MIN_MSG_BYTES
                         or m.first_ns is None or m.last_ns is None or m.last_ns <= m.first_ns):
                     continue  # moved in one go (it was there already): no rate in it
                 yield m.peer, dst, o.seq, d.wall(m.first_ns), d.wall(m.last_ns), m.bytes

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from cadence.diagnosis.dumps import Dump, Msg, Op
+from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
 
 
 def abs_ns(d: Dump, t_ns: int) -> int:
@@ -65,7 +65,7 @@ def msg_span(d: Dump, o: Op, m: Msg) -> tuple[int, int, bool]:
     ends when its operation ended (it failed) or at the dump."""
     o_start, o_end, _ = op_span(d, o)
     start = m.first_ns if m.first_ns is not None else o_start
-    if m.state == "done":
+    if m.state == MsgState.DONE:
         end = m.last_ns if m.last_ns is not None else o_end
         return start, max(start, end), False
     end = max(o_end, m.last_ns or 0)
@@ -145,7 +145,7 @@ def build(dumps: list[Dump], verdict=None) -> dict:
             for m in o.messages or ():
                 j = counts[(m.peer, m.dir)] = counts.get((m.peer, m.dir), 0) + 1
                 ms, me, mopen = msg_span(d, o, m)
-                mname = msg_name(m) + (f" [{m.state}]" if m.state != "done" else "")
+                mname = msg_name(m) + (f" [{m.state}]" if m.state != MsgState.DONE else "")
                 margs = {"state": m.state, "moved": m.moved, "bytes": m.bytes, "peer": m.peer,
                          "dir": m.dir, "op": op_name(o), "op_id": o.id, "index": j,
                          "comm": d.comm}
@@ -155,7 +155,7 @@ def build(dumps: list[Dump], verdict=None) -> dict:
                     margs["open"] = ("not finished when its operation " +
                                      ("was dumped" if o.running else "ended") +
                                      ": ends there")
-                cname = "bad" if m.state == "pending" else "yellow" if m.state == "held" else None
+                cname = {MsgState.PENDING: "bad", MsgState.HELD: "yellow"}.get(m.state)
                 msgs[key].append(_Slice(abs_ns(d, ms), abs_ns(d, me), mname, margs, cname))
         instants.append((abs_ns(d, d.dump_ns), {
             "name": "dump", "ph": "i", "s": "t", "pid": host_pid[d.host],

@@ -42,13 +42,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cadence.diagnosis.verdict import VerdictClass
 from cadence.testbed import cluster as tb
 from cadence.testbed import jobs
 
 HANG_LIMIT_S = 30.0
 SLOW_LIMIT_S = 60.0
-EXPECTED = {"link_down": "comm_hang", "freeze": "comm_hang", "hold": "noncomm_hang",
-            "slow_link": "comm_slow", "straggle": "noncomm_slow", "none": "healthy"}
+EXPECTED = {"link_down": VerdictClass.COMM_HANG, "freeze": VerdictClass.COMM_HANG,
+            "hold": VerdictClass.NONCOMM_HANG, "slow_link": VerdictClass.COMM_SLOW,
+            "straggle": VerdictClass.NONCOMM_SLOW, "none": VerdictClass.HEALTHY}
 
 
 @dataclass
@@ -70,7 +72,7 @@ class Trial:
     @property
     def ok(self) -> bool:
         if self.fault == "none":
-            return self.cls in ("none", "healthy")
+            return self.cls in ("none", VerdictClass.HEALTHY)
         return self.right_class and self.right_culprit and self.in_time
 
 
@@ -90,7 +92,7 @@ def _read_events(out: Path, nranks: int) -> dict[int, list[dict]]:
 
 def _first_verdict(evs: dict[int, list[dict]]) -> tuple[dict | None, float | None]:
     found = [(e["t"], e["verdict"]) for es in evs.values() for e in es
-             if e.get("ev") == "verdict" and e["verdict"].get("class") != "healthy"]
+             if e.get("ev") == "verdict" and e["verdict"].get("class") != VerdictClass.HEALTHY]
     if not found:
         return None, None
     t, v = min(found, key=lambda x: x[0])
@@ -227,13 +229,14 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
 
 
 def matrix(trials: list[Trial]) -> str:
-    cols = ["comm_hang", "noncomm_hang", "comm_slow", "noncomm_slow", "mismatch", "none"]
+    cols = [VerdictClass.COMM_HANG, VerdictClass.NONCOMM_HANG, VerdictClass.COMM_SLOW,
+            VerdictClass.NONCOMM_SLOW, VerdictClass.MISMATCH, "none"]
     rows = [f for f in EXPECTED if any(t.fault == f for t in trials)]
     head = "| injected \\ verdict | " + " | ".join(cols) + " | right class + culprit + in time |"
     lines = [head, "|" + "---|" * (len(cols) + 2)]
     for f in rows:
         ts = [t for t in trials if t.fault == f]
-        counts = [sum(1 for t in ts if (t.cls if t.cls != "healthy" else "none") == c)
+        counts = [sum(1 for t in ts if (t.cls if t.cls != VerdictClass.HEALTHY else "none") == c)
                   for c in cols]
         good = sum(t.ok for t in ts)
         lines.append(f"| {f} ({EXPECTED[f]}) | " + " | ".join(map(str, counts)) +

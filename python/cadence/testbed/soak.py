@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cadence.testbed import cluster as tb
-from cadence.testbed import jobs, soak_rank
+from cadence.testbed import jobs, processes, soak_rank
 from cadence.testbed.rates import parse_rate
 
 SLOW_RATES = ("20mbit", "50mbit", "200mbit")
@@ -127,7 +127,7 @@ class JobRecord:
     note: str = ""
 
 
-class Job:
+class RunningJob:
     """One running job: its ranks' processes and what they said."""
 
     def __init__(self, soak: Soak, jid: int):
@@ -306,7 +306,7 @@ class Job:
         return False
 
     def kill(self) -> None:
-        jobs.terminate([st.proc for st in self.ranks.values()] + [self.store])
+        processes.terminate([st.proc for st in self.ranks.values()] + [self.store])
         for st in self.ranks.values():
             if st.exit is None:
                 st.proc.wait()
@@ -315,7 +315,7 @@ class Job:
                 st.killed = True
 
     def _finish(self) -> None:
-        jobs.terminate([self.store])
+        processes.terminate([self.store])
         # Every process has exited: its pipes end once read to the last line.
         until = time.monotonic() + READERS_DRAIN_S
         for t in self.readers:
@@ -340,7 +340,7 @@ class Job:
                     "msg": (e.get("msg") or "")[:500],
                 })  # fmt: skip
             elif st.exit not in (0, None) and not st.killed:
-                exit_ = jobs.describe_exit(st.exit)
+                exit_ = processes.describe_exit(st.exit)
                 if st.exit == soak_rank.EXIT_COMM_ERROR:
                     exit_ += " (a CommError) without its error event"
                 rec.crashed_ranks.append({"rank": st.rank, "exit": exit_})
@@ -366,7 +366,7 @@ class Soak:
         self.events: queue.Queue = queue.Queue()
         self.cluster: tb.Cluster | None = None
         self.owns_cluster = False
-        self.job: Job | None = None
+        self.job: RunningJob | None = None
         self.records: list[JobRecord] = []
         self.faults: list[Fault] = []
         self.active: Fault | None = None
@@ -547,7 +547,7 @@ class Soak:
                     # A job started in the last seconds would only start and stop.
                     if stopping or (jid > 0 and end - now < LAST_START):
                         break
-                    self.job = Job(self, jid)
+                    self.job = RunningJob(self, jid)
                     jid += 1
                 self._faults_tick(stopping)
                 if now >= next_progress:

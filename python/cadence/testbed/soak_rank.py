@@ -358,7 +358,7 @@ def _issue_p2p(spec: Spec, r: int, async_op: bool, what: str):
 # ---------------------------------------------------------------- the job
 
 
-class Job:
+class SoakRank:
     def __init__(self, world, args):
         self.world = world
         self.args = args
@@ -536,7 +536,7 @@ def main(argv=None) -> int:
     job = None
     try:
         world = cadence.init(name=f"soak{args.job}")
-        job = Job(world, args)
+        job = SoakRank(world, args)
         job.run()
         world.close()
         return 0

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-import cadence
-from cadence import CommError
+from cadence import _communicator
+from cadence._core import CommError
 from cadence.torch._tensors import (
     BITWISE,
     Reduction,
@@ -76,8 +76,8 @@ class _Group:
     the store it was built from, the completer thread and the timeout."""
 
     def __init__(self, store, rank: int, size: int, timeout_s: float, name: str) -> None:
-        self.comm = cadence.init(store=_StoreForInit(store), rank=rank, world_size=size,
-                                 timeout=timeout_s, name=f"torch/{name}")
+        self.comm = _communicator.init(store=_StoreForInit(store), rank=rank, world_size=size,
+                                       timeout=timeout_s, name=f"torch/{name}")
         self.store = store
         self.timeout_s = timeout_s
         self.completer = Completer(f"cadence-{self.comm.id}")
@@ -170,7 +170,7 @@ class _Collectives:
         return BACKEND
 
     @property
-    def communicator(self) -> cadence.Communicator:
+    def communicator(self) -> _communicator.Communicator:
         """The cadence communicator under this group (flight recorder, hosts)."""
         return self._g.comm
 

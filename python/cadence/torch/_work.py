@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from cadence import CommError
+from cadence._core import CommError
 
 
 def backend_error(e: BaseException) -> dist.DistBackendError:
