@@ -197,11 +197,9 @@ impl Sim<'_> {
         // has ready (this one and the released ones behind it), as counted
         // when this one leaves: TCP gives a connection that always has data
         // more of a link than one the application leaves idle between
-        // messages (a larger congestion window). The engine's trace of a
-        // 64 MiB double binary tree on 4 hosts: the inner ranks send each
-        // other two messages a slot, back to back, at half the link each,
-        // and the leaves one at a quarter; with equal shares every slot
-        // waited 26 ms for the inner pair where the engine took 18.
+        // messages (a larger congestion window); equal shares made a double
+        // binary tree's slots wait for the inner pair far longer than the
+        // engine does.
         let weight = ch_ready(&self.chans[c as usize]) as f64;
         self.flows
             .start_weighted(c as usize, self.model.route(a, b), bytes, weight);
