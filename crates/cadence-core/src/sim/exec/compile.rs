@@ -158,3 +158,74 @@ impl Xfer {
 pub(super) fn blocks(earlier: &Xfer, held: &Xfer) -> bool {
     earlier.access().conflicts(&held.access())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{Algo, Phase};
+
+    /// One phase's transfers, compiled.
+    fn xfers(steps: Vec<Step>) -> Vec<Xfer> {
+        let s = Schedule {
+            rank: 0,
+            nranks: 2,
+            algo: Algo::Direct,
+            phases: vec![Phase { steps }],
+            scratch_len: 8,
+        };
+        compile(&s).unwrap().xfers
+    }
+
+    fn send(src: Span) -> Step {
+        Step::Send { peer: 1, src }
+    }
+
+    fn recv(dst: Span, reduce_with: Option<Span>) -> Step {
+        Step::Recv {
+            peer: 1,
+            dst,
+            reduce_with,
+        }
+    }
+
+    /// Buffers are memories, offsets elements; a reducing receive reads its
+    /// operand, and a receive a fold reduces as it lands is modeled as one
+    /// reducing with the fold's destination.
+    #[test]
+    fn a_held_transfer_is_blocked_by_the_hazard_rule_on_buffers() {
+        let current = xfers(vec![
+            recv(Span::output(0, 4), Some(Span::input(0, 4))),
+            send(Span::scratch(0, 4)),
+            recv(Span::scratch(4, 4), None),
+            Step::Fold {
+                src: Span::scratch(4, 4),
+                dst: Span::output(4, 4),
+            },
+        ]);
+        let blocked = |step: Step| {
+            let held = xfers(vec![step])[0];
+            current.iter().any(|e| blocks(e, &held))
+        };
+        assert!(
+            blocked(send(Span::output(2, 1))),
+            "reads what a receive writes"
+        );
+        assert!(
+            !blocked(send(Span::input(0, 4))),
+            "reads what a receive reads"
+        );
+        assert!(!blocked(send(Span::input(4, 4))));
+        assert!(
+            blocked(recv(Span::scratch(3, 2), None)),
+            "writes what a send reads"
+        );
+        assert!(
+            blocked(recv(Span::output(6, 1), None)),
+            "writes what a fold's receive reduces into"
+        );
+        assert!(!blocked(recv(Span::output(8, 0), None)));
+        let empty = xfers(vec![send(Span::output(0, 0))])[0];
+        assert!(!empty.carries_data());
+        assert!(xfers(vec![send(Span::output(0, 1))])[0].carries_data());
+    }
+}
