@@ -38,6 +38,11 @@
 //! visited in: a rank's memory changes only by its own steps, and what it
 //! receives was captured at a point fixed in the sender's own sequence.
 //!
+//! The engine may start a transfer of the next phase before the current one
+//! completes (its lookahead). It does so by the rule `structure.rs` checks
+//! within a phase (`schedule::hazard`), which says why the results are
+//! still those of this phase-by-phase run.
+//!
 //! Files: `fault.rs` (what a failure says), `world.rs` (one verification
 //! problem: initial memory, expected results, the order of the checks),
 //! `structure.rs` (bounds, writes and overlaps within a phase, on physical
