@@ -126,6 +126,13 @@ impl Access {
         }
     }
 
+    /// Whether the transfer writes memory (a receive). One that only reads
+    /// can conflict only with one that writes, so a caller checking a send
+    /// may skip the other sends.
+    pub fn writes(&self) -> bool {
+        matches!(self, Access::Recv { .. })
+    }
+
     /// Whether the two transfers may not be in flight at the same time:
     /// one writes memory the other reads or writes.
     pub fn conflicts(&self, other: &Access) -> bool {
@@ -191,6 +198,7 @@ mod tests {
     #[test]
     fn a_send_conflicts_only_with_a_receive_into_its_source() {
         assert!(!conflict(send(0, 4), send(2, 4)), "two reads");
+        assert!(!send(0, 4).writes() && recv(0, 4).writes() && reducing(0, 4, 8).writes());
         assert!(conflict(send(0, 4), recv(3, 4)));
         assert!(!conflict(send(0, 4), recv(4, 4)));
         // A reducing receive reads its other operand: no conflict with a
