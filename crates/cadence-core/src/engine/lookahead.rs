@@ -34,10 +34,8 @@ pub(crate) struct JobRange {
 }
 
 /// Releases the held jobs of phase `cur`+1 that conflict with no unfinished
-/// job of phase `cur`: a send must not read what a receive still writes; a
-/// receive must not write what a send still reads or a receive still writes
-/// or reads, nor read what a receive still writes. Returns how many it
-/// released.
+/// job of phase `cur`, by the rule the verifier checks within a phase
+/// (`schedule::hazard`). Returns how many it released.
 pub(super) fn release_held(
     sends: &mut [(usize, SendJob)],
     recvs: &mut [(usize, RecvJob)],
@@ -47,52 +45,44 @@ pub(super) fn release_held(
     first_recv: &[usize],
     cur: usize,
 ) -> usize {
+    use crate::schedule::hazard::{may_start_ahead, Access, Region};
     let (cs, cr) = job_spans(cur, sends, recvs, first_send, first_recv);
     let (hs, hr) = job_spans(cur + 1, sends, recvs, first_send, first_recv);
-    let send_range = |i: usize| &send_ranges[i];
-    let recv_range = |i: usize| &recv_ranges[i];
-    let hits = |a: usize, alen: usize, b: usize, blen: usize| {
-        alen > 0 && blen > 0 && a < b + blen && b < a + alen
+    // Addresses: one memory, in bytes.
+    let region = |start: usize, len: usize| Region::new(0, start, len);
+    let send_access = |i: usize| {
+        let r = &send_ranges[i];
+        Access::Send {
+            src: region(r.start, r.len),
+        }
+    };
+    let recv_access = |i: usize| {
+        let r = &recv_ranges[i];
+        Access::Recv {
+            dst: region(r.start, r.len),
+            with: r.with.map(|w| region(w, r.len)),
+        }
+    };
+    let may_start = |held: Access, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]| {
+        // Two reads never conflict: a held send skips the current sends.
+        let cs = if held.writes() {
+            cs.clone()
+        } else {
+            cs.end..cs.end
+        };
+        let unfinished_sends = cs.filter(|&j| !sends[j].1.done).map(send_access);
+        let unfinished_recvs = cr.clone().filter(|&j| !recvs[j].1.done).map(recv_access);
+        may_start_ahead(&held, unfinished_sends.chain(unfinished_recvs))
     };
     let mut released = 0;
     for i in hs {
-        if !sends[i].1.held {
-            continue;
-        }
-        let r = send_range(i);
-        // An empty message carries no data, only order (a barrier's signal
-        // must not leave before the previous round's arrived): it waits for
-        // its whole phase to become current.
-        if r.len == 0 {
-            continue;
-        }
-        let blocked = cr.clone().any(|j| {
-            !recvs[j].1.done && hits(r.start, r.len, recv_range(j).start, recv_range(j).len)
-        });
-        if !blocked {
+        if sends[i].1.held && may_start(send_access(i), sends, recvs) {
             sends[i].1.held = false;
             released += 1;
         }
     }
     for i in hr {
-        if !recvs[i].1.held {
-            continue;
-        }
-        let r = *recv_range(i);
-        if r.len == 0 {
-            continue; // see above: released when its phase becomes current
-        }
-        let vs_send = cs.clone().any(|j| {
-            !sends[j].1.done && hits(r.start, r.len, send_range(j).start, send_range(j).len)
-        });
-        let vs_recv = cr.clone().any(|j| {
-            let b = recv_range(j);
-            !recvs[j].1.done
-                && (hits(r.start, r.len, b.start, b.len)
-                    || r.with.is_some_and(|w| hits(w, r.len, b.start, b.len))
-                    || b.with.is_some_and(|w| hits(r.start, r.len, w, b.len)))
-        });
-        if !vs_send && !vs_recv {
+        if recvs[i].1.held && may_start(recv_access(i), sends, recvs) {
             recvs[i].1.held = false;
             released += 1;
         }

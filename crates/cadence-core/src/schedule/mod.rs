@@ -21,6 +21,7 @@ mod bruck;
 pub mod cost;
 mod direct;
 mod double_binary_tree;
+pub mod hazard;
 mod hierarchical;
 pub mod ir;
 pub mod lower;
