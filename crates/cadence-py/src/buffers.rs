@@ -126,8 +126,8 @@ static TENSOR_SPAN: pyo3::sync::GILOnceCell<Py<PyAny>> = pyo3::sync::GILOnceCell
 
 /// Fast path for CPU torch tensors (`cadence._buffers.tensor_span`): their
 /// address, size and dtype, without the numpy view the general path makes
-/// of them (4-6 µs a buffer, more than a small collective takes). `None`
-/// for anything else, unusual tensors included: the general path has their
+/// of them, which costs more than a small collective takes. `None` for
+/// anything else, unusual tensors included: the general path has their
 /// errors.
 fn tensor_view(obj: &Bound<'_, PyAny>) -> PyResult<Option<View>> {
     let py = obj.py();
