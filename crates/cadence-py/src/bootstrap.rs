@@ -1,0 +1,90 @@
+//! `Bootstrap`: how ranks find each other before a communicator exists.
+
+use crate::communicator::PyComm;
+use crate::errors::to_py_err;
+use cadence_core::comm::{Bootstrap as CoreBootstrap, PeerInfo};
+use cadence_core::{Config, JobSecret};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Bootstrap: `Bootstrap(comm_id, rank, size, host, ip, timeout, secret=b,
+/// job=None)` listens; publish `info()` through the store; `connect([info of
+/// every rank])`. `secret` (the job secret, non-empty, the same on every
+/// rank) keys the handshake every TCP connection must pass; `job` names the
+/// job in dumps (default: the communicator id).
+#[pyclass(module = "cadence._core")]
+pub(crate) struct Bootstrap {
+    inner: Option<CoreBootstrap>,
+}
+
+#[pymethods]
+impl Bootstrap {
+    #[new]
+    #[pyo3(signature = (comm_id, rank, size, host, ip, timeout=None, *, secret, job=None))]
+    #[allow(clippy::too_many_arguments)] // mirrors the Python signature
+    fn new(
+        py: Python<'_>,
+        comm_id: &str,
+        rank: usize,
+        size: usize,
+        host: &str,
+        ip: &str,
+        timeout: Option<f64>,
+        secret: &[u8],
+        job: Option<&str>,
+    ) -> PyResult<Bootstrap> {
+        let secret = JobSecret::new(secret).map_err(PyValueError::new_err)?;
+        let mut cfg = Config::from_env().map_err(PyValueError::new_err)?;
+        if let Some(t) = timeout {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(PyValueError::new_err(
+                    "timeout must be a positive number of seconds",
+                ));
+            }
+            cfg.timeout = Duration::from_secs_f64(t);
+        }
+        // One address, or one per NIC separated by commas.
+        let ips: Vec<IpAddr> = ip
+            .split(',')
+            .map(|a| {
+                a.trim()
+                    .parse()
+                    .map_err(|_| PyValueError::new_err(format!("bad IP address {a:?}")))
+            })
+            .collect::<PyResult<_>>()?;
+        let mut b = CoreBootstrap::with_nics(comm_id, rank, size, host, &ips, cfg, secret)
+            .map_err(|e| to_py_err(py, e))?;
+        if let Some(job) = job {
+            b.set_job(job).map_err(|e| to_py_err(py, e))?;
+        }
+        Ok(Bootstrap { inner: Some(b) })
+    }
+
+    /// This rank's address record (JSON) to publish.
+    fn info(&self) -> PyResult<String> {
+        let b = self
+            .inner
+            .as_ref()
+            .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
+        Ok(serde_json::to_string(&b.info).expect("serializable"))
+    }
+
+    /// Connects to every peer; `infos[r]` is rank r's `info()`.
+    fn connect(&mut self, py: Python<'_>, infos: Vec<String>) -> PyResult<PyComm> {
+        let b = self
+            .inner
+            .take()
+            .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
+        let parsed = infos
+            .iter()
+            .map(|s| serde_json::from_str::<PeerInfo>(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| PyValueError::new_err(format!("bad peer info: {e}")))?;
+        let comm = py
+            .allow_threads(move || b.connect(parsed))
+            .map_err(|e| to_py_err(py, e))?;
+        Ok(PyComm::new(comm))
+    }
+}
