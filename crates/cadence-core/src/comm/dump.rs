@@ -326,3 +326,325 @@ fn hostname() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::PathStats;
+    use crate::types::CollKind;
+    use serde_json::Value;
+    use std::borrow::Cow;
+
+    fn keys(v: &Value) -> Vec<&str> {
+        v.as_object().unwrap().keys().map(String::as_str).collect()
+    }
+
+    fn has_all(v: &Value, wanted: &[&str]) {
+        let got = keys(v);
+        for k in wanted {
+            assert!(got.contains(k), "no {k:?} in {v}");
+        }
+    }
+
+    fn record() -> OpRecord {
+        OpRecord {
+            seq: 3,
+            id: 4,
+            sig: 0xabc,
+            collective: "allreduce",
+            kind: CollKind::AllReduce,
+            algo: "ring",
+            dtype: "float32",
+            redop: "sum",
+            root: 0,
+            count: 1024,
+            bytes: 4096,
+            enqueue_ns: 10,
+            start_ns: 11,
+            end_ns: 0,
+            status: Cow::Borrowed("running"),
+            msgs_from: 0,
+            nmsgs: 0,
+        }
+    }
+
+    fn link() -> LinkStats {
+        LinkStats {
+            peer: 1,
+            transport: "tcp",
+            paths: vec![PathStats::default()],
+            ..LinkStats::default()
+        }
+    }
+
+    /// The keys `python/cadence/diagnosis/dumps.py` reads (`parse`, `_op`,
+    /// `_msg`, `_links`), and its format name and version.
+    #[test]
+    fn a_dump_has_what_cadence_doctor_reads() {
+        let msg = MsgRecord {
+            op: 4,
+            peer: 1,
+            dir: Dir::Recv,
+            state: MsgState::Pending,
+            bytes: 4096,
+            moved: 1024,
+            first_ns: Some(12),
+            last_ns: None,
+        };
+        let order = OrderChoice::default();
+        let dump = Dump {
+            format: DUMP_FORMAT,
+            version: DUMP_VERSION,
+            job: "job1",
+            comm_id: "c1",
+            rank: 0,
+            nranks: 2,
+            host: "h0",
+            hostname: "machine".into(),
+            pid: 7,
+            peers: vec![Peer {
+                rank: 1,
+                host: "h1",
+                pid: 8,
+            }],
+            timeout_s: 300.0,
+            base_unix_ns: 1,
+            dump_ns: 20,
+            clock: ClockOffset::SAME_HOST,
+            reason: "on demand",
+            failure: None,
+            total_ops: 4,
+            record_capacity: 1024,
+            message_capacity: 4096,
+            ops: vec![DumpedOp {
+                record: record(),
+                comm_id: "c1",
+                messages_state: "live",
+                messages: Some(vec![msg]),
+                messages_at_ns: Some(15),
+            }],
+            links: vec![link()],
+            waits: Some(WaitStats::default()),
+            ring_order: &order,
+        };
+        let d: Value = serde_json::from_str(&to_json_text(&dump)).unwrap();
+        // Every key, so that a rename or a lost field shows here first.
+        assert_eq!(
+            keys(&d),
+            [
+                "base_unix_ns",
+                "clock",
+                "comm_id",
+                "dump_ns",
+                "failure",
+                "format",
+                "host",
+                "hostname",
+                "job",
+                "links",
+                "message_capacity",
+                "nranks",
+                "ops",
+                "peers",
+                "pid",
+                "rank",
+                "reason",
+                "record_capacity",
+                "ring_order",
+                "timeout_s",
+                "total_ops",
+                "version",
+                "waits",
+            ]
+        );
+        let python = include_str!("../../../../python/cadence/diagnosis/dumps.py");
+        assert_eq!(d["format"], DUMP_FORMAT);
+        assert!(python.contains(&format!("FORMAT = \"{DUMP_FORMAT}\"")));
+        assert_eq!(d["version"], DUMP_VERSION);
+        assert!(python.contains(&format!("\nVERSION = {DUMP_VERSION}\n")));
+        assert!(d["failure"].is_null());
+        has_all(&d["clock"], &["offset_ns", "error_ns", "method"]);
+        has_all(&d["peers"][0], &["rank", "host", "pid"]);
+        let op = &d["ops"][0];
+        has_all(
+            op,
+            &[
+                "id",
+                "seq",
+                "sig",
+                "collective",
+                "algo",
+                "dtype",
+                "redop",
+                "root",
+                "count",
+                "bytes",
+                "enqueue_ns",
+                "start_ns",
+                "end_ns",
+                "status",
+                "messages",
+                "messages_state",
+                "messages_at_ns",
+                "comm_id",
+            ],
+        );
+        assert_eq!(op["sig"], "0000000000000abc");
+        assert_eq!(op["messages_at_ns"], 15);
+        let m = &op["messages"][0];
+        assert_eq!(
+            keys(m),
+            ["bytes", "dir", "first_ns", "last_ns", "moved", "peer", "state"]
+        );
+        assert_eq!(
+            (&m["dir"], &m["state"]),
+            (&"recv".into(), &"pending".into())
+        );
+        assert!(m["last_ns"].is_null());
+        has_all(
+            &d["links"][0],
+            &[
+                "peer",
+                "transport",
+                "bytes_sent",
+                "bytes_recv",
+                "msgs_sent",
+                "msgs_recv",
+                "busy_ns",
+            ],
+        );
+    }
+
+    /// An operation without messages has no `messages_at_ns` and `null`
+    /// messages; an engine busy at dump time leaves `failure` and `waits`
+    /// null.
+    #[test]
+    fn what_a_dump_leaves_out() {
+        let op = DumpedOp {
+            record: record(),
+            comm_id: "c1",
+            messages_state: "dropped",
+            messages: None,
+            messages_at_ns: None,
+        };
+        let v: Value = serde_json::from_str(&to_json_text(&op)).unwrap();
+        assert!(v["messages"].is_null());
+        assert!(v.get("messages_at_ns").is_none());
+        assert_eq!(v["messages_state"], "dropped");
+    }
+
+    /// The keys `python/cadence/diagnosis/metrics.py` (the Prometheus
+    /// collector) reads.
+    #[test]
+    fn metrics_have_what_the_exporter_reads() {
+        let metrics = Metrics {
+            version: METRICS_VERSION,
+            comm_id: "c1",
+            job: "job1",
+            rank: 0,
+            nranks: 2,
+            host: "h0",
+            now_ns: 99,
+            bucket_bounds_ns: (0..DURATION_BUCKETS).map(bucket_bound_ns).collect(),
+            collectives: vec![KindMetrics {
+                collective: "allreduce",
+                ok: 2,
+                failed: 1,
+                bytes: 8192,
+                duration_ns: 50,
+                buckets: [0; DURATION_BUCKETS + 1],
+            }],
+            links: vec![LinkMetrics {
+                stats: link(),
+                peer_host: Some("h1"),
+            }],
+            running: Some(RunningOp {
+                collective: "barrier",
+                seq: 5,
+                start_ns: 90,
+            }),
+        };
+        let m: Value = serde_json::from_str(&to_json_text(&metrics)).unwrap();
+        assert_eq!(
+            keys(&m),
+            [
+                "bucket_bounds_ns",
+                "collectives",
+                "comm_id",
+                "host",
+                "job",
+                "links",
+                "now_ns",
+                "nranks",
+                "rank",
+                "running",
+                "version",
+            ]
+        );
+        assert_eq!(m["version"], METRICS_VERSION);
+        assert_eq!(
+            keys(&m["collectives"][0]),
+            [
+                "buckets",
+                "bytes",
+                "collective",
+                "duration_ns",
+                "failed",
+                "ok"
+            ]
+        );
+        assert_eq!(
+            m["collectives"][0]["buckets"].as_array().unwrap().len(),
+            m["bucket_bounds_ns"].as_array().unwrap().len() + 1
+        );
+        let link = &m["links"][0];
+        has_all(
+            link,
+            &[
+                "peer",
+                "peer_host",
+                "transport",
+                "bytes_sent",
+                "bytes_recv",
+                "msgs_sent",
+                "msgs_recv",
+                "busy_ns",
+                "paths",
+            ],
+        );
+        assert_eq!(link["peer_host"], "h1");
+        has_all(
+            &link["paths"][0],
+            &[
+                "bytes_sent",
+                "bytes_recv",
+                "rate_bps",
+                "up",
+                "downs",
+                "resent_bytes",
+            ],
+        );
+        assert_eq!(keys(&m["running"]), ["collective", "seq", "start_ns"]);
+    }
+
+    /// The text has its keys sorted at every level, whatever order a struct
+    /// declares its fields in (what the dumps always had).
+    #[test]
+    fn the_text_has_sorted_keys() {
+        #[derive(Serialize)]
+        struct Inner {
+            z: u8,
+            a: u8,
+        }
+        #[derive(Serialize)]
+        struct Outer {
+            b: Inner,
+            a: Option<u8>,
+        }
+        let doc = Outer {
+            b: Inner { z: 1, a: 2 },
+            a: None,
+        };
+        assert_eq!(to_json_text(&doc), r#"{"a":null,"b":{"a":2,"z":1}}"#);
+    }
+}
