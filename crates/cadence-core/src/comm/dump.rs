@@ -179,7 +179,7 @@ impl Shared {
         let links: Vec<LinkStats> = self.links.iter().map(|l| l.snapshot()).collect();
         // Copy what the dump needs under the recorder's lock (the operations
         // take it at start and end), and serialize after letting go:
-        // serializing a full ring takes tens of milliseconds.
+        // serializing a full ring is slow next to an operation.
         let (ops, dump_ns, base_unix_ns, total_ops) = {
             let rec = self.recorder.lock().unwrap();
             let base = rec.base_unix_ns;

@@ -17,7 +17,8 @@ use std::sync::Arc;
 /// emptied, which bounds their memory.
 const SCHEDULE_CACHE_MAX: usize = 4096;
 
-/// The operation's signature (`OpMeta::sig`) from its arguments.
+/// A hash of `words` that is the same on every host and build: the
+/// operations' signatures (`OpMeta::sig`) are made with it.
 pub(super) fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
     // FNV-1a-style over whole 64-bit words with a final avalanche: stable
     // across builds and hosts (unlike std's hasher), a few lines, and one
@@ -73,7 +74,7 @@ impl Shared {
     }
 
     /// Checks arguments that need no communication. Returns the collective's
-    /// arguments and the buffer sizes in elements.
+    /// arguments.
     pub(super) fn validate(&self, req: &OpRequest) -> std::result::Result<CollArgs, String> {
         let n = self.nranks;
         let k = req.kind;

@@ -15,7 +15,7 @@ impl Shared {
     /// Opens the record of operation `id`; `meta` is its wire identity
     /// (`None` for a receive from any source not yet matched). Returns when
     /// it started, which the caller's deadline counts from (one clock read
-    /// for both: a small call's clock reads are a fifth of its cost).
+    /// for both: clock reads weigh on a small call's cost).
     pub(super) fn record_start(
         &self,
         id: u64,
