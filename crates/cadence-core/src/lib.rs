@@ -13,6 +13,7 @@
 #[macro_use]
 mod log;
 
+pub mod choice;
 pub mod comm;
 pub mod config;
 pub mod copy;
