@@ -27,12 +27,8 @@
 //! A tuning table's model for the setting always wins over this one.
 //!
 //! **On by default** (`CADENCE_CALIBRATE=0`, as rank 0 reads it, turns it
-//! off). On the emulated cluster (4 hosts × 2 ranks on 2 cores, 16 B–64 MiB,
-//! `benchmarks/calibration_check.sh`) auto chose within 10 % of the best
-//! algorithm at 49 of 57 (collective, size) cells with this model against 37
-//! with the size table (allreduce 12/12 both). Without the loaded α it was
-//! 9 of 12 allreduce sizes: the model underrated schedules with more phases
-//! at 1–16 KiB.
+//! off): across hosts it chose near the best algorithm more often than the
+//! size table (`benchmarks/calibration_check.sh`).
 
 use super::{Comm, OpRequest};
 use crate::error::Result;
