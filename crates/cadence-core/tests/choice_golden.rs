@@ -58,7 +58,7 @@ fn args_of(kind: CollKind, n: usize, count: usize) -> CollArgs {
 fn layouts(n: usize) -> Vec<(&'static str, Topology)> {
     let mut out = vec![("one-host", Topology::single_host(n))];
     for (name, per) in [("1/host", 1), ("2/host", 2), ("4/host", 4), ("8/host", 8)] {
-        if n % per == 0 && n / per >= 2 {
+        if n.is_multiple_of(per) && n / per >= 2 {
             let hosts: Vec<usize> = (0..n).map(|r| r / per).collect();
             out.push((name, Topology::from_hosts(&hosts)));
         }
