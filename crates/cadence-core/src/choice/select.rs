@@ -6,7 +6,7 @@ use super::tuned::Tuned;
 use crate::schedule::{self, Algo, CollArgs, CostModel, Topology};
 use std::fmt;
 
-/// Why [`select_algo`] chose what it chose.
+/// Why [`select_algo_on`] chose what it chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Why {
     /// The call passed the algorithm itself.
@@ -43,7 +43,7 @@ impl fmt::Display for Why {
     }
 }
 
-/// The size [`schedule::default_algo`] and `CADENCE_ALGO` ranges speak of:
+/// The size the size table and `CADENCE_ALGO` ranges speak of:
 /// bytes of the collective's full buffer (the sum of the counts).
 pub fn coll_bytes(args: &CollArgs, elem_size: usize) -> u64 {
     let count: usize = args.counts.iter().sum();
@@ -55,7 +55,7 @@ pub fn coll_bytes(args: &CollArgs, elem_size: usize) -> u64 {
 /// setting), else the size table of [`super::defaults::default_algo_on`].
 pub struct Auto {
     pub topo: Topology,
-    /// How `topo`'s ring order was chosen (see `order.rs`).
+    /// How `topo`'s ring order was chosen (see `comm::order`).
     pub order: crate::comm::order::OrderChoice,
     /// The measured network between the hosts, when a topology file or the
     /// start-up profile gave one: the model prices algorithms on it.
