@@ -260,6 +260,23 @@ mod tests {
     }
 
     #[test]
+    fn every_collective_ends_in_a_row_for_every_call() {
+        for kind in CollKind::ALL {
+            let last = TABLE.iter().rfind(|r| r.kind == kind).unwrap();
+            assert_eq!(
+                (last.on, last.ranks, last.bytes),
+                (On::Anywhere, ANY_RANKS, ALL_SIZES),
+                "{kind}"
+            );
+            assert!(algos_for(kind).contains(&last.algo), "{kind}");
+        }
+        for r in TABLE {
+            assert!(algos_for(r.kind).contains(&r.algo), "{r:?}");
+            assert!(r.ranks.0 <= r.ranks.1 && r.bytes.0 <= r.bytes.1, "{r:?}");
+        }
+    }
+
+    #[test]
     fn default_algo_follows_the_size_table() {
         let ar = |count| args(CollKind::AllReduce, 0, vec![count]);
         assert_eq!(default_algo(&ar(1024), 8, 4), Algo::RecursiveDoubling);
