@@ -9,13 +9,14 @@
 //! 3. [`Auto`], among the algorithms `CADENCE_ALGO` does not exclude: the
 //!    tuning table `cadence tune` wrote for this setting ([`tuned`]), else
 //!    the cost model (`schedule::cost`, with parameters from the tuning
-//!    table or the start-up calibration in `comm::calibrate`), else the
+//!    table or the start-up calibration, [`calibrate`]), else the
 //!    size table ([`defaults`]);
 //! 4. if everything there is excluded, the first algorithm of
 //!    `schedule::algos_for` that is neither excluded nor inapplicable.
 //!
 //! [`report`] holds what `CADENCE_DEBUG=INFO` prints about it.
 
+pub mod calibrate;
 pub mod defaults;
 pub mod overrides;
 pub mod report;
