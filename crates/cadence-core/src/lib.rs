@@ -6,13 +6,15 @@
 //! [`transport`] (shared memory and TCP links), [`engine`] (runs schedules
 //! with deadlines), [`monitor`] (always-on operation records), [`comm`] (the
 //! communicator that ties them together), [`config`] (`CADENCE_*` variables),
-//! [`tuning`] (tables `cadence tune` measured), [`fabric`] (the network between
+//! [`choice`] (which algorithm a call runs: `CADENCE_ALGO`, tuning tables,
+//! the cost model, the size table), [`fabric`] (the network between
 //! hosts: measured model and path finder), [`sim`] (schedules run on a model
 //! of a cluster).
 
 #[macro_use]
 mod log;
 
+pub mod choice;
 pub mod comm;
 pub mod config;
 pub mod copy;

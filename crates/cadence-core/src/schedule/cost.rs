@@ -53,16 +53,14 @@ pub struct CostModel {
     pub gamma: f64,
     /// Incast: when a host receives from k other hosts in one phase, its
     /// TCP bytes cost `β · (1 + incast · (k-1))`. Flows from several hosts
-    /// converge on one switch port and finish unevenly; measured on the
-    /// emulated cluster, `direct` (k = n-1) trails the ring (k = 1), which
-    /// moves the same bytes.
+    /// converge on one switch port and finish unevenly, so `direct` (k =
+    /// n-1) trails the ring (k = 1), which moves the same bytes.
     pub incast: f64,
     /// The share of each further concurrent TCP message's α that a phase
     /// pays (0: latencies overlap fully, 1: messages go one after another).
-    /// Measured on the emulated cluster (4 hosts × 2, 8 ranks on 2 cores):
-    /// `direct`, 7 messages a phase, took 3 times recursive doubling's 3
-    /// single-message phases at 16 B–1 KiB, which is 0.7. With full overlap
-    /// (the first model) `direct` looked cheapest there and ran 3× slower.
+    /// One thread posts the messages and handles their arrivals, so their
+    /// latencies overlap only in part; the default was fitted on the
+    /// emulated cluster.
     #[serde(default = "default_tcp_serial")]
     pub tcp_serial: f64,
 }

@@ -1,14 +1,13 @@
 //! One collective at one size on a modeled cluster, as the library would
 //! run it there: the ring order the library takes from a topology file,
-//! `auto` chosen by the library's own selection code (`comm::select`,
+//! `auto` chosen by the library's own selection code (`choice`,
 //! priced with the cost model a start-up calibration would measure on this
 //! cluster), and the schedules from the library's generators.
 
 use super::exec::{simulate_calls, simulate_program, Model, Outcome, Unit};
 use super::spec::Loaded;
+use crate::choice::{select_algo_on, AlgoOverride, Auto};
 use crate::comm::order::choose_by;
-use crate::comm::select::{select_algo_on, Auto};
-use crate::config::AlgoOverride;
 use crate::fabric::file::{TopoFile, KIND, VERSION};
 use crate::fabric::probe::{self, Flow};
 use crate::schedule::{self, Algo, CollArgs, CostModel, LinkCost, Schedule, Topology};

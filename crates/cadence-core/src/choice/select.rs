@@ -1,0 +1,371 @@
+//! The one entry point of the choice: [`select_algo_on`] decides a call's
+//! algorithm from (the call's own request, `CADENCE_ALGO`, [`Auto`]).
+
+use super::overrides::{AlgoOverride, AlgoRange};
+use super::tuned::Tuned;
+use crate::schedule::{self, Algo, CollArgs, CostModel, Topology};
+use std::fmt;
+
+/// Why [`select_algo_on`] chose what it chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// The call passed the algorithm itself.
+    Caller,
+    /// A `CADENCE_ALGO` entry of this collective covers the call's size.
+    Range(AlgoRange),
+    /// A bare `CADENCE_ALGO` entry (all collectives it applies to).
+    Everywhere,
+    /// The tuning table (`cadence tune`) for this setting.
+    Tuned,
+    /// The cost model's cheapest estimate.
+    Model,
+    /// The size-based default.
+    Default,
+    /// The size-based default was this excluded algorithm.
+    AfterExclusion(Algo),
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Why::Caller => write!(f, "forced by the call"),
+            Why::Range(r) => write!(f, "forced by CADENCE_ALGO range {r}"),
+            Why::Everywhere => write!(f, "forced by CADENCE_ALGO (all collectives)"),
+            Why::Tuned => write!(f, "tuning table"),
+            Why::Model => write!(f, "cost model"),
+            Why::Default => write!(f, "default"),
+            Why::AfterExclusion(a) => write!(
+                f,
+                "default after exclusion (CADENCE_ALGO excludes the default {})",
+                a.name()
+            ),
+        }
+    }
+}
+
+/// The size the size table and `CADENCE_ALGO` ranges speak of:
+/// bytes of the collective's full buffer (the sum of the counts).
+pub fn coll_bytes(args: &CollArgs, elem_size: usize) -> u64 {
+    let count: usize = args.counts.iter().sum();
+    (count as u64).saturating_mul(elem_size as u64)
+}
+
+/// How a communicator chooses when nothing forces a choice: its tuning
+/// table, else its cost model (when parameters were measured for this
+/// setting), else the size table of [`super::defaults::default_algo_on`].
+pub struct Auto {
+    pub topo: Topology,
+    /// How `topo`'s ring order was chosen (see `comm::order`).
+    pub order: crate::comm::order::OrderChoice,
+    /// The measured network between the hosts, when a topology file or the
+    /// start-up profile gave one: the model prices algorithms on it.
+    pub fabric: Option<std::sync::Arc<crate::fabric::pathfind::Fabric>>,
+    pub tuned: Option<Tuned>,
+    pub model: Option<CostModel>,
+    /// The model was measured at start-up (else it is the tuning table's).
+    pub measured_at_start: bool,
+}
+
+impl Auto {
+    /// The size table only (all ranks on one host).
+    pub fn flat(nranks: usize) -> Auto {
+        Auto {
+            topo: Topology::single_host(nranks),
+            order: Default::default(),
+            fabric: None,
+            tuned: None,
+            model: None,
+            measured_at_start: false,
+        }
+    }
+
+    fn choose(
+        &self,
+        args: &CollArgs,
+        es: usize,
+        allowed: impl Fn(Algo) -> bool,
+    ) -> Option<(Algo, Why)> {
+        let bytes = coll_bytes(args, es);
+        if let Some(a) = self.tuned.as_ref().and_then(|t| t.lookup(args.kind, bytes)) {
+            if allowed(a) {
+                return Some((a, Why::Tuned));
+            }
+        }
+        if let Some(m) = &self.model {
+            return self
+                .cheapest(m, args, es, &allowed)
+                .map(|a| (a, Why::Model));
+        }
+        let def = super::defaults::default_algo_on(args, &self.topo, es);
+        allowed(def).then_some((def, Why::Default))
+    }
+
+    /// The algorithm the model says is fastest, among the allowed ones.
+    pub fn cheapest(
+        &self,
+        m: &CostModel,
+        args: &CollArgs,
+        es: usize,
+        allowed: &impl Fn(Algo) -> bool,
+    ) -> Option<Algo> {
+        let n = self.topo.nranks();
+        schedule::algos_for(args.kind)
+            .iter()
+            .copied()
+            .filter(|&a| allowed(a))
+            .filter_map(|a| {
+                let all: Result<Vec<_>, _> = (0..n)
+                    .map(|r| schedule::build_on(args, r, &self.topo, a))
+                    .collect();
+                all.ok()
+                    .map(|s| (m.estimate_on(&s, &self.topo, self.fabric.as_deref(), es), a))
+            })
+            .min_by(|x, y| x.0.total_cmp(&y.0))
+            .map(|(_, a)| a)
+    }
+}
+
+/// Chooses the algorithm for a call (see [`AlgoOverride`] for the order of
+/// precedence; after it, [`Auto`]). `caller` is the algorithm the call itself
+/// asked for. The error is the message of an `InvalidArgument`.
+pub fn select_algo_on(
+    ov: &AlgoOverride,
+    args: &CollArgs,
+    auto: &Auto,
+    elem_size: usize,
+    caller: Option<Algo>,
+) -> Result<(Algo, Why), String> {
+    let kind = args.kind;
+    let nranks = auto.topo.nranks();
+    let applicable = |a: Algo| schedule::applicable_on(args, &auto.topo, a);
+    if let Some(a) = caller {
+        if !applicable(a) {
+            return Err(format!(
+                "algorithm {} does not apply to {kind} here",
+                a.name()
+            ));
+        }
+        return Ok((a, Why::Caller));
+    }
+    let bytes = coll_bytes(args, elem_size);
+    if let Some(r) = ov.range_for(kind, bytes) {
+        if !applicable(r.algo) {
+            return Err(format!(
+                "CADENCE_ALGO forces {} for {kind} of {bytes} bytes ({r}), which does not apply \
+                 (nranks {nranks}, counts {:?})",
+                r.algo.name(),
+                args.counts
+            ));
+        }
+        return Ok((r.algo, Why::Range(*r)));
+    }
+    if let Some(a) = ov.everywhere.iter().copied().find(|&a| applicable(a)) {
+        return Ok((a, Why::Everywhere));
+    }
+    let allowed = |a: Algo| !ov.is_excluded(kind, a) && applicable(a);
+    if let Some(choice) = auto.choose(args, elem_size, allowed) {
+        return Ok(choice);
+    }
+    let def = super::defaults::default_algo_on(args, &auto.topo, elem_size);
+    schedule::algos_for(kind)
+        .iter()
+        .copied()
+        .find(|&a| allowed(a))
+        .map(|a| (a, Why::AfterExclusion(def)))
+        .ok_or_else(|| format!("CADENCE_ALGO excludes every algorithm for {kind}"))
+}
+
+/// [`select_algo_on`] with the size table on one host.
+#[cfg(test)]
+pub fn select_algo(
+    ov: &AlgoOverride,
+    args: &CollArgs,
+    nranks: usize,
+    elem_size: usize,
+    caller: Option<Algo>,
+) -> Result<(Algo, Why), String> {
+    select_algo_on(ov, args, &Auto::flat(nranks), elem_size, caller)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::CollKind;
+
+    fn ar(count: usize) -> CollArgs {
+        CollArgs {
+            kind: CollKind::AllReduce,
+            root: 0,
+            counts: vec![count],
+        }
+    }
+
+    fn ov(s: &str) -> AlgoOverride {
+        AlgoOverride::parse(s).unwrap()
+    }
+
+    #[test]
+    fn ranges_force_by_size_and_the_rest_is_default() {
+        let o = ov("allreduce:recursive_doubling:0-8K;ring:8193-64K");
+        let pick = |count, es| select_algo(&o, &ar(count), 4, es, None).unwrap();
+        // 2048 f32 = 8 KiB: the first range's last size.
+        let (a, why) = pick(2048, 4);
+        assert_eq!(a, Algo::RecursiveDoubling);
+        assert_eq!(why, Why::Range(o.ranges[0]));
+        assert_eq!(
+            why.to_string(),
+            "forced by CADENCE_ALGO range allreduce:recursive_doubling:0-8K"
+        );
+        // 8193 bytes of u8: the second range (ring, where the default would be
+        // recursive doubling).
+        assert_eq!(pick(8193, 1).0, Algo::Ring);
+        assert_eq!(pick(16384, 4).0, Algo::Ring);
+        // Past 64 KiB no range applies: the default (direct on 4 ranks).
+        assert_eq!(pick(16385, 4), (Algo::Direct, Why::Default));
+        assert_eq!(pick(1 << 20, 4), (Algo::Ring, Why::Default));
+        // Other collectives: untouched.
+        let bc = CollArgs {
+            kind: CollKind::Broadcast,
+            root: 1,
+            counts: vec![10],
+        };
+        assert_eq!(
+            select_algo(&o, &bc, 4, 4, None).unwrap(),
+            (Algo::Direct, Why::Default)
+        );
+        // The call's own choice beats everything.
+        assert_eq!(
+            select_algo(&o, &ar(10), 4, 4, Some(Algo::Direct)).unwrap(),
+            (Algo::Direct, Why::Caller)
+        );
+        let e = select_algo(&o, &ar(10), 4, 4, Some(Algo::Pairwise)).unwrap_err();
+        assert_eq!(e, "algorithm pairwise does not apply to allreduce here");
+    }
+
+    #[test]
+    fn exclusions_and_bare_entries() {
+        // Default for 1 MiB + 4 bytes allreduce on 4 ranks is ring; excluded for
+        // allreduce only, the next of algos_for that is not excluded.
+        let o = ov("allreduce:^ring;allreduce:^recursive_doubling");
+        assert_eq!(
+            select_algo(&o, &ar((1 << 18) + 1), 4, 4, None).unwrap(),
+            (Algo::Direct, Why::AfterExclusion(Algo::Ring))
+        );
+        assert_eq!(
+            Why::AfterExclusion(Algo::Ring).to_string(),
+            "default after exclusion (CADENCE_ALGO excludes the default ring)"
+        );
+        // Not excluded for allgather.
+        let ag = CollArgs {
+            kind: CollKind::AllGather,
+            root: 0,
+            counts: vec![1 << 18; 4],
+        };
+        assert_eq!(
+            select_algo(&o, &ag, 4, 4, None).unwrap(),
+            (Algo::Ring, Why::Default)
+        );
+        // Forced in a range, excluded elsewhere.
+        let o = ov("allreduce:ring:0-1K;allreduce:^ring");
+        assert_eq!(select_algo(&o, &ar(4), 4, 4, None).unwrap().0, Algo::Ring);
+        assert_eq!(
+            select_algo(&o, &ar(1 << 20), 4, 4, None).unwrap().0,
+            Algo::RecursiveDoubling
+        );
+        // A bare entry applies where it can; a collective's range beats it.
+        let o = ov("pairwise;ring;allreduce:direct:0-max");
+        assert_eq!(
+            select_algo(&o, &ag, 4, 4, None).unwrap(),
+            (Algo::Ring, Why::Everywhere)
+        );
+        assert_eq!(select_algo(&o, &ar(4), 4, 4, None).unwrap().0, Algo::Direct);
+        let bc = CollArgs {
+            kind: CollKind::Broadcast,
+            root: 0,
+            counts: vec![4],
+        };
+        assert_eq!(
+            select_algo(&o, &bc, 4, 4, None).unwrap(),
+            (Algo::Direct, Why::Default)
+        );
+        // Everything excluded.
+        let all: Vec<String> = schedule::algos_for(CollKind::AllReduce)
+            .iter()
+            .map(|a| format!("^{}", a.name()))
+            .collect();
+        let o = ov(&all.join(";"));
+        assert_eq!(
+            select_algo(&o, &ar(4), 4, 4, None).unwrap_err(),
+            "CADENCE_ALGO excludes every algorithm for allreduce"
+        );
+    }
+
+    #[test]
+    fn a_forced_range_that_does_not_apply_is_an_error() {
+        // The allgather counts' shape is wrong for 4 ranks: nothing applies.
+        let o = ov("allgather:ring:0-1K");
+        let bad = CollArgs {
+            kind: CollKind::AllGather,
+            root: 0,
+            counts: vec![1, 2, 3],
+        };
+        let e = select_algo(&o, &bad, 4, 4, None).unwrap_err();
+        assert!(
+            e.starts_with(
+                "CADENCE_ALGO forces ring for allgather of 24 bytes (allgather:ring:0-1K), \
+                 which does not apply (nranks 4"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn auto_takes_the_tuning_table_then_the_model() {
+        let topo = Topology::from_hosts(&[0, 0, 1, 1]);
+        let tuned = Tuned {
+            choices: vec![(CollKind::AllReduce, 0, 1023, Algo::Direct)],
+            model: None,
+            note: String::new(),
+        };
+        let auto = Auto {
+            topo: topo.clone(),
+            order: Default::default(),
+            fabric: None,
+            tuned: Some(tuned.clone()),
+            model: None,
+            measured_at_start: false,
+        };
+        let none = AlgoOverride::default();
+        assert_eq!(
+            select_algo_on(&none, &ar(8), &auto, 4, None).unwrap(),
+            (Algo::Direct, Why::Tuned)
+        );
+        // Past the table: the size table on this topology.
+        assert_eq!(
+            select_algo_on(&none, &ar(1 << 20), &auto, 4, None).unwrap(),
+            (Algo::Hierarchical, Why::Default)
+        );
+        // An excluded tuned choice falls through.
+        let no_direct = ov("^direct");
+        assert_ne!(
+            select_algo_on(&no_direct, &ar(8), &auto, 4, None)
+                .unwrap()
+                .0,
+            Algo::Direct
+        );
+        // With a model, sizes the table does not cover go to the cheapest.
+        let auto = Auto {
+            topo,
+            order: Default::default(),
+            fabric: None,
+            tuned: Some(tuned),
+            model: Some(CostModel::default()),
+            measured_at_start: false,
+        };
+        let (a, why) = select_algo_on(&none, &ar(16 << 20), &auto, 4, None).unwrap();
+        assert_eq!(why, Why::Model);
+        let m = CostModel::default();
+        let cheapest = auto.cheapest(&m, &ar(16 << 20), 4, &|_| true).unwrap();
+        assert_eq!(a, cheapest);
+    }
+}
