@@ -3,7 +3,7 @@
 //! ignored: a typo in `CADENCE_ALGO` should not quietly benchmark the default.
 
 use crate::choice::overrides::parse_size;
-pub use crate::choice::overrides::{fmt_size, AlgoOverride, AlgoRange};
+use crate::choice::overrides::AlgoOverride;
 use crate::choice::tuned::TuningFile;
 use crate::fabric::file::TopoFile;
 use crate::transport::shm::{ShmConfig, Streamed};

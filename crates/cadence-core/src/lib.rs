@@ -26,7 +26,6 @@ pub mod reduce;
 pub mod schedule;
 pub mod sim;
 pub mod transport;
-pub mod tuning;
 pub mod types;
 
 pub use comm::{Bootstrap, Comm, Completion, OpRequest, PeerInfo};

@@ -9,8 +9,8 @@
 //! cadence-core --release --test choice_golden`, then review the diff of
 //! `tests/data/choice_golden.txt`.
 
-use cadence_core::comm::select::{default_table_on, select_algo_on, Auto};
-use cadence_core::config::AlgoOverride;
+use cadence_core::choice::AlgoOverride;
+use cadence_core::choice::{default_table_on, select_algo_on, Auto};
 use cadence_core::schedule::{CollArgs, CostModel, Topology};
 use cadence_core::types::{CollKind, DType};
 use std::fmt::Write;

@@ -136,7 +136,7 @@ impl ChoiceLog {
 mod tests {
     use super::*;
     use crate::choice::defaults::default_table;
-    use crate::schedule::{self, CollArgs};
+    use crate::schedule::CollArgs;
 
     fn ov(s: &str) -> AlgoOverride {
         AlgoOverride::parse(s).unwrap()
@@ -202,7 +202,11 @@ mod tests {
                     for b in [lo, hi.min(1 << 27)] {
                         if b % 4 == 0 && kind != CollKind::Barrier {
                             let args = args_of_size(kind, n, b as usize / 4);
-                            assert_eq!(schedule::default_algo(&args, n, 4), a, "{kind} {n} {b}");
+                            assert_eq!(
+                                crate::choice::default_algo(&args, n, 4),
+                                a,
+                                "{kind} {n} {b}"
+                            );
                         }
                     }
                 }

@@ -4,7 +4,8 @@
 
 use super::p2p::is_any_source;
 use super::records::OpEvidence;
-use super::{select, Inner, InterruptCheck, OpRequest, Shared};
+use super::{Inner, InterruptCheck, OpRequest, Shared};
+use crate::choice;
 use crate::config::DebugLevel;
 use crate::engine::{Evidence, OpCtx};
 use crate::error::{ErrorKind, Result};
@@ -38,7 +39,7 @@ impl Shared {
     pub(super) fn choose_algo(&self, req: &OpRequest, args: &CollArgs) -> Result<Algo> {
         let es = req.dtype.size();
         let select = || {
-            select::select_algo_on(&self.cfg.algo, args, &self.auto, es, req.algo)
+            choice::select_algo_on(&self.cfg.algo, args, &self.auto, es, req.algo)
                 .map_err(|m| self.err(ErrorKind::InvalidArgument(m), None))
         };
         // Without a cost model choosing is a few comparisons: no cache. With
@@ -64,9 +65,9 @@ impl Shared {
             }
         };
         if self.cfg.debug >= DebugLevel::Info && self.rank == 0 {
-            let bytes = select::coll_bytes(args, es);
+            let bytes = choice::coll_bytes(args, es);
             if self.choices.first(req.kind, bytes, algo) {
-                let line = select::choice_line(req.kind, bytes, self.nranks, algo, &why);
+                let line = choice::choice_line(req.kind, bytes, self.nranks, algo, &why);
                 stderr_line!("cadence rank {} INFO: {line}", self.rank);
             }
         }

@@ -6,7 +6,7 @@
 //!   lifetimes;
 //! - `bootstrap.rs` (links to every peer) and `setup.rs` (the state and the
 //!   collective start-up steps);
-//! - `execute.rs`: validation, algorithm choice (`select.rs`), schedules, and
+//! - `execute.rs`: validation, algorithm choice (`crate::choice`), schedules, and
 //!   running one operation through the engine; `p2p.rs` batches sends and
 //!   receives;
 //! - `progress.rs`: the progress thread that runs queued operations in issue
@@ -32,7 +32,6 @@ pub mod profile;
 mod progress;
 mod records;
 mod request;
-pub mod select;
 mod setup;
 mod state;
 

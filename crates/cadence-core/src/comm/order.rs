@@ -164,7 +164,7 @@ pub fn cache_file(dir: &Path, hosts: &[String]) -> PathBuf {
     let mut sorted: Vec<&str> = hosts.iter().map(String::as_str).collect();
     sorted.sort_unstable();
     sorted.dedup();
-    let key = crate::tuning::text_hash(&sorted.join("\n"));
+    let key = crate::choice::tuned::text_hash(&sorted.join("\n"));
     dir.join(format!("topo-{key:016x}.json"))
 }
 

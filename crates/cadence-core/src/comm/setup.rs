@@ -5,7 +5,8 @@
 
 use super::p2p::P2pSeqs;
 use super::progress::ProgressThread;
-use super::{calibrate, clock, order, select, ClockOffset, Comm, Inner, PeerInfo, Shared};
+use super::{calibrate, clock, order, ClockOffset, Comm, Inner, PeerInfo, Shared};
+use crate::choice;
 use crate::config::{Config, DebugLevel};
 use crate::engine::{Cancel, Engine};
 use crate::error::{ErrorKind, Result};
@@ -36,7 +37,7 @@ impl Comm {
                 order::choose(Topology::from_hosts(&hosts), &hosts, &cfg.topo);
             let tuned = cfg.tuning.as_ref().and_then(|t| t.file.for_topology(&topo));
             let model = tuned.as_ref().and_then(|t| t.model);
-            select::Auto {
+            choice::Auto {
                 topo,
                 order,
                 fabric: fabric.map(Arc::new),
@@ -70,7 +71,7 @@ impl Comm {
                 cancel,
                 auto,
                 chosen: Mutex::new(HashMap::new()),
-                choices: select::ChoiceLog::default(),
+                choices: choice::ChoiceLog::default(),
                 cfg,
             }),
             hosts,
@@ -132,7 +133,7 @@ impl Comm {
         let s = &self.shared;
         if s.cfg.debug >= DebugLevel::Info && s.rank == 0 {
             let path = s.cfg.tuning.as_ref().map(|t| t.path.display().to_string());
-            for line in select::table_lines(&s.cfg.algo, &s.auto, path.as_deref()) {
+            for line in choice::table_lines(&s.cfg.algo, &s.auto, path.as_deref()) {
                 stderr_line!("cadence rank {} INFO: {line}", s.rank);
             }
             let o = &s.auto.order;

@@ -2,7 +2,8 @@
 //! time holds.
 
 use super::p2p::P2pSeqs;
-use super::{select, ClockOffset};
+use super::ClockOffset;
+use crate::choice;
 use crate::config::Config;
 use crate::engine::{Cancel, Engine};
 use crate::error::{CommError, ErrorKind};
@@ -69,18 +70,18 @@ pub(super) struct Shared {
     pub(super) cancel: Arc<Cancel>,
     /// Which ranks share a host (from their host names), and how to choose
     /// algorithms on it.
-    pub(super) auto: select::Auto,
+    pub(super) auto: choice::Auto,
     /// Choices made so far, by (call, element size, the caller's algorithm):
     /// the cost model builds every rank's schedule to compare algorithms.
     pub(super) chosen: Mutex<HashMap<CollArgs, Vec<(ChoiceKey, Choice)>>>,
     /// Algorithm choices already announced (`CADENCE_DEBUG=INFO`).
-    pub(super) choices: select::ChoiceLog,
+    pub(super) choices: choice::ChoiceLog,
 }
 
 /// Besides the call: its element size and the algorithm the caller asked for.
 pub(super) type ChoiceKey = (usize, Option<Algo>);
 /// The algorithm chosen, and why.
-pub(super) type Choice = (Algo, select::Why);
+pub(super) type Choice = (Algo, choice::Why);
 
 impl Shared {
     /// An error of this rank and communicator (`op`: the operation's kind

@@ -44,8 +44,6 @@ pub use topology::Topology;
 pub use verify::{verify, verify_p2p, verify_schedules, At, Fault, Layout, VerifyError};
 
 /// The size table moved to [`crate::choice::defaults`]; kept here for callers.
-pub use crate::choice::defaults::{default_algo, default_algo_on};
-
 use crate::types::CollKind;
 use plan::Plan;
 use thiserror::Error;
