@@ -1,5 +1,5 @@
 """How the size of each `process_vm_readv` call changes the rate of a
-single-copy read between two processes (`transport/shm.rs`'s
+single-copy read between two processes (`transport/shm/single_copy.rs`'s
 CMA_DIRECT_CHUNK): a child process fills a buffer, the parent reads all of
 it in chunks of each size, and memcpy within one process gives the scale.
 
