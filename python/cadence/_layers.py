@@ -40,6 +40,7 @@ LIBRARY = (
     "cadence.fused",
     "cadence.topo",
     "cadence.torch",
+    "cadence.units",  # parsing and printing sizes, rates and times
 )
 
 TOOLS = (
