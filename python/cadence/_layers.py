@@ -28,6 +28,7 @@ LIBRARY = (
     "cadence._buffers",
     "cadence._communicator",
     "cadence._core",  # the compiled core (crates/cadence-py)
+    "cadence._dtypes",
     "cadence._layers",
     "cadence._rendezvous",
     "cadence.diagnosis",  # the package root re-exports the classifier

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cadence import _dtypes as dtypes
 from cadence.units import format_size, parse_size  # noqa: F401 - their old home
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce")
@@ -33,18 +34,23 @@ class DType:
     max_exact: int
 
 
-DTYPES: dict[str, DType] = {
+_SPECS = {
     d.name: d
     for d in (
-        DType("float32", 4, 2**24),
         DType("float16", 2, 2**11),
         DType("bfloat16", 2, 2**8),
+        DType("float32", 4, 2**24),
         DType("float64", 8, 2**53),
         DType("int8", 1, 2**7 - 1),
         DType("uint8", 1, 2**8 - 1),
         DType("int32", 4, 2**31 - 1),
         DType("int64", 8, 2**63 - 1),
     )
+}
+# Every type the core takes, the default (float32) first: the order `--dtype`
+# lists its choices in.
+DTYPES: dict[str, DType] = {
+    name: _SPECS[name] for name in ("float32", *(n for n in dtypes.NAMES if n != "float32"))
 }
 
 def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
