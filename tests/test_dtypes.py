@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from cadence import _core, _dtypes
+from cadence import _core, _dtypes, reference
 from cadence.bench.common import DTYPES as BENCH_DTYPES
-from cadence.testbed import reference
 
 
 def test_names_are_the_cores():

@@ -47,6 +47,7 @@ LIBRARY = (
 TOOLS = (
     "cadence.bench",
     "cadence.cli",
+    "cadence.reference",  # numpy results of the collectives, for the checks
     "cadence.diagnosis.exclude",
     "cadence.diagnosis.report_html",
     "cadence.diagnosis.trace",
