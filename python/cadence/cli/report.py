@@ -170,20 +170,20 @@ def build_notes(job: Workload, outcomes: list[Outcome],
         ms = list(o.measures.values())
         if ms:
             avg = sum(algbw(m.nbytes, m.time_us) * factor for m in ms) / len(ms)
-            avgs.append(f"{o.name} {avg:.2f}")
+            avgs.append(f"{o.name} {fmt_gbps(avg)}")
     if avgs:
         notes.append("avg busbw (GB/s): " + ", ".join(avgs))
     if copy_gbps:
         # On one host the limit is memory bandwidth: say how far each backend is from it.
         peaks = [
-            f"{o.name} {peak:.2f} ({peak / copy_gbps:.0%})"
+            f"{o.name} {fmt_gbps(peak)} ({peak / copy_gbps:.0%})"
             for o in outcomes
             if o.measures
             for peak in [max(algbw(m.nbytes, m.time_us) * factor for m in o.measures.values())]
         ]
         notes.append(
-            f"one core copies memory at {copy_gbps:.2f} GB/s; peak busbw (GB/s, share of that): "
-            + (", ".join(peaks) or "-")
+            f"one core copies memory at {fmt_gbps(copy_gbps)} GB/s; "
+            "peak busbw (GB/s, share of that): " + (", ".join(peaks) or "-")
         )
     by_name = {o.backend: o for o in outcomes if o.backend != "cadence"}
     cadence = reference(outcomes)
