@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cadence.bench.fused import FUSED_OPS, VARIANTS
+from cadence.bench.fused import FUSED_DTYPES, FUSED_OPS, VARIANTS
 from cadence.cli.launch import Workload, read_records, run_program
 from cadence.cli.options import resolve_ranks
 from cadence.units import fmt_us_as_ms
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
-    if args.dtype not in ("float32", "bfloat16"):
+    if args.dtype not in FUSED_DTYPES:
         print(f"cadence bench: {args.op} runs float32 or bfloat16, not {args.dtype}",
               file=sys.stderr)  # fmt: skip
         return 2
