@@ -62,7 +62,7 @@ def fmt_bytes(n: float, *, short: bool = False) -> str:
 
 _SI = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:bit|bps)?\s*$", re.IGNORECASE)
-#: Below this a link could not carry one full packet in a second's bucket.
+#: The slowest rate accepted: a slower link is too slow to carry a packet.
 MIN_RATE_BITS = 8_000
 
 
