@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cadence.bench.common import DTYPES, REDUCING_OPS, busbw_factor, format_size, layout
+from cadence.bench.common import DTYPES, REDUCING_OPS, busbw_factor, layout
 from cadence.cli.launch import Measure, Outcome, Workload
-from cadence.units import fmt_gbps, fmt_ratio, fmt_share, fmt_us
+from cadence.units import fmt_gbps, fmt_ratio, fmt_share, fmt_us, format_size
 
 # time: the median sample (a sample: the mean of a batch of back-to-back
 # calls, see cadence.bench.worker); p99: the 99th percentile of the samples,

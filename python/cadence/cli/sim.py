@@ -35,12 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-from cadence.bench.common import DTYPES, OPS, format_size, layout, size_sweep
+from cadence.bench.common import DTYPES, OPS, layout, size_sweep
 from cadence.cli.launch import Measure, Outcome, Workload
 from cadence.cli.options import _positive, add_sweep_arguments
 from cadence.cli.report import build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import payload_share
-from cadence.units import fmt_mbytes
+from cadence.units import fmt_mbytes, format_size
 
 NAME = "sim"
 HELP = "simulate collectives on a modeled cluster (a spec, a topology file, --cluster)"
