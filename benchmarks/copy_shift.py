@@ -32,7 +32,7 @@ import tempfile
 import time
 
 import numpy as np
-from cadence.bench.common import format_size, parse_size
+from cadence.units import format_size, parse_size
 
 JOB = r"""
 import statistics, sys, time, numpy as np

@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algo", help="CADENCE_ALGO for the job (default: cadence's choice)")
     ap.add_argument("--json", help="write the per-iteration records here")
     a = ap.parse_args(argv)
-    from cadence.bench.common import parse_size
     from cadence.testbed import cluster as tb
+    from cadence.units import parse_size
 
     cluster = tb.require(a.cluster)
     size = parse_size(a.size)

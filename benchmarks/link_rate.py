@@ -15,9 +15,9 @@ import sys
 import time
 
 from cadence import testbed
-from cadence.bench.common import parse_size
 from cadence.testbed.jobs import in_host
-from cadence.testbed.rates import format_rate, payload_share
+from cadence.testbed.rates import payload_share
+from cadence.units import format_rate, parse_size
 
 PORT = 29599
 CHUNK = 1 << 20

@@ -15,7 +15,7 @@ import json
 import time
 
 from cadence import _core
-from cadence.bench.common import format_size, parse_size
+from cadence.units import format_size, parse_size
 
 SPEC = {
     "version": 1,

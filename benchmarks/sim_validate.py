@@ -29,8 +29,9 @@ import tempfile
 from pathlib import Path
 
 from cadence import _core
-from cadence.bench.common import DTYPES, format_size, layout, parse_size
+from cadence.bench.common import DTYPES, layout
 from cadence.cli.sim import calls_for, cluster_spec
+from cadence.units import format_size, parse_size
 
 
 def measure(cluster: str, rph: int, op: str, sizes: list[int], iters: int, out: Path) -> None:

@@ -26,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cadence.bench.common import OPS, format_size
+from cadence.bench.common import OPS
+from cadence.units import format_size
 
 PEERS = ("mpi", "gloo")
 

@@ -129,7 +129,7 @@ def main() -> int:
     args = p.parse_args()
 
     from cadence import testbed
-    from cadence.testbed.rates import format_rate
+    from cadence.units import format_rate
 
     cluster = testbed.require(args.cluster)
     # auto by name, so the records say what it ran.

@@ -34,7 +34,7 @@ def main() -> int:
     args = p.parse_args()
 
     from cadence import testbed
-    from cadence.testbed.rates import parse_rate
+    from cadence.units import parse_rate
 
     rng = random.Random(args.seed)
     host_bps, up_bps = parse_rate(args.rate) / 8, parse_rate(args.uplink_rate) / 8

@@ -22,8 +22,8 @@ import sys
 import tempfile
 import time
 
-from cadence.bench.common import parse_size
 from cadence.cli.bench import handover_us
+from cadence.units import parse_size
 
 JOB = r"""
 import sys, time, numpy as np, cadence

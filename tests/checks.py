@@ -1,6 +1,6 @@
 """Rank-side correctness checks: every collective against a numpy reference.
 
-The inputs, references and comparison live in cadence.testbed.reference
+The inputs, references and comparison live in cadence.reference
 (the soak uses them too). Each check returns a list of failure descriptions
 (empty when all is well).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from cadence.testbed.reference import (  # noqa: F401 - re-exported for the tests
+from cadence.reference import (  # noqa: F401 - re-exported for the tests
     DTYPES,
     FACTOR,
     FLOATS,
@@ -24,7 +24,7 @@ from cadence.testbed.reference import (  # noqa: F401 - re-exported for the test
     reference,
     to_user,
 )
-from cadence.testbed.reference import split_counts as _counts
+from cadence.reference import split_counts as _counts
 
 
 def check_reducing(comm, count, dtype, op, failures, algo=None):

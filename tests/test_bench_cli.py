@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cadence import reference as ref
 from cadence.bench.common import (
     DTYPES,
     OPS,
@@ -156,9 +157,10 @@ def test_layout_follows_nccl_tests():
 
 
 def _simulate(op: str, inputs: list[np.ndarray], part: int) -> list[np.ndarray | None]:
-    """Each rank's result of `op` by its definition (int64, no library involved)."""
+    """Each rank's result of `op` on the whole inputs (int64), by the numpy
+    references the tests use (cadence.reference)."""
     n = len(inputs)
-    total = sum(inputs)
+    total = ref.reference(inputs, "int64", "sum")
     if op == "allreduce":
         return [total] * n
     if op == "reduce":
@@ -166,12 +168,11 @@ def _simulate(op: str, inputs: list[np.ndarray], part: int) -> list[np.ndarray |
     if op == "broadcast":
         return [inputs[ROOT]] * n
     if op == "allgather":
-        return [np.concatenate(inputs)] * n
+        return [ref.allgather(inputs)] * n
     if op == "reduce_scatter":
-        return [total[r * part : (r + 1) * part] for r in range(n)]
+        return [ref.reduce_scatter(inputs, [part] * n, r, "int64", "sum") for r in range(n)]
     if op == "alltoall":
-        return [np.concatenate([inputs[s][r * part : (r + 1) * part] for s in range(n)])
-                for r in range(n)]  # fmt: skip
+        return [ref.alltoall(inputs, [[part] * n] * n, r) for r in range(n)]
     raise AssertionError(op)
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cadence import reference as ref
 from cadence import testbed
-from cadence.testbed import reference as ref
 from cadence.testbed import soak_rank
 
 PYTHON_DIR = Path(__file__).resolve().parents[1] / "python"

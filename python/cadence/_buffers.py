@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 
+from cadence._dtypes import NAMES
+
 
 def _torch():
     return sys.modules.get("torch")
@@ -31,8 +33,7 @@ def tensor_span(obj):
     if torch is None or not isinstance(obj, torch.Tensor):
         return None
     if not _TENSOR_DTYPES:
-        for name in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32",
-                     "int64"):  # fmt: skip
+        for name in NAMES:
             _TENSOR_DTYPES[getattr(torch, name)] = name
     name = _TENSOR_DTYPES.get(obj.dtype)
     if name is None or not obj.is_cpu or not obj.is_contiguous():

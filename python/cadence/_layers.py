@@ -28,6 +28,7 @@ LIBRARY = (
     "cadence._buffers",
     "cadence._communicator",
     "cadence._core",  # the compiled core (crates/cadence-py)
+    "cadence._dtypes",
     "cadence._layers",
     "cadence._rendezvous",
     "cadence.diagnosis",  # the package root re-exports the classifier
@@ -40,11 +41,13 @@ LIBRARY = (
     "cadence.fused",
     "cadence.topo",
     "cadence.torch",
+    "cadence.units",  # parsing and printing sizes, rates and times
 )
 
 TOOLS = (
     "cadence.bench",
     "cadence.cli",
+    "cadence.reference",  # numpy results of the collectives, for the checks
     "cadence.diagnosis.exclude",
     "cadence.diagnosis.report_html",
     "cadence.diagnosis.trace",

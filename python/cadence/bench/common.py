@@ -11,8 +11,10 @@ This module must stay cheap to import: the workers import it before torch.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from cadence import _dtypes as dtypes
+from cadence.units import format_size, parse_size  # noqa: F401 - their old home
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce")
 REDUCING_OPS = frozenset({"allreduce", "reduce_scatter", "reduce"})
@@ -32,12 +34,12 @@ class DType:
     max_exact: int
 
 
-DTYPES: dict[str, DType] = {
+_SPECS = {
     d.name: d
     for d in (
-        DType("float32", 4, 2**24),
         DType("float16", 2, 2**11),
         DType("bfloat16", 2, 2**8),
+        DType("float32", 4, 2**24),
         DType("float64", 8, 2**53),
         DType("int8", 1, 2**7 - 1),
         DType("uint8", 1, 2**8 - 1),
@@ -45,34 +47,11 @@ DTYPES: dict[str, DType] = {
         DType("int64", 8, 2**63 - 1),
     )
 }
-
-_UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str | int) -> int:
-    """Parse a byte count: ``8``, ``64K``, ``64M``, ``1G`` (powers of 1024; a
-    trailing ``B`` or ``iB`` is accepted)."""
-    if isinstance(text, int):
-        value = text
-    else:
-        m = _SIZE_RE.match(text)
-        if not m:
-            raise ValueError(f"not a size: {text!r} (examples: 8, 64K, 64M, 1G)")
-        value = int(m.group(1)) * 1024 ** _UNITS[m.group(2).upper()]
-    if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
-    return value
-
-
-def format_size(nbytes: int) -> str:
-    """The shortest exact spelling of a byte count in parse_size's syntax."""
-    for suffix in ("T", "G", "M", "K"):
-        unit = 1024 ** _UNITS[suffix]
-        if nbytes >= unit and nbytes % unit == 0:
-            return f"{nbytes // unit}{suffix}"
-    return str(nbytes)
-
+# Every type the core takes, the default (float32) first: the order `--dtype`
+# lists its choices in.
+DTYPES: dict[str, DType] = {
+    name: _SPECS[name] for name in ("float32", *(n for n in dtypes.NAMES if n != "float32"))
+}
 
 def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     """minbytes, minbytes*factor, ... while <= maxbytes (as nccl-tests' -b/-e/-f)."""

@@ -49,6 +49,9 @@ class FusedOp:
         return shape
 
 
+# The element types the fused operators' benchmark runs (the default first).
+FUSED_DTYPES = ("float32", "bfloat16")
+
 # The documented shapes put compute and communication of the same order on
 # two local ranks of a 2-core machine (docs/fused.md has the measurements).
 FUSED_OPS = {
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cadence.bench.fused")
     p.add_argument("--op", choices=list(FUSED_OPS), required=True)
     p.add_argument("--shape", default="")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=list(FUSED_DTYPES), default="float32")
     p.add_argument("--tile-rows", type=int)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)

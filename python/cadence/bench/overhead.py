@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cadence.bench.common import parse_size
+from cadence.units import parse_size
 
 #: Calls timed to size the blocks.
 PROBE_CALLS = 30

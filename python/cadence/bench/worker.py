@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cadence import reference as ref
 from cadence.bench.common import (
     DTYPES,
     IN_PLACE_OPS,
@@ -290,22 +291,28 @@ def pattern(rank, index: np.ndarray, modulus: int) -> np.ndarray:
 def expected_result(
     op: str, lay: Layout, rank: int, nranks: int, modulus: int
 ) -> np.ndarray | None:
-    """What `rank` must hold after `op` on pattern inputs; None if nothing (reduce off-root)."""
+    """What `rank` must hold after `op` on pattern inputs; None if nothing (reduce off-root).
+
+    The reductions and the gather are cadence.reference's; the inputs go in
+    as generators or only in the part `rank` gets, since at the largest
+    sizes every rank's whole input at once would not fit."""
     n = nranks
     part = lay.in_count // n if op in ("reduce_scatter", "alltoall") else lay.in_count
+
+    def summed(idx):
+        return ref.reference((pattern(s, idx, modulus) for s in range(n)), "int64", "sum")
+
     if op in ("allreduce", "reduce"):
         if op == "reduce" and rank != ROOT:
             return None
-        idx = np.arange(lay.in_count, dtype=np.int64)
-        return sum(pattern(s, idx, modulus) for s in range(n))
+        return summed(np.arange(lay.in_count, dtype=np.int64))
     if op == "broadcast":
         return pattern(ROOT, np.arange(lay.in_count, dtype=np.int64), modulus)
     if op == "allgather":
-        idx = np.arange(lay.out_count, dtype=np.int64)
-        return pattern(idx // part, idx % part, modulus)
+        return ref.allgather([pattern(s, np.arange(part, dtype=np.int64), modulus)
+                              for s in range(n)])  # fmt: skip
     if op == "reduce_scatter":
-        idx = rank * part + np.arange(part, dtype=np.int64)
-        return sum(pattern(s, idx, modulus) for s in range(n))
+        return summed(rank * part + np.arange(part, dtype=np.int64))
     if op == "alltoall":
         idx = np.arange(lay.out_count, dtype=np.int64)
         return pattern(idx // part, rank * part + idx % part, modulus)

@@ -61,7 +61,8 @@ from cadence.cli.options import (  # noqa: F401 - also importable from here
     resolve_ranks,
 )
 from cadence.cli.report import algbw, build_table, json_records, print_rich, render_plain
-from cadence.testbed.rates import format_rate, payload_share
+from cadence.testbed.rates import payload_share
+from cadence.units import fmt_mbit, format_rate
 
 NAME = "bench"
 HELP = "time a collective over a sweep of sizes on cadence, gloo and Open MPI"
@@ -468,7 +469,7 @@ def path_lines(outcomes: list[Outcome]) -> list[str]:
                 continue
             parts = [
                 f"path {k} {q['bytes_sent'] / 1e6:.1f} MB ({q['bytes_sent'] / total:.0%}) "
-                f"{q['rate_bps'] * 8 / 1e6:.0f} Mbit/s"
+                f"{fmt_mbit(q['rate_bps'])} Mbit/s"
                 + (f", down {q['downs']}x, {q['resent_bytes'] / 1e6:.1f} MB sent again"
                    if q["downs"] else "")
                 + ("" if q["up"] else " [DOWN]")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from cadence import testbed
 from cadence.testbed import jobs
-from cadence.testbed.rates import format_rate
+from cadence.units import fmt_link_rate, format_rate
 
 NAME = "cluster"
 HELP = "an emulated multi-host cluster (network namespaces): up, down, status, link, run"
@@ -181,7 +181,7 @@ def _print_status(cluster: testbed.Cluster) -> None:
     for s in testbed.link_states(cluster):
         rows.append((
             s.host.name, s.host.netns, f"{s.nic.ifname}/{s.nic.bridge}", s.nic.address,
-            _rate(s.rate_out), _rate(s.rate_in), s.state,
+            fmt_link_rate(s.rate_out), fmt_link_rate(s.rate_in), s.state,
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -198,12 +198,8 @@ def _print_racks(cluster: testbed.Cluster) -> None:
         u = s.uplink
         over = hosts_rate(u.rack) / s.rate_out if s.rate_out else 0
         print(f"  rack {u.rack} rail {u.nic}: {' '.join(h.name for h in s.hosts)} -> "
-              f"{u.leaf} =[{u.leaf_port}/{u.spine_port}: out {_rate(s.rate_out)}, "
-              f"in {_rate(s.rate_in)}, {s.state}, {over:.1f}:1]= {u.spine}")  # fmt: skip
-
-
-def _rate(bits: int | None) -> str:
-    return "unlimited" if bits is None else format_rate(bits)
+              f"{u.leaf} =[{u.leaf_port}/{u.spine_port}: out {fmt_link_rate(s.rate_out)}, "
+              f"in {fmt_link_rate(s.rate_in)}, {s.state}, {over:.1f}:1]= {u.spine}")  # fmt: skip
 
 
 def _link(args: argparse.Namespace) -> int:
@@ -214,11 +210,11 @@ def _link(args: argparse.Namespace) -> int:
     if args.rack is not None:
         u = testbed.set_uplink(cluster, args.rack, args.nic, rate=args.rate, up=args.up)
         print(f"cluster {cluster.name}: rack {args.rack} uplink on rail {args.nic}: {u.state}, "
-              f"out {_rate(u.rate_out)}, in {_rate(u.rate_in)}")  # fmt: skip
+              f"out {fmt_link_rate(u.rate_out)}, in {fmt_link_rate(u.rate_in)}")  # fmt: skip
         return 0
     s = testbed.set_link(cluster, args.host, args.nic, rate=args.rate, up=args.up)
     print(f"cluster {cluster.name}: {s.host.name} {s.nic.ifname} ({s.nic.address}): "
-          f"{s.state}, out {_rate(s.rate_out)}, in {_rate(s.rate_in)}")  # fmt: skip
+          f"{s.state}, out {fmt_link_rate(s.rate_out)}, in {fmt_link_rate(s.rate_in)}")  # fmt: skip
     return 0
 
 

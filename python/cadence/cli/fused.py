@@ -15,13 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cadence.bench.fused import FUSED_OPS, VARIANTS
+from cadence.bench.fused import FUSED_DTYPES, FUSED_OPS, VARIANTS
 from cadence.cli.launch import Workload, read_records, run_program
 from cadence.cli.options import resolve_ranks
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1e3:.3f} ms"
+from cadence.units import fmt_us_as_ms
 
 
 def summarize(times: dict[str, float]) -> dict[str, float]:
@@ -46,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"cadence bench: {e}", file=sys.stderr)
         return 2
-    if args.dtype not in ("float32", "bfloat16"):
+    if args.dtype not in FUSED_DTYPES:
         print(f"cadence bench: {args.op} runs float32 or bfloat16, not {args.dtype}",
               file=sys.stderr)  # fmt: skip
         return 2
@@ -85,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'variant':<12}{'median':>14}{'p99':>14}{'vs unfused':>12}")
     for v in VARIANTS:
         ratio = times["unfused"] / times[v]
-        print(f"{v:<12}{_ms(times[v]):>14}{_ms(p99s[v]):>14}{ratio:>11.2f}x")
+        print(f"{v:<12}{fmt_us_as_ms(times[v]):>14}{fmt_us_as_ms(p99s[v]):>14}{ratio:>11.2f}x")
     s = summarize(times)
     print(f"# fused is {s['speedup']:.2f}x unfused; bound max(compute, collective) = "
-          f"{_ms(s['bound_us'])}, fused reaches {s['of_bound']:.0%} of it; the overlap hid "
+          f"{fmt_us_as_ms(s['bound_us'])}, fused reaches {s['of_bound']:.0%} of it; "
+          f"the overlap hid "
           f"{s['hidden']:.0%} of the shorter part; {wrong} element(s) of fused differ from "
           "unfused beyond the tolerance")  # fmt: skip
     if args.json:

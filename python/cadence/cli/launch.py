@@ -29,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cadence.bench.common import format_size, p99
+from cadence.bench.common import p99
 from cadence.testbed import Cluster, processes
 from cadence.testbed import jobs as cluster_jobs
+from cadence.units import format_size
 
 # Where the `cadence` package lives, so the workers run this very code.
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]

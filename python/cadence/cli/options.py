@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from cadence import testbed
-from cadence.bench.common import parse_size
+from cadence.units import parse_size
 
 # argparse names a type function in its errors ("invalid _positive value:
 # 'x'"): the names keep their underscore so those messages stay as they were.

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cadence.bench.common import busbw_factor, format_size
+from cadence.bench.common import busbw_factor
 from cadence.cli.launch import Outcome, Workload
+from cadence.units import format_size
 
 
 class PlotError(Exception):

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cadence.bench.common import DTYPES, REDUCING_OPS, busbw_factor, format_size, layout
+from cadence.bench.common import DTYPES, REDUCING_OPS, busbw_factor, layout
 from cadence.cli.launch import Measure, Outcome, Workload
+from cadence.units import fmt_gbps, fmt_ratio, fmt_share, fmt_us, format_size
 
 # time: the median sample (a sample: the mean of a batch of back-to-back
 # calls, see cadence.bench.worker); p99: the 99th percentile of the samples,
@@ -21,10 +22,6 @@ BACKEND_COLUMNS = ("time(us)", "p99(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
 # auto counts as close to the best when auto/best, as the table shows it (two
 # decimals), is at least this: within 10% of the best algorithm's speed.
 NEAR_BEST = 0.90
-
-
-def fmt_share(r: float) -> str:
-    return f"{r:.2f}"
 
 
 def near_best(r: float) -> bool:
@@ -47,18 +44,6 @@ class Table:
 def algbw(nbytes: int, time_us: float) -> float:
     """GB/s (1e9 bytes per second), as nccl-tests."""
     return nbytes / (time_us * 1e-6) / 1e9 if time_us > 0 else math.inf
-
-
-def fmt_time(us: float) -> str:
-    if us < 100:
-        return f"{us:.2f}"
-    if us < 10_000:
-        return f"{us:.1f}"
-    return f"{us:.0f}"
-
-
-def fmt_bw(gbps: float) -> str:
-    return f"{gbps:.2f}"
 
 
 def peers(outcomes: list[Outcome]) -> list[str]:
@@ -110,8 +95,8 @@ def backend_cells(job: Workload, outcome: Outcome, size: int) -> list[str]:
     if m is not None:
         bw = algbw(m.nbytes, m.time_us)
         busbw = bw * busbw_factor(job.op, job.nranks)
-        p99 = "-" if m.p99_us is None else fmt_time(m.p99_us)
-        return [fmt_time(m.time_us), p99, fmt_bw(bw), fmt_bw(busbw), str(m.wrong)]
+        p99 = "-" if m.p99_us is None else fmt_us(m.p99_us)
+        return [fmt_us(m.time_us), p99, fmt_gbps(bw), fmt_gbps(busbw), str(m.wrong)]
     width = len(BACKEND_COLUMNS)
     if outcome.na:
         return ["n/a"] * width
@@ -167,12 +152,6 @@ def ratio(cadence: Outcome | None, peer: Outcome, size: int) -> float | None:
     return theirs.time_us / mine.time_us
 
 
-def fmt_ratio(r: float | None) -> str:
-    if r is None:
-        return "-"
-    return f"{r:.0f}x" if r >= 100 else f"{r:.3g}x"
-
-
 def build_notes(job: Workload, outcomes: list[Outcome],
                 copy_gbps: float | None = None) -> list[str]:
     notes = []
@@ -191,20 +170,20 @@ def build_notes(job: Workload, outcomes: list[Outcome],
         ms = list(o.measures.values())
         if ms:
             avg = sum(algbw(m.nbytes, m.time_us) * factor for m in ms) / len(ms)
-            avgs.append(f"{o.name} {avg:.2f}")
+            avgs.append(f"{o.name} {fmt_gbps(avg)}")
     if avgs:
         notes.append("avg busbw (GB/s): " + ", ".join(avgs))
     if copy_gbps:
         # On one host the limit is memory bandwidth: say how far each backend is from it.
         peaks = [
-            f"{o.name} {peak:.2f} ({peak / copy_gbps:.0%})"
+            f"{o.name} {fmt_gbps(peak)} ({peak / copy_gbps:.0%})"
             for o in outcomes
             if o.measures
             for peak in [max(algbw(m.nbytes, m.time_us) * factor for m in o.measures.values())]
         ]
         notes.append(
-            f"one core copies memory at {copy_gbps:.2f} GB/s; peak busbw (GB/s, share of that): "
-            + (", ".join(peaks) or "-")
+            f"one core copies memory at {fmt_gbps(copy_gbps)} GB/s; "
+            "peak busbw (GB/s, share of that): " + (", ".join(peaks) or "-")
         )
     by_name = {o.backend: o for o in outcomes if o.backend != "cadence"}
     cadence = reference(outcomes)

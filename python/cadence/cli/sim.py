@@ -35,11 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-from cadence.bench.common import DTYPES, OPS, format_size, layout, size_sweep
+from cadence.bench.common import DTYPES, OPS, layout, size_sweep
 from cadence.cli.launch import Measure, Outcome, Workload
 from cadence.cli.options import _positive, add_sweep_arguments
 from cadence.cli.report import build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import payload_share
+from cadence.units import fmt_mbytes, format_size
 
 NAME = "sim"
 HELP = "simulate collectives on a modeled cluster (a spec, a topology file, --cluster)"
@@ -203,12 +204,12 @@ def spec_from_calibration(
     if shm:
         o = shm.get("overhead", 0.0)
         out["shm"] = {
-            "rate": f"{1.0 / shm['beta'] / 1e6:.1f}MB/s",
+            "rate": fmt_mbytes(1.0 / shm["beta"]),
             "latency_us": round(max(shm["alpha"] - o, 0.0) * 1e6, 3),
             "overhead_us": round(o * 1e6, 3),
         }
     if gamma:
-        out.setdefault("cpu", {})["reduce"] = f"{1.0 / gamma / 1e6:.1f}MB/s"
+        out.setdefault("cpu", {})["reduce"] = fmt_mbytes(1.0 / gamma)
     loaded, cores = measured.get("loaded"), measured.get("cores")
     nranks = measured.get("nranks") or spec["hosts"] * spec.get("ranks_per_host", 1)
     if spec.get("shaper") and loaded and cores and nranks > cores:
@@ -238,7 +239,7 @@ def spec_from_calibration(
         bulk = measured.get("loaded_bulk")
         rate = fit_stack_rate(out, bulk, nranks) if bulk else None
         if rate is not None:
-            out["cpu"]["stack_rate"] = f"{rate / 1e6:.1f}MB/s"
+            out["cpu"]["stack_rate"] = fmt_mbytes(rate)
     return out
 
 

@@ -28,6 +28,8 @@ import os
 import sys
 from pathlib import Path
 
+from cadence.units import fmt_mbit
+
 NAME = "topo"
 HELP = "measure the network between hosts (topology files) and show them"
 
@@ -108,10 +110,6 @@ def _profile_cluster(args: argparse.Namespace) -> int:
 MATRIX_MAX_HOSTS = 24
 
 
-def _mbit(bps: float | None) -> str:
-    return "-" if bps is None else f"{bps * 8 / 1e6:.0f}"
-
-
 def describe(doc: dict) -> list[str]:
     """The lines `topo show` prints."""
     from cadence import _core
@@ -126,8 +124,8 @@ def describe(doc: dict) -> list[str]:
                      f"{prof.get('seconds', 0):.1f} s")  # fmt: skip
     for g, members in enumerate(doc["groups"]):
         lines.append(f"  group {g}: {' '.join(hosts[h] for h in members)}  "
-                     f"(shared out {_mbit(doc['group_out'][g])} Mbit/s, "
-                     f"in {_mbit(doc['group_in'][g])} Mbit/s)")  # fmt: skip
+                     f"(shared out {fmt_mbit(doc['group_out'][g])} Mbit/s, "
+                     f"in {fmt_mbit(doc['group_in'][g])} Mbit/s)")  # fmt: skip
     estimated = prof.get("method") == "shifts"
     what = "estimated from the shifted rounds" if estimated else "measured"
     if n <= MATRIX_MAX_HOSTS:
@@ -135,24 +133,24 @@ def describe(doc: dict) -> list[str]:
         lines.append(f"  alone rates, Mbit/s (row: from, column: to; {what}):")
         lines.append("  " + " " * width + "".join(f"{h:>{width + 1}}" for h in hosts))
         for a in range(n):
-            cells = "".join(f"{'-' if a == b else _mbit(rates[a][b]):>{width + 1}}"
+            cells = "".join(f"{'-' if a == b else fmt_mbit(rates[a][b]):>{width + 1}}"
                             for b in range(n))  # fmt: skip
             lines.append(f"  {hosts[a]:<{width}}{cells}")
     else:
         off = sorted(rates[a][b] for a in range(n) for b in range(n) if a != b)
         lines.append(f"  alone rates, Mbit/s ({what}; {n} hosts, too many to print): "
-                     f"min {_mbit(off[0])}, median {_mbit(off[len(off) // 2])}, "
-                     f"max {_mbit(off[-1])} (--png draws them)")  # fmt: skip
+                     f"min {fmt_mbit(off[0])}, median {fmt_mbit(off[len(off) // 2])}, "
+                     f"max {fmt_mbit(off[-1])} (--png draws them)")  # fmt: skip
     if n >= 2:
         ring = _core.topo_ring(json.dumps(_loadable(doc)))
         order = " -> ".join(hosts[h] for h in ring["order"])
-        best, plain = _mbit(ring["score"]), _mbit(ring["default_score"])
+        best, plain = fmt_mbit(ring["score"]), fmt_mbit(ring["default_score"])
         lines.append(f"  widest ring: {order}: {best} Mbit/s per flow, "
                      f"against {plain} in this file's host order")  # fmt: skip
     for p in doc.get("patterns") or []:
         if p["name"].startswith("ring in"):
             slowest = min((f[2] for f in p["flows"]), default=0.0)
-            lines.append(f"  measured {p['name']}: slowest flow {_mbit(slowest)} Mbit/s")
+            lines.append(f"  measured {p['name']}: slowest flow {fmt_mbit(slowest)} Mbit/s")
     return lines
 
 

@@ -57,11 +57,12 @@ from datetime import datetime
 from pathlib import Path
 
 from cadence import testbed
-from cadence.bench.common import DTYPES, OPS, format_size, size_sweep
+from cadence.bench.common import DTYPES, OPS, size_sweep
 from cadence.cli.bench import Reporter, unwind_on_signals
 from cadence.cli.launch import Outcome, Workload, run_backend, run_program, units
 from cadence.cli.options import _positive, add_cluster_arguments, add_sweep_arguments, resolve_ranks
 from cadence.cli.report import Column, Table, best, print_rich, render_plain
+from cadence.units import format_size
 
 NAME = "tune"
 HELP = "time every algorithm here and write a tuning table cadence chooses by"

@@ -32,6 +32,7 @@ from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
 from cadence.diagnosis.exclude import exclusion_hosts
 from cadence.diagnosis.trace import op_name
 from cadence.diagnosis.verdict import VerdictClass, ranks_text
+from cadence.units import fmt_bytes, fmt_secs
 
 CLASS_COLORS = {
     VerdictClass.HEALTHY: "#2e7d32", VerdictClass.NONCOMM_HANG: "#b26a00",
@@ -47,22 +48,6 @@ STRONG = ' font-weight="700" fill="#c62828"'
 
 def esc(x) -> str:
     return html.escape(str(x), quote=True)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{int(n)} B"
-
-
-def fmt_secs(s: float) -> str:
-    a = abs(s)
-    if a < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if a < 1:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s:.3f} s"
 
 
 def _mix(c0: str, c1: str, f: float) -> str:
@@ -273,19 +258,12 @@ def link_matrix_svg(v: _View, recs: dict[int, Op], stalled: set[tuple[int, int]]
                 else "#222"
             parts.append(f'<text x="{x + cell / 2}" y="{y + cell / 2 - 2}" font-size="10" '
                          f'text-anchor="middle" fill="{color}" pointer-events="none">'
-                         f'{esc(_short_bytes(moved))}</text>')
+                         f'{esc(fmt_bytes(moved, short=True))}</text>')
             parts.append(f'<text x="{x + cell / 2}" y="{y + cell / 2 + 10}" font-size="9" '
                          f'text-anchor="middle" fill="{color}" pointer-events="none">'
                          f'{esc(state)}</text>')
     size = margin + n * cell + 8
     return _svg(size, size, parts, "link matrix of the operation")
-
-
-def _short_bytes(n: int) -> str:
-    for unit, sz in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= sz:
-            return f"{n / sz:.3g}{unit}"
-    return f"{n}B"
 
 
 def counters_svg(v: _View, counters: dict[tuple[str, int], list[dict]],
@@ -345,7 +323,7 @@ def counters_svg(v: _View, counters: dict[tuple[str, int], list[dict]],
                 color = "#fff" if amounts[(s, d)] > peak / 8 else "#222"
                 parts.append(f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" font-size="10" '
                              f'text-anchor="middle" fill="{color}" pointer-events="none">'
-                             f'{esc(_short_bytes(amounts[(s, d)]))}</text>')
+                             f'{esc(fmt_bytes(amounts[(s, d)], short=True))}</text>')
     size = margin + n * cell + 8
     return _svg(size, size, parts, "link counters")
 

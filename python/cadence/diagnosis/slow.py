@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 
 from cadence.diagnosis.dumps import Dump, MsgState, Op
 from cadence.diagnosis.verdict import COMM_SLOW, NONCOMM_SLOW, Verdict, ranks_text
+from cadence.units import fmt_mbit, fmt_ms, fmt_rate
 
 # --- thresholds ---------------------------------------------------------------
 # Chosen from real runs on the emulated cluster (4 hosts x 2 ranks, 1 Gbit/s
@@ -390,23 +391,6 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
 
 
-def fmt_rate(bytes_per_s: float) -> str:
-    if math.isinf(bytes_per_s):
-        return "inf"
-    bits = bytes_per_s * 8
-    if bits >= 1e10:
-        return f"{bits / 1e9:.0f} Gbit/s"
-    if bits >= 1e9:
-        return f"{bits / 1e9:.1f} Gbit/s"
-    if bits >= 1e6:
-        return f"{bits / 1e6:.0f} Mbit/s"
-    return f"{bits / 1e3:.0f} kbit/s"
-
-
-def _mbit(bytes_per_s: float) -> str:
-    return "inf" if math.isinf(bytes_per_s) else f"{bytes_per_s * 8 / 1e6:.0f}"
-
-
 @dataclass
 class _Side:
     end: int | str  # host name or rank
@@ -513,7 +497,7 @@ def _matrix_lines(us: list[LinkRate], slow_ids: set[int]) -> list[str]:
         rows.setdefault(u.src, []).append(u)
     out = []
     for src in sorted(rows, key=str):
-        cells = ", ".join(f"{u.dst} {_mbit(u.rate)}{'*' if id(u) in slow_ids else ''}"
+        cells = ", ".join(f"{u.dst} {fmt_mbit(u.rate)}{'*' if id(u) in slow_ids else ''}"
                           for u in sorted(rows[src], key=lambda u: str(u.dst)))
         out.append(f"  {src} -> {cells}")
     return out
@@ -632,35 +616,32 @@ def _clock_line(job: _Job) -> str | None:
             f"{offs:.3f} ms, within {err:.0f} µs)")
 
 
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.0f} ms" if abs(s) >= 0.0095 else f"{s * 1e3:.1f} ms"
-
-
 def _straggler_text(job, late, stragglers, seqs, tail, bar):
     names = []
     ev = []
     for r in stragglers:
         x = late[r]
-        names.append(f"{job.who(r)} arrives {_ms(x.mean_s)} late on average over {len(x.late_s)} "
-                     f"collectives")
+        names.append(f"{job.who(r)} arrives {fmt_ms(x.mean_s)} late on average over "
+                     f"{len(x.late_s)} collectives")
         p90 = sorted(x.late_s)[int(0.9 * (len(x.late_s) - 1))]
         others = [y.gap_s for j, y in late.items() if j != r and y.gap_s is not None]
         gap = ""
         if x.gap_s is not None and others:
-            gap = (f"; its own time between collectives: median {_ms(x.gap_s)} vs "
-                   f"{_ms(statistics.median(others))} for the others")
+            gap = (f"; its own time between collectives: median {fmt_ms(x.gap_s)} vs "
+                   f"{fmt_ms(statistics.median(others))} for the others")
         ev.append(f"{job.who(r)}: lateness vs the median arrival of the others: median "
-                  f"{_ms(x.median_s)}, mean {_ms(x.mean_s)}, p90 {_ms(p90)}; late by ≥ "
-                  f"{_ms(bar / 2)} in {x.share_late(bar / 2):.0%} of {len(x.late_s)} "
+                  f"{fmt_ms(x.median_s)}, mean {fmt_ms(x.mean_s)}, p90 {fmt_ms(p90)}; late by ≥ "
+                  f"{fmt_ms(bar / 2)} in {x.share_late(bar / 2):.0%} of {len(x.late_s)} "
                   f"collectives{gap}")
     rest = [r for r in sorted(late) if r not in stragglers]
     if rest:
         meds = [late[r].median_s for r in rest]
-        ev.append(f"ranks {ranks_text(rest)}: median lateness between {_ms(min(meds))} and "
-                  f"{_ms(max(meds))}")
-    ev.append(f"a collective took {_ms(tail)} (median) after its last rank arrived; a straggler's "
-              f"median lateness is ≥ {_ms(bar)} (max of {_ms(STRAGGLER_MIN_S)} and "
-              f"{STRAGGLER_REL:g}x that), late in ≥ {STRAGGLER_FRACTION:.0%} of the collectives")
+        ev.append(f"ranks {ranks_text(rest)}: median lateness between {fmt_ms(min(meds))} and "
+                  f"{fmt_ms(max(meds))}")
+    ev.append(f"a collective took {fmt_ms(tail)} (median) after its last rank arrived; "
+              f"a straggler's median lateness is ≥ {fmt_ms(bar)} "
+              f"(max of {fmt_ms(STRAGGLER_MIN_S)} and {STRAGGLER_REL:g}x that), "
+              f"late in ≥ {STRAGGLER_FRACTION:.0%} of the collectives")
     return "; ".join(names), ev
 
 

@@ -48,7 +48,8 @@ from pathlib import Path
 
 from cadence.testbed import iproute
 from cadence.testbed.iproute import TestbedError
-from cadence.testbed.rates import Bucket, format_rate, parse_rate
+from cadence.testbed.rates import Bucket
+from cadence.units import format_rate, parse_rate
 
 STATE_DIR = Path("/run/cadence")
 # `ip netns exec` bind-mounts the files of /etc/netns/<namespace>/ over /etc:

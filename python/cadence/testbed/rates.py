@@ -6,11 +6,9 @@ a plain number of bit/s (SI prefixes, as tc: 1gbit = 10**9 bit/s).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:bit|bps)?\s*$", re.IGNORECASE)
+from cadence.units import format_rate, parse_rate  # noqa: F401 - their old home
 
 # A bucket holds this many seconds of traffic: what a link passes at memory
 # speed after it was idle. Large buckets make short transfers faster than the
@@ -27,26 +25,6 @@ BURST_SECONDS = 1 / 1000
 # as a switch port's buffer would.
 LATENCY_SECONDS = 0.050
 ETHERNET_HEADER = 14
-
-
-def parse_rate(text: str) -> int:
-    """Bits per second of a tc-style rate ("1gbit", "500mbit", "1000000")."""
-    m = _RATE_RE.match(text)
-    if not m:
-        raise ValueError(f"not a rate: {text!r} (examples: 1gbit, 500mbit, 200mbit, 10mbit)")
-    bits = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if bits < 8_000:
-        raise ValueError(f"rate {text!r} is below 8kbit, too slow to carry a packet")
-    return bits
-
-
-def format_rate(bits: int) -> str:
-    """The shortest exact tc spelling of a rate: 1gbit, 500mbit, 1500kbit."""
-    for prefix in ("t", "g", "m", "k"):
-        unit = _UNITS[prefix]
-        if bits >= unit and bits % unit == 0:
-            return f"{bits // unit}{prefix}bit"
-    return f"{bits}bit"
 
 
 @dataclass(frozen=True)

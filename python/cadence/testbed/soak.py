@@ -49,7 +49,7 @@ from typing import TextIO
 
 from cadence.testbed import cluster as tb
 from cadence.testbed import jobs, processes, soak_rank
-from cadence.testbed.rates import parse_rate
+from cadence.units import parse_rate
 
 SLOW_RATES = ("20mbit", "50mbit", "200mbit")
 CUT_SHARE = 0.6  # of the faults that come while a job runs

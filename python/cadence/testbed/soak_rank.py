@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cadence.testbed import reference as ref
+from cadence import reference as ref
 
 MAX_SUBS = 4  # sub-communicators open at once (each has a progress thread and links)
 PROGRESS_EVERY = 0.5  # seconds between progress lines
