@@ -1,4 +1,4 @@
-"""A NIC cut in the middle of a loop of allreduces, and restored (issue 13).
+"""A NIC cut in the middle of a loop of allreduces, and restored.
 
 Runs one job on an emulated cluster with several NICs per host: every rank
 runs `--iters` allreduces of `--size` float32 whose exact sum is known (small

@@ -2,7 +2,7 @@
 
 With as many ranks as cores and one more busy task, the scheduler can put two
 ranks on one core; a rank that spins there keeps the rank it waits for off the
-core (docs/benchmarks.md, issue 11). This reproduces that on any machine with
+core (docs/benchmarks.md). This reproduces that on any machine with
 two CPUs: each job runs 2 ranks (torchrun), which pin themselves after
 `cadence.init` (so the engine has chosen the policy of ranks with a core each)
 to the CPUs a placement names:

@@ -1,4 +1,4 @@
-"""How fast `cadence sim` simulates at scale (issue 15's targets: a 64 MiB
+"""How fast `cadence sim` simulates at scale (the targets: a 64 MiB
 ring allreduce on 1024 ranks in under 10 s, on 4096 in under 60 s).
 
   python benchmarks/sim_speed.py [--ranks 1024,4096] [--algo ring] [--size 64M]

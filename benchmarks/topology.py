@@ -1,5 +1,5 @@
 """Ring order from a measured topology against rank order, gloo and Open MPI
-(issue 14), on an emulated cluster with racks.
+on an emulated cluster with racks.
 
 Profiles the cluster once (`cadence topo profile`, timed), then for each
 collective runs `cadence bench` twice in this one run: cadence with rings in

@@ -1,4 +1,4 @@
-"""Does the profiler find the racks? (issue 14)
+"""Does the profiler find the racks?
 
 For each of --trials random placements (4..8 hosts, 2 racks, or 3 from 6
 hosts; hosts dealt to racks at random), brings up an emulated cluster with

@@ -1,4 +1,4 @@
-"""Diagnosis (issue 12, post-mortem slice): collective numbering that
+"""Diagnosis (the post-mortem classifier, docs/diagnosis.md): collective numbering that
 point-to-point traffic does not shift, per-message records and dumps, and
 `cadence doctor` classifying hangs from them — on synthetic dumps (each
 class, signature mismatches, clock offsets, partial data, bad input) and on

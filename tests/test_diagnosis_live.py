@@ -1,4 +1,4 @@
-"""Live diagnosis (issue 12): the watchdog opens a round once an operation
+"""Live diagnosis (docs/diagnosis.md): the watchdog opens a round once an operation
 passes CADENCE_DIAG_AFTER, every rank publishes a summary through the job's
 Store, one verdict is logged by every rank as one line and carried by the
 CommError raised later (`e.diagnosis`) — on real ranks that hang: one that

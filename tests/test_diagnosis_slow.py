@@ -1,4 +1,4 @@
-"""Slowness diagnosis (issue 12): `comm_slow` (a slow link, or a host whose
+"""Slowness diagnosis: `comm_slow` (a slow link, or a host whose
 NIC is slow: named as the host, not as its links) and `noncomm_slow` (a
 straggler), on synthetic jobs — each class, both at once, clock offsets
 between hosts, a healthy job with noise, warm-up, windows and `SlowWatch` —

@@ -1,4 +1,4 @@
-"""`cadence doctor`'s reports (issue 12): the Chrome/Perfetto trace
+"""`cadence doctor`'s reports: the Chrome/Perfetto trace
 (`--trace`), the self-contained HTML page (`--html`, rendered in headless
 Chromium), the exclusion list (`--exclude-file`) and one-line errors for
 outputs that cannot be written — on synthetic dumps (built with

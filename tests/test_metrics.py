@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 12, point 3): `CADENCE_METRICS_PORT` makes each
+"""Prometheus metrics: `CADENCE_METRICS_PORT` makes each
 rank serve its communicators' totals on port + local rank; real ranks run
 known collectives and every rank's endpoint is scraped over HTTP and parsed
 with prometheus_client's own parser. Also the error cases (port taken, bad

@@ -1,4 +1,4 @@
-"""Several NICs per host (issue 13): CADENCE_SOCKET_IFNAME takes a list or a
+"""Several NICs per host: CADENCE_SOCKET_IFNAME takes a list or a
 prefix, every rank listens on each NIC, and a message between two hosts is
 carried by every rail they share, each chunk on the path expected to deliver
 it first — checked on an emulated cluster with two rails (root): both NICs

@@ -1,4 +1,4 @@
-"""Topology (issue 14): racks on the emulated cluster, the profiler's
+"""Topology (docs/topology.md): racks on the emulated cluster, the profiler's
 inference of groups, topology files, rings ordered by the path finder in a
 real job, and the profile a job without a file measures at start-up.
 
@@ -295,7 +295,7 @@ def test_profile_recovers_racks_and_rates_and_the_found_ring_is_faster(racked, t
     assert doc["groups"] == _as_groups(list(c.rack_of)), (doc["groups"], c.rack_of)
     # Rates within 30 % of the configured ones (4x apart, so still told
     # apart). A pair alone runs 50 ms on emulated links that need the 2
-    # cores: in 7 runs of this file on 2026-11-27 one pair came out at 0.834
+    # cores: in 7 runs of this file one pair came out at 0.834
     # of 1 Gbit/s and another at 0.734 of its 250 Mbit/s uplink (the
     # profile measures again only pairs that look stalled; these did not).
     for a in range(6):
@@ -304,7 +304,7 @@ def test_profile_recovers_racks_and_rates_and_the_found_ring_is_faster(racked, t
                 want = GBIT if c.rack_of[a] == c.rack_of[b] else UPLINK
                 assert abs(doc["rates"][a][b] / want - 1) < 0.3, (a, b, doc["rates"][a][b])
     # Capacities within 20 %, as in the shifts' test below: a clean-clone CI
-    # run here measured one uplink at 0.845 of its rate (2026-11-27).
+    # run here measured one uplink at 0.845 of its rate.
     for cap in doc["group_out"] + doc["group_in"]:
         assert cap is not None and abs(cap / UPLINK - 1) < 0.2, doc["group_out"]
     measured = {p["name"]: min(f[2] for f in p["flows"]) for p in doc["patterns"]

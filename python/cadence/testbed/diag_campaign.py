@@ -1,4 +1,4 @@
-"""The diagnosis campaign (issue 12's acceptance): on an emulated cluster,
+"""The diagnosis campaign: on an emulated cluster,
 inject one fault per trial with the culprit drawn at random while a loop of
 mixed collectives runs, and score the live verdict: right class, right
 culprit, in time. Prints a confusion matrix (rows: what was injected,
@@ -245,7 +245,7 @@ def matrix(trials: list[Trial]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="issue 12's diagnosis campaign on an emulated cluster")
+    p = argparse.ArgumentParser(description="the diagnosis campaign on an emulated cluster")
     p.add_argument("--name", default="diagc", help="cluster name (created and removed)")
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--ranks-per-host", type=int, default=2)
