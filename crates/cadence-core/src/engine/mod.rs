@@ -8,7 +8,7 @@
 //! prepares a lowered operation's buffers (`memory.rs` resolves spans to
 //! them); `wait.rs` is how an idle round waits, `diagnosis.rs` what a rank
 //! past its deadline does, `evidence.rs` what is recorded of the messages;
-//! `tuning.rs` holds the constants.
+//! `tuning.rs` holds the engine's constants.
 //!
 //! Every wait checks the operation's deadline, the shared-memory abort
 //! notice, and (every 100 ms) whether same-host peers are still alive.

@@ -196,7 +196,7 @@ pub struct RecvJob {
     pub trace: JobTrace,
 }
 
-/// Where a message stands in its chunks (TCP; see `tcp.rs`). A message of
+/// Where a message stands in its chunks (TCP; see `tcp/`). A message of
 /// `nchunks` chunks is done when every chunk has been written (sender) or
 /// received (receiver); which stream carries which chunk is decided as
 /// streams free up, so the cursor counts chunks rather than tracking stripes.
