@@ -179,6 +179,17 @@ def test_model_keeps_defaults_for_what_was_not_measured():
     assert tune.model_from({})["shm"] == {"alpha": 1e-6, "beta": 1 / 8e9}
 
 
+def test_model_takes_only_the_link_classes_the_core_measured():
+    core = {"shm": {"alpha": 4e-6, "beta": 2e-10}, "tcp": {"alpha": 9.9, "beta": 9.9},
+            "gamma": 3e-11, "loaded_scale": 2.5, "measured": ["shm"]}  # fmt: skip
+    m = tune.model_from(core)
+    assert m["shm"] == {"alpha": 4e-6, "beta": 2e-10} and m["gamma"] == 3e-11
+    assert m["tcp"] == tune.DEFAULT_LINKS["tcp"]  # not measured: no loaded scale either
+    assert tune.model_from({**core, "tcp": None, "measured": ["shm", "tcp"]})["tcp"] == (
+        tune.DEFAULT_LINKS["tcp"]
+    )
+
+
 def test_default_output_follows_the_core():
     assert tune.default_output({"CADENCE_TUNING_FILE": "/a/t.json", "HOME": "/h"}) == Path(
         "/a/t.json"
@@ -454,3 +465,50 @@ def test_start_up_calibration_across_hosts(transport, size, expect):
 def test_calibration_off_leaves_the_size_table():
     res = run_ranks(_cost_model, 4, transport="tcp", env={"CADENCE_CALIBRATE": "0"})
     assert {v for _, v in res.values()} == {None}, res
+
+
+def _core_calibration(comm):
+    return comm._c.calibrate()
+
+
+@needs_core
+@pytest.mark.parametrize("transport,size,classes", [("shm", 2, ["shm"]),
+                                                    ("mixed", 4, ["shm", "tcp"])])
+def test_calibrate_runs_the_core_procedure_on_every_rank(transport, size, classes):
+    """`Comm.calibrate()`: the start-up procedure on demand, also on one
+    host; every rank gets rank 0's result."""
+    res = run_ranks(_core_calibration, size, transport=transport, env={"CADENCE_CALIBRATE": "0"})
+    got = [v for status, v in res.values() if status == "ok"]
+    assert len(got) == size, res
+    assert all(g == got[0] for g in got), got
+    c = got[0]
+    assert c["measured"] == classes, c
+    assert 1.0 <= c["loaded_scale"] <= 50.0, c
+    for kind in ("shm", "tcp"):
+        if kind in classes:
+            assert 0 < c[kind]["alpha"] < 0.1 and 0 < c[kind]["beta"] < 1e-6, c
+        else:
+            assert c[kind] is None, c
+    assert 0 < c["gamma"] < 1e-6, c
+
+
+@needs_core
+def test_tune_takes_its_model_from_the_core_procedure(tmp_path):
+    """The calibration job's `model` is what `Comm.calibrate()` returned
+    (keys only the core's procedure writes), and the table's model is it."""
+    empty = tmp_path / "empty.json"
+    empty.write_text(tune.EMPTY_TABLE)
+    job = Workload(op="allreduce", dtype="float32", sizes=[8], nranks=2, iters=1, warmup=0,
+                   timeout=120.0, env={"CADENCE_TUNING_FILE": str(empty)})
+    calib = tune.calibrate(job, ["allreduce"], tmp_path)
+    core = calib["model"]
+    assert set(core) == {"shm", "tcp", "gamma", "loaded_scale", "measured"}, core
+    assert core["measured"] == ["shm"] and core["tcp"] is None, core
+    m = tune.model_from(core)
+    assert m["shm"] == {k: tune._sig(v) for k, v in core["shm"].items()}
+    assert m["gamma"] == tune._sig(core["gamma"])
+    assert m["tcp"] == tune.DEFAULT_LINKS["tcp"]
+    # The simulator's own figures are kept apart from the model.
+    measured = calib["measured"]
+    assert set(measured["idle_link"]["shm"]) == {"alpha", "beta", "overhead"}
+    assert "gamma" not in measured and "shm" not in measured

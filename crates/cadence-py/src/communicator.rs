@@ -91,6 +91,38 @@ impl PyComm {
         Ok(Some(d))
     }
 
+    /// Runs the start-up calibration's procedure now (collective: every
+    /// rank calls it) and returns rank 0's result, the same on every rank:
+    /// `shm`/`tcp` as `{"alpha", "beta"}` (α already scaled by the loaded
+    /// probe), None for a class this job lacks; `gamma`; `loaded_scale`;
+    /// `measured`, the link classes measured. Installs nothing.
+    fn calibrate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let comm = self.comm.clone();
+        let c = py
+            .allow_threads(move || comm.calibrate_cost_model())
+            .map_err(|e| to_py_err(py, e))?;
+        let d = PyDict::new(py);
+        let mut measured = Vec::new();
+        for (name, l, yes) in [
+            ("shm", c.model.shm, c.shm_measured),
+            ("tcp", c.model.tcp, c.tcp_measured),
+        ] {
+            if yes {
+                let link = PyDict::new(py);
+                link.set_item("alpha", l.alpha)?;
+                link.set_item("beta", l.beta)?;
+                d.set_item(name, link)?;
+                measured.push(name);
+            } else {
+                d.set_item(name, py.None())?;
+            }
+        }
+        d.set_item("gamma", c.model.gamma)?;
+        d.set_item("loaded_scale", c.loaded_scale)?;
+        d.set_item("measured", measured)?;
+        Ok(d)
+    }
+
     /// The algorithms of `kind` that apply on this communicator's hosts
     /// (hierarchical ones need the same number of ranks on every host).
     fn algorithms(&self, kind: &str) -> PyResult<Vec<&'static str>> {

@@ -5,33 +5,39 @@ environment, as the bench worker):
 
     python -m cadence.bench.calibrate --out DIR --ops allreduce,allgather
 
-Rank 0 first times a local reduction, numpy `np.add(a, b, out=a)` on 16 MiB
-of float32 (median of 5): γ, seconds per byte. Then, with cadence's
-point-to-point `send`/`recv`, it plays ping-pong with one peer on its own
-host (shared memory), if there is one, and one on another host (TCP), if
-there is one: α is half the round trip of an 8-byte message (median of 50),
-β is (half the round trip of a 4 MiB message − α) / 4 MiB (median of 5),
-and o, the sender's time per message when messages go back to back, is
-(a burst of 64 8-byte sends answered by one 8-byte reply, minus 2α) / 64
-(median of 5; `cadence sim calibrate` uses it, the cost model does not).
+The cost model is the core's: every rank calls `Comm.calibrate()`, the
+procedure a job across hosts runs at start-up (α of each link class from an
+8-byte ping-pong, β from a one-way 2 MiB stream, γ from the engine's own
+reduction kernel, both α's scaled to the time of a loaded recursive-doubling
+allreduce), and rank 0's result is what every rank gets. calibrate.json
+carries it as `model`; `tune.model_from` turns it into the tuning table's.
+
+Everything else here is for `cadence sim calibrate`, which fits a simulated
+cluster rather than a cost model. With cadence's point-to-point
+`send`/`recv`, rank 0 plays ping-pong with the same peers (the first other
+rank on its host, the first rank on another host, where there are such):
+`idle_link` has, per class, α (half the round trip of 8 bytes, median of
+50), β ((half the round trip of 4 MiB − α) / 4 MiB, median of 5) and o,
+the sender's time per message when messages go back to back ((a burst of
+64 8-byte sends answered by one 8-byte reply − 2α) / 64, median of 5).
 The other ranks wait at a barrier. Last, every rank at once runs a ring
 allgather of 8 bytes a rank (LOADED_CALLS back to back after a barrier,
 the slowest rank's median of LOADED_REPS samples): `loaded` is its time
 per ring step, when every rank sends and receives a message each step.
 Where ranks outnumber the machine's cores (`cores`: rank 0's), that is
-what a message costs a busy machine: switching its receiver in and out
-(`cadence sim calibrate` uses it). A ring allreduce of 8 bytes a rank,
-timed alike, is `loaded_allreduce` (per step, of its 2(n-1)): twice the
-allgather's steps in the same kind of call, so the two separate a step's
-cost from the call's own. The ring allgather with BULK bytes a rank, in
-the bench's batch of calls for its size, is `loaded_bulk`: from it
-`cadence sim calibrate` fits what the bytes cost cores that carry every
-host's network stack.
+what a message costs a busy machine: switching its receiver in and out.
+A ring allreduce of 8 bytes a rank, timed alike, is `loaded_allreduce`
+(per step, of its 2(n-1)): twice the allgather's steps in the same kind of
+call, so the two separate a step's cost from the call's own. The ring
+allgather with BULK bytes a rank, in the bench's batch of calls for its
+size, is `loaded_bulk`: from it `cadence sim calibrate` fits what the
+bytes cost cores that carry every host's network stack.
 
 Rank 0 writes `DIR/calibrate.json`: the setting as cadence sees it (ranks,
 hosts, ranks per host, 0 when hosts differ), the algorithms of each of
-`--ops` that apply on it (`Communicator.algorithms`), and what it measured
-(`shm`/`tcp` only for the link classes the setting has).
+`--ops` that apply on it (`Communicator.algorithms`), the core's `model`
+(`shm`/`tcp` None for a link class the setting lacks; `measured` lists the
+classes) and the simulator's `measured` figures.
 """
 
 from __future__ import annotations
@@ -46,25 +52,12 @@ from pathlib import Path
 
 import numpy as np
 
-SMALL = 8  # bytes: α
-LARGE = 4 << 20  # bytes: β
+SMALL = 8  # bytes: the idle α
+LARGE = 4 << 20  # bytes: the idle β
 SMALL_REPS, LARGE_REPS, WARMUP = 50, 5, 5
 BURST = 64  # messages: o
-GAMMA_BYTES = 16 << 20
 LOADED_CALLS, LOADED_REPS = 16, 9
 BULK = 8 << 10  # bytes a rank: the loaded ring's bulk probe
-
-
-def gamma(nbytes: int = GAMMA_BYTES, repeats: int = 5) -> float:
-    """Seconds per byte of a local reduction (a += b on float32)."""
-    a = np.ones(nbytes // 4, dtype=np.float32)
-    b = np.ones_like(a)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.add(a, b, out=a)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / nbytes
 
 
 def half_round_trips(comm, peer: int, nbytes: int, reps: int, lead: bool) -> list[float]:
@@ -105,15 +98,16 @@ def bursts(comm, peer: int, reps: int, lead: bool) -> list[float]:
     return times
 
 
-def link(comm, peer: int, lead: bool) -> dict[str, float] | None:
-    """α, β and o of the link between rank 0 and `peer` (on rank 0; None elsewhere)."""
+def idle_link(comm, peer: int, lead: bool) -> dict[str, float] | None:
+    """The simulator's idle α, β and o of the link between rank 0 and `peer`
+    (on rank 0; None elsewhere)."""
     small = half_round_trips(comm, peer, SMALL, SMALL_REPS, lead)
     large = half_round_trips(comm, peer, LARGE, LARGE_REPS, lead)
     burst = bursts(comm, peer, LARGE_REPS, lead)
     if not lead:
         return None
     alpha = statistics.median(small)
-    # A β of 0 or less would make the model call large messages free.
+    # A β of 0 or less would make large messages free.
     beta = max((statistics.median(large) - alpha) / LARGE, 1e-13)
     overhead = max((statistics.median(burst) - 2 * alpha) / BURST, 0.0)
     return {"alpha": alpha, "beta": beta, "overhead": overhead}
@@ -202,19 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="directory for calibrate.json")
     p.add_argument("--ops", required=True, help="comma-separated collectives")
     args = p.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    # Before the ranks connect, so that no peer's progress thread competes.
-    g = gamma() if rank == 0 else None
-
     import cadence
 
     comm = cadence.init()
     hosts = list(comm.hosts)
+    # The core's procedure, the same as a start-up calibration's.
+    model = comm._c.calibrate()
     links = {}
     comm.barrier()
     for kind, peer in peers(hosts).items():
         if comm.rank in (0, peer):
-            links[kind] = link(comm, peer if comm.rank == 0 else 0, lead=comm.rank == 0)
+            links[kind] = idle_link(comm, peer if comm.rank == 0 else 0, lead=comm.rank == 0)
         comm.barrier()
     loaded = loaded_step(comm) if comm.size > 1 else None
     loaded_ar = loaded_allreduce_step(comm) if comm.size > 1 else None
@@ -224,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             **setting(hosts),
             "hosts": hosts,
             "algorithms": {op: list(comm.algorithms(op)) for op in args.ops.split(",") if op},
-            "measured": {**links, "gamma": g, "loaded": loaded,
+            "model": model,
+            "measured": {"idle_link": links, "loaded": loaded,
                          "loaded_allreduce": loaded_ar, "loaded_bulk": bulk,
                          "cores": os.cpu_count()},  # fmt: skip
         }

@@ -322,7 +322,10 @@ def calibrate(args: argparse.Namespace) -> int:
     if peer in index and names[0] in index and cluster.racks > 1 and cluster.uplink_bits:
         if cluster.rack_of[index[peer]] != cluster.rack_of[index[names[0]]]:
             bottleneck = min(bottleneck, cluster.uplink_bits * cluster.nics)
-    measured = {**calib.get("measured", {}), "nranks": calib.get("nranks")}
+    # The idle link figures (the simulator adds its own load), the core's γ.
+    found = calib.get("measured", {})
+    measured = {**found, **found.get("idle_link", {}), "nranks": calib.get("nranks"),
+                "gamma": calib.get("model", {}).get("gamma")}  # fmt: skip
     spec = spec_from_calibration(base, measured, cluster.rate_bits, bottleneck)
     loaded, bulk = measured.get("loaded"), measured.get("loaded_bulk")
     if loaded and bulk:

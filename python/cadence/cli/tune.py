@@ -12,9 +12,10 @@ their geometric mean, so the winners become byte ranges 0..max, adjacent
 ranges with the same winner merged.
 
 A small calibration job first measures the cost model that `auto` uses for
-what the table does not cover: α and β of shared memory and of TCP by
-ping-pong from rank 0 (a link class the setting lacks keeps its default),
-γ from a local reduction.
+what the table does not cover, by the core's own procedure (`Comm.calibrate`,
+the one a job across hosts runs at start-up): α and β of shared memory and
+of TCP from rank 0 (a link class the setting lacks keeps its default), γ
+from the engine's reduction kernel, α scaled to a loaded allreduce.
 
 The result is one setting, keyed by (ranks, hosts, ranks per host), merged into
 --output (default: CADENCE_TUNING_FILE if set, else
@@ -177,18 +178,20 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def model_from(measured: dict) -> dict:
-    """The setting's `model` from the calibration job's measurements; a link
-    class it did not measure keeps the default."""
+def model_from(found: dict) -> dict:
+    """The setting's `model` from the core's calibration (calibrate.json's
+    `model`, what `Comm.calibrate()` returned); a link class it did not
+    measure keeps the default, untouched by the loaded-α scale."""
+    measured = found.get("measured", ("shm", "tcp"))
     links = {
         kind: {
             k: _sig(v)
-            for k, v in (measured.get(kind) or DEFAULT_LINKS[kind]).items()
-            if k in ("alpha", "beta")  # the cost model's; `overhead` is the simulator's
+            for k, v in ((kind in measured and found.get(kind)) or DEFAULT_LINKS[kind]).items()
+            if k in ("alpha", "beta")
         }
         for kind in ("shm", "tcp")
     }
-    return {**links, "gamma": _sig(measured.get("gamma") or DEFAULT_GAMMA), "incast": INCAST}
+    return {**links, "gamma": _sig(found.get("gamma") or DEFAULT_GAMMA), "incast": INCAST}
 
 
 def default_output(env: dict[str, str]) -> Path:
@@ -412,16 +415,19 @@ def summary_table(results: list[OpResult]) -> Table:
 
 
 def model_line(model: dict, calib: dict) -> str:
-    measured = calib.get("measured", {})
+    measured = calib.get("model", {}).get("measured", ())
 
     def link(kind: str) -> str:
         c = model[kind]
         how = "measured" if kind in measured else "default"
         return f"{kind} α {c['alpha'] * 1e6:.1f} µs, {1 / c['beta'] / 1e9:.2f} GB/s ({how})"
 
+    scale = calib.get("model", {}).get("loaded_scale")
+    # The scale applies to the measured α's only.
+    loaded = f"measured α x{scale:.2f} under load; " if scale else ""
     return (
-        f"cost model: {link('shm')}; {link('tcp')}; γ {1 / model['gamma'] / 1e9:.2f} GB/s; "
-        f"incast {model['incast']}"
+        f"cost model: {link('shm')}; {link('tcp')}; {loaded}"
+        f"γ {1 / model['gamma'] / 1e9:.2f} GB/s; incast {model['incast']}"
     )
 
 
@@ -515,7 +521,7 @@ def run_sim(args: argparse.Namespace, sizes: list[int], output: Path, existing, 
         return 2
     where = f"{key['nranks']} ranks on {key['nhosts']} hosts of {args.sim} (simulated)"
     table = summary_table(results)
-    line = model_line(model, {"measured": {"shm": 1, "tcp": 1}})
+    line = model_line(model, {"model": {"measured": ["shm", "tcp"]}})
     table.notes.append(line.replace("(measured)", "(the spec's)"))
     title = f"cadence tune --sim: {where}, {args.dtype}, " + (
         f"{format_size(sizes[0])}..{format_size(sizes[-1])} x{args.stepfactor}"
@@ -578,7 +584,7 @@ def run(args: argparse.Namespace) -> int:
         except TuneError as e:
             print(f"cadence tune: {e}", file=sys.stderr)
             return 1
-        model = model_from(calib.get("measured", {}))
+        model = model_from(calib.get("model", {}))
         key = {k: calib[k] for k in ("nranks", "nhosts", "ranks_per_host")}
         where = (
             f"{key['nranks']} ranks on {key['nhosts']} host{'s' if key['nhosts'] != 1 else ''}, "

@@ -112,6 +112,19 @@ pub fn rounds(topo: &Topology) -> Vec<Round> {
     out
 }
 
+/// What one run of the procedure found: the model, the factor its α's were
+/// scaled by to match the loaded probe, and which link classes it measured
+/// (a class the topology lacks keeps its defaults, also unscaled figures a
+/// caller should not mistake for measured ones).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Calibration {
+    pub model: CostModel,
+    /// 1 where the probe was no slower than the ping-pong α's predict.
+    pub loaded_scale: f64,
+    pub shm_measured: bool,
+    pub tcp_measured: bool,
+}
+
 /// Runs the procedure: `run` times each round of [`rounds`]; the model
 /// from rank 0's samples, starting from `defaults` (a link class the
 /// topology lacks keeps its defaults; a round with no samples leaves its
@@ -121,7 +134,16 @@ pub fn measure<E>(
     defaults: CostModel,
     run: &mut dyn FnMut(&Round) -> Result<Vec<f64>, E>,
 ) -> Result<CostModel, E> {
-    let (shm, _) = peers(topo);
+    calibrate(topo, defaults, run).map(|c| c.model)
+}
+
+/// [`measure`], with the loaded-α scale and the measured link classes.
+pub fn calibrate<E>(
+    topo: &Topology,
+    defaults: CostModel,
+    run: &mut dyn FnMut(&Round) -> Result<Vec<f64>, E>,
+) -> Result<Calibration, E> {
+    let (shm, tcp) = peers(topo);
     let mut model = defaults;
     let mut loaded = None;
     for round in rounds(topo) {
@@ -138,9 +160,16 @@ pub fn measure<E>(
             Round::Reduce { bytes, .. } => model.gamma = (m / bytes as f64).max(1e-13),
         }
     }
-    Ok(match loaded {
-        Some(seconds) => fit_loaded_alpha(&model, topo, seconds),
-        None => model,
+    let loaded_scale = match loaded {
+        // One rank sends nothing: no α to fit.
+        Some(seconds) if topo.nranks() > 1 => loaded_scale(&model, topo, seconds),
+        _ => 1.0,
+    };
+    Ok(Calibration {
+        model: scale_alpha(&model, loaded_scale),
+        loaded_scale,
+        shm_measured: shm.is_some(),
+        tcp_measured: tcp.is_some(),
     })
 }
 
@@ -162,6 +191,18 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 /// at which its estimate of the probe's schedule is `seconds`; unchanged if
 /// the probe was no slower than the ping-pong α's predict.
 pub fn fit_loaded_alpha(model: &CostModel, topo: &Topology, seconds: f64) -> CostModel {
+    scale_alpha(model, loaded_scale(model, topo, seconds))
+}
+
+fn scale_alpha(model: &CostModel, s: f64) -> CostModel {
+    let mut m = *model;
+    m.shm.alpha *= s;
+    m.tcp.alpha *= s;
+    m
+}
+
+/// The factor of [`fit_loaded_alpha`].
+pub fn loaded_scale(model: &CostModel, topo: &Topology, seconds: f64) -> f64 {
     let args = CollArgs {
         kind: CollKind::AllReduce,
         root: 0,
@@ -170,18 +211,12 @@ pub fn fit_loaded_alpha(model: &CostModel, topo: &Topology, seconds: f64) -> Cos
     let schedules: Vec<Schedule> = (0..topo.nranks())
         .filter_map(|r| schedule::build_on(&args, r, topo, Algo::RecursiveDoubling).ok())
         .collect();
-    let scaled = |s: f64| {
-        let mut m = *model;
-        m.shm.alpha *= s;
-        m.tcp.alpha *= s;
-        m
-    };
-    let estimate = |s: f64| scaled(s).estimate(&schedules, topo, 4);
+    let estimate = |s: f64| scale_alpha(model, s).estimate(&schedules, topo, 4);
     if schedules.len() != topo.nranks() || estimate(1.0) >= seconds {
-        return *model;
+        return 1.0;
     }
     if estimate(LOADED_MAX_SCALE) <= seconds {
-        return scaled(LOADED_MAX_SCALE);
+        return LOADED_MAX_SCALE;
     }
     // The estimate grows with the scale: bisect.
     let (mut lo, mut hi) = (1.0, LOADED_MAX_SCALE);
@@ -193,7 +228,7 @@ pub fn fit_loaded_alpha(model: &CostModel, topo: &Topology, seconds: f64) -> Cos
             hi = mid;
         }
     }
-    scaled(0.5 * (lo + hi))
+    0.5 * (lo + hi)
 }
 
 /// The measured fields of a model as bytes, for rank 0 to broadcast.
@@ -325,5 +360,32 @@ mod tests {
         // A rank whose runner times nothing keeps the defaults.
         let none = measure(&topo, CostModel::default(), &mut |_| Ok::<_, ()>(vec![])).unwrap();
         assert_eq!(none, CostModel::default());
+    }
+
+    #[test]
+    fn a_calibration_says_what_it_measured_and_by_what_scale() {
+        // One host: no TCP round, so the TCP class is the default, scaled
+        // along with shm's α but reported as not measured.
+        let topo = Topology::single_host(4);
+        let mut run = |r: &Round| -> Result<Vec<f64>, ()> {
+            Ok(match *r {
+                Round::PingPong { reps, .. } => vec![4e-6; reps],
+                Round::Stream { bytes, .. } => vec![4e-6 + bytes as f64 / 5e9; 3],
+                Round::Loaded { .. } => vec![1.0],
+                Round::Reduce { .. } => vec![1e-3],
+            })
+        };
+        let c = calibrate(&topo, CostModel::default(), &mut run).unwrap();
+        assert!(c.shm_measured && !c.tcp_measured, "{c:?}");
+        assert_eq!(c.loaded_scale, LOADED_MAX_SCALE);
+        assert_eq!(c.model.shm.alpha, 2e-6 * LOADED_MAX_SCALE);
+        assert_eq!(
+            c.model,
+            measure(&topo, CostModel::default(), &mut run).unwrap()
+        );
+        // One rank sends nothing: nothing to fit.
+        let alone = calibrate(&Topology::single_host(1), CostModel::default(), &mut run).unwrap();
+        assert_eq!(alone.loaded_scale, 1.0);
+        assert!(!alone.shm_measured && !alone.tcp_measured);
     }
 }

@@ -9,14 +9,16 @@
 //! (ranks that chose differently would run different schedules and hang).
 //!
 //! At 1 Gbit/s this takes about 60 ms; at 10 Gbit/s and above, a few ms.
-//! A tuning table's model for the setting always wins over this one.
+//! A tuning table's model for the setting always wins over this one; and
+//! `cadence tune` writes that model with the same procedure, on demand
+//! ([`Comm::calibrate_cost_model`]).
 //!
 //! **On by default** (`CADENCE_CALIBRATE=0`, as rank 0 reads it, turns it
 //! off): across hosts it chose near the best algorithm more often than the
 //! size table (`benchmarks/calibration_check.sh`).
 
 use super::{Comm, OpRequest};
-use crate::choice::calibrate::{self as procedure, Round, SMALL_BYTES};
+use crate::choice::calibrate::{self as procedure, Calibration, Round, SMALL_BYTES};
 use crate::error::Result;
 use crate::reduce;
 use crate::schedule::{Algo, CostModel};
@@ -26,18 +28,43 @@ use std::time::Instant;
 /// Runs the calibration on every rank (collective); the model every rank
 /// now shares, or `None` where rank 0 chose not to measure.
 pub(super) fn run(comm: &Comm, wanted: bool) -> Result<Option<CostModel>> {
-    let topo = comm.topology().clone();
     // Rank 0's decision first: every rank must take the same path.
     let mut flag = [u8::from(wanted)];
     comm.run(broadcast(&mut flag))?;
     if flag[0] == 0 {
         return Ok(None);
     }
+    Ok(Some(shared(comm)?.model))
+}
+
+impl Comm {
+    /// The start-up calibration's procedure, run now over this
+    /// communicator (collective: every rank calls it); rank 0's result, the
+    /// same on every rank. On one host too (no TCP class then). Installs
+    /// nothing: `cadence tune` writes it into a tuning table.
+    pub fn calibrate_cost_model(&self) -> Result<Calibration> {
+        shared(self)
+    }
+}
+
+/// Measures (rank 0 times) and broadcasts rank 0's calibration.
+fn shared(comm: &Comm) -> Result<Calibration> {
+    let topo = comm.topology().clone();
     let defaults = CostModel::default();
-    let model = procedure::measure(&topo, defaults, &mut |round| run_round(comm, round))?;
-    let mut bytes = procedure::encode(&model);
+    let found = procedure::calibrate(&topo, defaults, &mut |round| run_round(comm, round))?;
+    // The model, then the loaded-α scale; the measured classes follow from
+    // the topology, which every rank shares.
+    let mut bytes = [0u8; procedure::ENCODED_LEN + 8];
+    let (model, scale) = bytes.split_at_mut(procedure::ENCODED_LEN);
+    model.copy_from_slice(&procedure::encode(&found.model));
+    scale.copy_from_slice(&found.loaded_scale.to_le_bytes());
     comm.run(broadcast(&mut bytes))?;
-    Ok(Some(procedure::decode(&bytes, &defaults)))
+    let (model, scale) = bytes.split_at(procedure::ENCODED_LEN);
+    Ok(Calibration {
+        model: procedure::decode(model.try_into().expect("encoded model"), &defaults),
+        loaded_scale: f64::from_le_bytes(scale.try_into().expect("8-byte scale")),
+        ..found
+    })
 }
 
 /// This rank's part of one round: rank 0 times, a link round's peer echoes,
