@@ -468,7 +468,7 @@ def test_calibration_off_leaves_the_size_table():
 
 
 def _core_calibration(comm):
-    return comm._c.calibrate()
+    return comm.calibrate()
 
 
 @needs_core

@@ -150,6 +150,15 @@ class Communicator:
         table"}`."""
         return self._c.cost_model()
 
+    def calibrate(self) -> dict:
+        """Measures this job's links and reduction with the core's calibration
+        procedure, the one a job across hosts runs at start-up (collective:
+        every rank calls it), and returns rank 0's figures, the same on every
+        rank: `shm`/`tcp` as {"alpha", "beta"} (None for a link class the job
+        lacks), `gamma`, `loaded_scale`, `measured`. Installs nothing:
+        `cadence tune` writes them into a tuning table."""
+        return self._c.calibrate()
+
     def algorithms(self, kind: str) -> list[str]:
         """The algorithms of collective `kind` that apply on this
         communicator's hosts (`cadence.algorithms(kind)` lists them all)."""

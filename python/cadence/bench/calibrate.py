@@ -5,7 +5,7 @@ environment, as the bench worker):
 
     python -m cadence.bench.calibrate --out DIR --ops allreduce,allgather
 
-The cost model is the core's: every rank calls `Comm.calibrate()`, the
+The cost model is the core's: every rank calls `Communicator.calibrate()`, the
 procedure a job across hosts runs at start-up (α of each link class from an
 8-byte ping-pong, β from a one-way 2 MiB stream, γ from the engine's own
 reduction kernel, both α's scaled to the time of a loaded recursive-doubling
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = cadence.init()
     hosts = list(comm.hosts)
     # The core's procedure, the same as a start-up calibration's.
-    model = comm._c.calibrate()
+    model = comm.calibrate()
     links = {}
     comm.barrier()
     for kind, peer in peers(hosts).items():
