@@ -584,10 +584,18 @@ impl PyComm {
     }
 
     /// Writes the dump into directory `dir`; returns the file's path.
-    fn dump(&self, py: Python<'_>, dir: std::path::PathBuf) -> PyResult<String> {
+    /// `reason`: what the dump's `reason` says (default "on demand").
+    #[pyo3(signature = (dir, reason=None))]
+    fn dump(
+        &self,
+        py: Python<'_>,
+        dir: std::path::PathBuf,
+        reason: Option<String>,
+    ) -> PyResult<String> {
         let comm = self.comm.clone();
+        let reason = reason.unwrap_or_else(|| "on demand".to_string());
         let path = py
-            .allow_threads(move || comm.dump_to(&dir))
+            .allow_threads(move || comm.dump_to_because(&dir, &reason))
             .map_err(|e| PyOSError::new_err(format!("cannot write the dump: {e}")))?;
         Ok(path.display().to_string())
     }

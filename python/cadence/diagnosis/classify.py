@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
 from cadence.diagnosis.slow import diagnose_slow
+from cadence.diagnosis.unreachable import Silence, judge
 from cadence.diagnosis.verdict import (  # noqa: F401 - also importable from here
     CLASSES,
     COMM_HANG,
@@ -57,8 +58,10 @@ def _short(status: str, n: int = 160) -> str:
 class _Comm:
     """One communicator's dumps, indexed."""
 
-    def __init__(self, comm: str, dumps: list[Dump], hang_after: float):
+    def __init__(self, comm: str, dumps: list[Dump], hang_after: float,
+                 reach: dict[str, bool | None] | None = None):
         self.comm = comm
+        self.reach = reach
         self.by_rank = {d.rank: d for d in dumps}
         self.nranks = dumps[0].nranks
         self.missing = [r for r in range(self.nranks) if r not in self.by_rank]
@@ -89,22 +92,28 @@ class _Comm:
         if op.failed:
             return True
         d = self.by_rank[r]
-        return op.running and (d.dump_ns - op.start_ns) / 1e9 >= self.hang_after
+        # A dump the watchdog wrote at its soft deadline says so itself.
+        return op.running and ((d.dump_ns - op.start_ns) / 1e9 >= self.hang_after
+                               or d.dumped_stuck)
 
     def first_stuck(self) -> int | None:
         ks = [k for r, ops in self.colls.items() for k, o in ops.items() if self.stuck(r, o)]
         return min(ks) if ks else None
 
 
-def diagnose(dumps: list[Dump], hang_after: float = 10.0) -> Verdict:
+def diagnose(dumps: list[Dump], hang_after: float = 10.0,
+             reach: dict[str, bool | None] | None = None) -> Verdict:
     """The verdict over one job's dumps (see the module comment).
     `hang_after`: seconds an operation still running in an on-demand dump
-    must have waited to count as stuck."""
+    must have waited to count as stuck. `reach`: host → whether a probe
+    reached it (the live coordinator's, for hosts none of whose ranks
+    answered; unreachable.py)."""
     comms: dict[str, list[Dump]] = {}
     for d in dumps:
         comms.setdefault(d.comm, []).append(d)
     job = dumps[0].job
-    findings = [_diagnose_comm(_Comm(c, ds, hang_after)) for c, ds in sorted(comms.items())]
+    findings = [_diagnose_comm(_Comm(c, ds, hang_after, reach))
+                for c, ds in sorted(comms.items())]
     bad = [v for v in findings if v.cls != HEALTHY]
     for v in findings:
         v.job = job
@@ -186,6 +195,11 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         how = "data from it in this operation arrived, so it entered" if m not in unknown \
             else "no data from it in this operation arrived"
         v.evidence.append(f"{c.who(m)}: wrote no dump; {how}")
+
+    if not absent and not late:
+        silence = judge({r: c.host(r) for r in range(c.nranks)}, c.missing, c.reach)
+        if silence is not None:
+            return _unreachable(c, v, what, present, t_fail, silence)
 
     if absent or late:
         v.cls = NONCOMM_HANG
@@ -281,6 +295,33 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         waits = "; ".join(f"rank {a} waits on rank {b}" for a, b in sorted(deps)) or "none"
         v.headline = (f"{COMM_HANG} in {what}: every rank entered but no stalled link was found "
                       f"in the records (waits: {waits})")
+    return v
+
+
+def _unreachable(c: _Comm, v: Verdict, what: str, present: dict[int, Op],
+                 t_fail: float | None, s: Silence) -> Verdict:
+    """comm_hang: a host nobody can hear, or the one host that hears only
+    itself (unreachable.py)."""
+    links, _deps, notes = _stalled_links(c, present, t_fail)
+    v.cls = COMM_HANG
+    v.hosts = s.hosts
+    v.ranks = sorted(r for r in range(c.nranks) if c.host(r) in s.hosts)
+    v.links = sorted((a, b) for a, b in links if c.host(a) in s.hosts or c.host(b) in s.hosts)
+    v.evidence += notes + s.evidence
+    hosts = ", ".join(s.hosts)
+    if s.cut_off:
+        v.evidence.append(f"only the ranks of {hosts} answered; every rank of hosts "
+                          f"{', '.join(s.silent)} is silent: one host cut off, not all the "
+                          "others at once (the job's Store is reachable from it)")
+        v.headline = (f"{COMM_HANG} in {what}: host {hosts} is cut off ({_names(c, v.ranks)}): "
+                      f"none of the {len(s.silent)} other hosts answered; its network is cut")
+    else:
+        v.evidence.append(f"no rank of host(s) {hosts} answered, while every other host's "
+                          "ranks did: a rank stuck in its own code still answers (its "
+                          "watchdog runs), so the host cannot be reached")
+        v.headline = (f"{COMM_HANG} in {what}: host {hosts} unreachable ({_names(c, v.ranks)} "
+                      f"silent); ranks {ranks_text(sorted(present))} wait in it; its network "
+                      "is cut or the machine is down")
     return v
 
 

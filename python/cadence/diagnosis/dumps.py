@@ -45,6 +45,10 @@ class OpStatus(StrEnum):
     RUNNING = "running"
 
 
+#: The `reason` a dump starts with when the live watchdog wrote it because
+#: its running operation passed the soft deadline (live.py).
+STUCK_REASON = "stuck:"
+
 @dataclass
 class Msg:
     """One message of one operation as its rank recorded it (times in ns
@@ -153,6 +157,12 @@ class Dump:
     #: Where the rank's Python threads were (faulthandler style), when the
     #: live watchdog took the summary; None in dumps written by the core.
     stack: str | None = None
+
+    @property
+    def dumped_stuck(self) -> bool:
+        """Written by the live watchdog when its running operation passed the
+        soft deadline (its `reason` starts with STUCK_REASON)."""
+        return self.reason.startswith(STUCK_REASON)
 
     def wall(self, ns: int) -> float:
         """Seconds since the epoch on rank 0's clock of this rank's time `ns`."""

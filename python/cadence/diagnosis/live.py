@@ -49,7 +49,8 @@ import weakref
 import zlib
 from dataclasses import dataclass, field
 
-from cadence.diagnosis.verdict import VerdictClass
+from cadence.diagnosis.dumps import STUCK_REASON
+from cadence.diagnosis.verdict import VerdictClass, ranks_text
 
 log = logging.getLogger("cadence")
 
@@ -68,8 +69,17 @@ WINDOW_OPS = 128
 #: A round's verdict is waited for this much longer than its gather time
 #: before a rank stops expecting it.
 VERDICT_SLACK_S = 5.0
-#: How long the watchdog leaves a communicator alone after a failed Store call.
+#: How long the watchdog leaves a communicator alone after a failed Store
+#: call when nothing is stuck (most often the job is ending) ...
 STORE_BACKOFF_S = 30.0
+#: ... and while an operation runs: the Store may be gone because the
+#: network is cut, and the hang must still be named in time.
+STORE_RETRY_S = 1.0
+#: A watchdog Store call still running after this long has lost the Store.
+#: A TCPStore client's request times out after 5 s (`_store_client`), but
+#: once its connection is cut the client's retry blocks for minutes (seen
+#: with torch 2.x on a downed link), so the sentinel does not wait for it.
+STORE_CALL_LIMIT_S = 6.0
 
 
 def diag_after(timeout: float) -> float | None:
@@ -146,19 +156,47 @@ def window_summary(core, start_unix: float, end_unix: float) -> bytes | None:
     return None if d is None else zlib.compress(d.encode(), 1)
 
 
-def verdict_of(summaries: dict[int, bytes], hang_after: float) -> dict:
+def verdict_of(summaries: dict[int, bytes], hang_after: float,
+               reach: dict[str, bool | None] | None = None) -> dict:
     """The classifier over the summaries that arrived (rank → compressed
-    dump); a rank that sent none is one that left no dump."""
+    dump); a rank that sent none is one that left no dump. `reach`: host →
+    whether a probe reached it (hosts none of whose ranks answered)."""
     from cadence.diagnosis.classify import diagnose
     from cadence.diagnosis.dumps import parse
 
     dumps = [parse(zlib.decompress(b).decode(), f"rank {r}'s summary")
              for r, b in sorted(summaries.items())]
-    v = diagnose(dumps, hang_after=hang_after)
+    v = diagnose(dumps, hang_after=hang_after, reach=reach)
     out = v.to_json()
     out["text"] = v.text()
     out["summaries"] = sorted(summaries)
     return out
+
+
+class _TimedStore:
+    """A Store whose calls say since when one has been running (`busy_since`,
+    None when idle): the sentinel reads it to tell a lost Store while the
+    watchdog thread is blocked in a call."""
+
+    def __init__(self, store):
+        self._store = store
+        self.busy_since: float | None = None
+        self.host = getattr(store, "host", None)
+        self.port = getattr(store, "port", None)
+
+    def __getattr__(self, name):
+        fn = getattr(self._store, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args, **kwargs):
+            self.busy_since = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.busy_since = None
+
+        return call
 
 
 def _store_client(store):
@@ -224,6 +262,16 @@ class _Watched:
     slow_watch: object = None
     slow_seen: int = 0
     slow_logged: tuple | None = None
+    #: Every rank's {rank, host, pid, addr}, read once from the core.
+    peers: list | None = None
+    #: The (operations started, seq) this rank dumped for as stuck, and
+    #: the file (removed again if the operation recovers).
+    dumped_for: tuple | None = None
+    dumped_path: str | None = None
+    #: The (operations started, seq) a lost Store was reported for.
+    store_lost_for: tuple | None = None
+    #: Guards the fields above: the sentinel thread writes them too.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def key(self, *parts) -> str:
         return "/".join([self.prefix, "diag", *map(str, parts)])
@@ -236,6 +284,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._watched: list[_Watched] = []
         self._thread: threading.Thread | None = None
+        self._sentinel: threading.Thread | None = None
         self._clients: dict = {}
         #: Cleared by pause(): the thread sleeps through its ticks.
         self._enabled = threading.Event()
@@ -267,7 +316,7 @@ class Watchdog:
         with self._lock:
             client = self._clients.get(key) if key is not None else None
             if client is None:
-                client = _store_client(store)
+                client = _TimedStore(_store_client(store))
                 if key is not None:
                     self._clients[key] = client
         gather = min(5.0, max(1.0, after / 2))
@@ -293,6 +342,9 @@ class Watchdog:
                 self._thread = threading.Thread(target=self._loop, name="cadence-diagnosis",
                                                 daemon=True)
                 self._thread.start()
+                self._sentinel = threading.Thread(target=self._sentinel_loop,
+                                                  name="cadence-diagnosis-sentinel", daemon=True)
+                self._sentinel.start()
 
     def unwatch(self, comm) -> None:
         with self._lock:
@@ -312,6 +364,34 @@ class Watchdog:
             self.cpu_s += time.thread_time() - cpu0
             self.ticks += 1
 
+    def _sentinel_loop(self) -> None:
+        """The sentinel: no Store call ever, so nothing it does can block on
+        the network. Once a tick, for every communicator whose operation is
+        past the soft deadline: its dump (CADENCE_DUMP_DIR) is written, and
+        if the watchdog thread has been inside one Store call for
+        STORE_CALL_LIMIT_S, the lost Store is reported (`_store_lost`)."""
+        while not self._stop.wait(self._tick_s()):
+            if not self._enabled.is_set():
+                continue
+            with self._lock:
+                watched = list(self._watched)
+            for w in watched:
+                comm = w.comm() if w.comm is not None else None
+                if comm is None:
+                    continue
+                try:
+                    total, running = comm._c._progress()
+                    if running is None or running[2] < w.after:
+                        continue
+                    self._dump_stuck(w, comm, total, running)
+                    since = getattr(w.store, "busy_since", None)
+                    if since is not None and time.monotonic() - since >= STORE_CALL_LIMIT_S:
+                        self._store_lost(w, comm, TimeoutError(
+                            f"a Store call has not returned for {time.monotonic() - since:.0f}s"))
+                except Exception as e:  # noqa: BLE001 - the sentinel must survive
+                    log.debug("cadence: diagnosis sentinel, comm %s: %s", comm.id, e)
+                del comm
+
     def stop(self, timeout: float) -> None:
         """Ends the thread and waits for it (at most `timeout` s). At exit a
         daemon thread still inside a Store call (a C++ call that released
@@ -319,9 +399,9 @@ class Watchdog:
         process (SIGABRT from a forced unwind through C++); so it is
         stopped before the interpreter finalizes."""
         self._stop.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout)
+        for t in (self._sentinel, self._thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout)
 
     def _tick(self) -> None:
         with self._lock:
@@ -335,11 +415,18 @@ class Watchdog:
                 self._check(w, comm)
                 w.failures = 0
             except Exception as e:  # noqa: BLE001 - the watchdog must survive
-                # Most often the Store is gone (the job is ending): back
-                # off, since torch prints every failed Store call.
+                # Most often the Store is gone: the job is ending (back off,
+                # since torch prints every failed Store call), or the network
+                # is cut while an operation waits (name that without it).
                 w.failures += 1
-                w.resume_at = time.monotonic() + STORE_BACKOFF_S
                 log.debug("cadence: live diagnosis of comm %s: %s", comm.id, e)
+                running = comm._c._progress()[1]
+                w.resume_at = time.monotonic() + (STORE_RETRY_S if running is not None
+                                                  else STORE_BACKOFF_S)
+                try:
+                    self._store_lost(w, comm, e)
+                except Exception as e2:  # noqa: BLE001
+                    log.debug("cadence: live diagnosis without the Store: %s", e2)
             del comm
 
     def _check(self, w: _Watched, comm) -> None:
@@ -393,6 +480,53 @@ class Watchdog:
             core._set_diagnosis(None)
             w.verdict_at_ops = None
             _metrics_verdict(w, {"class": str(VerdictClass.HEALTHY), "verdict": "recovered"})
+        with w.lock:
+            recovered = w.dumped_for is not None and total > w.dumped_for[0] and (
+                running is None or running[2] < w.after)
+            path = w.dumped_path if recovered else None
+            if recovered:
+                w.dumped_for = w.dumped_path = None
+        if recovered:
+            _remove_stuck_dump(path)
+
+    def _dump_stuck(self, w: _Watched, comm, total: int, running: tuple) -> None:
+        """Writes this rank's dump into CADENCE_DUMP_DIR (if set) once per
+        stuck operation, as soon as it is past the soft deadline: a
+        post-mortem has it even if the process is killed before the
+        operation's deadline, or the Store is out of reach. The dump of the
+        operation's failure later replaces it; if the operation completes,
+        it is removed."""
+        seq, collective, secs = running
+        with w.lock:
+            if w.dumped_for == (total, seq):
+                return
+            w.dumped_for = (total, seq)
+        where = os.environ.get("CADENCE_DUMP_DIR")
+        if not where:
+            return
+        try:
+            w.dumped_path = comm._c.dump(where, f"{STUCK_REASON} {collective} #{seq} ran "
+                                                f"{secs:.1f}s (CADENCE_DIAG_AFTER={w.after:g})")
+        except OSError as e:
+            log.warning("cadence: could not write a dump into %s: %s", where, e)
+
+    def _store_lost(self, w: _Watched, comm, err: Exception) -> None:
+        """The Store failed while an operation is stuck past the soft
+        deadline: no round can be held. Says so at once, with which side
+        of a cut this rank is on: it probes the Store's host and the hosts
+        it waits on (reach.py). Once per stuck operation."""
+        core = comm._c
+        total, running = core._progress()
+        if running is None or running[2] < w.after:
+            return
+        self._dump_stuck(w, comm, total, running)
+        seq, collective, _secs = running
+        with w.lock:
+            if w.store_lost_for == (total, seq):
+                return
+            w.store_lost_for = (total, seq)
+        verdict = store_lost_verdict(w, comm, err, seq, collective)
+        self._deliver(w, core, verdict, total)
 
     def _windows(self, w: _Watched, core) -> None:
         """Slowness: every rank publishes each finished window's operations;
@@ -484,7 +618,9 @@ class Watchdog:
             if w.store.check([k]):
                 summaries[rank] = bytes(w.store.get(k))
         try:
-            verdict = verdict_of(summaries, hang_after=w.after * 0.9)
+            comm = w.comm()
+            reach = _probe_silent(w, comm, summaries) if comm is not None else None
+            verdict = verdict_of(summaries, hang_after=w.after * 0.9, reach=reach)
         except Exception as e:  # noqa: BLE001 - say so rather than go silent
             verdict = {"class": str(VerdictClass.UNKNOWN), "verdict": f"live diagnosis failed: {e}",
                        "text": f"cadence: live diagnosis failed: {e}", "ranks": [],
@@ -502,9 +638,10 @@ class Watchdog:
         _metrics_verdict(w, verdict)
         op = verdict.get("op") or {}
         ident = (verdict.get("class"), op.get("comm"), op.get("seq"))
-        if ident in w.logged:
-            return
-        w.logged.add(ident)
+        with w.lock:
+            if ident in w.logged:
+                return
+            w.logged.add(ident)
         if verdict.get("class") == VerdictClass.HEALTHY:
             log.info("cadence: %s", verdict.get("verdict"))
         else:
@@ -549,6 +686,136 @@ def ask(store, prefix: str = "cadence/init1", gather: float = 5.0,
     verdict["coordinator"] = "cadence doctor"
     store.set(key(r, "verdict"), json.dumps(verdict))
     return verdict
+
+
+def _remove_stuck_dump(path: str | None) -> None:
+    """Removes a dump written at the soft deadline, unless a later dump
+    (a failure's) replaced it."""
+    if not path:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        with open(path) as f:
+            reason = json.load(f).get("reason", "")
+        if reason.startswith(STUCK_REASON):
+            os.unlink(path)
+
+
+def _peers(w: _Watched, comm) -> list:
+    if w.peers is None:
+        w.peers = json.loads(comm._c.dump_records(1)).get("peers") or []
+    return w.peers
+
+
+def _host_addrs(peers: list) -> dict[str, str]:
+    """host → the set-up address of its first rank."""
+    out: dict[str, str] = {}
+    for p in peers:
+        if p.get("addr"):
+            out.setdefault(str(p.get("host")), str(p["addr"]))
+    return out
+
+
+def _probe_silent(w: _Watched, comm, summaries: dict) -> dict[str, bool | None] | None:
+    """The coordinator's probes of the hosts none of whose ranks answered
+    (unreachable.py), at most reach.MAX_PROBES of them; None when every
+    host answered."""
+    from cadence.diagnosis.reach import probe_hosts
+    from cadence.diagnosis.unreachable import silent_hosts
+
+    peers = _peers(w, comm)
+    host_of = {int(p["rank"]): str(p["host"]) for p in peers}
+    missing = [r for r in range(w.size) if r not in summaries]
+    silent, _answered = silent_hosts(host_of, missing)
+    if not silent:
+        return None
+    addrs = _host_addrs(peers)
+    return probe_hosts({h: addrs[h] for h in silent if h in addrs})
+
+
+def store_lost_verdict(w: _Watched, comm, err: Exception, seq: int, collective: str) -> dict:
+    """This rank's own verdict when the Store cannot be reached during a
+    hang: which hosts answer a probe from here. Every other host silent:
+    this host is cut off. Some silent (the Store's among them, most often):
+    those are unreachable. All answering: the Store itself is down."""
+    from cadence.diagnosis.reach import MAX_PROBES, probe, probe_hosts
+
+    peers = _peers(w, comm)
+    me = str(peers[w.rank]["host"]) if w.rank < len(peers) else "?"
+    addrs = _host_addrs(peers)
+    store_addr = f"{getattr(w.store, 'host', '?')}:{getattr(w.store, 'port', '?')}"
+    store_host = _store_host(w.store, peers)
+    # The Store's host, the hosts this rank waits on, then others: enough to
+    # tell "I am cut off" from "they are".
+    waits = _waits_on(comm)
+    order = [store_host] + [str(peers[r]["host"]) for r in waits if r < len(peers)]
+    order += sorted(addrs)
+    picked: dict[str, str] = {}
+    for h in order:
+        if h and h != me and h in addrs and h not in picked and len(picked) < MAX_PROBES:
+            picked[h] = addrs[h]
+    reach = probe_hosts(picked)
+    store_answers = probe(store_addr) if store_host is None else reach.get(store_host)
+    heard = sorted(h for h, ok in reach.items() if ok)
+    unheard = sorted(h for h, ok in reach.items() if ok is False)
+    where = f"the job's Store at {store_addr}" + (f" (on host {store_host})" if store_host
+                                                  else "")
+    evidence = [f"rank {w.rank} ({me}) is in {collective} #{seq} past the soft deadline, and "
+                f"{where} does not answer: {err}",
+                f"probed from here: {', '.join(f'{h} ' + _word(ok) for h, ok in reach.items())}"
+                if reach else "no other host to probe"]
+    cls, hosts = VerdictClass.COMM_HANG, []
+    if unheard and not heard:
+        hosts = [me]
+        headline = (f"{VerdictClass.COMM_HANG} in {collective} #{seq} (comm {comm.id}): host "
+                    f"{me} is cut off: from rank {w.rank}, {where} and hosts "
+                    f"{', '.join(unheard)} do not answer")
+    elif unheard:
+        hosts = unheard
+        headline = (f"{VerdictClass.COMM_HANG} in {collective} #{seq} (comm {comm.id}): host "
+                    f"{', '.join(unheard)} unreachable from rank {w.rank} ({me}), while "
+                    f"{', '.join(heard)} answer; {where} cannot be reached, so no rank "
+                    "can gather a verdict")
+    else:
+        cls = VerdictClass.UNKNOWN
+        headline = (f"live diagnosis of {collective} #{seq} (comm {comm.id}) impossible: "
+                    f"{where} does not answer"
+                    + (" (its host does)" if store_answers else "")
+                    + f"; rank {w.rank} waits on ranks {ranks_text(waits) or 'none known'}")
+    ranks = sorted(int(p["rank"]) for p in peers if str(p.get("host")) in hosts)
+    return {"class": str(cls), "verdict": headline, "job": None,
+            "op": {"comm": comm.id, "seq": seq, "collective": collective, "bytes": None},
+            "ranks": ranks, "links": [], "hosts": hosts, "evidence": evidence,
+            "text": "cadence: " + headline + "".join("\n  " + e for e in evidence),
+            "summaries": [w.rank], "round": None, "coordinator": w.rank, "local": True}
+
+
+def _word(ok: bool | None) -> str:
+    return {True: "answers", False: "does not answer"}.get(ok, "cannot be probed")
+
+
+def _store_host(store, peers: list) -> str | None:
+    """The cadence host whose set-up address is the Store's, if any."""
+    import socket
+
+    host = getattr(store, "host", None)
+    if not host:
+        return None
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError:
+        return None
+    for p in peers:
+        if str(p.get("addr", "")).rpartition(":")[0] == ip:
+            return str(p.get("host"))
+    return None
+
+
+def _waits_on(comm) -> list[int]:
+    """The peers of this rank's pending messages in its running operation."""
+    d = json.loads(comm._c.dump_records(1))
+    ops = d.get("ops") or []
+    msgs = (ops[-1].get("messages") or []) if ops else []
+    return sorted({int(m["peer"]) for m in msgs if m.get("state") in ("pending", "held")})
 
 
 def _metrics_verdict(w: _Watched, verdict: dict) -> None:

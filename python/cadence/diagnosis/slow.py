@@ -6,9 +6,9 @@ operations (`SlowWatch`).
 `noncomm_slow`: a straggler. Collectives are matched across ranks by
 (seq, sig); each rank's arrival is its start on rank 0's clock
 (`Dump.wall`, offsets applied); its lateness at one collective is its
-arrival minus the median arrival of the other ranks. A rank whose median
-lateness is large — in absolute terms and next to the collectives' own
-duration — and who is late in most of them is named with its average
+arrival minus the median arrival of the other ranks. A rank that is late at
+most of them by a stable amount, and whose lateness summed costs the job at
+least STRAGGLER_SHARE of the window's time, is named with its average
 lateness. It must also spend that time itself: its own gap between leaving
 one collective and entering the next (one clock, no offsets) exceeds the
 others' gaps by at least half its lateness. A rank that arrives late only
@@ -87,15 +87,18 @@ SETUP_MAX = 64
 #: enough data were those of the slow host, and the reference sank with them).
 MIN_COLLECTIVES = 10
 
-#: A straggler's median lateness is at least this (a scheduler's time slice
-#: on shared cores is a few ms; healthy medians stay within 1 ms) ...
-STRAGGLER_MIN_S = 0.020
-#: ... and at least this share of the typical collective's duration after
-#: its last rank arrived (how late ranks leave a collective, hence reach the
-#: next one, scales with how long collectives take).
-STRAGGLER_REL = 0.25
-#: ... and it is late by at least half that in this share of the collectives
-#: ("consistently", not a few long pauses).
+#: A straggler costs the job at least this share of its time over the
+#: window: its lateness summed over the matched collectives, over the time
+#: from the first one's first arrival to the last one's end. Whatever the
+#: straggler's size, this is what makes it worth naming: 20 ms late at
+#: collectives of 100 ms is a straggler, 20 ms late once a second is not.
+STRAGGLER_SHARE = 0.10
+#: ... with a median lateness of at least this: below it, lateness is the
+#: scheduler's (a wake-up on shared cores takes a few ms; healthy medians
+#: stayed within 1 ms, also with 8 ranks on 2 cores) ...
+STRAGGLER_MIN_S = 0.003
+#: ... and late by at least half its median lateness in this share of the
+#: collectives ("consistently", not a few long pauses).
 STRAGGLER_FRACTION = 0.6
 #: Its own gap between collectives must exceed the others' by this share of
 #: its lateness: the time is spent outside communication.
@@ -222,21 +225,43 @@ def arrivals(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES
     return seqs, out, statistics.median(tails) if tails else 0.0
 
 
-def _stragglers(late: dict[int, Lateness], tail_s: float, n: int) -> tuple[list[int], float]:
-    """The ranks consistently late, and the lateness that counts."""
-    bar = max(STRAGGLER_MIN_S, STRAGGLER_REL * tail_s)
+def window_span(dumps: list[Dump], seqs: list[int]) -> float:
+    """Seconds from the first arrival at the first of `seqs` to the last
+    end of the last (rank 0's clock): the job's time the window covers."""
+    if not seqs:
+        return 0.0
+    first, last = seqs[0], seqs[-1]
+    starts, ends = [], []
+    for d in dumps:
+        for o in d.ops:
+            if not o.is_p2p and o.ok and o.seq == first:
+                starts.append(d.wall(o.start_ns))
+            if not o.is_p2p and o.ok and o.seq == last:
+                ends.append(d.wall(o.end_ns))
+    return max(0.0, max(ends) - min(starts)) if starts and ends else 0.0
+
+
+def lost_share(x: Lateness, span_s: float) -> float:
+    """The share of the window's time the job waited for this rank."""
+    return sum(max(0.0, v) for v in x.late_s) / span_s if span_s > 0 else 0.0
+
+
+def _stragglers(late: dict[int, Lateness], span_s: float, n: int) -> list[int]:
+    """The ranks consistently late by their own time, at a cost of at least
+    STRAGGLER_SHARE of the window."""
     if n < MIN_COLLECTIVES:
-        return [], bar
+        return []
     out = []
     for r, x in sorted(late.items()):
         med = x.median_s
-        if med < bar or x.share_late(bar / 2) < STRAGGLER_FRACTION:
+        if (med < STRAGGLER_MIN_S or x.share_late(med / 2) < STRAGGLER_FRACTION
+                or lost_share(x, span_s) < STRAGGLER_SHARE):
             continue
         others = [y.gap_s for j, y in late.items() if j != r and y.gap_s is not None]
         if x.gap_s is not None and others and x.gap_s - statistics.median(others) < GAP_SHARE * med:
             continue  # late because it leaves late: not its own time
         out.append(r)
-    return out, bar
+    return out
 
 
 # --- rates --------------------------------------------------------------------
@@ -551,7 +576,8 @@ def _assess_comm(dumps: list[Dump], warmup: int) -> Assessment:
     seqs, late, tail = arrivals(dumps, warmup)
     if len(seqs) < MIN_COLLECTIVES:
         return Assessment(None, False)
-    stragglers, bar = _stragglers(late, tail, len(seqs))
+    span = window_span(dumps, seqs)
+    stragglers = _stragglers(late, span, len(seqs))
     comm, rate_lines = _comm_slow(job, _skip(dumps, warmup))
     if not stragglers and comm is None:
         return Assessment(None, True)
@@ -561,7 +587,7 @@ def _assess_comm(dumps: list[Dump], warmup: int) -> Assessment:
     parts: list[tuple[float, str, list[str]]] = []
     v = Verdict(COMM_SLOW, "", comm=job.comm, job=dumps[0].job)
     if stragglers:
-        head, ev = _straggler_text(job, late, stragglers, seqs, tail, bar)
+        head, ev = _straggler_text(job, late, stragglers, tail, span)
         parts.append((straggler_lost, NONCOMM_SLOW, [head, *ev]))
         v.ranks += stragglers
         v.hosts += [job.host(r) for r in stragglers]
@@ -616,7 +642,7 @@ def _clock_line(job: _Job) -> str | None:
             f"{offs:.3f} ms, within {err:.0f} µs)")
 
 
-def _straggler_text(job, late, stragglers, seqs, tail, bar):
+def _straggler_text(job, late, stragglers, tail, span):
     names = []
     ev = []
     for r in stragglers:
@@ -631,17 +657,18 @@ def _straggler_text(job, late, stragglers, seqs, tail, bar):
                    f"{fmt_ms(statistics.median(others))} for the others")
         ev.append(f"{job.who(r)}: lateness vs the median arrival of the others: median "
                   f"{fmt_ms(x.median_s)}, mean {fmt_ms(x.mean_s)}, p90 {fmt_ms(p90)}; late by ≥ "
-                  f"{fmt_ms(bar / 2)} in {x.share_late(bar / 2):.0%} of {len(x.late_s)} "
-                  f"collectives{gap}")
+                  f"{fmt_ms(x.median_s / 2)} in {x.share_late(x.median_s / 2):.0%} of "
+                  f"{len(x.late_s)} collectives; the job waited for it "
+                  f"{lost_share(x, span):.0%} of {span:.1f}s{gap}")
     rest = [r for r in sorted(late) if r not in stragglers]
     if rest:
         meds = [late[r].median_s for r in rest]
         ev.append(f"ranks {ranks_text(rest)}: median lateness between {fmt_ms(min(meds))} and "
                   f"{fmt_ms(max(meds))}")
     ev.append(f"a collective took {fmt_ms(tail)} (median) after its last rank arrived; "
-              f"a straggler's median lateness is ≥ {fmt_ms(bar)} "
-              f"(max of {fmt_ms(STRAGGLER_MIN_S)} and {STRAGGLER_REL:g}x that), "
-              f"late in ≥ {STRAGGLER_FRACTION:.0%} of the collectives")
+              f"a straggler costs the job ≥ {STRAGGLER_SHARE:.0%} of the window, with a median "
+              f"lateness ≥ {fmt_ms(STRAGGLER_MIN_S)}, late by half that in ≥ "
+              f"{STRAGGLER_FRACTION:.0%} of the collectives")
     return "; ".join(names), ev
 
 

@@ -6,13 +6,21 @@ columns: the verdict).
 
     python -m cadence.testbed.diag_campaign --trials 20 --out diag-results
 
-Needs root (network namespaces). The cluster gets two rails: jobs carry data
-on rail 0 (`eth0`) and reach the job's Store on rail 1, as a management
-network would be separate from the data network — so cutting a host's data
-link does not also cut it off from the Store. Faults:
+Needs root (network namespaces). With `--nics 2` (the default) the cluster
+gets two rails: jobs carry data on rail 0 (`eth0`) and reach the job's Store
+on rail 1, as a management network would be separate from the data network —
+so cutting a host's data link does not also cut it off from the Store. With
+`--nics 1` every host has one link, and rank 0 serves the Store on it, as
+`cadence cluster run` and most clusters have it: cutting a host's link cuts
+it off from the Store too (and cutting host 0's cuts everyone else off from
+the Store). Every rank computes `--compute` s (a sleep) between collectives.
+Faults:
 
-- `link_down`: host H's rail-0 link is cut (`set_link up=False`). Right:
-  comm_hang naming host H, or only links of H's ranks, or a rank on H.
+- `link_down`: host H's rail-0 link is cut (`set_link up=False`), H drawn
+  from every host (the Store's included). Right: comm_hang naming host H, or
+  only links of H's ranks, or ranks on H. The trial also waits until every
+  rank has written its dump into the trial's `dumps/` (CADENCE_DUMP_DIR),
+  and runs `cadence doctor` on them: `dumps` and `doctor` in the results.
 - `freeze`: rank R SIGSTOPs itself inside a collective. Right: comm_hang
   naming rank R.
 - `hold`: rank R stays out of the next collective (a sleep in "compute").
@@ -22,7 +30,8 @@ link does not also cut it off from the Store. Faults:
   then stalls the link for seconds: a hang, not a slow link). Right:
   comm_slow naming host H (or only links of H's ranks), within 60 s of the
   job being ready.
-- `straggle`: rank R computes `--delay` s more before every collective.
+- `straggle`: rank R computes `--delay` s more before every collective;
+  `straggle<MS>` (`straggle20`, `straggle60`, ...): MS milliseconds more.
   Right: noncomm_slow naming rank R.
 - `none`: nothing, for `--clean-duration` seconds. Right: no verdict.
 
@@ -68,12 +77,31 @@ class Trial:
     in_time: bool = False
     note: str = ""
     ranks_host: dict = field(default_factory=dict)
+    #: A cut: ranks whose dump was in CADENCE_DUMP_DIR, and when the last
+    #: appeared (s after the fault).
+    dumps: int | None = None
+    dumps_t: float | None = None
+    #: A cut: `cadence doctor` on those dumps (class, right culprit).
+    doctor: str | None = None
+    doctor_ok: bool | None = None
 
     @property
     def ok(self) -> bool:
         if self.fault == "none":
             return self.cls in ("none", VerdictClass.HEALTHY)
         return self.right_class and self.right_culprit and self.in_time
+
+
+def kind(fault: str) -> str:
+    """The fault's kind: `straggle60` is a `straggle`."""
+    return "straggle" if fault.startswith("straggle") else fault
+
+
+def delay_of(fault: str, default: float) -> float:
+    """A straggler's extra seconds per collective (`straggle<MS>`, else the
+    default)."""
+    ms = fault.removeprefix("straggle")
+    return int(ms) / 1000 if fault.startswith("straggle") and ms.isdigit() else default
 
 
 def _read_events(out: Path, nranks: int) -> dict[int, list[dict]]:
@@ -102,30 +130,60 @@ def _first_verdict(evs: dict[int, list[dict]]) -> tuple[dict | None, float | Non
 def _score(t: Trial, nranks_per_host: int) -> None:
     v = t.verdict
     t.cls = v["class"] if v else "none"
-    t.right_class = t.cls == EXPECTED[t.fault]
+    t.right_class = t.cls == EXPECTED[kind(t.fault)]
     if v is None or t.fault == "none":
         t.right_culprit = t.fault == "none"
         t.in_time = True
         return
-    host_of = t.ranks_host
-    ranks, links, hosts = v.get("ranks") or [], v.get("links") or [], v.get("hosts") or []
+    t.right_culprit = _right_culprit(t, v, nranks_per_host)
     if t.fault in ("link_down", "slow_link"):
-        h = f"{t.culprit_host}"
-        hname = next((n for r, n in host_of.items() if r // nranks_per_host == t.culprit_host),
-                     h)
-        on_h = {r for r, n in host_of.items() if n == hname}
-        if ranks:
-            t.right_culprit = set(ranks) <= on_h
-        elif links:
-            t.right_culprit = all(a in on_h or b in on_h for a, b in links)
-        else:
-            t.right_culprit = hosts == [hname]
         limit = HANG_LIMIT_S if t.fault == "link_down" else SLOW_LIMIT_S
     else:
-        t.right_culprit = ranks == [t.culprit_rank]
         limit = HANG_LIMIT_S if t.fault in ("freeze", "hold") else SLOW_LIMIT_S
     t.in_time = t.fault_t is not None and t.verdict_t is not None and \
         t.verdict_t - t.fault_t <= limit
+
+
+def _right_culprit(t: Trial, v: dict, nranks_per_host: int) -> bool:
+    host_of = t.ranks_host
+    ranks, links, hosts = v.get("ranks") or [], v.get("links") or [], v.get("hosts") or []
+    if t.fault in ("link_down", "slow_link"):
+        hname = next((n for r, n in host_of.items() if r // nranks_per_host == t.culprit_host),
+                     str(t.culprit_host))
+        on_h = {r for r, n in host_of.items() if n == hname}
+        if ranks:
+            return set(ranks) <= on_h
+        if links:
+            return all(a in on_h or b in on_h for a, b in links)
+        return hosts == [hname]
+    return ranks == [t.culprit_rank]
+
+
+def _wait_dumps(out: Path, world: int, since: float, until: float) -> tuple[int, float | None]:
+    """Waits until every rank's dump is in `out` (or `until`): (how many,
+    seconds after `since` the last appeared)."""
+    while True:
+        n = len(list(out.glob("cadence-*-rank*.json")))
+        if n >= world:
+            return n, time.time() - since
+        if time.time() > until:
+            return n, None
+        time.sleep(0.5)
+
+
+def _doctor(t: Trial, dumps: Path, nranks_per_host: int) -> None:
+    """`cadence doctor` on a trial's dumps: its class, and whether it names
+    the culprit."""
+    from cadence.diagnosis import diagnose, load_dir
+    from cadence.diagnosis.dumps import DumpError
+
+    try:
+        v = diagnose(load_dir(dumps)[0]).to_json()
+    except (DumpError, OSError) as e:
+        t.doctor, t.doctor_ok = f"error: {e}", False
+        return
+    t.doctor = v["verdict"]
+    t.doctor_ok = v["class"] == EXPECTED[kind(t.fault)] and _right_culprit(t, v, nranks_per_host)
 
 
 def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Trial:
@@ -139,21 +197,27 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
     out = Path(args.out) / f"trial-{n:03d}-{fault}"
     out.mkdir(parents=True, exist_ok=True)
     port = args.master_port + n % 200
-    store_addr = c.hosts[0].nics[1].address
+    dumps = out / "dumps"
     env = dict(os.environ, CADENCE_DIAG_AFTER=f"{args.diag_after:g}",
                CADENCE_TIMEOUT=f"{args.timeout:g}", CADENCE_CALIBRATE="0",
-               TORCHELASTIC_USE_AGENT_STORE="True")  # fmt: skip
+               CADENCE_DUMP_DIR=str(dumps))  # fmt: skip
     places = jobs.placements(c, rph)
     for p in places:
         t.ranks_host[p.rank] = p.host.name
     procs = []
-    store_env = jobs.rank_env(c, places[0], rph, port, env)
-    store_env["MASTER_ADDR"] = store_addr
-    procs.append(subprocess.Popen(
-        jobs.in_host(places[0].host, [sys.executable, "-m", "cadence.testbed.soak_rank",
-                                      "--seed", "1", "--serve-store"]),
-        env=store_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
+    # Two rails: the Store apart, on rail 1 (a management network). One:
+    # rank 0 serves it on the only link, as `cadence cluster run` does.
+    separate_store = len(c.hosts[0].nics) > 1
+    store_addr = c.hosts[0].nics[1].address if separate_store else c.master_addr
+    if separate_store:
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        store_env = jobs.rank_env(c, places[0], rph, port, env)
+        store_env["MASTER_ADDR"] = store_addr
+        procs.append(subprocess.Popen(
+            jobs.in_host(places[0].host, [sys.executable, "-m", "cadence.testbed.soak_rank",
+                                          "--seed", "1", "--serve-store"]),
+            env=store_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
     if fault == "slow_link":
         # Slowed before the job starts: changing a shaper under load drops the
         # queued packets, and TCP's retransmission back-off then stalls the
@@ -162,11 +226,13 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
     time.sleep(1.0)
     duration = args.clean_duration if fault == "none" else args.warmup + (
         HANG_LIMIT_S if fault in ("link_down", "freeze", "hold") else SLOW_LIMIT_S) + 5
-    rank_fault = {"freeze": "freeze", "hold": "hold", "straggle": "straggle"}.get(fault, "none")
+    rank_fault = {"freeze": "freeze", "hold": "hold", "straggle": "straggle"}.get(kind(fault),
+                                                                                "none")
     cmd = [sys.executable, "-m", "cadence.testbed.diag_rank", "--out", str(out),
            "--seed", str(n), "--fault", rank_fault,
            "--culprit", str(t.culprit_rank if t.culprit_rank is not None else -1),
-           "--at", str(args.at_step), "--delay", f"{args.delay:g}"]  # fmt: skip
+           "--at", str(args.at_step), "--delay", f"{delay_of(fault, args.delay):g}",
+           "--compute", f"{args.compute:g}"]  # fmt: skip
     logs = []
     for p in places:
         e = jobs.rank_env(c, p, rph, port, env)
@@ -210,6 +276,9 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
             if all(any(e.get("ev") in ("done", "error") for e in evs[r]) for r in range(world)):
                 break
             time.sleep(0.5)
+        if fault == "link_down" and t.fault_t is not None:
+            t.dumps, t.dumps_t = _wait_dumps(dumps, world, t.fault_t,
+                                             t.fault_t + args.timeout + 15)
     finally:
         for p in procs:
             try:
@@ -225,13 +294,15 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
         elif fault == "slow_link":
             tb.set_link(c, t.culprit_host, 0, rate=c.rate)
     _score(t, rph)
+    if fault == "link_down" and t.dumps:
+        _doctor(t, dumps, rph)
     return t
 
 
 def matrix(trials: list[Trial]) -> str:
     cols = [VerdictClass.COMM_HANG, VerdictClass.NONCOMM_HANG, VerdictClass.COMM_SLOW,
             VerdictClass.NONCOMM_SLOW, VerdictClass.MISMATCH, "none"]
-    rows = [f for f in EXPECTED if any(t.fault == f for t in trials)]
+    rows = list(dict.fromkeys(t.fault for t in trials))
     head = "| injected \\ verdict | " + " | ".join(cols) + " | right class + culprit + in time |"
     lines = [head, "|" + "---|" * (len(cols) + 2)]
     for f in rows:
@@ -239,8 +310,18 @@ def matrix(trials: list[Trial]) -> str:
         counts = [sum(1 for t in ts if (t.cls if t.cls != VerdictClass.HEALTHY else "none") == c)
                   for c in cols]
         good = sum(t.ok for t in ts)
-        lines.append(f"| {f} ({EXPECTED[f]}) | " + " | ".join(map(str, counts)) +
+        lines.append(f"| {f} ({EXPECTED[kind(f)]}) | " + " | ".join(map(str, counts)) +
                      f" | {good}/{len(ts)} |")
+    cuts = [t for t in trials if t.fault == "link_down"]
+    if cuts:
+        whole = sum(t.dumps == len(t.ranks_host) for t in cuts)
+        took = [t.dumps_t for t in cuts if t.dumps_t is not None]
+        lines.append("")
+        lines.append(f"link_down: every rank's dump written in {whole}/{len(cuts)} trials"
+                     + (f" (the last {min(took):.1f}-{max(took):.1f}s after the cut)"
+                        if took else ""))
+        lines.append(f"link_down: cadence doctor on those dumps right in "
+                     f"{sum(bool(t.doctor_ok) for t in cuts)}/{len(cuts)}")
     return "\n".join(lines)
 
 
@@ -249,11 +330,17 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="diagc", help="cluster name (created and removed)")
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--ranks-per-host", type=int, default=2)
+    p.add_argument("--nics", type=int, default=2, choices=(1, 2),
+                   help="2: data on rail 0, the Store apart on rail 1; 1: one link per host, "
+                        "the Store served by rank 0 on it")
+    p.add_argument("--compute", type=float, default=0.005,
+                   help="seconds every rank computes between collectives")
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--slow-rate", default="200mbit")
     p.add_argument("--trials", type=int, default=20, help="trials per fault")
     p.add_argument("--faults", default="link_down,freeze,hold,none",
-                   help="comma-separated, of: " + ",".join(EXPECTED))
+                   help="comma-separated, of: " + ",".join(EXPECTED) +
+                        " (straggle<MS>: a straggler of MS milliseconds)")
     p.add_argument("--diag-after", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--warmup", type=float, default=4.0)
@@ -265,11 +352,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="diag-results")
     args = p.parse_args(argv)
     faults = args.faults.split(",")
-    bad = [f for f in faults if f not in EXPECTED]
+    bad = [f for f in faults if kind(f) not in EXPECTED or (
+        f.startswith("straggle") and f != "straggle" and not f[8:].isdigit())]
     if bad:
         p.error(f"unknown fault(s) {bad}; known: {', '.join(EXPECTED)}")
     rng = random.Random(args.seed)
-    c = tb.build(args.name, args.hosts, 2, args.rate)
+    c = tb.build(args.name, args.hosts, args.nics, args.rate)
     tb.up(c)
     trials = []
     order = [f for f in faults for _ in range(args.trials)]
@@ -281,10 +369,14 @@ def main(argv=None) -> int:
             took = (t.verdict_t - t.fault_t) if t.verdict_t and t.fault_t else None
             who = f"host {t.culprit_host}" if t.culprit_host is not None else t.culprit_rank
             when = f" in {took:.1f}s" if took is not None else ""
+            dumped = "" if t.dumps is None else (
+                f"; dumps {t.dumps}/{len(t.ranks_host)}"
+                + (f" in {t.dumps_t:.1f}s" if t.dumps_t is not None else "")
+                + f", doctor {'ok' if t.doctor_ok else 'WRONG: ' + str(t.doctor)}")
             print(f"trial {n + 1}/{len(order)} {fault:9s} culprit {who}: {t.cls}{when} "
                   f"{'ok' if t.ok else 'WRONG'}"
                   f"{' — ' + t.verdict.get('verdict', '') if t.verdict else ''}"
-                  f"{' (' + t.note + ')' if t.note else ''}", flush=True)
+                  f"{' (' + t.note + ')' if t.note else ''}{dumped}", flush=True)
     finally:
         tb.down(args.name)
     print()

@@ -78,7 +78,10 @@ def main(argv=None) -> int:
     p.add_argument("--culprit", type=int, default=-1)
     p.add_argument("--at", type=int, default=20, help="step at which the fault starts")
     p.add_argument("--delay", type=float, default=0.2, help="straggle: seconds per step")
+    p.add_argument("--compute", type=float, default=0.0,
+                   help="seconds of \"compute\" (a sleep) every rank spends between collectives")
     p.add_argument("--stop-at", type=float, default=0.0, help="wall-clock time to stop at")
+    p.add_argument("--dump", default=None, help="write this rank's dump here when it stops")
     args = p.parse_args(argv)
 
     import cadence
@@ -112,6 +115,8 @@ def main(argv=None) -> int:
                     data_loader_stall(3600)
                 elif args.fault == "freeze":
                     freeze_inside(comm)
+            if args.compute:
+                time.sleep(args.compute)
             if culprit and args.fault == "straggle" and step >= args.at:
                 data_loader_stall(args.delay)
             x = bufs[nbytes]
@@ -126,6 +131,8 @@ def main(argv=None) -> int:
     except cadence.CommError as e:
         out(ev="error", t=time.time(), error=str(e), diagnosis=getattr(e, "diagnosis", None))
         return 1
+    if args.dump:
+        comm.dump(args.dump)
     out(ev="done", t=time.time())
     return 0
 

@@ -61,6 +61,9 @@ struct Peer<'a> {
     rank: usize,
     host: &'a str,
     pid: u32,
+    /// Where it listened at set-up (`ip:port`): the live diagnosis probes
+    /// whether a silent host can be reached at all.
+    addr: &'a str,
 }
 
 /// One operation's record with its messages.
@@ -227,6 +230,7 @@ impl Shared {
                 rank: r,
                 host: &self.hosts[r],
                 pid: self.pids[r],
+                addr: &self.addrs[r],
             })
             .collect();
         Some(to_json_text(&Dump {
@@ -406,6 +410,7 @@ mod tests {
                 rank: 1,
                 host: "h1",
                 pid: 8,
+                addr: "10.0.0.2:4000",
             }],
             timeout_s: 300.0,
             base_unix_ns: 1,
@@ -464,7 +469,7 @@ mod tests {
         assert!(python.contains(&format!("\nVERSION = {DUMP_VERSION}\n")));
         assert!(d["failure"].is_null());
         has_all(&d["clock"], &["offset_ns", "error_ns", "method"]);
-        has_all(&d["peers"][0], &["rank", "host", "pid"]);
+        has_all(&d["peers"][0], &["rank", "host", "pid", "addr"]);
         let op = &d["ops"][0];
         has_all(
             op,

@@ -289,6 +289,12 @@ impl Comm {
         self.shared.dump_to(dir, "on demand")
     }
 
+    /// [`Comm::dump_to`] saying why (the dump's `reason`): the live
+    /// watchdog writes one as soon as an operation is stuck.
+    pub fn dump_to_because(&self, dir: &Path, reason: &str) -> std::io::Result<PathBuf> {
+        self.shared.dump_to(dir, reason)
+    }
+
     /// Test hook: writes garbage to the TCP link to `peer`.
     pub fn inject_garbage(&self, peer: usize) -> Result<()> {
         self.shared.inject_garbage(peer)

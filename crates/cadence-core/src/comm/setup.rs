@@ -54,6 +54,7 @@ impl Comm {
                 nranks,
                 hosts: hosts.clone(),
                 pids: infos.iter().map(|p| p.pid).collect(),
+                addrs: infos.iter().map(|p| p.addr.clone()).collect(),
                 clock: ClockOffset::SAME_HOST,
                 inner: Mutex::new(Inner {
                     engine,

@@ -49,9 +49,11 @@ pub(super) struct Shared {
     pub(super) job: String,
     pub(super) rank: usize,
     pub(super) nranks: usize,
-    /// Every rank's host identity and process id, from bootstrap.
+    /// Every rank's host identity, process id and first listener address
+    /// (`ip:port`), from bootstrap.
     pub(super) hosts: Vec<String>,
     pub(super) pids: Vec<u32>,
+    pub(super) addrs: Vec<String>,
     /// This rank's wall clock against rank 0's (`clock.rs`).
     pub(super) clock: ClockOffset,
     pub(super) cfg: Config,
