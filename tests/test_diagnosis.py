@@ -209,6 +209,80 @@ def test_missing_dump_with_no_data_from_it_is_a_rank_not_seen():
     assert "no dump" in v.headline
 
 
+def _on_hosts(dumps, hosts):
+    """`dumps` placed on `hosts` (rank -> host)."""
+    for d in dumps:
+        d["host"] = hosts[d["rank"]]
+        d["peers"] = [{"rank": r, "host": h, "pid": 1000 + r, "addr": f"10.0.0.{r}:4000"}
+                      for r, h in enumerate(hosts)]
+        d["clock"]["method"] = "ping-pong"
+    return dumps
+
+
+def _waiting(rank, peers_pending, t_fail=None):
+    """Rank `rank` in allreduce #3: sent to everyone, waits on receives from
+    `peers_pending` (nothing arrived)."""
+    msgs = [msg(p, "recv", "pending") for p in peers_pending]
+    status = "running" if t_fail is None else "cadence: timed out"
+    return op(3, 3, status, 0.01, t_fail or 0.0, msgs=msgs)
+
+
+SIX = ["h0", "h0", "h1", "h1", "h2", "h2"]
+
+
+def test_a_host_none_of_whose_ranks_answered_is_unreachable():
+    """Host h2's only link is cut: its ranks 4-5 send no summary, and
+    nothing of theirs arrived in the operation the others wait in."""
+    dumps = _on_hosts([dump(r, 6, done_before(2) + [_waiting(r, [4, 5], 3.7)])
+                       for r in range(4)], SIX)
+    v = verdict(dumps)
+    assert v.cls == "comm_hang" and v.hosts == ["h2"] and v.ranks == [4, 5], v.text()
+    assert "host h2 unreachable" in v.headline and "ranks 0-3 wait in it" in v.headline
+    assert any("a rank stuck in its own code still answers" in e for e in v.evidence)
+
+
+def test_only_the_store_host_answering_is_the_host_cut_off():
+    """Host h0, which serves the Store, is cut: only its ranks answer the
+    round; every rank of h1 and h2 is silent."""
+    dumps = _on_hosts([dump(r, 6, done_before(2) + [_waiting(r, [2, 3, 4, 5], 3.7)])
+                       for r in range(2)], SIX)
+    v = verdict(dumps)
+    assert v.cls == "comm_hang" and v.hosts == ["h0"] and v.ranks == [0, 1], v.text()
+    assert "host h0 is cut off" in v.headline and "none of the 2 other hosts" in v.headline
+
+
+def test_a_silent_host_a_probe_reaches_is_left_to_the_usual_rules():
+    """The live coordinator reached h2's kernel: its processes are frozen
+    or lost the Store, not its network; nothing of theirs arrived, so they
+    are ranks never seen in the operation."""
+    dumps = _on_hosts([dump(r, 6, done_before(2) + [_waiting(r, [4, 5], 3.7)])
+                       for r in range(4)], SIX)
+    v = verdict(dumps, reach={"h2": True})
+    assert v.cls == "noncomm_hang" and v.ranks == [4, 5], v.text()
+    assert any("reachable; their processes are stopped" in e for e in v.evidence), v.text()
+    v = verdict(dumps, reach={"h2": False})
+    assert v.cls == "comm_hang" and v.hosts == ["h2"], v.text()
+    assert any("got no answer" in e for e in v.evidence), v.text()
+
+
+def test_one_silent_rank_beside_a_host_mate_that_answered_is_not_a_host_fault():
+    dumps = _on_hosts([dump(r, 6, done_before(2) + [_waiting(r, [5], 3.7)])
+                       for r in range(5)], SIX)
+    v = verdict(dumps)
+    assert v.cls == "noncomm_hang" and v.ranks == [5], v.text()
+
+
+def test_a_dump_written_at_the_soft_deadline_counts_its_operation_as_stuck():
+    """The watchdog dumps as soon as an operation passes CADENCE_DIAG_AFTER
+    (here 2 s, under the doctor's --hang-after of 10 s): its reason says so."""
+    dumps = [dump(r, 3, done_before(2) + [_waiting(r, [2])], dumped=2.5) for r in (0, 1)]
+    assert verdict(dumps).cls == "healthy"
+    for d in dumps:
+        d["reason"] = "stuck: allreduce #3 ran 2.5s (CADENCE_DIAG_AFTER=2)"
+    v = verdict(dumps)
+    assert v.cls == "noncomm_hang" and v.ranks == [2], v.text()
+
+
 def test_mismatched_signatures_are_named():
     dumps = [dump(r, 3, done_before(2) + [op(3, 3, "cadence: mismatch", 0.01, 0.02,
                                              sig="00000000000000bb" if r == 1 else
@@ -588,3 +662,21 @@ def test_one_stalled_link_between_two_hosts_clears_the_host_that_still_receives(
     v = verdict(_three_hosts(msgs_of), hang_after=5.0)
     assert v.cls == "comm_hang" and v.hosts == ["A"], v.text()
     assert any("host C received data from other hosts" in e for e in v.evidence), v.text()
+
+
+def test_a_probe_tells_a_host_that_answers():
+    """Accepted or refused, the host's kernel answered; a malformed address
+    cannot be probed. (No answer at all needs a cut link: the emulated
+    cluster's test, test_diagnosis_cut.py.)"""
+    import socket
+
+    from cadence.diagnosis.reach import probe, probe_hosts
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        open_port = s.getsockname()[1]
+        assert probe(f"127.0.0.1:{open_port}") is True
+    assert probe(f"127.0.0.1:{open_port}") is True  # closed now: refused
+    assert probe("no-port") is None and probe("127.0.0.1:x") is None
+    assert probe_hosts({"a": f"127.0.0.1:{open_port}", "b": "bad"}) == {"a": True, "b": None}

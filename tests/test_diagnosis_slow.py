@@ -277,6 +277,34 @@ def test_noncomm_slow_names_the_straggler_with_its_lateness():
         v.text()
 
 
+def test_a_small_straggler_that_costs_the_job_its_time_is_named():
+    """5 ms late at collectives of ~9 ms: a third of the job's time, named
+    whatever its size."""
+    v = slow(make_job(TWO_PER_HOST, late=lambda r, k: 0.005 if r == 3 else 0.0))
+    assert v is not None and v.cls == "noncomm_slow" and v.ranks == [3], v and v.text()
+    assert "arrives 5.0 ms late on average" in v.headline, v.headline
+    assert any("the job waited for it" in e for e in v.evidence), v.text()
+
+
+def test_a_straggler_beside_long_collectives_is_named_by_its_share():
+    """20 ms late at collectives of ~100 ms (12 MiB per link at 1 Gbit/s):
+    16 % of the job's time."""
+    v = slow(make_job(ONE_PER_HOST, size=12 * MIB, late=lambda r, k: 0.02 if r == 2 else 0.0))
+    assert v is not None and v.cls == "noncomm_slow" and v.ranks == [2], v and v.text()
+
+
+def test_lateness_that_costs_little_or_comes_rarely_is_no_straggler():
+    # 4 ms late at collectives of ~100 ms: 4 % of the time.
+    v = slow(make_job(ONE_PER_HOST, size=12 * MIB, late=lambda r, k: 0.004 if r == 2 else 0.0))
+    assert v is None, v.text()
+    # 30 ms late at one collective in five: not at most of them.
+    v = slow(make_job(ONE_PER_HOST, late=lambda r, k: 0.03 if r == 2 and k % 5 == 0 else 0.0))
+    assert v is None, v.text()
+    # Under the scheduler's noise floor (2 ms), however often.
+    v = slow(make_job(ONE_PER_HOST, size=64 << 10, late=lambda r, k: 0.002 if r == 2 else 0.0))
+    assert v is None, v.text()
+
+
 def test_a_rank_late_because_it_leaves_late_is_no_straggler():
     """Ranks 4-5 finish every collective 40 ms after the others (their
     transfers end last) and so reach the next one 40 ms late: their own time

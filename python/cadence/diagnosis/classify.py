@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
 from cadence.diagnosis.slow import diagnose_slow
-from cadence.diagnosis.unreachable import Silence, judge
+from cadence.diagnosis.unreachable import Silence, judge, probe_lines
 from cadence.diagnosis.verdict import (  # noqa: F401 - also importable from here
     CLASSES,
     COMM_HANG,
@@ -200,6 +200,7 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         silence = judge({r: c.host(r) for r in range(c.nranks)}, c.missing, c.reach)
         if silence is not None:
             return _unreachable(c, v, what, present, t_fail, silence)
+    v.evidence += probe_lines(c.reach)
 
     if absent or late:
         v.cls = NONCOMM_HANG

@@ -667,7 +667,7 @@ def _straggler_text(job, late, stragglers, tail, span):
                   f"{fmt_ms(max(meds))}")
     ev.append(f"a collective took {fmt_ms(tail)} (median) after its last rank arrived; "
               f"a straggler costs the job ≥ {STRAGGLER_SHARE:.0%} of the window, with a median "
-              f"lateness ≥ {fmt_ms(STRAGGLER_MIN_S)}, late by half that in ≥ "
+              f"lateness ≥ {fmt_ms(STRAGGLER_MIN_S)}, late by ≥ half of it in ≥ "
               f"{STRAGGLER_FRACTION:.0%} of the collectives")
     return "; ".join(names), ev
 

@@ -51,6 +51,21 @@ def silent_hosts(host_of: dict[int, str], missing: list[int]) -> tuple[list[str]
     return silent, answered
 
 
+def probe_lines(reach: dict[str, bool | None] | None) -> list[str]:
+    """The evidence lines of the coordinator's probes."""
+    reach = reach or {}
+    heard = sorted(h for h, ok in reach.items() if ok is True)
+    unheard = sorted(h for h, ok in reach.items() if ok is False)
+    ev = []
+    if heard:
+        ev.append(f"host(s) {', '.join(heard)} answered a TCP connection to their set-up "
+                  "address: reachable; their processes are stopped or cannot reach the Store")
+    if unheard:
+        ev.append(f"host(s) {', '.join(unheard)}: a TCP connection to their set-up address "
+                  "got no answer (no route, or timed out): unreachable")
+    return ev
+
+
 def judge(host_of: dict[int, str], missing: list[int],
           reach: dict[str, bool | None] | None = None) -> Silence | None:
     """The unreachable host(s), or None when the silence is not a whole
@@ -66,14 +81,7 @@ def judge(host_of: dict[int, str], missing: list[int],
         return None  # a rank missing beside others of its host that answered
     reach = reach or {}
     heard = [h for h in silent if reach.get(h) is True]
-    unheard = [h for h in silent if reach.get(h) is False]
-    ev = []
-    if heard:
-        ev.append(f"host(s) {', '.join(heard)} answered a TCP connection to their set-up "
-                  "address: reachable; their processes are stopped or cannot reach the Store")
-    if unheard:
-        ev.append(f"host(s) {', '.join(unheard)}: a TCP connection to their set-up address "
-                  "got no answer (no route, or timed out): unreachable")
+    ev = probe_lines(reach)
     if len(answered) == 1 and len(silent) >= 2:
         if heard:
             return None
