@@ -779,7 +779,8 @@ def store_lost_verdict(w: _Watched, comm, err: Exception, seq: int, collective: 
         cls = VerdictClass.UNKNOWN
         headline = (f"live diagnosis of {collective} #{seq} (comm {comm.id}) impossible: "
                     f"{where} does not answer"
-                    + (" (its host does)" if store_answers else "")
+                    + (" (its host does: the process serving it is stopped or hung)"
+                       if store_answers else "")
                     + f"; rank {w.rank} waits on ranks {ranks_text(waits) or 'none known'}")
     ranks = sorted(int(p["rank"]) for p in peers if str(p.get("host")) in hosts)
     return {"class": str(cls), "verdict": headline, "job": None,
