@@ -373,42 +373,30 @@ def test_slowness_windows_send_only_their_operations_and_timed_receives():
 # --- without the Store: what a rank says by itself -------------------------------
 
 
-class _FakeCore:
-    def __init__(self, peers, pending):
-        self._d = {"peers": peers, "ops": [{"messages": [
-            {"peer": p, "state": "pending"} for p in pending]}]}
-
-    def dump_records(self, last=None):
-        import json
-
-        return json.dumps(self._d)
-
-
-class _FakeComm:
-    id = "c1"
-
-    def __init__(self, peers, pending):
-        self._c = _FakeCore(peers, pending)
-
-
 class _FakeStore:
     host, port = "10.0.0.1", 29500
 
 
-@pytest.mark.parametrize("answering, cls, hosts", [
-    ({"h0": False, "h1": False, "h2": False}, "comm_hang", ["h3"]),  # this host is cut off
-    ({"h0": False, "h1": True, "h2": True}, "comm_hang", ["h0"]),  # the Store's host is
-    ({"h0": True, "h1": True, "h2": True}, "unknown", []),  # only the Store is down
-])
-def test_a_rank_that_lost_the_store_names_the_side_of_the_cut(monkeypatch, answering, cls,
-                                                              hosts):
-    """Rank 6 (host h3) is stuck and its Store calls hang: it probes the
-    Store's host (h0: the Store's address is rank 0's), the hosts it waits
-    on, and the others, and names whichever side of the cut is silent."""
-    from cadence.diagnosis import live, reach
+PEERS = [{"rank": r, "host": f"h{r // 2}", "pid": 100 + r, "addr": f"10.0.0.{r // 2 + 1}:4000"}
+         for r in range(8)]
 
-    peers = [{"rank": r, "host": f"h{r // 2}", "pid": 100 + r,
-              "addr": f"10.0.0.{r // 2 + 1}:4000"} for r in range(8)]
+
+@pytest.mark.parametrize("answering, store_rank, arrived, cls, ranks", [
+    ({"h0": False, "h1": False, "h2": False}, 0, False, "comm_hang", [6, 7]),  # h3 cut off
+    ({"h0": False, "h1": True, "h2": True}, 0, False, "comm_hang", [0, 1]),  # h0 unreachable
+    ({"h0": True, "h1": True, "h2": True}, 0, True, "comm_hang", [0]),  # rank 0 stopped inside
+    ({"h0": True, "h1": True, "h2": True}, 0, False, "noncomm_hang", [0]),  # ... or outside
+    ({"h0": True, "h1": True, "h2": True}, None, False, "unknown", []),  # an agent's Store
+])
+def test_a_rank_that_lost_the_store_names_the_side_of_the_cut(monkeypatch, answering, store_rank,
+                                                              arrived, cls, ranks):
+    """Rank 6 (host h3) is stuck and its Store calls hang: it probes the
+    Store's host (h0: the Store's address is rank 0's) first, then the hosts
+    it waits on and the others, and names the silent side of the cut — or,
+    when every host answers but the Store served by rank 0's own process
+    does not, rank 0."""
+    from cadence.diagnosis import reach, store_lost
+
     probed = {}
 
     def probe_hosts(addrs, timeout=1.0):
@@ -417,15 +405,18 @@ def test_a_rank_that_lost_the_store_names_the_side_of_the_cut(monkeypatch, answe
 
     monkeypatch.setattr(reach, "probe_hosts", probe_hosts)
     monkeypatch.setattr(reach, "probe", lambda addr, timeout=1.0: True)
-    w = live._Watched(None, _FakeStore(), "cadence/x", 6, 8, 10.0, 5.0)
-    v = live.store_lost_verdict(w, _FakeComm(peers, [4, 5]), TimeoutError("no reply"), 812,
-                                "allreduce")
+    msgs = [{"peer": 0, "dir": "recv", "state": "pending", "moved": 4096 if arrived else 0},
+            {"peer": 4, "dir": "recv", "state": "pending", "moved": 0}]
+    v = store_lost.verdict(comm_id="c1", rank=6, peers=PEERS, store=_FakeStore(),
+                           store_rank=store_rank, messages=msgs, err=TimeoutError("no reply"),
+                           seq=812, collective="allreduce")
     assert "h3" not in probed and list(probed)[0] == "h0", probed  # the Store's host first
-    assert v["class"] == cls and v["hosts"] == hosts, v
+    assert v["class"] == cls and v["ranks"] == ranks, v
     assert v["local"] is True and v["op"]["seq"] == 812, v
-    assert v["ranks"] == sorted(r for r in range(8) if f"h{r // 2}" in hosts), v
     if cls == "unknown":
         assert "the process serving it is stopped or hung" in v["verdict"], v
-        assert "waits on ranks 4-5" in v["verdict"], v
+        assert "waits on ranks 0,4" in v["verdict"], v
+    elif ranks == [0]:
+        assert "rank 0 (h0, pid 100) stopped" in v["verdict"], v
     else:
         assert "(on host h0)" in v["verdict"], v

@@ -47,17 +47,22 @@ def init(
         except ValueError:
             raise ValueError(f"CADENCE_TIMEOUT={raw!r} is not a number of seconds") from None
     toward = os.environ.get("MASTER_ADDR")
+    store_rank = None
     if store is None:
         store = store_from_env(rank, world_size, timeout)
+        # Rank 0 serves it in its process, unless torchrun's agent does.
+        store_rank = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
     else:
         toward = toward or getattr(store, "host", None)
     if name is None:
         _init_counter += 1
         name = f"init{_init_counter}"
-    return _connect(store, f"cadence/{name}", rank, world_size, timeout, toward)
+    return _connect(store, f"cadence/{name}", rank, world_size, timeout, toward,
+                    store_rank=store_rank)
 
 
-def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None) -> Communicator:
+def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None,
+             store_rank=None) -> Communicator:
     """Sets up one communicator under the store keys `prefix/...`. Its job
     secret (which keys the handshake every TCP connection must pass) is
     `secret` when given (split derives one from the parent's), else 32
@@ -78,7 +83,7 @@ def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None) 
         secret = bytes(store.get(f"{prefix}/secret"))
     # The watchdog's Store work before the ranks connect: connecting ends
     # with every rank in step, and nothing slow may come after it.
-    watching = _live.prepare(store, prefix, rank, size, timeout)
+    watching = _live.prepare(store, prefix, rank, size, timeout, store_rank)
     boot = Bootstrap(comm_id, rank, size, host_identity(), local_ip(toward), timeout,
                      secret=secret, job=job)
     store.set(f"{prefix}/info/{rank}", boot.info())
@@ -86,7 +91,7 @@ def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None) 
     core = boot.connect(infos)
     if _job_id is None:
         _job_id = job
-    return Communicator(core, store, prefix, timeout, toward, secret, watching)
+    return Communicator(core, store, prefix, timeout, toward, secret, watching, store_rank)
 
 
 def _algo(algo):
@@ -103,8 +108,10 @@ class Communicator:
     result; operations complete in the order they were issued.
     """
 
-    def __init__(self, core, store, prefix, timeout, toward, secret, watching=None):
+    def __init__(self, core, store, prefix, timeout, toward, secret, watching=None,
+                 store_rank=None):
         self._c = core
+        self._store_rank = store_rank  # the rank serving the Store in-process, if any
         self._secret = secret  # memory only: sub-communicators derive theirs
         self._store = store
         self._prefix = prefix
@@ -332,8 +339,9 @@ class Communicator:
         # Every member derives the same secret; strangers who only watch the
         # store see no new one.
         secret = hmac.digest(self._secret, prefix.encode(), "sha256")
+        served = members.index(self._store_rank) if self._store_rank in members else None
         return _connect(self._store, prefix, members.index(self.rank), len(members),
-                        self._timeout, self._toward, secret, job=self.job)
+                        self._timeout, self._toward, secret, job=self.job, store_rank=served)
 
     @property
     def job(self) -> str:

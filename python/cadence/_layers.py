@@ -38,6 +38,7 @@ LIBRARY = (
     "cadence.diagnosis.metrics",
     "cadence.diagnosis.reach",
     "cadence.diagnosis.slow",
+    "cadence.diagnosis.store_lost",
     "cadence.diagnosis.unreachable",
     "cadence.diagnosis.verdict",
     "cadence.fused",

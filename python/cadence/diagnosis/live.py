@@ -50,7 +50,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from cadence.diagnosis.dumps import STUCK_REASON
-from cadence.diagnosis.verdict import VerdictClass, ranks_text
+from cadence.diagnosis.verdict import VerdictClass
 
 log = logging.getLogger("cadence")
 
@@ -262,6 +262,9 @@ class _Watched:
     slow_watch: object = None
     slow_seen: int = 0
     slow_logged: tuple | None = None
+    #: The rank of this communicator that serves the Store in its own
+    #: process (rank 0 of a plain MASTER_ADDR job), if any.
+    store_rank: int | None = None
     #: Every rank's {rank, host, pid, addr}, read once from the core.
     peers: list | None = None
     #: The (operations started, seq) this rank dumped for as stuck, and
@@ -296,8 +299,8 @@ class Watchdog:
         self.ticks = 0
         self.cpu_s = 0.0
 
-    def prepare(self, store, prefix: str, rank: int, size: int,
-                timeout: float) -> _Watched | None:
+    def prepare(self, store, prefix: str, rank: int, size: int, timeout: float,
+                store_rank: int | None = None) -> _Watched | None:
         """The Store work of watching a communicator that is being set up:
         its client connection and the counters it starts from. Called
         before the ranks' set-up ends (its closing barrier), so that however
@@ -320,7 +323,7 @@ class Watchdog:
                 if key is not None:
                     self._clients[key] = client
         gather = min(5.0, max(1.0, after / 2))
-        w = _Watched(None, client, prefix, rank, size, after, gather)
+        w = _Watched(None, client, prefix, rank, size, after, gather, store_rank=store_rank)
         w.window = diag_window()
         if w.window:
             w.win_published = w.win_judged = int(time.time() // w.window)
@@ -525,7 +528,12 @@ class Watchdog:
             if w.store_lost_for == (total, seq):
                 return
             w.store_lost_for = (total, seq)
-        verdict = store_lost_verdict(w, comm, err, seq, collective)
+        from cadence.diagnosis import store_lost
+
+        verdict = store_lost.verdict(
+            comm_id=comm.id, rank=w.rank, peers=_peers(w, comm), store=w.store,
+            store_rank=w.store_rank, messages=store_lost.running_messages(core), err=err,
+            seq=seq, collective=collective)
         self._deliver(w, core, verdict, total)
 
     def _windows(self, w: _Watched, core) -> None:
@@ -618,8 +626,10 @@ class Watchdog:
             if w.store.check([k]):
                 summaries[rank] = bytes(w.store.get(k))
         try:
+            from cadence.diagnosis.reach import probe_silent
+
             comm = w.comm()
-            reach = _probe_silent(w, comm, summaries) if comm is not None else None
+            reach = probe_silent(_peers(w, comm), summaries) if comm is not None else None
             verdict = verdict_of(summaries, hang_after=w.after * 0.9, reach=reach)
         except Exception as e:  # noqa: BLE001 - say so rather than go silent
             verdict = {"class": str(VerdictClass.UNKNOWN), "verdict": f"live diagnosis failed: {e}",
@@ -701,122 +711,10 @@ def _remove_stuck_dump(path: str | None) -> None:
 
 
 def _peers(w: _Watched, comm) -> list:
+    """Every rank's {rank, host, pid, addr}, read once from the core."""
     if w.peers is None:
         w.peers = json.loads(comm._c.dump_records(1)).get("peers") or []
     return w.peers
-
-
-def _host_addrs(peers: list) -> dict[str, str]:
-    """host → the set-up address of its first rank."""
-    out: dict[str, str] = {}
-    for p in peers:
-        if p.get("addr"):
-            out.setdefault(str(p.get("host")), str(p["addr"]))
-    return out
-
-
-def _probe_silent(w: _Watched, comm, summaries: dict) -> dict[str, bool | None] | None:
-    """The coordinator's probes of the hosts none of whose ranks answered
-    (unreachable.py), at most reach.MAX_PROBES of them; None when every
-    host answered."""
-    from cadence.diagnosis.reach import probe_hosts
-    from cadence.diagnosis.unreachable import silent_hosts
-
-    peers = _peers(w, comm)
-    host_of = {int(p["rank"]): str(p["host"]) for p in peers}
-    missing = [r for r in range(w.size) if r not in summaries]
-    silent, _answered = silent_hosts(host_of, missing)
-    if not silent:
-        return None
-    addrs = _host_addrs(peers)
-    return probe_hosts({h: addrs[h] for h in silent if h in addrs})
-
-
-def store_lost_verdict(w: _Watched, comm, err: Exception, seq: int, collective: str) -> dict:
-    """This rank's own verdict when the Store cannot be reached during a
-    hang: which hosts answer a probe from here. Every other host silent:
-    this host is cut off. Some silent (the Store's among them, most often):
-    those are unreachable. All answering: the Store itself is down."""
-    from cadence.diagnosis.reach import MAX_PROBES, probe, probe_hosts
-
-    peers = _peers(w, comm)
-    me = str(peers[w.rank]["host"]) if w.rank < len(peers) else "?"
-    addrs = _host_addrs(peers)
-    store_addr = f"{getattr(w.store, 'host', '?')}:{getattr(w.store, 'port', '?')}"
-    store_host = _store_host(w.store, peers)
-    # The Store's host, the hosts this rank waits on, then others: enough to
-    # tell "I am cut off" from "they are".
-    waits = _waits_on(comm)
-    order = [store_host] + [str(peers[r]["host"]) for r in waits if r < len(peers)]
-    order += sorted(addrs)
-    picked: dict[str, str] = {}
-    for h in order:
-        if h and h != me and h in addrs and h not in picked and len(picked) < MAX_PROBES:
-            picked[h] = addrs[h]
-    reach = probe_hosts(picked)
-    store_answers = probe(store_addr) if store_host is None else reach.get(store_host)
-    heard = sorted(h for h, ok in reach.items() if ok)
-    unheard = sorted(h for h, ok in reach.items() if ok is False)
-    where = f"the job's Store at {store_addr}" + (f" (on host {store_host})" if store_host
-                                                  else "")
-    evidence = [f"rank {w.rank} ({me}) is in {collective} #{seq} past the soft deadline, and "
-                f"{where} does not answer: {err}",
-                f"probed from here: {', '.join(f'{h} ' + _word(ok) for h, ok in reach.items())}"
-                if reach else "no other host to probe"]
-    cls, hosts = VerdictClass.COMM_HANG, []
-    if unheard and not heard:
-        hosts = [me]
-        headline = (f"{VerdictClass.COMM_HANG} in {collective} #{seq} (comm {comm.id}): host "
-                    f"{me} is cut off: from rank {w.rank}, {where} and hosts "
-                    f"{', '.join(unheard)} do not answer")
-    elif unheard:
-        hosts = unheard
-        headline = (f"{VerdictClass.COMM_HANG} in {collective} #{seq} (comm {comm.id}): host "
-                    f"{', '.join(unheard)} unreachable from rank {w.rank} ({me}), while "
-                    f"{', '.join(heard)} answer; {where} cannot be reached, so no rank "
-                    "can gather a verdict")
-    else:
-        cls = VerdictClass.UNKNOWN
-        headline = (f"live diagnosis of {collective} #{seq} (comm {comm.id}) impossible: "
-                    f"{where} does not answer"
-                    + (" (its host does: the process serving it is stopped or hung)"
-                       if store_answers else "")
-                    + f"; rank {w.rank} waits on ranks {ranks_text(waits) or 'none known'}")
-    ranks = sorted(int(p["rank"]) for p in peers if str(p.get("host")) in hosts)
-    return {"class": str(cls), "verdict": headline, "job": None,
-            "op": {"comm": comm.id, "seq": seq, "collective": collective, "bytes": None},
-            "ranks": ranks, "links": [], "hosts": hosts, "evidence": evidence,
-            "text": "cadence: " + headline + "".join("\n  " + e for e in evidence),
-            "summaries": [w.rank], "round": None, "coordinator": w.rank, "local": True}
-
-
-def _word(ok: bool | None) -> str:
-    return {True: "answers", False: "does not answer"}.get(ok, "cannot be probed")
-
-
-def _store_host(store, peers: list) -> str | None:
-    """The cadence host whose set-up address is the Store's, if any."""
-    import socket
-
-    host = getattr(store, "host", None)
-    if not host:
-        return None
-    try:
-        ip = socket.gethostbyname(host)
-    except OSError:
-        return None
-    for p in peers:
-        if str(p.get("addr", "")).rpartition(":")[0] == ip:
-            return str(p.get("host"))
-    return None
-
-
-def _waits_on(comm) -> list[int]:
-    """The peers of this rank's pending messages in its running operation."""
-    d = json.loads(comm._c.dump_records(1))
-    ops = d.get("ops") or []
-    msgs = (ops[-1].get("messages") or []) if ops else []
-    return sorted({int(m["peer"]) for m in msgs if m.get("state") in ("pending", "held")})
 
 
 def _metrics_verdict(w: _Watched, verdict: dict) -> None:
@@ -862,11 +760,13 @@ def add_listener(fn) -> None:
     _listeners.append(fn)
 
 
-def prepare(store, prefix: str, rank: int, size: int, timeout: float) -> _Watched | None:
+def prepare(store, prefix: str, rank: int, size: int, timeout: float,
+            store_rank: int | None = None) -> _Watched | None:
     """What watching the communicator being set up under `prefix` needs from
     the Store, done while the set-up still waits for every rank (see
-    `Watchdog.prepare`); hand the result to `watch`."""
-    return _watchdog.prepare(store, prefix, rank, size, timeout)
+    `Watchdog.prepare`); hand the result to `watch`. `store_rank`: the rank
+    that serves the Store in its own process, if one does."""
+    return _watchdog.prepare(store, prefix, rank, size, timeout, store_rank)
 
 
 def watch(comm, prepared: _Watched | None) -> None:

@@ -67,3 +67,26 @@ def probe_hosts(addrs: dict[str, str], timeout: float = PROBE_TIMEOUT_S
     for t in threads:
         t.join(timeout + 1.0)
     return {h: out.get(h) for h, _ in picked}
+
+
+def host_addrs(peers: list[dict]) -> dict[str, str]:
+    """host → the set-up address of its first rank (a dump's `peers`)."""
+    out: dict[str, str] = {}
+    for p in peers:
+        if p.get("addr"):
+            out.setdefault(str(p.get("host")), str(p["addr"]))
+    return out
+
+
+def probe_silent(peers: list[dict], answered) -> dict[str, bool | None] | None:
+    """A live round's probes of the hosts none of whose ranks answered
+    (unreachable.py); None when every host had a rank answer."""
+    from cadence.diagnosis.unreachable import silent_hosts
+
+    host_of = {int(p["rank"]): str(p["host"]) for p in peers}
+    heard = set(answered)
+    silent, _answered = silent_hosts(host_of, [r for r in host_of if r not in heard])
+    if not silent:
+        return None
+    addrs = host_addrs(peers)
+    return probe_hosts({h: addrs[h] for h in silent if h in addrs})
