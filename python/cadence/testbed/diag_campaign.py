@@ -20,7 +20,9 @@ Faults:
   from every host (the Store's included). Right: comm_hang naming host H, or
   only links of H's ranks, or ranks on H. The trial also waits until every
   rank has written its dump into the trial's `dumps/` (CADENCE_DUMP_DIR),
-  and runs `cadence doctor` on them: `dumps` and `doctor` in the results.
+  and runs `cadence doctor` on them, and for the first verdict of a round
+  (the first verdict is often a rank's own, saying it lost the Store):
+  `dumps`, `doctor` and `round_ok` in the results.
 - `freeze`: rank R SIGSTOPs itself inside a collective. Right: comm_hang
   naming rank R.
 - `hold`: rank R stays out of the next collective (a sleep in "compute").
@@ -84,6 +86,10 @@ class Trial:
     #: A cut: `cadence doctor` on those dumps (class, right culprit).
     doctor: str | None = None
     doctor_ok: bool | None = None
+    #: A cut: the first verdict of a round (the coordinator's, over the
+    #: summaries that arrived), when the first verdict was a rank's own.
+    round_verdict: str | None = None
+    round_ok: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -118,9 +124,13 @@ def _read_events(out: Path, nranks: int) -> dict[int, list[dict]]:
     return evs
 
 
-def _first_verdict(evs: dict[int, list[dict]]) -> tuple[dict | None, float | None]:
+def _first_verdict(evs: dict[int, list[dict]], rounds_only: bool = False
+                   ) -> tuple[dict | None, float | None]:
+    """The first verdict any rank delivered (`rounds_only`: of a round,
+    not a rank's own verdict without the Store)."""
     found = [(e["t"], e["verdict"]) for es in evs.values() for e in es
-             if e.get("ev") == "verdict" and e["verdict"].get("class") != VerdictClass.HEALTHY]
+             if e.get("ev") == "verdict" and e["verdict"].get("class") != VerdictClass.HEALTHY
+             and not (rounds_only and e["verdict"].get("local"))]
     if not found:
         return None, None
     t, v = min(found, key=lambda x: x[0])
@@ -169,6 +179,20 @@ def _wait_dumps(out: Path, world: int, since: float, until: float) -> tuple[int,
         if time.time() > until:
             return n, None
         time.sleep(0.5)
+
+
+def _wait_round(t: Trial, out: Path, world: int, nranks_per_host: int) -> None:
+    """A cut: waits (until HANG_LIMIT_S after the fault) for the first
+    verdict of a round, and scores it as the first verdict is scored."""
+    while True:
+        v, vt = _first_verdict(_read_events(out, world), rounds_only=True)
+        if v is not None or time.time() > t.fault_t + HANG_LIMIT_S:
+            break
+        time.sleep(0.5)
+    if v is not None:
+        t.round_verdict = v.get("verdict")
+        t.round_ok = (v["class"] == EXPECTED[kind(t.fault)] and vt - t.fault_t <= HANG_LIMIT_S
+                      and _right_culprit(t, v, nranks_per_host))
 
 
 def _doctor(t: Trial, dumps: Path, nranks_per_host: int) -> None:
@@ -279,6 +303,7 @@ def run_trial(c: tb.Cluster, args, n: int, fault: str, rng: random.Random) -> Tr
         if fault == "link_down" and t.fault_t is not None:
             t.dumps, t.dumps_t = _wait_dumps(dumps, world, t.fault_t,
                                              t.fault_t + args.timeout + 15)
+            _wait_round(t, out, world, rph)
     finally:
         for p in procs:
             try:
@@ -322,6 +347,8 @@ def matrix(trials: list[Trial]) -> str:
                         if took else ""))
         lines.append(f"link_down: cadence doctor on those dumps right in "
                      f"{sum(bool(t.doctor_ok) for t in cuts)}/{len(cuts)}")
+        lines.append(f"link_down: the first round's verdict (over the summaries that arrived) "
+                     f"right and in time in {sum(bool(t.round_ok) for t in cuts)}/{len(cuts)}")
     return "\n".join(lines)
 
 
@@ -372,7 +399,8 @@ def main(argv=None) -> int:
             dumped = "" if t.dumps is None else (
                 f"; dumps {t.dumps}/{len(t.ranks_host)}"
                 + (f" in {t.dumps_t:.1f}s" if t.dumps_t is not None else "")
-                + f", doctor {'ok' if t.doctor_ok else 'WRONG: ' + str(t.doctor)}")
+                + f", doctor {'ok' if t.doctor_ok else 'WRONG: ' + str(t.doctor)}"
+                + f", round {'ok' if t.round_ok else 'WRONG: ' + str(t.round_verdict)}")
             print(f"trial {n + 1}/{len(order)} {fault:9s} culprit {who}: {t.cls}{when} "
                   f"{'ok' if t.ok else 'WRONG'}"
                   f"{' — ' + t.verdict.get('verdict', '') if t.verdict else ''}"
