@@ -202,6 +202,22 @@ def test_comm_hang_names_a_rank_that_left_no_dump_but_sent_data():
     assert any("wrote no dump; data from it in this operation arrived" in e for e in v.evidence)
 
 
+def test_a_rank_that_only_forwards_what_it_waits_for_does_not_hide_the_culprit():
+    """Rank 3 froze inside and left no dump (data from it had arrived). Rank
+    1 waits on it, and so has not sent on to rank 0 what it forwards: link
+    1->0 looks stalled too, but it only passes rank 1's wait on rank 3."""
+    t = 3.7
+    msgs = {0: [msg(1, "recv", "pending")],
+            1: [msg(3, "recv", "pending", moved=1000, first=0.02, last=0.02),
+                msg(0, "send", "pending")],
+            2: [msg(3, "send", "pending"), msg(3, "recv", "pending")]}
+    dumps = [dump(r, 4, done_before(2) + [op(3, 3, "cadence: timed out", 0.01, t, msgs=msgs[r])])
+             for r in range(3)]
+    v = verdict(dumps)
+    assert v.cls == "comm_hang" and v.ranks == [3], v.text()
+    assert (1, 0) in v.links and (3, 1) in v.links, v.text()
+
+
 def test_missing_dump_with_no_data_from_it_is_a_rank_not_seen():
     dumps = [dump(r, 3, done_before(2) + [ring_fail(r)]) for r in (0, 1)]
     v = verdict(dumps)  # rank 2 left no dump, nothing arrived from it

@@ -385,7 +385,7 @@ PEERS = [{"rank": r, "host": f"h{r // 2}", "pid": 100 + r, "addr": f"10.0.0.{r /
     ({"h0": False, "h1": False, "h2": False}, 0, False, "comm_hang", [6, 7]),  # h3 cut off
     ({"h0": False, "h1": True, "h2": True}, 0, False, "comm_hang", [0, 1]),  # h0 unreachable
     ({"h0": True, "h1": True, "h2": True}, 0, True, "comm_hang", [0]),  # rank 0 stopped inside
-    ({"h0": True, "h1": True, "h2": True}, 0, False, "noncomm_hang", [0]),  # ... or outside
+    ({"h0": True, "h1": True, "h2": True}, 0, False, "comm_hang", [0]),  # or before it sent
     ({"h0": True, "h1": True, "h2": True}, None, False, "unknown", []),  # an agent's Store
 ])
 def test_a_rank_that_lost_the_store_names_the_side_of_the_cut(monkeypatch, answering, store_rank,

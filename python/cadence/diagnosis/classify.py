@@ -575,6 +575,13 @@ def _common_rank(c: _Comm, links) -> list[int]:
     more peers."""
     if not links:
         return []
+    # A link out of a rank that itself waits on a stalled link from a rank
+    # that left no dump only passes that wait on (it forwards what it has
+    # not received): it does not count against the silent rank.
+    silent = set(c.missing)
+    waiting = {d for s, d in links if s in silent}
+    links = [(s, d) for s, d in links
+             if not (s in waiting and s not in silent and d not in silent)] or links
     common = set.intersection(*({s, d} for s, d in links))
     out = []
     for r in sorted(common):

@@ -10,9 +10,10 @@ on.
   process (rank 0 under a plain `MASTER_ADDR` job: `cadence.init` without
   torchrun's agent), that rank's process is not running (frozen, stopped,
   swapped out): a Store thread answers even while its rank computes. It is
-  named — `comm_hang` when data from it arrived in the operation this rank
-  waits in (it stopped inside), else `noncomm_hang`. Otherwise the class is
-  `unknown`, saying so.
+  named, `comm_hang` as the doctor names a rank that overran its own
+  deadline (a process not running is no compute or data-loading problem),
+  saying whether data from it arrived in the operation this rank waits in.
+  Otherwise the class is `unknown`, saying so.
 """
 
 from __future__ import annotations
@@ -91,16 +92,11 @@ def verdict(*, comm_id: str, rank: int, peers: list[dict], store, store_rank: in
         ranks, hosts = [store_rank], [str(s.get("host"))]
         evidence.append(f"{who} serves the Store in its own process, whose Store thread "
                         "answers even while the rank computes: its process is not running")
-        if arrived:
-            headline = (f"{cls} in {what}: {who} stopped (its process is not running: the "
-                        f"Store it serves does not answer, while its host does); data from it "
-                        f"arrived in this operation, so it stopped inside it")
-        else:
-            cls = VerdictClass.NONCOMM_HANG
-            headline = (f"{cls} in {what}: {who} stopped (its process is not running: the "
-                        "Store it serves does not answer, while its host does); nothing from "
-                        "it arrived here in this operation: it never entered it, or froze "
-                        "inside before sending")
+        inside = ("data from it arrived in this operation, so it stopped inside it" if arrived
+                  else "nothing from it arrived here in this operation: it stopped before "
+                  "entering it, or inside before sending here")
+        headline = (f"{cls} in {what}: {who} stopped (its process is not running: the Store it "
+                    f"serves does not answer, while its host does); {inside}")
     else:
         cls = VerdictClass.UNKNOWN
         headline = (f"live diagnosis of {what} impossible: {where} does not answer"
