@@ -73,5 +73,7 @@ def test_a_cut_single_link_host_is_named_and_every_rank_dumps(tmp_path, monkeypa
             # operations' own (30 s), and the doctor reads them right.
             assert t.dumps == 3 and t.dumps_t is not None and t.dumps_t < 15, t.dumps_t
             assert t.doctor_ok, t.doctor
+            # The round's own verdict (over the summaries that arrived) too.
+            assert t.round_ok, t.round_verdict
     finally:
         testbed.down(name)

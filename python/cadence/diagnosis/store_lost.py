@@ -81,7 +81,8 @@ def verdict(*, comm_id: str, rank: int, peers: list[dict], store, store_rank: in
     elif unheard:
         hosts = unheard
         headline = (f"{cls} in {what}: host {', '.join(unheard)} unreachable from rank {rank} "
-                    f"({me}), while {', '.join(heard)} answer; {where} cannot be reached, so "
+                    f"({me}), while {', '.join(heard)} answer{'s' if len(heard) == 1 else ''}; "
+                    f"{where} cannot be reached, so "
                     "no rank can gather a verdict")
     elif store_answers and store_rank is not None and store_rank < len(peers):
         s = peers[store_rank]
