@@ -8,33 +8,15 @@ the only link). Three hosts, one rank each, 1 Gbit/s."""
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from clusters import why_no_clusters
 
 HERE = Path(__file__).resolve()
 PYTHON_DIR = HERE.parents[1] / "python"
-TOOLS = [t for t in ("ip", "tc", "unshare", "hostname") if shutil.which(t) is None]
-
-
-def _why_no_clusters() -> str | None:
-    if os.geteuid() != 0:
-        return "the emulated cluster needs root (network namespaces)"
-    if TOOLS:
-        return f"{', '.join(TOOLS)} not installed (apt-get install iproute2 util-linux)"
-    probe = f"cad-cprobe{os.getpid()}"
-    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
-    if p.returncode == 0:
-        subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
-        return None
-    return f"network namespaces are not permitted here: {p.stderr.strip()}"
-
-
-WHY_NO_CLUSTERS = _why_no_clusters()
+WHY_NO_CLUSTERS = why_no_clusters()
 needs_clusters = pytest.mark.skipif(WHY_NO_CLUSTERS is not None, reason=str(WHY_NO_CLUSTERS))
 
 

@@ -10,8 +10,6 @@ import json
 import os
 import random
 import secrets
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 from cadence.cli.main import main as cli
 from cadence.diagnosis import SlowWatch, diagnose, diagnose_slow, load_dir, parse
 from cadence.diagnosis.slow import arrivals, link_rates
+from clusters import why_no_clusters
 
 BASE = 1_700_000_000 * 10**9
 GBIT = 1e9 / 8  # bytes per second
@@ -440,25 +439,7 @@ def test_doctor_reports_slowness(tmp_path, capsys):
 
 HERE = Path(__file__).resolve()
 PYTHON_DIR = HERE.parents[1] / "python"
-TOOLS = [t for t in ("ip", "tc", "unshare", "hostname") if shutil.which(t) is None]
-
-
-def _why_no_clusters() -> str | None:
-    if os.geteuid() != 0:
-        return "the emulated cluster needs root (network namespaces)"
-    if TOOLS:
-        return f"{', '.join(TOOLS)} not installed (apt-get install iproute2 util-linux)"
-    probe = f"cad-sprobe{os.getpid()}"
-    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
-    if p.returncode == 0:
-        subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
-        return None
-    if "not permitted" in p.stderr or "Permission denied" in p.stderr:
-        return f"network namespaces are not permitted here: {p.stderr.strip()}"
-    return None
-
-
-WHY_NO_CLUSTERS = _why_no_clusters() if __name__ != "__main__" else None
+WHY_NO_CLUSTERS = why_no_clusters() if __name__ != "__main__" else None
 needs_clusters = pytest.mark.skipif(WHY_NO_CLUSTERS is not None, reason=str(WHY_NO_CLUSTERS))
 
 

@@ -30,33 +30,13 @@ from cadence import testbed
 from cadence.cli import main as cli_main
 from cadence.testbed import jobs
 from cadence.testbed.rates import Bucket, format_rate, parse_rate, payload_share
+from clusters import why_no_clusters
 
 HERE = Path(__file__).resolve()
 PYTHON_DIR = HERE.parents[1] / "python"
 IS_ROOT = os.geteuid() == 0
-TOOLS = [t for t in ("ip", "tc", "unshare", "hostname") if shutil.which(t) is None]
-
-
-def _why_no_clusters() -> str | None:
-    """Why real clusters cannot be made here (then those tests skip), or None."""
-    if not IS_ROOT:
-        return testbed.ROOT_MESSAGE
-    if TOOLS:
-        return f"{', '.join(TOOLS)} not installed (apt-get install iproute2 util-linux)"
-    # Root in a container without CAP_SYS_ADMIN still may not make namespaces.
-    # Only that refusal skips; any other failure is the tests' to report.
-    probe = f"cad-probe{os.getpid()}"
-    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
-    if p.returncode == 0:
-        subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
-        return None
-    if "not permitted" in p.stderr or "Permission denied" in p.stderr:
-        return f"network namespaces are not permitted here: {p.stderr.strip()}"
-    return None
-
-
 # (Not when this file runs as a rank: the probe is the test session's.)
-WHY_NO_CLUSTERS = _why_no_clusters() if __name__ != "__main__" else None
+WHY_NO_CLUSTERS = why_no_clusters() if __name__ != "__main__" else None
 needs_clusters = pytest.mark.skipif(WHY_NO_CLUSTERS is not None, reason=str(WHY_NO_CLUSTERS))
 OP_TIMEOUT = 5.0  # CADENCE_TIMEOUT of the link-cut test
 SLACK = 5.0
