@@ -23,6 +23,7 @@ pub mod error;
 pub mod fabric;
 pub mod monitor;
 pub mod reduce;
+pub mod rendezvous;
 pub mod schedule;
 pub mod sim;
 pub mod transport;

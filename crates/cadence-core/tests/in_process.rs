@@ -3,9 +3,10 @@
 //! failure here points at the core.
 
 use cadence_core::comm::{Bootstrap, Comm, OpRequest, PeerInfo};
+use cadence_core::rendezvous::MemoryStore;
 use cadence_core::JobSecret;
 use cadence_core::{CollKind, Config, DType, ErrorKind, RedOp};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts `n` ranks; `host(r)` decides who shares memory. Returns each
@@ -32,15 +33,14 @@ fn world_with<T: Send + 'static>(
 ) -> Vec<T> {
     let id = format!("t{}x{}", std::process::id(), rand_tag());
     let secret = JobSecret::random().unwrap();
-    let infos: Arc<Mutex<Vec<Option<PeerInfo>>>> = Arc::new(Mutex::new(vec![None; n]));
-    let barrier = Arc::new(Barrier::new(n));
+    // Ranks meet through a store, as processes do: two operations each.
+    let store = Arc::new(MemoryStore::new());
     let body = Arc::new(body);
     let handles: Vec<_> = (0..n)
         .map(|r| {
-            let (id, infos, barrier, body, cfg, secret) = (
+            let (id, store, body, cfg, secret) = (
                 id.clone(),
-                infos.clone(),
-                barrier.clone(),
+                store.clone(),
                 body.clone(),
                 cfg.clone(),
                 secret.clone(),
@@ -48,15 +48,13 @@ fn world_with<T: Send + 'static>(
             std::thread::spawn(move || {
                 let ip = "127.0.0.1".parse().unwrap();
                 let b = Bootstrap::new(&id, r, n, &host(r), ip, cfg, secret).unwrap();
-                infos.lock().unwrap()[r] = Some(b.info.clone());
-                barrier.wait();
-                let all: Vec<PeerInfo> = infos
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .map(|i| i.clone().unwrap())
-                    .collect();
-                let comm = b.connect(all).unwrap();
+                let mine = store.handle();
+                let comm = b.join(&mine, "world").unwrap();
+                assert!(
+                    mine.ops() <= 2,
+                    "rank {r} made {} store operations",
+                    mine.ops()
+                );
                 body(&comm)
             })
         })

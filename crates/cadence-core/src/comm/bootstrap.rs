@@ -4,16 +4,18 @@
 //! handshake keyed by the job secret (`transport/handshake.rs`), that it
 //! belongs to the communicator.
 
-use super::{Comm, OpRequest};
+use super::gather::{self, GatherCtx};
+use super::peer_info::paths_between;
+use super::{Comm, OpRequest, PeerInfo};
 use crate::config::{Config, DebugLevel};
 use crate::engine::Engine;
 use crate::error::{CommError, ErrorKind, Result};
+use crate::rendezvous::Store;
 use crate::transport::handshake::JobSecret;
 use crate::transport::shm::{open_peer_inbox, Inbox, ShmLink};
 use crate::transport::tcp::TcpLink;
 use crate::transport::tcp_setup::{accept_all, connect};
 use crate::transport::Link;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -24,53 +26,6 @@ use std::time::{Duration, Instant};
 /// another (at start-up; the listener may still be coming up, so a refused
 /// connection is tried again until then).
 const PATH_CONNECT: Duration = Duration::from_secs(10);
-
-/// What each rank publishes through the store at bootstrap.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PeerInfo {
-    pub rank: usize,
-    /// Host identity (`CADENCE_HOST`): same host = shared memory.
-    pub host: String,
-    /// The physical machine (its boot id). Emulated hosts (network
-    /// namespaces) are different hosts on one machine: they share its cores,
-    /// which decides how a rank should wait.
-    #[serde(default)]
-    pub machine: String,
-    /// The tuning table this rank loaded (`path#hash`, empty for none):
-    /// ranks that would choose algorithms differently must not start.
-    #[serde(default)]
-    pub tuning: String,
-    /// The topology file this rank loaded (`path#hash`, empty for none,
-    /// `#profile at start-up` when unset): ranks that would order rings
-    /// differently must not start.
-    #[serde(default)]
-    pub topo: String,
-    pub pid: u32,
-    /// The listener of its first NIC.
-    pub addr: String,
-    /// One listener per NIC (`CADENCE_SOCKET_IFNAME=eth0,eth1`), the first
-    /// being `addr`; empty from a rank that publishes one address only.
-    #[serde(default)]
-    pub addrs: Vec<String>,
-}
-
-impl PeerInfo {
-    /// Where the rank listens, one address per NIC, in its NICs' order.
-    pub fn nic_addrs(&self) -> Vec<&str> {
-        if self.addrs.is_empty() {
-            vec![self.addr.as_str()]
-        } else {
-            self.addrs.iter().map(String::as_str).collect()
-        }
-    }
-}
-
-/// The paths between two hosts: NIC k of one with NIC k of the other (rails:
-/// on a multi-rail cluster NIC k of every host shares a switch), as many as
-/// the host with fewer NICs has.
-pub fn paths_between(a: &PeerInfo, b: &PeerInfo) -> usize {
-    a.nic_addrs().len().min(b.nic_addrs().len()).max(1)
-}
 
 /// When ranks loaded different files of one kind (their `path#hash` from
 /// `field`; different paths with the same text are fine), what to tell the
@@ -160,6 +115,7 @@ impl Bootstrap {
         if ips.is_empty() {
             return Err(CommError::invalid("no address to listen on".to_string()));
         }
+        super::limits::raise_open_files(cfg.debug);
         if nranks == 0 || rank >= nranks {
             return Err(CommError::invalid(format!(
                 "rank {rank} is not in a world of {nranks}"
@@ -233,6 +189,47 @@ impl Bootstrap {
     /// stderr (which prints them at `CADENCE_DEBUG=WARN` and above).
     pub fn on_warn(&mut self, f: impl FnMut(String) + Send + Sync + 'static) {
         self.warn = Some(Box::new(f));
+    }
+
+    /// Joins the communicator through `store` (keys under `prefix`): two
+    /// store operations, the peer table completed among the ranks
+    /// ([`Bootstrap::exchange`]), then the links ([`Bootstrap::connect`]).
+    pub fn join(self, store: &dyn Store, prefix: &str) -> Result<Comm> {
+        let infos = self.exchange(store, prefix)?;
+        self.connect(infos)
+    }
+
+    /// Every rank's [`PeerInfo`], in rank order, from two store operations
+    /// of this rank's own (`comm/gather.rs`).
+    pub fn exchange(&self, store: &dyn Store, prefix: &str) -> Result<Vec<PeerInfo>> {
+        let ctx = GatherCtx {
+            comm_id: &self.comm_id,
+            rank: self.rank,
+            nranks: self.nranks,
+            secret: &self.secret,
+            deadline: Instant::now() + self.cfg.timeout,
+            log: (self.cfg.debug >= DebugLevel::Info)
+                .then(|| format!("cadence rank {}", self.rank)),
+        };
+        let fail = |m: String| {
+            let mut e = CommError::setup(m);
+            e.rank = Some(self.rank);
+            e
+        };
+        let ip = self.listeners[0]
+            .local_addr()
+            .map_err(|e| fail(format!("listener: {e}")))?
+            .ip();
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| fail(format!("cannot listen on {ip}: {e}")))?;
+        let addr = listener.local_addr().map_err(|e| fail(e.to_string()))?;
+        store
+            .set(
+                &gather::gather_key(prefix, self.rank),
+                addr.to_string().as_bytes(),
+            )
+            .map_err(|e| fail(format!("the Store failed: {e}")))?;
+        gather::allgather(&ctx, &self.info, listener, store, prefix)
     }
 
     /// Connects to every peer, given every rank's published [`PeerInfo`].

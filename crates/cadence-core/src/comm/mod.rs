@@ -4,8 +4,10 @@
 //!
 //! - `request.rs`: an operation as the user asks for it, and its buffers'
 //!   lifetimes;
-//! - `bootstrap.rs` (links to every peer) and `setup.rs` (the state and the
-//!   collective start-up steps);
+//! - `bootstrap.rs` (links to every peer), `gather.rs` (the peer table,
+//!   completed among the ranks from O(1) store operations each),
+//!   `peer_info.rs` (what a rank tells the others) and `setup.rs` (the state
+//!   and the collective start-up steps);
 //! - `execute.rs`: validation, algorithm choice (`crate::choice`), schedules, and
 //!   running one operation through the engine; `p2p.rs` batches sends and
 //!   receives;
@@ -25,9 +27,12 @@ mod clock;
 mod dump;
 mod execute;
 mod failure;
+mod gather;
+pub mod limits;
 pub mod order;
 mod p2p;
 mod path_keeper;
+mod peer_info;
 pub mod profile;
 mod progress;
 mod records;
@@ -36,10 +41,12 @@ mod setup;
 mod state;
 
 pub use crate::engine::{InterruptCheck, INTERRUPT_EVERY};
-pub use bootstrap::{Bootstrap, PeerInfo};
+pub use bootstrap::Bootstrap;
 pub use clock::ClockOffset;
 pub use dump::{DUMP_VERSION, METRICS_VERSION};
+pub use gather::GATHER_STREAM;
 pub use p2p::ANY_SOURCE;
+pub use peer_info::{paths_between, PeerInfo};
 pub use progress::Completion;
 pub use request::OpRequest;
 

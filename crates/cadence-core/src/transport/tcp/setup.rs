@@ -252,7 +252,35 @@ pub fn accept_all(
     deadline: Instant,
     warn: &mut dyn FnMut(String),
 ) -> Result<Vec<(StreamKey, TcpStream)>, SetupFailure> {
-    let mut got: Vec<(StreamKey, TcpStream)> = Vec::new();
+    let mut out = Vec::with_capacity(expected.len());
+    accept_each(
+        listeners,
+        secret,
+        comm_id,
+        my_rank,
+        expected,
+        deadline,
+        warn,
+        &mut |k, s| out.push((k, s)),
+    )?;
+    Ok(out)
+}
+
+/// [`accept_all`], handing each connection to `deliver` as soon as its
+/// handshake completes (the peer-table exchange answers each while later
+/// ones are still to come).
+#[allow(clippy::too_many_arguments)]
+pub fn accept_each(
+    listeners: &[TcpListener],
+    secret: &JobSecret,
+    comm_id: &str,
+    my_rank: usize,
+    expected: &[StreamKey],
+    deadline: Instant,
+    warn: &mut dyn FnMut(String),
+    deliver: &mut dyn FnMut(StreamKey, TcpStream),
+) -> Result<(), SetupFailure> {
+    let mut got: Vec<StreamKey> = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
     let mut rejected = Rejections { warn, count: 0 };
     for listener in listeners {
@@ -264,10 +292,7 @@ pub fn accept_all(
     while got.len() < expected.len() {
         let now = Instant::now();
         if now > deadline {
-            let missing: Vec<&StreamKey> = expected
-                .iter()
-                .filter(|k| !got.iter().any(|(g, _)| g == *k))
-                .collect();
+            let missing: Vec<&StreamKey> = expected.iter().filter(|k| !got.contains(k)).collect();
             if rejected.count > MAX_LOGGED {
                 (rejected.warn)(format!("dropped {} connections in all", rejected.count));
             }
@@ -349,7 +374,9 @@ pub fn accept_all(
                 Ok(true) => {
                     let p = pending.swap_remove(i);
                     let _ = p.sock.set_nodelay(true);
-                    got.push((p.key.expect("finished handshakes have a key"), p.sock));
+                    let key = p.key.expect("finished handshakes have a key");
+                    got.push(key);
+                    deliver(key, p.sock);
                 }
                 Err(why) => {
                     let p = pending.swap_remove(i);
@@ -371,7 +398,7 @@ pub fn accept_all(
     if rejected.count > MAX_LOGGED {
         (rejected.warn)(format!("dropped {} connections in all", rejected.count));
     }
-    Ok(got)
+    Ok(())
 }
 
 /// Takes every connection waiting on `listener` into `pending` (as a
@@ -429,7 +456,7 @@ fn accept_new<'a>(
 /// Moves one handshake forward without blocking: `Ok(true)` when it is done
 /// and its WELCOME is sent, `Ok(false)` while under way, `Err(reason)` to
 /// drop it.
-fn drive(p: &mut Pending, buf: &mut [u8], got: &[(StreamKey, TcpStream)]) -> Result<bool, String> {
+fn drive(p: &mut Pending, buf: &mut [u8], got: &[StreamKey]) -> Result<bool, String> {
     loop {
         // Send what is queued first: the client waits for it.
         while p.out_done < p.out.len() {
@@ -464,7 +491,7 @@ fn drive(p: &mut Pending, buf: &mut [u8], got: &[(StreamKey, TcpStream)]) -> Res
                 p.out_done = 0;
             }
             Ok(Step::Done { key, send }) => {
-                if got.iter().any(|(k, _)| *k == key) {
+                if got.contains(&key) {
                     // Only a holder of the secret gets here: a member that
                     // connected twice (a bug), never a stranger.
                     return Err(format!(

@@ -1,0 +1,364 @@
+//! The peer-table exchange: every rank learns every rank's [`PeerInfo`]
+//! with two store operations of its own, whatever the job's size.
+//!
+//! Each rank publishes where it listens for the exchange and reads where
+//! its ring successor does; the rest travels between the ranks, in
+//! ⌈log₂ n⌉ steps of a Bruck allgather. At step k (distance d = 2^k) rank r
+//! sends what it knows, the records of ranks r−d+1..r, to rank r+d, and
+//! receives those of ranks r−2d+1..r−d from rank r−d. The address of the
+//! next step's partner travels with the exchange ("pointer jumping"): rank
+//! r+d, the one r sends to at step k, answers with the address of its own
+//! step-k partner r+2d, which is r's at step k+1. So no rank needs more
+//! than its successor's address from the store, and none holds more than
+//! ⌈log₂ n⌉ short-lived connections.
+//!
+//! Streams are authenticated as links are (`transport/handshake.rs`), under
+//! stream numbers of their own (`GATHER_STREAM + k`), on a listener that
+//! closes when the exchange ends.
+
+use super::PeerInfo;
+use crate::error::{CommError, ErrorKind, Result};
+use crate::rendezvous::{Store, StoreError};
+use crate::transport::handshake::JobSecret;
+use crate::transport::tcp_setup::{accept_each, connect};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Stream numbers of the exchange: far above any link's.
+pub const GATHER_STREAM: usize = 1 << 20;
+/// While a rank waits for a peer, how often it says so (at INFO).
+const WAIT_NOTICE: Duration = Duration::from_secs(5);
+
+/// Who this rank is in the exchange.
+pub struct GatherCtx<'a> {
+    pub comm_id: &'a str,
+    pub rank: usize,
+    pub nranks: usize,
+    pub secret: &'a JobSecret,
+    pub deadline: Instant,
+    /// Prefix of INFO lines about waits (None: quiet).
+    pub log: Option<String>,
+}
+
+impl GatherCtx<'_> {
+    fn fail(&self, detail: String, culprit: Option<usize>) -> CommError {
+        let mut e = CommError::new(ErrorKind::Setup { detail, culprit });
+        e.rank = Some(self.rank);
+        e.comm_id = self.comm_id.into();
+        e
+    }
+    fn notice(&self, what: std::fmt::Arguments) {
+        if let Some(p) = &self.log {
+            stderr_line!("{p}: INFO {what}");
+        }
+    }
+}
+
+/// The store key under which `rank` publishes its exchange address.
+pub fn gather_key(prefix: &str, rank: usize) -> String {
+    format!("{prefix}/gather/{rank}")
+}
+
+/// Reads `key`, saying every [`WAIT_NOTICE`] that it still waits for
+/// `rank`; a timeout names that rank.
+fn store_wait(ctx: &GatherCtx, store: &dyn Store, key: &str, rank: usize) -> Result<Vec<u8>> {
+    let started = Instant::now();
+    loop {
+        let left = ctx.deadline.saturating_duration_since(Instant::now());
+        let chunk = if ctx.log.is_some() {
+            left.min(WAIT_NOTICE)
+        } else {
+            left
+        };
+        match store.get(key, chunk) {
+            Ok(v) => return Ok(v),
+            Err(StoreError::Timeout { .. }) if Instant::now() < ctx.deadline => {
+                ctx.notice(format_args!(
+                    "waiting {:.0}s for rank {rank} to join (store key {key})",
+                    started.elapsed().as_secs_f64()
+                ))
+            }
+            Err(StoreError::Timeout { .. }) => {
+                return Err(ctx.fail(
+                    format!(
+                        "rank {rank} never joined within {:.0}s (it did not start, or cannot \
+                         reach the Store)",
+                        started.elapsed().as_secs_f64()
+                    ),
+                    Some(rank),
+                ))
+            }
+            Err(e) => return Err(ctx.fail(format!("the Store failed: {e}"), None)),
+        }
+    }
+}
+
+/// Every rank's record, in rank order, given this rank's own. `listener`
+/// is the exchange's (its address already published under
+/// [`gather_key`]), `next` the successor's address from the store.
+pub fn allgather(
+    ctx: &GatherCtx,
+    own: &PeerInfo,
+    listener: TcpListener,
+    store: &dyn Store,
+    prefix: &str,
+) -> Result<Vec<PeerInfo>> {
+    let (r, n) = (ctx.rank, ctx.nranks);
+    if n == 1 {
+        return Ok(vec![own.clone()]);
+    }
+    let raw = store_wait(ctx, store, &gather_key(prefix, (r + 1) % n), (r + 1) % n)?;
+    let mut target: SocketAddr = std::str::from_utf8(&raw)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            ctx.fail(
+                format!("rank {} published a bad address", (r + 1) % n),
+                Some((r + 1) % n),
+            )
+        })?;
+    let steps = usize::BITS as usize - (n - 1).leading_zeros() as usize;
+    let from = |k: usize| (r + n - (1 << k) % n) % n;
+    let expected: Vec<(usize, usize)> = (0..steps).map(|k| (from(k), GATHER_STREAM + k)).collect();
+
+    // Connections from the peers this rank receives from arrive in their
+    // own time, on a thread of their own.
+    let (tx, rx) = mpsc::channel::<(usize, TcpStream)>();
+    let (cid, secret, deadline) = (ctx.comm_id.to_string(), ctx.secret.clone(), ctx.deadline);
+    let exp = expected.clone();
+    let acceptor = std::thread::Builder::new()
+        .name("cadence-gather".into())
+        .stack_size(256 << 10)
+        .spawn(move || {
+            let mut quiet = |_m: String| {};
+            accept_each(
+                &[listener],
+                &secret,
+                &cid,
+                r,
+                &exp,
+                deadline,
+                &mut quiet,
+                &mut |(_, s), sock| {
+                    let _ = tx.send((s - GATHER_STREAM, sock));
+                },
+            )
+        })
+        .map_err(|e| ctx.fail(format!("cannot start the exchange: {e}"), None))?;
+
+    // Records of ranks r-len+1..=r, oldest first, encoded.
+    let mut known: Vec<u8> = Vec::new();
+    own.encode(&mut known);
+    let mut count = 1usize;
+    let mut early: Vec<(usize, TcpStream)> = Vec::new();
+    let mut result = Ok(());
+    for k in 0..steps {
+        let d = 1usize << k;
+        let to = (r + d) % n;
+        // What the receiver lacks: at the last step fewer than d records.
+        let send_n = d.min(n - d);
+        let tail = tail_of(&known, count, send_n);
+        let step = std::thread::scope(|s| {
+            let out = s.spawn(|| send_step(ctx, target, to, k, tail));
+            let got = recv_step(
+                ctx,
+                &rx,
+                &mut early,
+                k,
+                from(k),
+                to_addr_reply(target),
+                d.min(n - d),
+            );
+            let reply = out.join().expect("the exchange's sender panicked");
+            Ok::<_, CommError>((got?, reply?))
+        });
+        match step {
+            Ok((records, next)) => {
+                let mut grown = records;
+                grown.extend_from_slice(&known);
+                known = grown;
+                count += d.min(n - d);
+                target = next;
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    drop(rx);
+    // On failure the acceptor may still wait for a peer that never comes;
+    // it ends at the deadline on its own.
+    result?;
+    if let Err(e) = acceptor.join().expect("the exchange's acceptor panicked") {
+        return Err(ctx.fail(e.detail, e.culprit));
+    }
+    // `known` now holds ranks r-n+1..=r: rotate into rank order.
+    let mut b = known.as_slice();
+    let mut table: Vec<Option<PeerInfo>> = vec![None; n];
+    for i in 0..n {
+        let expect = (r + 1 + i) % n;
+        let p = PeerInfo::decode(&mut b).map_err(|m| ctx.fail(m, None))?;
+        if p.rank != expect {
+            return Err(ctx.fail(
+                format!(
+                    "the peer table has rank {} where rank {expect} belongs",
+                    p.rank
+                ),
+                None,
+            ));
+        }
+        table[expect] = Some(p);
+    }
+    Ok(table
+        .into_iter()
+        .map(|p| p.expect("every rank placed"))
+        .collect())
+}
+
+/// The last `want` of `count` records in `buf`.
+fn tail_of(buf: &[u8], count: usize, want: usize) -> &[u8] {
+    let mut b = buf;
+    for _ in 0..count - want {
+        PeerInfo::decode(&mut b).expect("own records decode");
+    }
+    b
+}
+
+fn to_addr_reply(a: SocketAddr) -> Vec<u8> {
+    a.to_string().into_bytes()
+}
+
+fn write_block(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
+    s.write_all(&(b.len() as u32).to_le_bytes())?;
+    s.write_all(b)
+}
+
+fn read_block(s: &mut TcpStream, limit: usize) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a block of {len} bytes (at most {limit})"),
+        ));
+    }
+    let mut b = vec![0u8; len];
+    s.read_exact(&mut b)?;
+    Ok(b)
+}
+
+/// Step k, sending side: the records to rank `to`; returns the address of
+/// the next step's partner, which `to` answers with.
+fn send_step(
+    ctx: &GatherCtx,
+    addr: SocketAddr,
+    to: usize,
+    k: usize,
+    block: &[u8],
+) -> Result<SocketAddr> {
+    let mut s = connect(
+        addr,
+        None,
+        ctx.secret,
+        ctx.comm_id,
+        ctx.rank,
+        GATHER_STREAM + k,
+        to,
+        ctx.deadline,
+    )
+    .map_err(|e| {
+        ctx.fail(
+            format!("exchanging peer records with rank {to} at {addr}: {e}"),
+            Some(to),
+        )
+    })?;
+    let left = ctx
+        .deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let io = |e: std::io::Error| {
+        ctx.fail(
+            format!("exchanging peer records with rank {to}: {e}"),
+            Some(to),
+        )
+    };
+    s.set_read_timeout(Some(left)).map_err(io)?;
+    s.set_write_timeout(Some(left)).map_err(io)?;
+    write_block(&mut s, block).map_err(io)?;
+    let reply = read_block(&mut s, 256).map_err(io)?;
+    std::str::from_utf8(&reply)
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| ctx.fail(format!("rank {to} answered with a bad address"), Some(to)))
+}
+
+/// Step k, receiving side: waits for rank `from`'s connection, answers
+/// with `reply` (the address it sends to next), reads its records.
+#[allow(clippy::too_many_arguments)]
+fn recv_step(
+    ctx: &GatherCtx,
+    rx: &mpsc::Receiver<(usize, TcpStream)>,
+    early: &mut Vec<(usize, TcpStream)>,
+    k: usize,
+    from: usize,
+    reply: Vec<u8>,
+    records: usize,
+) -> Result<Vec<u8>> {
+    let started = Instant::now();
+    let mut s = loop {
+        if let Some(i) = early.iter().position(|(j, _)| *j == k) {
+            break early.swap_remove(i).1;
+        }
+        let left = ctx.deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.min(WAIT_NOTICE)) {
+            Ok((j, sock)) if j == k => break sock,
+            Ok(other) => early.push(other),
+            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => ctx.notice(format_args!(
+                "waiting {:.0}s for rank {from}'s peer records (exchange step {k})",
+                started.elapsed().as_secs_f64()
+            )),
+            Err(_) => {
+                return Err(ctx.fail(
+                    format!(
+                        "rank {from} never sent its peer records (exchange step {k}) within \
+                         {:.0}s",
+                        started.elapsed().as_secs_f64()
+                    ),
+                    Some(from),
+                ))
+            }
+        }
+    };
+    let left = ctx
+        .deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let io = |e: std::io::Error| {
+        ctx.fail(
+            format!("exchanging peer records with rank {from}: {e}"),
+            Some(from),
+        )
+    };
+    // Accepted non-blocking (by the handshake's poll loop).
+    s.set_nonblocking(false).map_err(io)?;
+    s.set_read_timeout(Some(left)).map_err(io)?;
+    s.set_write_timeout(Some(left)).map_err(io)?;
+    write_block(&mut s, &reply).map_err(io)?;
+    // A record is a few hundred bytes at most.
+    let block = read_block(&mut s, records * 4096 + 4096).map_err(io)?;
+    let mut b = block.as_slice();
+    for _ in 0..records {
+        PeerInfo::decode(&mut b).map_err(|m| ctx.fail(format!("rank {from}: {m}"), Some(from)))?;
+    }
+    if !b.is_empty() {
+        return Err(ctx.fail(
+            format!("rank {from} sent more records than step {k} carries"),
+            Some(from),
+        ));
+    }
+    Ok(block)
+}

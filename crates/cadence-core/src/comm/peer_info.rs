@@ -1,0 +1,158 @@
+//! [`PeerInfo`]: what the ranks of a communicator know of each other from
+//! set-up on (where each listens, which host and machine it is on, the
+//! files it loaded), and its compact encoding for the peer-table exchange
+//! (`gather.rs`), whose bytes per rank grow with n.
+
+use serde::{Deserialize, Serialize};
+
+/// What each rank tells the others at set-up.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerInfo {
+    pub rank: usize,
+    /// Host identity (`CADENCE_HOST`): same host = shared memory.
+    pub host: String,
+    /// The physical machine (its boot id). Emulated hosts (network
+    /// namespaces) are different hosts on one machine: they share its cores,
+    /// which decides how a rank should wait.
+    #[serde(default)]
+    pub machine: String,
+    /// The tuning table this rank loaded (`path#hash`, empty for none):
+    /// ranks that would choose algorithms differently must not start.
+    #[serde(default)]
+    pub tuning: String,
+    /// The topology file this rank loaded (`path#hash`, empty for none,
+    /// `#profile at start-up` when unset): ranks that would order rings
+    /// differently must not start.
+    #[serde(default)]
+    pub topo: String,
+    pub pid: u32,
+    /// The listener of its first NIC.
+    pub addr: String,
+    /// One listener per NIC (`CADENCE_SOCKET_IFNAME=eth0,eth1`), the first
+    /// being `addr`; empty from a rank that publishes one address only.
+    #[serde(default)]
+    pub addrs: Vec<String>,
+}
+
+impl PeerInfo {
+    /// Where the rank listens, one address per NIC, in its NICs' order.
+    pub fn nic_addrs(&self) -> Vec<&str> {
+        if self.addrs.is_empty() {
+            vec![self.addr.as_str()]
+        } else {
+            self.addrs.iter().map(String::as_str).collect()
+        }
+    }
+}
+
+/// The paths between two hosts: NIC k of one with NIC k of the other (rails:
+/// on a multi-rail cluster NIC k of every host shares a switch), as many as
+/// the host with fewer NICs has.
+pub fn paths_between(a: &PeerInfo, b: &PeerInfo) -> usize {
+    a.nic_addrs().len().min(b.nic_addrs().len()).max(1)
+}
+
+/// Strings of a record are at most this long (a host name, a path#hash).
+const MAX_STR: usize = u16::MAX as usize;
+
+impl PeerInfo {
+    /// Appends the record to `out`: little-endian numbers and strings
+    /// prefixed with their u16 length.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let put = |out: &mut Vec<u8>, s: &str| {
+            let b = &s.as_bytes()[..s.len().min(MAX_STR)];
+            out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+            out.extend_from_slice(b);
+        };
+        out.extend_from_slice(&(self.rank as u32).to_le_bytes());
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        for s in [
+            &self.host,
+            &self.machine,
+            &self.tuning,
+            &self.topo,
+            &self.addr,
+        ] {
+            put(out, s);
+        }
+        out.push(self.addrs.len().min(255) as u8);
+        for a in self.addrs.iter().take(255) {
+            put(out, a);
+        }
+    }
+
+    /// Reads one record from the front of `b`, advancing it.
+    pub fn decode(b: &mut &[u8]) -> Result<PeerInfo, String> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+            if b.len() < n {
+                return Err("a peer record cut short".into());
+            }
+            let (h, t) = b.split_at(n);
+            *b = t;
+            Ok(h)
+        }
+        fn u32_of(b: &mut &[u8]) -> Result<u32, String> {
+            Ok(u32::from_le_bytes(take(b, 4)?.try_into().unwrap()))
+        }
+        fn str_of(b: &mut &[u8]) -> Result<String, String> {
+            let n = u16::from_le_bytes(take(b, 2)?.try_into().unwrap()) as usize;
+            String::from_utf8(take(b, n)?.to_vec())
+                .map_err(|_| "a peer record with bad text".into())
+        }
+        let rank = u32_of(b)? as usize;
+        let pid = u32_of(b)?;
+        let host = str_of(b)?;
+        let machine = str_of(b)?;
+        let tuning = str_of(b)?;
+        let topo = str_of(b)?;
+        let addr = str_of(b)?;
+        let naddrs = take(b, 1)?[0] as usize;
+        let addrs = (0..naddrs).map(|_| str_of(b)).collect::<Result<_, _>>()?;
+        Ok(PeerInfo {
+            rank,
+            host,
+            machine,
+            tuning,
+            topo,
+            pid,
+            addr,
+            addrs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_survives_its_encoding() {
+        let p = PeerInfo {
+            rank: 70000,
+            host: "h3".into(),
+            machine: "boot-id".into(),
+            tuning: String::new(),
+            topo: "#profile at start-up".into(),
+            pid: 4242,
+            addr: "10.0.0.3:4000".into(),
+            addrs: vec!["10.0.0.3:4000".into(), "10.1.0.3:4001".into()],
+        };
+        let mut buf = Vec::new();
+        p.encode(&mut buf);
+        p.encode(&mut buf);
+        let mut b = buf.as_slice();
+        for _ in 0..2 {
+            let q = PeerInfo::decode(&mut b).unwrap();
+            assert_eq!(
+                serde_json::to_string(&q).unwrap(),
+                serde_json::to_string(&p).unwrap()
+            );
+        }
+        assert!(b.is_empty());
+        // Every cut is refused, never misread.
+        for cut in 0..buf.len() / 2 {
+            let mut b = &buf[..cut];
+            assert!(PeerInfo::decode(&mut b).is_err(), "cut at {cut}");
+        }
+    }
+}
