@@ -3,7 +3,8 @@
 #   make build   .venv with the pinned dependencies + the extension (maturin develop --release)
 #   make run     build, then the main benchmark (cadence vs gloo vs Open MPI, allreduce)
 #   make test    build, then cargo test and pytest, then the torch backend's tests
-#                again on the oldest supported torch (make test-torch-oldest)
+#                again on the oldest supported torch (make test-torch-oldest), then a
+#                job started in a venv without torch (make test-no-torch)
 #   make bench   build, then every collective at 4 ranks (JSON in bench-results/)
 #   make bench-cluster  build, then allreduce/allgather across an emulated 4-host cluster (root)
 #   make tune    build, then `cadence tune` with its defaults (writes ~/.cache/cadence/tuning.json)
@@ -44,7 +45,7 @@ RUN_ARGS ?= --nranks 4 --op allreduce --dtype float32 -b 8 -e 64M -f 4 -n 50 -w 
 	--backends cadence,gloo,mpi
 BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 
-.PHONY: build run test test-torch-oldest bench bench-cluster tune soak lint fuzz clean clean-cache \
+.PHONY: build run test test-torch-oldest test-no-torch bench bench-cluster tune soak lint fuzz clean clean-cache \
 	deps mpi iproute2 chromium
 
 build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2 $(VENV)/.stamp-chromium $(VENV)/.stamp-tools
@@ -177,6 +178,20 @@ $(OLDEST)/.stamp: $(OLDEST_REQ)
 	  --find-links "$(OLDEST_CACHE)" -r $(OLDEST_REQ)
 	touch $@
 
+# A venv with numpy alone (from the wheel cache), where `cadence.init()` must
+# start a job without torch: tests/no_torch_job.py, cadence from python/.
+NOTORCH := .venv-no-torch
+
+$(NOTORCH)/.stamp: requirements.txt $(VENV)/.stamp-deps
+	rm -rf $(NOTORCH)
+	$(PYTHON) -m venv $(NOTORCH)
+	$(NOTORCH)/bin/python -m pip install --quiet --no-index --find-links $(WHEEL_CACHE) \
+	  "$$(grep -E '^numpy==' requirements.txt)"
+	touch $@
+
+test-no-torch: $(EXT) $(NOTORCH)/.stamp
+	PYTHONPATH=$(CURDIR)/python $(NOTORCH)/bin/python tests/no_torch_job.py
+
 # --- the extension ----------------------------------------------------------
 
 $(EXT): $(RUST_SRC) pyproject.toml $(VENV)/.stamp-deps
@@ -194,6 +209,7 @@ test: build
 	$(CARGO_ENV) cargo test --workspace $(CARGO_TEST_FLAGS)
 	$(VBIN)/pytest -q --timeout=$(PYTEST_TIMEOUT) tests
 	$(MAKE) --no-print-directory test-torch-oldest
+	$(MAKE) --no-print-directory test-no-torch
 
 # The torch backend's and the torch ops' tests on the oldest supported torch, cadence from the
 # source tree (the abi3 extension that `make build` put in python/cadence).
@@ -256,7 +272,7 @@ lint: $(VENV)/.stamp-deps
 
 clean:
 	cargo clean
-	rm -rf $(VENV) $(OLDEST) $(EXT) bench-results .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST) $(NOTORCH) $(EXT) bench-results .pytest_cache .ruff_cache
 	find python tests -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # The downloaded wheels live outside the checkout; this forgets them too.

@@ -1,5 +1,6 @@
 """Only members of the job connect. While a job sets up with one rank 2 s
-late, strangers connect to rank 0's listener: zeros, random bytes, an HTTP
+late, strangers connect to rank 0's listener (the one whose address the
+store shows: its peer-table exchange's): zeros, random bytes, an HTTP
 request, an idle socket, a client that answers the challenge with the wrong
 secret, and a replay of a legitimate client's transcript. Each is dropped and
 named once in rank 0's warnings; set-up still takes about the late rank's
@@ -25,6 +26,8 @@ MAGIC = 0x434E4443
 VERSION = 2
 HELLO, CHALLENGE, PROOF = 1, 2, 3
 CHALLENGE_BYTES = 80
+# The first stream number of the peer-table exchange (comm/gather.rs).
+GATHER = 1 << 20
 
 
 def _rank(rank, size, port, late, log, q):
@@ -128,11 +131,13 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
         # What a stranger on the network can learn: rank 0's address. (The
         # store is not authenticated: whoever reads it reads the secret too,
         # which the replay below uses only to make a legitimate transcript.)
-        info = json.loads(server.get("cadence/init1/info/0"))
-        host, port = info["addr"].rsplit(":", 1)
+        # That is where it listens for the peer-table exchange: rank 2 sends
+        # it records at the first step (stream GATHER), rank 1 at the second.
+        host, port = server.get("cadence/init1/gather/0").decode().rsplit(":", 1)
         addr = (host, int(port))
-        comm_id = server.get("cadence/init1/id").decode()
-        secret = bytes(server.get("cadence/init1/secret"))
+        hello = json.loads(server.get("cadence/init1/hello"))
+        comm_id = hello["id"]
+        secret = bytes.fromhex(hello["secret"])
 
         hold = 6.0
         threads = [
@@ -148,9 +153,9 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
 
         def wrong_secret():
             nc = os.urandom(32)
-            refused["wrong"] = _answer(addr, _hello(comm_id, 2, 1, 0, nc), lambda ns: struct.pack(
+            refused["wrong"] = _answer(addr, _hello(comm_id, 2, GATHER, 0, nc), lambda ns: struct.pack(
                 "<2I32s", MAGIC, PROOF,
-                _client_tag(os.urandom(32), comm_id, 2, 1, 0, nc, ns)))
+                _client_tag(os.urandom(32), comm_id, 2, GATHER, 0, nc, ns)))
 
         def replay():
             # Record what a legitimate client answers to one challenge, and
@@ -159,7 +164,7 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
             # is usually judged by the handshake; set-up's end can still win
             # the race on a loaded machine (see the log check below).
             nc = os.urandom(32)
-            hello = _hello(comm_id, 2, 1, 0, nc)
+            hello = _hello(comm_id, 2, GATHER, 0, nc)
             first = socket.create_connection(addr)
             second = socket.create_connection(addr)
             for s in (first, second):
@@ -167,7 +172,7 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
                 s.sendall(hello)
             ns = _recv_exact(first, CHALLENGE_BYTES)[16:48]
             proof = struct.pack("<2I32s", MAGIC, PROOF,
-                                _client_tag(secret, comm_id, 2, 1, 0, nc, ns))
+                                _client_tag(secret, comm_id, 2, GATHER, 0, nc, ns))
             first.close()  # never sent there (it would take rank 2's place)
             try:
                 _recv_exact(second, CHALLENGE_BYTES)

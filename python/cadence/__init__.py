@@ -1,7 +1,7 @@
 """cadence — a collective communication library for distributed training.
 
     import cadence
-    comm = cadence.init()            # under torchrun (or init(store=, rank=, world_size=))
+    comm = cadence.init()            # MASTER_ADDR/PORT, RANK, WORLD_SIZE (or init(store=, rank=, world_size=))
     comm.allreduce(x)                # numpy array or CPU torch tensor, in place
     w = comm.allgather(x, async_op=True); y = w.wait()
 
@@ -13,10 +13,10 @@ hanging (deadline: `CADENCE_TIMEOUT`, default 300 s).
 from __future__ import annotations
 
 from cadence._communicator import Communicator, init
-from cadence._core import CommError, Work, algorithms
+from cadence._core import CommError, Store, Work, algorithms
 from cadence._rendezvous import host_identity, socket_interfaces
 
-__all__ = ["init", "Communicator", "CommError", "Work", "algorithms", "host_identity",
+__all__ = ["init", "Communicator", "CommError", "Store", "Work", "algorithms", "host_identity",
            "socket_interfaces"]
 __version__ = "0.1.0"
 

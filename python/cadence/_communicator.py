@@ -5,6 +5,7 @@ and hands each to the live watchdog. The package root re-exports both."""
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import uuid
 
@@ -32,8 +33,10 @@ def init(
 ) -> Communicator:
     """Creates the world communicator.
 
-    With no arguments it reads torchrun's environment (MASTER_ADDR,
-    MASTER_PORT, RANK, WORLD_SIZE) and rendezvouses through a TCPStore. Any
+    With no arguments it reads the launcher's environment (MASTER_ADDR,
+    MASTER_PORT, RANK, WORLD_SIZE) and rendezvouses through cadence's own
+    store, which rank 0 serves at MASTER_ADDR:MASTER_PORT (no torch needed;
+    under torchrun, its agent's store). A `cadence.Store` or any
     torch.distributed Store works with `store=`, `rank=`, `world_size=`.
     `timeout` (seconds) bounds every operation; default `CADENCE_TIMEOUT` or 300.
     """
@@ -66,29 +69,31 @@ def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None,
     """Sets up one communicator under the store keys `prefix/...`. Its job
     secret (which keys the handshake every TCP connection must pass) is
     `secret` when given (split derives one from the parent's), else 32
-    random bytes that rank 0 makes and shares under `prefix/secret`. Rank 0
+    random bytes that rank 0 makes and shares under `prefix/hello`. Rank 0
     also decides the job id its dumps carry (`job`, else CADENCE_JOB_ID, else
     this process's first communicator's, else the new communicator's id)."""
     global _job_id
+    # One key from rank 0 says what every rank needs before it can prove
+    # membership: the communicator's id, its job, and the job secret.
+    hello_key = f"{prefix}/hello"
     if rank == 0:
-        if secret is None:
-            store.set(f"{prefix}/secret", os.urandom(32))
         new_id = uuid.uuid4().hex[:16]
         job = job or os.environ.get("CADENCE_JOB_ID") or _job_id or new_id
-        store.set(f"{prefix}/job", job)
-        store.set(f"{prefix}/id", new_id)
-    comm_id = store.get(f"{prefix}/id").decode()
-    job = store.get(f"{prefix}/job").decode()
-    if secret is None:
-        secret = bytes(store.get(f"{prefix}/secret"))
+        fresh = os.urandom(32) if secret is None else b""
+        store.set(hello_key, json.dumps({"id": new_id, "job": job, "secret": fresh.hex()}))
+        comm_id, secret = new_id, secret if secret is not None else fresh
+    else:
+        hello = json.loads(bytes(store.get(hello_key)).decode())
+        comm_id, job = hello["id"], hello["job"]
+        if secret is None:
+            secret = bytes.fromhex(hello["secret"])
     # The watchdog's Store work before the ranks connect: connecting ends
     # with every rank in step, and nothing slow may come after it.
     watching = _live.prepare(store, prefix, rank, size, timeout, store_rank)
     boot = Bootstrap(comm_id, rank, size, host_identity(), local_ip(toward), timeout,
                      secret=secret, job=job)
-    store.set(f"{prefix}/info/{rank}", boot.info())
-    infos = [store.get(f"{prefix}/info/{r}").decode() for r in range(size)]
-    core = boot.connect(infos)
+    # Two more store operations; the ranks complete the peer table themselves.
+    core = boot.join(store, prefix)
     if _job_id is None:
         _job_id = job
     return Communicator(core, store, prefix, timeout, toward, secret, watching, store_rank)

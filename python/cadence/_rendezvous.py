@@ -1,5 +1,6 @@
 """How a process joins a job: who its host is, which addresses its peers
-reach it at, and the torchrun store when `cadence.init()` is given none."""
+reach it at, and the rendezvous store when `cadence.init()` is given none
+(cadence's own, served by rank 0; torchrun's agent's under torchrun)."""
 
 from __future__ import annotations
 
@@ -74,27 +75,30 @@ def local_ip(toward: str | None) -> str:
 
 
 def store_from_env(rank: int, world_size: int, timeout: float):
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
+    """The job's rendezvous store from MASTER_ADDR/MASTER_PORT: cadence's own
+    (rank 0 serves it in its process), or, under torchrun's agent
+    (TORCHELASTIC_USE_AGENT_STORE=True), a client of the agent's TCPStore."""
     addr = os.environ.get("MASTER_ADDR")
     port = os.environ.get("MASTER_PORT")
     if not addr or not port:
         raise ValueError(
             "cadence.init(): no store given and MASTER_ADDR/MASTER_PORT are not set "
-            "(launch with torchrun, or pass store=, rank=, world_size=)"
+            "(launch with torchrun, or set them, or pass store=, rank=, world_size=)"
         )
-    # Under torchrun's static rendezvous the agent already serves the store.
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    return dist.TCPStore(
-        addr,
-        int(port),
-        world_size,
-        is_master=(rank == 0 and not agent_store),
-        timeout=timedelta(seconds=timeout),
-        wait_for_workers=False,
-    )
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise ValueError(f"cadence.init(): MASTER_PORT={port!r} is not a port number") from None
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        return dist.TCPStore(addr, port_n, world_size, is_master=False,
+                             timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    from cadence._core import Store
+
+    return Store(addr, port_n, is_server=(rank == 0), timeout=timeout)
 
 
 def env_int(name: str) -> int:

@@ -2,6 +2,7 @@
 
 use crate::communicator::PyComm;
 use crate::errors::to_py_err;
+use crate::store::{PyObjectStore, PyStore};
 use cadence_core::comm::{Bootstrap as CoreBootstrap, PeerInfo};
 use cadence_core::{Config, JobSecret};
 use pyo3::exceptions::PyValueError;
@@ -69,6 +70,26 @@ impl Bootstrap {
             .as_ref()
             .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
         Ok(serde_json::to_string(&b.info).expect("serializable"))
+    }
+
+    /// Joins through `store` (a `cadence.Store`, or any object with torch
+    /// Store's `set`/`get`) under the keys `prefix/...`: two store
+    /// operations, the peer table completed among the ranks, then the links.
+    fn join(&mut self, py: Python<'_>, store: &Bound<'_, PyAny>, prefix: &str) -> PyResult<PyComm> {
+        let b = self
+            .inner
+            .take()
+            .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
+        let prefix = prefix.to_string();
+        let comm = if let Ok(s) = store.downcast::<PyStore>() {
+            let client = s.get().client.clone();
+            py.allow_threads(move || b.join(client.as_ref(), &prefix))
+        } else {
+            let adapter = PyObjectStore(store.clone().unbind());
+            py.allow_threads(move || b.join(&adapter, &prefix))
+        }
+        .map_err(|e| to_py_err(py, e))?;
+        Ok(PyComm::new(comm))
     }
 
     /// Connects to every peer; `infos[r]` is rank r's `info()`.

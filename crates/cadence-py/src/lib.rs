@@ -8,6 +8,7 @@ mod communicator;
 mod errors;
 mod names;
 mod sim;
+mod store;
 mod topo;
 mod work;
 
@@ -19,6 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<communicator::PyComm>()?;
     m.add_class::<work::Work>()?;
     m.add_class::<bootstrap::Bootstrap>()?;
+    m.add_class::<store::PyStore>()?;
     m.add_function(wrap_pyfunction!(names::algorithms, m)?)?;
     m.add_function(wrap_pyfunction!(topo::topo_ring, m)?)?;
     m.add_function(wrap_pyfunction!(topo::topo_rates, m)?)?;

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dumpdir", metavar="DUMPDIR", nargs="?",
                    help="directory the ranks dumped into (cadence-<comm>-rank<r>.json files)")
     p.add_argument("--store", metavar="HOST:PORT",
-                   help="ask a running job instead: the job's TCPStore (MASTER_ADDR:MASTER_PORT)")
+                   help="ask a running job instead: the job's Store (MASTER_ADDR:MASTER_PORT)")
     p.add_argument("--cluster", metavar="NAME",
                    help="ask a job started by `cadence cluster run` on emulated cluster NAME "
                    "(its store: host 0's address, --master-port; root)")
@@ -165,19 +165,29 @@ def _ask_store(args: argparse.Namespace) -> int:
     import os
     import socket
 
+    from cadence._core import Store
+
     try:  # a plain connect first: a clear error at once, not torch's retries
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as e:
         print(f"cadence doctor: cannot reach the store at {args.store}: "
               f"{e.strerror or e}", file=sys.stderr)
         return 2
-    # torch's C++ side would print its own multi-line report of a failure.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    timeout = max(5.0, args.gather + 5)
     try:
-        import torch.distributed as dist
+        # cadence's own store (what `cadence.init()` serves), else a torch
+        # TCPStore (torchrun's agent, or one the application made).
+        try:
+            # Briefly: a torch TCPStore never answers the greeting.
+            store = Store(host, int(port), timeout=2.0)
+            store.set_timeout(timeout)
+        except RuntimeError:  # it answered, in another protocol
+            # torch's C++ side would print its own multi-line report of a failure.
+            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+            import torch.distributed as dist
 
-        store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
-                              timeout=timedelta(seconds=max(5.0, args.gather + 5)))
+            store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                                  timeout=timedelta(seconds=timeout))
         verdict = live.ask(store, args.prefix, args.gather, args.hang_after)
     except (LookupError, RuntimeError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

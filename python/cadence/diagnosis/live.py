@@ -24,12 +24,13 @@ A round of diagnosis:
    (stderr unless the application configured logging), and keeps it on the
    communicator: a `CommError` raised later carries it as `e.diagnosis`.
 
-The Store is the job's own (torchrun's agent store, or the TCPStore rank 0
-serves): summaries never travel on the data path. A TCPStore gets a client
-connection of its own here, with a short timeout, so a watchdog never holds
-up the application's use of the Store. When the Store lives in a process that
-is itself frozen (a TCPStore served by a stopped rank 0), no round can
-complete; the post-mortem `cadence doctor` still works from the dumps.
+The Store is the job's own (cadence's, which rank 0 serves; torchrun's agent
+store; or one the application passed): summaries never travel on the data
+path. A cadence Store or TCPStore gets a client connection of its own here,
+with a short timeout, so a watchdog never holds up the application's use of
+the Store. When the Store lives in a process that is itself frozen (served by
+a stopped rank 0), no round can complete; the post-mortem `cadence doctor`
+still works from the dumps.
 
 `CADENCE_DIAG_AFTER=0` (or `off`) turns the watchdog off.
 """
@@ -209,9 +210,13 @@ def _store_client(store):
     shortens the timeout of its requests."""
     from datetime import timedelta
 
+    from cadence._core import Store
+
+    if isinstance(store, Store):
+        return store.client(5.0)
     try:
         import torch.distributed as dist
-    except ImportError:  # pragma: no cover - the Store is a torch object
+    except ImportError:  # no torch: no torch Store either
         return store
     if isinstance(store, dist.TCPStore):
         client = dist.TCPStore(store.host, store.port, is_master=False,

@@ -5,7 +5,7 @@
 //! belongs to the communicator.
 
 use super::gather::{self, GatherCtx};
-use super::peer_info::paths_between;
+use super::links::{connect_streams, tcp_link, LinkCtx, Unreachable};
 use super::{Comm, OpRequest, PeerInfo};
 use crate::config::{Config, DebugLevel};
 use crate::engine::Engine;
@@ -13,19 +13,12 @@ use crate::error::{CommError, ErrorKind, Result};
 use crate::rendezvous::Store;
 use crate::transport::handshake::JobSecret;
 use crate::transport::shm::{open_peer_inbox, Inbox, ShmLink};
-use crate::transport::tcp::TcpLink;
-use crate::transport::tcp_setup::{accept_all, connect};
+use crate::transport::tcp_setup::accept_all;
 use crate::transport::Link;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-/// How long one stream may try to connect on one path, when a peer has
-/// several, before the path counts as unreachable and the stream goes on
-/// another (at start-up; the listener may still be coming up, so a refused
-/// connection is tried again until then).
-const PATH_CONNECT: Duration = Duration::from_secs(10);
 
 /// When ranks loaded different files of one kind (their `path#hash` from
 /// `field`; different paths with the same text are fine), what to tell the
@@ -210,6 +203,8 @@ impl Bootstrap {
             deadline: Instant::now() + self.cfg.timeout,
             log: (self.cfg.debug >= DebugLevel::Info)
                 .then(|| format!("cadence rank {}", self.rank)),
+            warn_as: (self.cfg.debug >= DebugLevel::Warn)
+                .then(|| format!("cadence rank {}", self.rank)),
         };
         let fail = |m: String| {
             let mut e = CommError::setup(m);
@@ -298,17 +293,21 @@ impl Bootstrap {
         };
 
         // TCP with other hosts: the higher rank connects, the lower accepts.
-        // Each path (NIC k to the peer's NIC k) gets `nstreams` streams,
-        // interleaved: stream s runs on path s % paths, so the stripes of a
-        // large message are spread evenly over the NICs.
-        let nstreams = self.cfg.nstreams;
-        let streams_to = |p: usize| nstreams * paths_between(&infos[rank], &infos[p]);
-        let my_ips: Vec<IpAddr> = self
-            .listeners
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.ip()))
-            .collect::<std::io::Result<_>>()
-            .map_err(|e| fail(format!("listener: {e}")))?;
+        let ctx = LinkCtx {
+            comm_id: self.comm_id.clone(),
+            rank,
+            secret: self.secret.clone(),
+            infos: infos.clone().into(),
+            my_ips: self
+                .listeners
+                .iter()
+                .map(|l| l.local_addr().map(|a| a.ip()))
+                .collect::<std::io::Result<_>>()
+                .map_err(|e| fail(format!("listener: {e}")))?,
+            nstreams: self.cfg.nstreams,
+            path_timeout: self.cfg.path_timeout,
+            debug: self.cfg.debug,
+        };
         let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
         let debug = self.cfg.debug;
         let mut warn = |m: String| match &mut sink {
@@ -316,87 +315,15 @@ impl Bootstrap {
             None if debug >= DebugLevel::Warn => stderr_line!("cadence rank {rank}: WARN {m}"),
             None => {}
         };
-        // Paths that did not connect, per peer: (path, why). Their streams
-        // run on a path that did, and the link starts with them down.
-        let mut unreachable: HashMap<usize, Vec<(usize, String)>> = HashMap::new();
+        let mut unreachable: HashMap<usize, Unreachable> = HashMap::new();
         for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
-            let npaths = paths_between(&infos[rank], &infos[peer]);
-            let peer_addrs = infos[peer].nic_addrs();
-            let addr_of = |path: usize| -> Result<SocketAddr> {
-                peer_addrs[path].parse().map_err(|_| {
-                    blaming(
-                        format!("rank {peer} published a bad address {:?}", peer_addrs[path]),
-                        Some(peer),
-                    )
-                })
-            };
-            let failed = unreachable.entry(peer).or_default();
-            let mut v = Vec::new();
-            for s in 0..streams_to(peer) {
-                // Its own path first, then (with several) the others, each
-                // tried once per peer: a path that does not connect within
-                // PATH_CONNECT is skipped for the rest of the peer's streams.
-                let mut sock = None;
-                for path in (0..npaths).map(|k| (s + k) % npaths) {
-                    if failed.iter().any(|(p, _)| *p == path) {
-                        continue;
-                    }
-                    let addr = addr_of(path)?;
-                    // From this rank's NIC of the same rail (with one NIC,
-                    // the kernel's choice, as before).
-                    let from = (npaths > 1).then(|| my_ips[path]);
-                    let until = if npaths > 1 {
-                        deadline.min(Instant::now() + PATH_CONNECT)
-                    } else {
-                        deadline
-                    };
-                    let via = from.map(|ip| format!(" from {ip}")).unwrap_or_default();
-                    match connect(
-                        addr,
-                        from,
-                        &self.secret,
-                        &self.comm_id,
-                        rank,
-                        s,
-                        peer,
-                        until,
-                    ) {
-                        Ok(c) => {
-                            sock = Some(c);
-                            break;
-                        }
-                        Err(e) if npaths > 1 => {
-                            warn(format!(
-                                "the path{via} to rank {peer} at {addr} does not connect ({e}); \
-                                 its streams use the other paths, and it stays down"
-                            ));
-                            failed.push((path, format!("did not connect at start-up: {e}")));
-                        }
-                        Err(e) => {
-                            return Err(blaming(
-                                format!("connecting to rank {peer} at {addr}{via}: {e}"),
-                                Some(peer),
-                            ))
-                        }
-                    }
-                }
-                let Some(sock) = sock else {
-                    let tried: Vec<String> = failed
-                        .iter()
-                        .map(|(p, why)| format!("{} ({why})", peer_addrs[*p]))
-                        .collect();
-                    return Err(blaming(
-                        format!("no path to rank {peer} connects: {}", tried.join("; ")),
-                        Some(peer),
-                    ));
-                };
-                v.push(Some(sock));
-            }
-            streams.insert(peer, v);
+            let (v, failed) = connect_streams(&ctx, peer, deadline, &mut warn)?;
+            unreachable.insert(peer, failed);
+            streams.insert(peer, v.into_iter().map(Some).collect());
         }
         let expected: Vec<(usize, usize)> = ((rank + 1)..n)
             .filter(|p| infos[*p].host != *my_host)
-            .flat_map(|p| (0..streams_to(p)).map(move |s| (p, s)))
+            .flat_map(|p| (0..ctx.streams_to(p)).map(move |s| (p, s)))
             .collect();
         for ((peer, s), sock) in accept_all(
             &self.listeners,
@@ -411,7 +338,8 @@ impl Bootstrap {
         {
             streams
                 .entry(peer)
-                .or_insert_with(|| (0..streams_to(peer)).map(|_| None).collect())[s] = Some(sock);
+                .or_insert_with(|| (0..ctx.streams_to(peer)).map(|_| None).collect())[s] =
+                Some(sock);
         }
         drop(self.listeners);
         for (peer, v) in streams {
@@ -419,44 +347,8 @@ impl Bootstrap {
                 .into_iter()
                 .map(|s| s.expect("all streams connected"))
                 .collect();
-            let npaths = paths_between(&infos[rank], &infos[peer]);
-            let mut link =
-                TcpLink::new(peer, socks, npaths).map_err(|e| fail(format!("rank {peer}: {e}")))?;
-            let peer_addrs = infos[peer].nic_addrs();
-            let names = (0..npaths)
-                .map(|p| {
-                    let ip = |a: &str| a.rsplit_once(':').map_or(a, |(h, _)| h).to_string();
-                    let mine = my_ips.get(p).map_or_else(|| "?".into(), |a| a.to_string());
-                    format!("{mine} -> {}", ip(peer_addrs[p]))
-                })
-                .collect();
-            let log_as =
-                (self.cfg.debug >= DebugLevel::Warn).then(|| format!("cadence rank {rank}"));
-            link.set_failover(self.cfg.path_timeout, &infos[peer].host, names, log_as);
-            if npaths > 1 {
-                // Each stream's path is its local NIC: a stream whose own
-                // path did not connect runs on another (see above), on
-                // either side of the link.
-                let path_of: Vec<usize> = link
-                    .local_ips()
-                    .iter()
-                    .enumerate()
-                    .map(|(s, ip)| {
-                        ip.and_then(|ip| my_ips.iter().position(|m| *m == ip))
-                            .filter(|&p| p < npaths)
-                            .unwrap_or(s % npaths)
-                    })
-                    .collect();
-                let why = unreachable.remove(&peer).unwrap_or_default();
-                for p in link.place_streams(path_of, &why) {
-                    if !why.iter().any(|(q, _)| *q == p) {
-                        warn(format!(
-                            "path {p} to rank {peer} carries no stream (the peer could not \
-                             connect on it); it stays down"
-                        ));
-                    }
-                }
-            }
+            let why = unreachable.remove(&peer).unwrap_or_default();
+            let link = tcp_link(&ctx, peer, socks, &why, &mut warn)?;
             links[peer] = Some(Link::Tcp(link));
         }
 

@@ -40,6 +40,8 @@ pub struct GatherCtx<'a> {
     pub deadline: Instant,
     /// Prefix of INFO lines about waits (None: quiet).
     pub log: Option<String>,
+    /// Prefix of WARN lines (dropped strangers; None: quiet).
+    pub warn_as: Option<String>,
 }
 
 impl GatherCtx<'_> {
@@ -109,6 +111,40 @@ pub fn allgather(
     if n == 1 {
         return Ok(vec![own.clone()]);
     }
+    let steps = usize::BITS as usize - (n - 1).leading_zeros() as usize;
+    let from = |k: usize| (r + n - (1 << k) % n) % n;
+    let expected: Vec<(usize, usize)> = (0..steps).map(|k| (from(k), GATHER_STREAM + k)).collect();
+
+    // Connections from the peers this rank receives from arrive in their
+    // own time, on a thread of their own (from now: strangers who read the
+    // address in the store are judged, and named, while this rank waits).
+    let (tx, rx) = mpsc::channel::<(usize, TcpStream)>();
+    let (cid, secret, deadline) = (ctx.comm_id.to_string(), ctx.secret.clone(), ctx.deadline);
+    let warn_as = ctx.warn_as.clone();
+    let exp = expected.clone();
+    let acceptor = std::thread::Builder::new()
+        .name("cadence-gather".into())
+        .stack_size(256 << 10)
+        .spawn(move || {
+            let mut warn = |m: String| {
+                if let Some(p) = &warn_as {
+                    stderr_line!("{p}: WARN {m}");
+                }
+            };
+            accept_each(
+                &[listener],
+                &secret,
+                &cid,
+                r,
+                &exp,
+                deadline,
+                &mut warn,
+                &mut |(_, s), sock| {
+                    let _ = tx.send((s - GATHER_STREAM, sock));
+                },
+            )
+        })
+        .map_err(|e| ctx.fail(format!("cannot start the exchange: {e}"), None))?;
     let raw = store_wait(ctx, store, &gather_key(prefix, (r + 1) % n), (r + 1) % n)?;
     let mut target: SocketAddr = std::str::from_utf8(&raw)
         .ok()
@@ -119,34 +155,6 @@ pub fn allgather(
                 Some((r + 1) % n),
             )
         })?;
-    let steps = usize::BITS as usize - (n - 1).leading_zeros() as usize;
-    let from = |k: usize| (r + n - (1 << k) % n) % n;
-    let expected: Vec<(usize, usize)> = (0..steps).map(|k| (from(k), GATHER_STREAM + k)).collect();
-
-    // Connections from the peers this rank receives from arrive in their
-    // own time, on a thread of their own.
-    let (tx, rx) = mpsc::channel::<(usize, TcpStream)>();
-    let (cid, secret, deadline) = (ctx.comm_id.to_string(), ctx.secret.clone(), ctx.deadline);
-    let exp = expected.clone();
-    let acceptor = std::thread::Builder::new()
-        .name("cadence-gather".into())
-        .stack_size(256 << 10)
-        .spawn(move || {
-            let mut quiet = |_m: String| {};
-            accept_each(
-                &[listener],
-                &secret,
-                &cid,
-                r,
-                &exp,
-                deadline,
-                &mut quiet,
-                &mut |(_, s), sock| {
-                    let _ = tx.send((s - GATHER_STREAM, sock));
-                },
-            )
-        })
-        .map_err(|e| ctx.fail(format!("cannot start the exchange: {e}"), None))?;
 
     // Records of ranks r-len+1..=r, oldest first, encoded.
     let mut known: Vec<u8> = Vec::new();

@@ -29,6 +29,7 @@ mod execute;
 mod failure;
 mod gather;
 pub mod limits;
+mod links;
 pub mod order;
 mod p2p;
 mod path_keeper;

@@ -90,7 +90,10 @@ impl StoreClient {
             )
             .and_then(|mut s| {
                 s.set_nodelay(true)?;
-                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                // Something that is not a store may never answer.
+                s.set_read_timeout(Some(
+                    left.clamp(Duration::from_millis(100), Duration::from_secs(10)),
+                ))?;
                 s.write_all(GREETING)?;
                 let mut g = [0u8; GREETING.len()];
                 s.read_exact(&mut g)?;
@@ -107,6 +110,20 @@ impl StoreClient {
                 Ok(s) => return Ok(s),
                 Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                     return Err(StoreError::Protocol(format!("{}: {e}", self.name)))
+                }
+                // Connected, but closed without a greeting (a store never
+                // does), or none came in time.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof
+                        || (matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) && Instant::now() >= deadline) =>
+                {
+                    return Err(StoreError::Protocol(format!(
+                        "{}: it does not speak the cadence store protocol ({e})",
+                        self.name
+                    )))
                 }
                 Err(e) => {
                     if Instant::now() >= deadline {
