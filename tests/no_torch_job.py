@@ -17,9 +17,8 @@ WORLD = 5
 
 
 def rank_main() -> None:
-    import numpy as np
-
     import cadence
+    import numpy as np
 
     comm = cadence.init(timeout=60)
     assert "torch" not in sys.modules, "cadence imported torch"

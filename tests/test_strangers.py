@@ -153,9 +153,10 @@ def test_strangers_are_refused_without_delaying_set_up(tmp_path):
 
         def wrong_secret():
             nc = os.urandom(32)
-            refused["wrong"] = _answer(addr, _hello(comm_id, 2, GATHER, 0, nc), lambda ns: struct.pack(
-                "<2I32s", MAGIC, PROOF,
-                _client_tag(os.urandom(32), comm_id, 2, GATHER, 0, nc, ns)))
+            refused["wrong"] = _answer(
+                addr, _hello(comm_id, 2, GATHER, 0, nc), lambda ns: struct.pack(
+                    "<2I32s", MAGIC, PROOF,
+                    _client_tag(os.urandom(32), comm_id, 2, GATHER, 0, nc, ns)))
 
         def replay():
             # Record what a legitimate client answers to one challenge, and

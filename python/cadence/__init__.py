@@ -1,7 +1,7 @@
 """cadence — a collective communication library for distributed training.
 
     import cadence
-    comm = cadence.init()            # MASTER_ADDR/PORT, RANK, WORLD_SIZE (or init(store=, rank=, world_size=))
+    comm = cadence.init()            # MASTER_ADDR/PORT, RANK, WORLD_SIZE set (or store=, ...)
     comm.allreduce(x)                # numpy array or CPU torch tensor, in place
     w = comm.allgather(x, async_op=True); y = w.wait()
 
