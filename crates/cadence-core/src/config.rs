@@ -39,12 +39,25 @@ fn parse_streamed(v: &str) -> Result<Streamed, String> {
     Ok(out)
 }
 
+/// When TCP links to other hosts are made (`CADENCE_CONNECT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectMode {
+    /// On first use: a rank holds links to the peers it talks to.
+    Lazy,
+    /// Every link at set-up (the full mesh).
+    Eager,
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub timeout: Duration,
     pub algo: AlgoOverride,
     pub shm: ShmConfig,
     pub nstreams: usize,
+    /// When TCP links are made (`CADENCE_CONNECT`): on first use (`lazy`,
+    /// the default) or every one at set-up (`eager`: the full mesh, every
+    /// link proven before the first operation).
+    pub connect: ConnectMode,
     pub flight_recorder: usize,
     /// Messages kept in the flight recorder's message ring
     /// (`CADENCE_RECORD_MESSAGES`; 0: no per-message records).
@@ -147,6 +160,7 @@ impl Default for Config {
             algo: AlgoOverride::default(),
             shm: ShmConfig::default(),
             nstreams: 2,
+            connect: ConnectMode::Lazy,
             flight_recorder: 1024,
             record_messages: 4096,
             dump_dir: None,
@@ -255,6 +269,13 @@ impl Config {
         }
         if let Some(v) = get("CADENCE_NSTREAMS") {
             c.nstreams = num::<usize>("CADENCE_NSTREAMS", &v)?.clamp(1, 64);
+        }
+        if let Some(v) = get("CADENCE_CONNECT") {
+            c.connect = match v.trim().to_ascii_lowercase().as_str() {
+                "lazy" | "" => ConnectMode::Lazy,
+                "eager" => ConnectMode::Eager,
+                _ => return Err(format!("CADENCE_CONNECT={v:?}: use lazy or eager")),
+            };
         }
         if let Some(v) = get("CADENCE_FLIGHT_RECORDER") {
             c.flight_recorder = num::<usize>("CADENCE_FLIGHT_RECORDER", &v)?.max(1);

@@ -3,6 +3,7 @@
 //! failure here points at the core.
 
 use cadence_core::comm::{Bootstrap, Comm, OpRequest, PeerInfo};
+use cadence_core::config::ConnectMode;
 use cadence_core::rendezvous::MemoryStore;
 use cadence_core::JobSecret;
 use cadence_core::{CollKind, Config, DType, ErrorKind, RedOp};
@@ -161,29 +162,47 @@ fn an_absent_peer_times_out_with_its_name() {
 /// memory (rank 1 never creates its inbox).
 #[test]
 fn set_up_failures_name_the_peer_that_never_came() {
-    let id = format!("s{}x{}", std::process::id(), rand_tag());
+    let ip = "127.0.0.1".parse().unwrap();
+    let secret = JobSecret::random().unwrap();
+    // TCP: three hosts; rank 2 publishes its info and stops there. Eager,
+    // rank 0 and 1 wait for its streams; lazy, the set-up's barrier needs a
+    // link to it, which it never completes.
+    for connect in [ConnectMode::Eager, ConnectMode::Lazy] {
+        let id = format!("s{}x{}", std::process::id(), rand_tag());
+        let cfg = || Config {
+            timeout: Duration::from_millis(800),
+            connect,
+            ..Config::default()
+        };
+        let bs: Vec<_> = (0..3)
+            .map(|r| {
+                Bootstrap::new(&id, r, 3, &format!("h{r}"), ip, cfg(), secret.clone()).unwrap()
+            })
+            .collect();
+        let infos: Vec<PeerInfo> = bs.iter().map(|b| b.info.clone()).collect();
+        let mut bs = bs.into_iter();
+        let (b0, b1, _silent) = (bs.next().unwrap(), bs.next().unwrap(), bs.next().unwrap());
+        let i1 = infos.clone();
+        let t1 = std::thread::spawn(move || b1.connect(i1).err());
+        let e0 = b0.connect(infos).err().expect("rank 0's set-up must fail");
+        let e1 = t1.join().unwrap().expect("rank 1's set-up must fail");
+        for e in [&e0, &e1] {
+            assert!(
+                matches!(e.kind, ErrorKind::Setup { .. }),
+                "{connect:?}: {e}"
+            );
+            assert_eq!(e.culprit(), Some(2), "{connect:?}: {e}");
+            let named = match connect {
+                ConnectMode::Eager => "rank 2 stream 0",
+                ConnectMode::Lazy => "connecting to rank 2",
+            };
+            assert!(e.to_string().contains(named), "{e}");
+        }
+    }
     let cfg = || Config {
         timeout: Duration::from_millis(800),
         ..Config::default()
     };
-    let ip = "127.0.0.1".parse().unwrap();
-    let secret = JobSecret::random().unwrap();
-    // TCP: three hosts; rank 2 publishes its info and stops there.
-    let bs: Vec<_> = (0..3)
-        .map(|r| Bootstrap::new(&id, r, 3, &format!("h{r}"), ip, cfg(), secret.clone()).unwrap())
-        .collect();
-    let infos: Vec<PeerInfo> = bs.iter().map(|b| b.info.clone()).collect();
-    let mut bs = bs.into_iter();
-    let (b0, b1, _silent) = (bs.next().unwrap(), bs.next().unwrap(), bs.next().unwrap());
-    let i1 = infos.clone();
-    let t1 = std::thread::spawn(move || b1.connect(i1).err());
-    let e0 = b0.connect(infos).err().expect("rank 0's set-up must fail");
-    let e1 = t1.join().unwrap().expect("rank 1's set-up must fail");
-    for e in [&e0, &e1] {
-        assert!(matches!(e.kind, ErrorKind::Setup { .. }), "{e}");
-        assert_eq!(e.culprit(), Some(2), "{e}");
-        assert!(e.to_string().contains("rank 2 stream 0"), "{e}");
-    }
 
     // Shared memory: rank 1 never opens its inbox.
     let id = format!("m{}x{}", std::process::id(), rand_tag());

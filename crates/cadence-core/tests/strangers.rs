@@ -149,6 +149,10 @@ fn strangers_are_refused_without_delaying_set_up() {
     let cfg = Config {
         timeout: Duration::from_secs(20),
         calibrate: false,
+        // Every link at set-up, where the late rank holds it up; links made
+        // on first use are accepted by the same code (`accept_each`), for
+        // the communicator's life.
+        connect: cadence_core::config::ConnectMode::Eager,
         ..Config::default()
     };
     let n = 3;

@@ -5,9 +5,10 @@
 //! belongs to the communicator.
 
 use super::gather::{self, GatherCtx};
+use super::lazy::LazyLinks;
 use super::links::{connect_streams, tcp_link, LinkCtx, Unreachable};
 use super::{Comm, OpRequest, PeerInfo};
-use crate::config::{Config, DebugLevel};
+use crate::config::{Config, ConnectMode, DebugLevel};
 use crate::engine::Engine;
 use crate::error::{CommError, ErrorKind, Result};
 use crate::rendezvous::Store;
@@ -292,7 +293,8 @@ impl Bootstrap {
             None
         };
 
-        // TCP with other hosts: the higher rank connects, the lower accepts.
+        // TCP with other hosts: every link now (eager: the higher rank
+        // connects, the lower accepts), or each on first use.
         let ctx = LinkCtx {
             comm_id: self.comm_id.clone(),
             rank,
@@ -308,51 +310,61 @@ impl Bootstrap {
             path_timeout: self.cfg.path_timeout,
             debug: self.cfg.debug,
         };
-        let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
         let debug = self.cfg.debug;
         let mut warn = |m: String| match &mut sink {
             Some(f) => f(m),
             None if debug >= DebugLevel::Warn => stderr_line!("cadence rank {rank}: WARN {m}"),
             None => {}
         };
-        let mut unreachable: HashMap<usize, Unreachable> = HashMap::new();
-        for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
-            let (v, failed) = connect_streams(&ctx, peer, deadline, &mut warn)?;
-            unreachable.insert(peer, failed);
-            streams.insert(peer, v.into_iter().map(Some).collect());
-        }
-        let expected: Vec<(usize, usize)> = ((rank + 1)..n)
-            .filter(|p| infos[*p].host != *my_host)
-            .flat_map(|p| (0..ctx.streams_to(p)).map(move |s| (p, s)))
-            .collect();
-        for ((peer, s), sock) in accept_all(
-            &self.listeners,
-            &self.secret,
-            &self.comm_id,
-            rank,
-            &expected,
-            deadline,
-            &mut warn,
-        )
-        .map_err(|e| blaming(e.detail, e.culprit))?
-        {
-            streams
-                .entry(peer)
-                .or_insert_with(|| (0..ctx.streams_to(peer)).map(|_| None).collect())[s] =
-                Some(sock);
-        }
-        drop(self.listeners);
-        for (peer, v) in streams {
-            let socks: Vec<_> = v
-                .into_iter()
-                .map(|s| s.expect("all streams connected"))
+        let remote: Vec<usize> = (0..n).filter(|p| infos[*p].host != *my_host).collect();
+        let mut maker = None;
+        if self.cfg.connect == ConnectMode::Eager {
+            let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
+            let mut unreachable: HashMap<usize, Unreachable> = HashMap::new();
+            for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
+                let (v, failed) = connect_streams(&ctx, peer, deadline, &mut warn)?;
+                unreachable.insert(peer, failed);
+                streams.insert(peer, v.into_iter().map(Some).collect());
+            }
+            let expected: Vec<(usize, usize)> = ((rank + 1)..n)
+                .filter(|p| infos[*p].host != *my_host)
+                .flat_map(|p| (0..ctx.streams_to(p)).map(move |s| (p, s)))
                 .collect();
-            let why = unreachable.remove(&peer).unwrap_or_default();
-            let link = tcp_link(&ctx, peer, socks, &why, &mut warn)?;
-            links[peer] = Some(Link::Tcp(link));
+            for ((peer, s), sock) in accept_all(
+                &self.listeners,
+                &self.secret,
+                &self.comm_id,
+                rank,
+                &expected,
+                deadline,
+                &mut warn,
+            )
+            .map_err(|e| blaming(e.detail, e.culprit))?
+            {
+                streams
+                    .entry(peer)
+                    .or_insert_with(|| (0..ctx.streams_to(peer)).map(|_| None).collect())[s] =
+                    Some(sock);
+            }
+            drop(self.listeners);
+            for (peer, v) in streams {
+                let socks: Vec<_> = v
+                    .into_iter()
+                    .map(|s| s.expect("all streams connected"))
+                    .collect();
+                let why = unreachable.remove(&peer).unwrap_or_default();
+                let link = tcp_link(&ctx, peer, socks, &why, &mut warn)?;
+                links[peer] = Some(Link::Tcp(link));
+            }
+        } else {
+            // Links on first use (`lazy.rs`): the listeners stay open.
+            let lazy = LazyLinks::start(ctx, self.listeners, remote, self.cfg.timeout)
+                .map_err(|e| fail(format!("cannot start accepting links: {e}")))?;
+            maker = Some(Box::new(lazy) as Box<dyn crate::engine::LinkMaker>);
         }
 
         let mut engine = Engine::new(rank, n, links, inbox);
+        engine.maker = maker;
         // Ranks that compete for this machine's cores, whatever host they
         // emulate.
         let my_machine = &infos[rank].machine;

@@ -179,7 +179,13 @@ impl Shared {
             ),
             Err(_) => (None, None),
         };
-        let links: Vec<LinkStats> = self.links.iter().map(|l| l.snapshot()).collect();
+        let links: Vec<LinkStats> = self
+            .links
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| l.snapshot())
+            .collect();
         // Copy what the dump needs under the recorder's lock (the operations
         // take it at start and end), and serialize after letting go:
         // serializing a full ring is slow next to an operation.
@@ -283,6 +289,8 @@ impl Shared {
             .collect();
         let links = self
             .links
+            .lock()
+            .unwrap()
             .iter()
             .map(|l| LinkMetrics {
                 peer_host: self.hosts.get(l.peer).map(String::as_str),

@@ -67,6 +67,25 @@ pub fn connect_streams(
     deadline: Instant,
     warn: &mut dyn FnMut(String),
 ) -> Result<(Vec<TcpStream>, Unreachable)> {
+    connect_streams_deciding(ctx, peer, deadline, warn, false)
+        .map(|made| made.expect("no decision asked"))
+}
+
+/// After its handshake, a stream made on first use reads one byte from the
+/// listener: [`KEEP`], or [`DROP`] when the peer had begun its own link to
+/// this rank and its rank is the higher (`lazy.rs`).
+pub const KEEP: u8 = 1;
+pub const DROP: u8 = 0;
+
+/// [`connect_streams`]; with `decided`, each stream then reads the peer's
+/// decision, and None means the peer keeps its own link instead.
+pub fn connect_streams_deciding(
+    ctx: &LinkCtx,
+    peer: usize,
+    deadline: Instant,
+    warn: &mut dyn FnMut(String),
+    decided: bool,
+) -> Result<Option<(Vec<TcpStream>, Unreachable)>> {
     let npaths = ctx.paths_to(peer);
     let peer_addrs = ctx.infos[peer].nic_addrs();
     let addr_of = |path: usize| -> Result<SocketAddr> {
@@ -108,6 +127,20 @@ pub fn connect_streams(
                 peer,
                 until,
             ) {
+                Ok(c) if decided => match read_decision(&c, deadline) {
+                    Ok(KEEP) => {
+                        sock = Some(c);
+                        break;
+                    }
+                    Ok(_) => return Ok(None),
+                    Err(e) => {
+                        return Err(blame(
+                            ctx,
+                            format!("connecting to rank {peer} at {addr}: {e}"),
+                            Some(peer),
+                        ))
+                    }
+                },
                 Ok(c) => {
                     sock = Some(c);
                     break;
@@ -141,7 +174,17 @@ pub fn connect_streams(
         };
         v.push(sock);
     }
-    Ok((v, failed))
+    Ok(Some((v, failed)))
+}
+
+fn read_decision(mut s: &TcpStream, deadline: Instant) -> std::io::Result<u8> {
+    use std::io::Read;
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b)?;
+    s.set_read_timeout(None)?;
+    Ok(b[0])
 }
 
 /// The link to `peer` over its connected streams (in stream order), with

@@ -28,6 +28,7 @@ mod dump;
 mod execute;
 mod failure;
 mod gather;
+mod lazy;
 pub mod limits;
 mod links;
 pub mod order;
@@ -89,6 +90,11 @@ impl Comm {
     /// This rank's wall clock against rank 0's, measured at start-up.
     pub fn clock_offset(&self) -> ClockOffset {
         self.shared.clock
+    }
+    /// How many links this rank holds now (shared memory and TCP): with
+    /// links made on first use, those its operations needed so far.
+    pub fn links_open(&self) -> usize {
+        self.shared.links.lock().unwrap().len()
     }
     pub fn rank(&self) -> usize {
         self.shared.rank

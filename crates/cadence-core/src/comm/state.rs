@@ -61,7 +61,7 @@ pub(super) struct Shared {
     pub(super) recorder: Mutex<Recorder>,
     /// Every link's counters (shared with the engine's links), readable
     /// while an operation runs.
-    pub(super) links: Vec<Arc<LinkCounters>>,
+    pub(super) links: Arc<Mutex<Vec<Arc<LinkCounters>>>>,
     /// Submitted asynchronous operations not yet finished.
     pub(super) pending: AtomicUsize,
     /// Threads blocked until the progress thread finishes something.

@@ -17,6 +17,7 @@ mod context;
 mod diagnosis;
 mod evidence;
 mod folds;
+mod lazy;
 mod lookahead;
 mod lowered;
 mod memory;
@@ -26,6 +27,7 @@ mod wait;
 
 pub use context::{Cancel, InterruptCheck, OpCtx};
 pub use evidence::{Evidence, Moment};
+pub use lazy::LinkMaker;
 pub use memory::Buffers;
 pub use tuning::{
     INTERRUPT_EVERY, SNAPSHOT_AFTER, SNAPSHOT_EVERY, STAMP_AFTER_IDLE, STAMP_AFTER_IDLE_SHARED,
@@ -35,11 +37,11 @@ pub use wait::{Wait, WaitStats};
 use crate::error::{CommError, ErrorKind};
 use crate::schedule::Algo;
 use crate::transport::shm::Inbox;
-use crate::transport::{AbortNotice, Link, RecvJob, SendJob};
+use crate::transport::{AbortNotice, Link, LinkCounters, RecvJob, SendJob};
 use crate::types::CollKind;
 use evidence::{stamp_moved, Recording};
 use phases::Jobs;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tuning::{MAINTAIN_EVERY, SPIN, YIELD, YIELD_HANDED_MIN};
 
@@ -98,6 +100,12 @@ pub struct Engine {
     pub rank: usize,
     pub nranks: usize,
     pub links: Vec<Option<Link>>,
+    /// Makes links on first use (`CADENCE_CONNECT=lazy`), else None: every
+    /// link exists from the start.
+    pub maker: Option<Box<dyn LinkMaker>>,
+    /// Every link's counters, shared with the communicator's dumps and
+    /// metrics (links made on first use join the list).
+    pub counters: Arc<Mutex<Vec<Arc<LinkCounters>>>>,
     pub inbox: Option<Inbox>,
     scratch: Vec<u8>,
     /// `run_lowered`'s temporary output and input copy, kept for the next
@@ -168,10 +176,13 @@ impl Engine {
         inbox: Option<Inbox>,
     ) -> Engine {
         let multipath = links.iter().flatten().any(Link::multipath);
+        let counters = links.iter().flatten().map(|l| l.stats().clone()).collect();
         Engine {
             rank,
             nranks,
             links,
+            maker: None,
+            counters: Arc::new(Mutex::new(counters)),
             inbox,
             scratch: Vec::new(),
             tmp_out: Vec::new(),
@@ -313,6 +324,7 @@ impl Engine {
     ) -> Result<(bool, bool), ErrorKind> {
         let mut progressed = false;
         let mut pending = false;
+        self.install_ready_links()?;
         self.busy_tx.iter_mut().for_each(|b| *b = false);
         self.busy_rx.iter_mut().for_each(|b| *b = false);
         for (peer, job) in sends.iter_mut() {
@@ -325,7 +337,12 @@ impl Engine {
                 pending = true;
                 continue;
             }
-            let link = self.links[*peer].as_mut().ok_or_else(|| no_link(*peer))?;
+            let Some(link) = self.links[*peer].as_mut() else {
+                self.want_link(*peer)?;
+                self.busy_tx[*peer] = true;
+                pending = true;
+                continue;
+            };
             let moved = link.send_progress(job)?;
             if moved && self.stamping {
                 job.trace.stamp(Instant::now());
@@ -345,7 +362,12 @@ impl Engine {
                 pending = true;
                 continue;
             }
-            let link = self.links[*peer].as_mut().ok_or_else(|| no_link(*peer))?;
+            let Some(link) = self.links[*peer].as_mut() else {
+                self.want_link(*peer)?;
+                self.busy_rx[*peer] = true;
+                pending = true;
+                continue;
+            };
             let moved = link.recv_progress(job)?;
             if moved && self.stamping {
                 job.trace.stamp(Instant::now());
@@ -368,20 +390,12 @@ impl Engine {
     }
 
     /// Every link's counters, shared: readable from any thread while the
-    /// engine runs.
-    pub fn link_counters(&self) -> Vec<Arc<crate::transport::LinkCounters>> {
-        self.links
-            .iter()
-            .flatten()
-            .map(|l| l.stats().clone())
-            .collect()
+    /// engine runs (links made later join the list).
+    pub fn link_counters(&self) -> Arc<Mutex<Vec<Arc<LinkCounters>>>> {
+        self.counters.clone()
     }
 }
 
 fn internal(msg: &str) -> ErrorKind {
     ErrorKind::Internal(format!("schedule/engine invariant: {msg}"))
-}
-
-fn no_link(peer: usize) -> ErrorKind {
-    internal(&format!("no link to rank {peer}"))
 }

@@ -242,6 +242,7 @@ impl Engine {
         self.doorbell_waits.clear();
         self.busy_tx.iter_mut().for_each(|b| *b = false);
         self.busy_rx.iter_mut().for_each(|b| *b = false);
+        let mut connecting = false;
         let heads = sends
             .iter()
             .map(|(p, j)| (*p, true, j.done, j.held, j.started))
@@ -264,7 +265,9 @@ impl Engine {
                 .map(|l| l.wait_on(is_send, started))
             {
                 Some(WaitOn::Poll(fds)) => self.pollfds.extend(fds),
-                Some(WaitOn::Doorbell) | None => self.doorbell_waits.push((peer, is_send)),
+                Some(WaitOn::Doorbell) => self.doorbell_waits.push((peer, is_send)),
+                // Its link is being made: look again soon.
+                None => connecting = true,
             }
         }
         if self.multipath {
@@ -276,6 +279,10 @@ impl Engine {
             }
         }
         let sockets_pending = !self.pollfds.is_empty();
+        if connecting {
+            poll_fds(&mut self.pollfds, NAP_MIXED);
+            return;
+        }
         if self.doorbell_waits.is_empty() {
             poll_fds(&mut self.pollfds, NAP);
             return;

@@ -262,13 +262,15 @@ pub fn accept_all(
         deadline,
         warn,
         &mut |k, s| out.push((k, s)),
+        &|| true,
     )?;
     Ok(out)
 }
 
 /// [`accept_all`], handing each connection to `deliver` as soon as its
 /// handshake completes (the peer-table exchange answers each while later
-/// ones are still to come).
+/// ones are still to come); ends early, without error, once `keep_going`
+/// says no (links made on first use accept for the communicator's life).
 #[allow(clippy::too_many_arguments)]
 pub fn accept_each(
     listeners: &[TcpListener],
@@ -279,6 +281,7 @@ pub fn accept_each(
     deadline: Instant,
     warn: &mut dyn FnMut(String),
     deliver: &mut dyn FnMut(StreamKey, TcpStream),
+    keep_going: &dyn Fn() -> bool,
 ) -> Result<(), SetupFailure> {
     let mut got: Vec<StreamKey> = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
@@ -289,7 +292,7 @@ pub fn accept_each(
             .map_err(|e| SetupFailure::new(format!("listener: {e}")))?;
     }
     let mut buf = [0u8; 512];
-    while got.len() < expected.len() {
+    while got.len() < expected.len() && keep_going() {
         let now = Instant::now();
         if now > deadline {
             let missing: Vec<&StreamKey> = expected.iter().filter(|k| !got.contains(k)).collect();

@@ -1,0 +1,237 @@
+//! Links to other hosts made on first use (`CADENCE_CONNECT=lazy`, the
+//! default): the engine asks for a link when a transfer first needs the
+//! peer (`engine/lazy.rs`); a thread connects its streams while every other
+//! link's traffic moves, and an acceptor thread takes the links peers make
+//! to this rank, for the communicator's life.
+//!
+//! Both ends may start at once. Each side keeps one state per peer, under
+//! one lock with its acceptor: none → connecting (it asked first) or
+//! accepted (the peer's streams came first). After the handshake the
+//! listener answers each stream with one byte: keep, or drop when it is
+//! itself connecting and its rank is the higher. So exactly the higher
+//! rank's link survives a race, on both sides, and a rank whose streams
+//! were dropped waits for the peer's, which its acceptor keeps.
+
+use super::links::{connect_streams_deciding, tcp_link, LinkCtx, DROP, KEEP};
+use crate::engine::LinkMaker;
+use crate::error::ErrorKind;
+use crate::transport::tcp_setup::accept_each;
+use crate::transport::Link;
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PeerState {
+    None,
+    /// This rank asked first: its connecting thread runs.
+    Connecting,
+    /// The peer's streams are being (or were) kept.
+    Accepted,
+}
+
+/// What the engine's thread and the background threads share.
+struct Shared {
+    states: Mutex<Vec<PeerState>>,
+    /// Links (or failures) for the engine to take.
+    ready: Mutex<Vec<(usize, Result<Link, ErrorKind>)>>,
+    any_ready: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn deliver(&self, peer: usize, made: Result<Link, ErrorKind>) {
+        self.ready.lock().unwrap().push((peer, made));
+        self.any_ready.store(true, Ordering::Release);
+    }
+}
+
+pub struct LazyLinks {
+    ctx: Arc<LinkCtx>,
+    shared: Arc<Shared>,
+    /// Peers asked for (by the engine's thread only).
+    asked: Vec<bool>,
+    timeout: Duration,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LazyLinks {
+    /// Starts accepting on `listeners` the links of the peers on other
+    /// hosts (`remote`).
+    pub fn start(
+        ctx: LinkCtx,
+        listeners: Vec<TcpListener>,
+        remote: Vec<usize>,
+        timeout: Duration,
+    ) -> std::io::Result<LazyLinks> {
+        let n = ctx.infos.len();
+        let ctx = Arc::new(ctx);
+        let shared = Arc::new(Shared {
+            states: Mutex::new(vec![PeerState::None; n]),
+            ready: Mutex::new(Vec::new()),
+            any_ready: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let (c, s) = (ctx.clone(), shared.clone());
+        let acceptor = std::thread::Builder::new()
+            .name("cadence-accept".into())
+            .stack_size(512 << 10)
+            .spawn(move || accept_loop(&c, &s, listeners, remote))?;
+        Ok(LazyLinks {
+            ctx,
+            shared,
+            asked: vec![false; n],
+            timeout,
+            acceptor: Some(acceptor),
+        })
+    }
+}
+
+impl Drop for LazyLinks {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+fn warn_line(ctx: &LinkCtx, m: String) {
+    if ctx.debug >= crate::config::DebugLevel::Warn {
+        stderr_line!("cadence rank {}: WARN {m}", ctx.rank);
+    }
+}
+
+fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>, remote: Vec<usize>) {
+    let expected: Vec<(usize, usize)> = remote
+        .iter()
+        .flat_map(|&p| (0..ctx.streams_to(p)).map(move |s| (p, s)))
+        .collect();
+    let mut partial: std::collections::HashMap<usize, Vec<Option<TcpStream>>> =
+        std::collections::HashMap::new();
+    let mut warn = |m: String| warn_line(ctx, m);
+    // Accepts for the communicator's life; each stream is judged as it
+    // completes its handshake.
+    let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
+    let mut deliver = |(peer, s): (usize, usize), sock: TcpStream| {
+        let keep = {
+            let mut st = shared.states.lock().unwrap();
+            let keep = match st[peer] {
+                PeerState::None | PeerState::Accepted => true,
+                PeerState::Connecting => peer > ctx.rank,
+            };
+            if keep {
+                st[peer] = PeerState::Accepted;
+            }
+            keep
+        };
+        let answered = sock
+            .set_nonblocking(false)
+            .and_then(|_| sock.set_write_timeout(Some(Duration::from_secs(5))))
+            .and_then(|_| (&sock).write_all(&[if keep { KEEP } else { DROP }]))
+            .and_then(|_| sock.set_write_timeout(None));
+        if !keep {
+            return;
+        }
+        if let Err(e) = answered {
+            shared.deliver(
+                peer,
+                Err(ErrorKind::PeerClosed {
+                    peer,
+                    detail: format!("its link closed while being made: {e}"),
+                }),
+            );
+            return;
+        }
+        let want = ctx.streams_to(peer);
+        let slots = partial
+            .entry(peer)
+            .or_insert_with(|| (0..want).map(|_| None).collect());
+        slots[s] = Some(sock);
+        if slots.iter().all(Option::is_some) {
+            let socks = partial
+                .remove(&peer)
+                .expect("present")
+                .into_iter()
+                .map(|s| s.expect("all in"))
+                .collect();
+            let mut w = |m: String| warn_line(ctx, m);
+            let made = tcp_link(ctx, peer, socks, &[], &mut w)
+                .map(Link::Tcp)
+                .map_err(|e| e.kind);
+            shared.deliver(peer, made);
+        }
+    };
+    let stop = || !shared.stop.load(Ordering::Relaxed);
+    if let Err(e) = accept_each(
+        &listeners,
+        &ctx.secret,
+        &ctx.comm_id,
+        ctx.rank,
+        &expected,
+        far,
+        &mut warn,
+        &mut deliver,
+        &stop,
+    ) {
+        warn_line(ctx, format!("accepting links stopped: {}", e.detail));
+    }
+}
+
+impl LinkMaker for LazyLinks {
+    fn request(&mut self, peer: usize) {
+        if std::mem::replace(&mut self.asked[peer], true) {
+            return;
+        }
+        {
+            let mut st = self.shared.states.lock().unwrap();
+            if st[peer] != PeerState::None {
+                return;
+            }
+            st[peer] = PeerState::Connecting;
+        }
+        let (ctx, shared, timeout) = (self.ctx.clone(), self.shared.clone(), self.timeout);
+        let spawned = std::thread::Builder::new()
+            .name("cadence-connect".into())
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let mut warn = |m: String| warn_line(&ctx, m);
+                let deadline = Instant::now() + timeout;
+                match connect_streams_deciding(&ctx, peer, deadline, &mut warn, true) {
+                    Ok(Some((socks, unreachable))) => {
+                        let made = tcp_link(&ctx, peer, socks, &unreachable, &mut warn)
+                            .map(Link::Tcp)
+                            .map_err(|e| e.kind);
+                        shared.deliver(peer, made);
+                    }
+                    // The peer keeps its own link: its acceptor delivers it.
+                    Ok(None) => {}
+                    Err(e) => shared.deliver(peer, Err(e.kind)),
+                }
+            });
+        if let Err(e) = spawned {
+            self.shared.deliver(
+                peer,
+                Err(ErrorKind::Setup {
+                    detail: format!("cannot start connecting to rank {peer}: {e}"),
+                    culprit: None,
+                }),
+            );
+        }
+    }
+
+    fn has_ready(&self) -> bool {
+        self.shared.any_ready.load(Ordering::Acquire)
+    }
+
+    fn take_ready(&mut self) -> Vec<(usize, Result<Link, ErrorKind>)> {
+        self.shared.any_ready.store(false, Ordering::Release);
+        let out = std::mem::take(&mut *self.shared.ready.lock().unwrap());
+        for (p, _) in &out {
+            self.asked[*p] = true;
+        }
+        out
+    }
+}
