@@ -208,6 +208,8 @@ run: build
 test: build
 	$(CARGO_ENV) cargo test --workspace $(CARGO_TEST_FLAGS)
 	$(VBIN)/pytest -q --timeout=$(PYTEST_TIMEOUT) tests
+	# The fault tests again with every link made at set-up (the default makes them on first use).
+	CADENCE_CONNECT=eager $(VBIN)/pytest -q --timeout=$(PYTEST_TIMEOUT) tests/test_faults.py
 	$(MAKE) --no-print-directory test-torch-oldest
 	$(MAKE) --no-print-directory test-no-torch
 

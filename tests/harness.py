@@ -66,6 +66,11 @@ def run_ranks(fn, size, *, transport="shm", env=None, args=(), timeout=120.0, op
     procs = []
     for r in range(size):
         e = {"CADENCE_HOST": host_of(r, transport), "OMP_NUM_THREADS": "1"}
+        # `make test` runs the fault tests once more with every link made at
+        # set-up (CADENCE_CONNECT=eager); the ranks' forkserver started with
+        # the environment of the first test, so it is passed on here.
+        if os.environ.get("CADENCE_CONNECT"):
+            e["CADENCE_CONNECT"] = os.environ["CADENCE_CONNECT"]
         e.update(env or {})
         if rank_env:
             e.update(rank_env(r))

@@ -93,7 +93,11 @@ def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None,
     boot = Bootstrap(comm_id, rank, size, host_identity(), local_ip(toward), timeout,
                      secret=secret, job=job)
     # Two more store operations; the ranks complete the peer table themselves.
-    core = boot.join(store, prefix)
+    # Ranks may arrive as far apart as the store lets them (a torch store's
+    # own timeout can exceed the operations' deadline).
+    store_timeout = getattr(store, "timeout", None)
+    store_s = store_timeout.total_seconds() if hasattr(store_timeout, "total_seconds") else 0.0
+    core = boot.join(store, prefix, wait=max(timeout, store_s))
     if _job_id is None:
         _job_id = job
     return Communicator(core, store, prefix, timeout, toward, secret, watching, store_rank)

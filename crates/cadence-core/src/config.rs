@@ -80,8 +80,8 @@ pub struct Config {
     /// file, `none` (hosts by lowest rank), or, unset, a profile of the
     /// network at start-up (`comm/order.rs`).
     pub topo: TopoSource,
-    /// `CADENCE_TOPO_PAIRS_MAX`: most hosts whose every pair a profile
-    /// measures alone (16); beyond, it runs shifted rounds only
+    /// `CADENCE_TOPO_PAIRS_MAX`: most hosts whose every pair the start-up
+    /// profile measures alone (4); beyond, it runs shifted rounds only
     /// (`fabric::probe`).
     pub topo_pairs_max: usize,
     /// `CADENCE_PATH_TIMEOUT`: how long one path of a TCP link (a NIC pair)
@@ -167,7 +167,7 @@ impl Default for Config {
             debug: DebugLevel::Warn,
             tuning: None,
             topo: TopoSource::Profile { cache: None },
-            topo_pairs_max: crate::fabric::probe::PAIRS_MAX,
+            topo_pairs_max: crate::fabric::probe::STARTUP_PAIRS_MAX,
             calibrate: true,
             spin: None,
             yield_for: None,

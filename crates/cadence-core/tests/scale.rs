@@ -249,3 +249,81 @@ fn sweep() {
         report(&run(n, 8));
     }
 }
+
+/// The first message to a peer this rank never talked to pays for making
+/// the link: measured here against the next messages on it, ping-pong
+/// between ranks 0 and 3 of 8 one-rank hosts (the set-up barrier's
+/// dissemination links 0 with 1, 2, 4, 6 and 7, not 3).
+#[test]
+fn the_first_message_to_a_new_peer_costs_about_one_connection() {
+    let n = 8;
+    let id = format!("fm{}", std::process::id());
+    let secret = JobSecret::random().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let cfg = Config {
+        timeout: Duration::from_secs(30),
+        calibrate: false,
+        topo: cadence_core::config::TopoSource::Off,
+        ..Config::default()
+    };
+    // The other ranks wait off the cores meanwhile (not in a collective,
+    // which would spin on this 2-core machine).
+    let pingpong_done = Arc::new(Barrier::new(n));
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let (id, secret, store, cfg) = (id.clone(), secret.clone(), store.clone(), cfg.clone());
+            let pingpong_done = pingpong_done.clone();
+            std::thread::spawn(move || {
+                let b =
+                    Bootstrap::new(&id, r, n, &format!("h{r}"), host_ip(r), cfg, secret).unwrap();
+                let comm = b.join(&store.handle(), "fm").unwrap();
+                let linked = comm.links_open();
+                let mut times = Vec::new();
+                if r == 2 || r == 7 {
+                    let peer = 9 - r;
+                    let mut buf = [0u8; 8];
+                    for _ in 0..20 {
+                        let t = Instant::now();
+                        let kinds = if r == 2 {
+                            [CollKind::Send, CollKind::Recv]
+                        } else {
+                            [CollKind::Recv, CollKind::Send]
+                        };
+                        for k in kinds {
+                            let req = OpRequest::new(k, DType::U8, RedOp::Sum, peer, vec![8]);
+                            if k == CollKind::Send {
+                                let copy = buf;
+                                comm.run(req.input(&copy)).unwrap();
+                            } else {
+                                comm.run(req.output(&mut buf)).unwrap();
+                            }
+                        }
+                        times.push(t.elapsed());
+                    }
+                }
+                pingpong_done.wait();
+                comm.run(OpRequest::barrier()).unwrap();
+                (linked, times)
+            })
+        })
+        .collect();
+    let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let t = &out[2].1;
+    let later = {
+        let mut v: Vec<Duration> = t[1..].to_vec();
+        v.sort();
+        v[v.len() / 2]
+    };
+    println!(
+        "first round trip to a new peer {:?}, later ones (median) {later:?}; rank 2 held {} \
+         links after init",
+        t[0], out[2].0
+    );
+    assert!(
+        out[2].0 < n - 1,
+        "rank 2 is linked to every rank after init"
+    );
+    // A connection of two streams and its handshake on loopback: well under
+    // 50 ms on a loaded 2-core machine.
+    assert!(t[0] < later + Duration::from_millis(50), "{:?}", t[0]);
+}

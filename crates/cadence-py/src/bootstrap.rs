@@ -75,18 +75,32 @@ impl Bootstrap {
     /// Joins through `store` (a `cadence.Store`, or any object with torch
     /// Store's `set`/`get`) under the keys `prefix/...`: two store
     /// operations, the peer table completed among the ranks, then the links.
-    fn join(&mut self, py: Python<'_>, store: &Bound<'_, PyAny>, prefix: &str) -> PyResult<PyComm> {
+    /// `wait` (seconds): how long to wait for the other ranks to join
+    /// (default: the timeout).
+    #[pyo3(signature = (store, prefix, wait=None))]
+    fn join(
+        &mut self,
+        py: Python<'_>,
+        store: &Bound<'_, PyAny>,
+        prefix: &str,
+        wait: Option<f64>,
+    ) -> PyResult<PyComm> {
         let b = self
             .inner
             .take()
             .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
+        let wait = match wait {
+            Some(w) if w > 0.0 && w.is_finite() => Duration::from_secs_f64(w),
+            Some(_) => return Err(PyValueError::new_err("wait must be a positive number")),
+            None => b.config().timeout,
+        };
         let prefix = prefix.to_string();
         let comm = if let Ok(s) = store.downcast::<PyStore>() {
             let client = s.get().client.clone();
-            py.allow_threads(move || b.join(client.as_ref(), &prefix))
+            py.allow_threads(move || b.join_within(client.as_ref(), &prefix, wait))
         } else {
             let adapter = PyObjectStore(store.clone().unbind());
-            py.allow_threads(move || b.join(&adapter, &prefix))
+            py.allow_threads(move || b.join_within(&adapter, &prefix, wait))
         }
         .map_err(|e| to_py_err(py, e))?;
         Ok(PyComm::new(comm))

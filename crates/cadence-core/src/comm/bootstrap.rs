@@ -163,6 +163,11 @@ impl Bootstrap {
         })
     }
 
+    /// The configuration the communicator will run with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     /// Names the job this communicator belongs to (a sub-communicator
     /// takes its parent's), so that `cadence doctor` can tell dumps of one
     /// job from another's. Every rank must give the same.
@@ -189,19 +194,36 @@ impl Bootstrap {
     /// store operations, the peer table completed among the ranks
     /// ([`Bootstrap::exchange`]), then the links ([`Bootstrap::connect`]).
     pub fn join(self, store: &dyn Store, prefix: &str) -> Result<Comm> {
-        let infos = self.exchange(store, prefix)?;
+        let wait = self.cfg.timeout;
+        self.join_within(store, prefix, wait)
+    }
+
+    /// [`Bootstrap::join`], waiting up to `wait` for the other ranks to
+    /// join (a store's own timeout may exceed the operations' deadline).
+    pub fn join_within(self, store: &dyn Store, prefix: &str, wait: Duration) -> Result<Comm> {
+        let infos = self.exchange_within(store, prefix, wait)?;
         self.connect(infos)
     }
 
     /// Every rank's [`PeerInfo`], in rank order, from two store operations
     /// of this rank's own (`comm/gather.rs`).
     pub fn exchange(&self, store: &dyn Store, prefix: &str) -> Result<Vec<PeerInfo>> {
+        self.exchange_within(store, prefix, self.cfg.timeout)
+    }
+
+    /// [`Bootstrap::exchange`], waiting up to `wait` for the other ranks.
+    pub fn exchange_within(
+        &self,
+        store: &dyn Store,
+        prefix: &str,
+        wait: Duration,
+    ) -> Result<Vec<PeerInfo>> {
         let ctx = GatherCtx {
             comm_id: &self.comm_id,
             rank: self.rank,
             nranks: self.nranks,
             secret: &self.secret,
-            deadline: Instant::now() + self.cfg.timeout,
+            deadline: Instant::now() + wait,
             log: (self.cfg.debug >= DebugLevel::Info)
                 .then(|| format!("cadence rank {}", self.rank)),
             warn_as: (self.cfg.debug >= DebugLevel::Warn)

@@ -3,17 +3,21 @@
 //! ranks entered and left an operation).
 //!
 //! Ranks of one host read one clock: their offset is 0 by construction. On
-//! a job across hosts, rank 0 plays [`ROUNDS`] ping-pongs of 8 bytes with the
-//! first rank of every other host over the existing links; the leader
-//! answers with its wall clock, and of the rounds the one with the shortest
-//! round trip gives the estimate `theirs − (sent + received) / 2`, good to
-//! half that round trip (the error bound recorded with it). Rank 0 then
-//! broadcasts every rank's offset (its host leader's). Cost: `ROUNDS + 1`
-//! round trips per other host and one broadcast of 16 bytes per rank, a few
-//! milliseconds on 1 Gbit/s; clocks that drift apart later (hours, without
-//! NTP) are not followed.
+//! a job across hosts, the hosts' first ranks form a binary tree rooted at
+//! rank 0 (hosts in order, rank 0's first): each parent plays [`ROUNDS`]
+//! ping-pongs of 8 bytes with each child; the child answers with its wall
+//! clock, and of the rounds the one with the shortest round trip gives the
+//! estimate `theirs − (sent + received) / 2`, good to half that round trip.
+//! The parent sends the child its offset to rank 0 (the parent's own plus
+//! that estimate) with the error bound (the parent's plus half the round
+//! trip: errors add along the path, ⌈log₂ hosts⌉ hops at most). Each leader
+//! then tells its host's ranks. Cost per rank: at most three links and
+//! 2 · (`ROUNDS` + 1) round trips, whatever the number of hosts (rank 0 once
+//! played them with every host, and held a link to each); a few
+//! milliseconds per tree level on 1 Gbit/s. Clocks that drift apart later
+//! (hours, without NTP) are not followed.
 
-use super::calibrate::{broadcast, recv, send};
+use super::calibrate::{recv, send};
 use super::Comm;
 use crate::error::Result;
 use crate::monitor::unix_ns;
@@ -49,39 +53,76 @@ pub(super) fn measure(comm: &Comm) -> Result<ClockOffset> {
     if topo.nhosts() < 2 {
         return Ok(ClockOffset::SAME_HOST);
     }
-    let (me, n) = (comm.rank(), comm.nranks());
+    let me = comm.rank();
     let home = topo.host_of(0);
-    // (offset, error) per rank, as rank 0 measured them.
-    let mut table = vec![0u8; 16 * n];
-    for h in (0..topo.nhosts()).filter(|&h| h != home) {
-        let leader = topo.ranks_on(h)[0];
-        if me == 0 {
-            let (offset, error) = ping(comm, leader)?;
-            for &r in topo.ranks_on(h) {
-                table[16 * r..16 * r + 8].copy_from_slice(&offset.to_le_bytes());
-                table[16 * r + 8..16 * r + 16].copy_from_slice(&error.to_le_bytes());
-            }
-        } else if me == leader {
-            pong(comm, 0)?;
+    // Hosts in tree order: rank 0's first, then the others in order.
+    let hosts: Vec<usize> = std::iter::once(home)
+        .chain((0..topo.nhosts()).filter(|&h| h != home))
+        .collect();
+    let leader = |i: usize| {
+        if i == 0 {
+            0
+        } else {
+            topo.ranks_on(hosts[i])[0]
         }
-    }
-    comm.run(broadcast(&mut table))?;
-    let word = |i: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&table[i..i + 8]);
-        b
     };
-    if topo.host_of(me) == home {
+    let my_host = topo.host_of(me);
+    let i = hosts
+        .iter()
+        .position(|&h| h == my_host)
+        .expect("every host listed");
+    let mine = if me == leader(i) {
+        // (offset, error) against rank 0: 0 at the root, else the parent's
+        // plus what the parent measured of this leader.
+        let mut at = (0i64, 0u64);
+        if i > 0 {
+            let parent = leader((i - 1) / 2);
+            pong(comm, parent)?;
+            let mut buf = [0u8; 16];
+            comm.run(recv(&mut buf, parent))?;
+            at = (
+                i64::from_le_bytes(buf[..8].try_into().unwrap()),
+                u64::from_le_bytes(buf[8..].try_into().unwrap()),
+            );
+        }
+        for child in [2 * i + 1, 2 * i + 2]
+            .into_iter()
+            .filter(|&c| c < hosts.len())
+        {
+            let (offset, error) = ping(comm, leader(child))?;
+            let mut buf = [0u8; 16];
+            buf[..8].copy_from_slice(&at.0.wrapping_add(offset).to_le_bytes());
+            buf[8..].copy_from_slice(&(at.1 + error).to_le_bytes());
+            comm.run(send(&buf, leader(child)))?;
+        }
+        // The host's other ranks read the same clock.
+        let mut buf = [0u8; 16];
+        buf[..8].copy_from_slice(&at.0.to_le_bytes());
+        buf[8..].copy_from_slice(&at.1.to_le_bytes());
+        for &r in topo.ranks_on(my_host).iter().filter(|&&r| r != me) {
+            comm.run(send(&buf, r))?;
+        }
+        at
+    } else {
+        let mut buf = [0u8; 16];
+        comm.run(recv(&mut buf, leader(i)))?;
+        (
+            i64::from_le_bytes(buf[..8].try_into().unwrap()),
+            u64::from_le_bytes(buf[8..].try_into().unwrap()),
+        )
+    };
+    if my_host == home {
         return Ok(ClockOffset::SAME_HOST);
     }
     Ok(ClockOffset {
-        offset_ns: i64::from_le_bytes(word(16 * me)),
-        error_ns: u64::from_le_bytes(word(16 * me + 8)),
+        offset_ns: mine.0,
+        error_ns: mine.1,
         method: "ping-pong",
     })
 }
 
-/// Rank 0's side: (the peer's clock minus ours, half the best round trip).
+/// The parent's side: (the child's clock minus ours, half the best round
+/// trip).
 fn ping(comm: &Comm, peer: usize) -> Result<(i64, u64)> {
     let mut best: Option<(u64, i64)> = None;
     let mut buf = [0u8; 8];
@@ -103,7 +144,7 @@ fn ping(comm: &Comm, peer: usize) -> Result<(i64, u64)> {
     Ok((offset, rtt / 2))
 }
 
-/// The leader's side of [`ping`]: answers each ping with its clock.
+/// The child's side of [`ping`]: answers each ping with its clock.
 fn pong(comm: &Comm, lead: usize) -> Result<()> {
     let mut buf = [0u8; 8];
     for _ in 0..=ROUNDS {

@@ -236,6 +236,22 @@ fn tail_of(buf: &[u8], count: usize, want: usize) -> &[u8] {
     b
 }
 
+/// What a failed read or write of the exchange says: a timeout is the
+/// peer (or a rank it waits for) not answering within the set-up wait.
+fn io_detail(e: &std::io::Error, peer: usize) -> String {
+    if matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    ) {
+        format!(
+            "rank {peer} did not answer the peer-table exchange before the set-up deadline (it \
+             waits for ranks that have not joined, or is stopped)"
+        )
+    } else {
+        format!("exchanging peer records with rank {peer}: {e}")
+    }
+}
+
 fn to_addr_reply(a: SocketAddr) -> Vec<u8> {
     a.to_string().into_bytes()
 }
@@ -289,12 +305,7 @@ fn send_step(
         .deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
-    let io = |e: std::io::Error| {
-        ctx.fail(
-            format!("exchanging peer records with rank {to}: {e}"),
-            Some(to),
-        )
-    };
+    let io = |e: std::io::Error| ctx.fail(io_detail(&e, to), Some(to));
     s.set_read_timeout(Some(left)).map_err(io)?;
     s.set_write_timeout(Some(left)).map_err(io)?;
     write_block(&mut s, block).map_err(io)?;
@@ -346,12 +357,7 @@ fn recv_step(
         .deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
-    let io = |e: std::io::Error| {
-        ctx.fail(
-            format!("exchanging peer records with rank {from}: {e}"),
-            Some(from),
-        )
-    };
+    let io = |e: std::io::Error| ctx.fail(io_detail(&e, from), Some(from));
     // Accepted non-blocking (by the handshake's poll loop).
     s.set_nonblocking(false).map_err(io)?;
     s.set_read_timeout(Some(left)).map_err(io)?;

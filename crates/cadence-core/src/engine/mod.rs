@@ -383,6 +383,9 @@ impl Engine {
 
     /// Tells every peer this rank failed.
     pub fn broadcast_abort(&mut self, err: &CommError) {
+        // Links that came up and wait to be installed carry it too (a peer
+        // that made one is about to use it).
+        let _ = self.install_ready_links();
         let notice = AbortNotice::from_error(&err.kind, self.rank);
         for l in self.links.iter_mut().flatten() {
             l.send_abort(&notice);

@@ -41,8 +41,13 @@ use super::file::{self, HostRates};
 use super::infer;
 
 /// Hosts up to which a profile measures every pair alone by default: 16
-/// hosts are 240 rounds, about 15 s at 1 Gbit/s.
+/// hosts are 240 rounds, about 15 s at 1 Gbit/s (`cadence topo profile`).
 pub const PAIRS_MAX: usize = 16;
+/// The same bound for the profile a job takes at start-up: every pair of 4
+/// hosts is 12 rounds; past that the shifted rounds (about 2·log2(n) + 4
+/// whatever n) keep set-up short. What they miss (racks dealt out across
+/// the host order) a `cadence topo profile` file gives.
+pub const STARTUP_PAIRS_MAX: usize = 4;
 
 /// A flow: (sending host, receiving host).
 pub type Flow = (usize, usize);

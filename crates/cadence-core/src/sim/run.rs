@@ -232,13 +232,13 @@ fn median(t: &[f64]) -> f64 {
 }
 
 /// What a start-up profile finds on `m`: the library's procedure
-/// (`fabric::probe`, with its default of pairs up to 16 hosts) with each
+/// (`fabric::probe`, with its start-up default of pairs up to 4 hosts) with each
 /// round's rates from the model (max-min fair shares of the NICs and the
 /// groups' uplinks).
 fn as_profile(m: &Model) -> TopoFile {
     let h = m.topo.nhosts();
     let opts = probe::Options {
-        pairs_max: probe::PAIRS_MAX,
+        pairs_max: probe::STARTUP_PAIRS_MAX,
         rings: false,
     };
     let mut run = |flows: &[Flow]| -> Result<Vec<f64>, ()> { Ok(m.host_flow_rates(flows)) };
