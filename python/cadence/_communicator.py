@@ -18,6 +18,8 @@ from cadence._rendezvous import env_int, host_identity, local_ip, store_from_env
 from cadence.diagnosis import live as _live
 
 _init_counter = 0
+# The most NICs a rank listens on that a split passes on (CADENCE_SOCKET_IFNAME).
+_MAX_NICS = 16
 # The job this process's communicators belong to, as their dumps name it
 # (`cadence doctor` refuses to mix jobs): CADENCE_JOB_ID, else the id of the
 # first communicator this process joined (the world, under torchrun).
@@ -333,24 +335,49 @@ class Communicator:
     def split(self, color: int, key: int | None = None) -> Communicator | None:
         """Collective over this communicator: ranks with the same `color` form
         a new communicator, ordered by (`key`, rank). A negative color opts out
-        (returns None)."""
+        (returns None).
+
+        No store round trip: the members learn where each listens from an
+        allgather over this communicator, take the rest from its peer
+        table, and inherit its clock offsets, start-up profile and cost
+        model (comm/split.rs); links are made on first use."""
         key = self.rank if key is None else int(key)
-        mine = np.array([int(color), key], dtype=np.int64)
-        table = self.allgather(mine)
+        table = self.allgather(np.array([int(color), key], dtype=np.int64))
         self._nsplit += 1
-        if color < 0:
-            return None
         members = sorted(
-            (r for r in range(self.size) if table[r, 0] == color),
+            (r for r in range(self.size) if color >= 0 and table[r, 0] == color),
             key=lambda r: (int(table[r, 1]), r),
         )
         prefix = f"{self._prefix}/split{self._nsplit}/c{int(color)}"
-        # Every member derives the same secret; strangers who only watch the
-        # store see no new one.
+        # Every member derives the same secret and id; strangers who only
+        # watch the store see neither.
         secret = hmac.digest(self._secret, prefix.encode(), "sha256")
+        comm_id = hmac.digest(secret, b"communicator id", "sha256").hex()[:16]
+        boot = None
+        if color >= 0:
+            boot = Bootstrap(comm_id, members.index(self.rank), len(members), host_identity(),
+                             local_ip(self._toward), self._timeout, secret=secret,
+                             job=self.job)
+        # Where each member listens (one port per NIC) and its clock offset to
+        # this communicator's rank 0, from everyone (non-members send zeros).
+        row = np.zeros(2 + _MAX_NICS + 1, dtype=np.int64)
+        if boot is not None:
+            ports = boot.ports()
+            row[0] = len(ports)
+            row[1:1 + len(ports)] = ports
+        offset, error, _ = self._c.clock_offset
+        row[-2:] = (offset, error)
+        rows = self.allgather(row)
+        if boot is None:
+            return None
+        ports = [[int(p) for p in rows[m, 1:1 + int(rows[m, 0])]] for m in members]
+        clocks = [(int(rows[m, -2]), int(rows[m, -1])) for m in members]
         served = members.index(self._store_rank) if self._store_rank in members else None
-        return _connect(self._store, prefix, members.index(self.rank), len(members),
-                        self._timeout, self._toward, secret, job=self.job, store_rank=served)
+        watching = _live.prepare(self._store, prefix, members.index(self.rank), len(members),
+                                 self._timeout, served)
+        core = boot.connect_split(self._c, members, ports, clocks)
+        return Communicator(core, self._store, prefix, self._timeout, self._toward, secret,
+                            watching, served)
 
     @property
     def job(self) -> str:

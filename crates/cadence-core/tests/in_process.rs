@@ -572,22 +572,30 @@ fn a_failure_reaches_ranks_never_linked_to_it() {
         topo: cadence_core::config::TopoSource::Off,
         ..Config::default()
     };
-    let out = world_with(8, |r| format!("h{r}"), cfg, |comm| {
-        let links = comm.links_open();
-        let t = std::time::Instant::now();
-        if comm.rank() == 7 {
-            comm.abort("rank 7 gives up");
-            return (links, None, t.elapsed());
-        }
-        let mut v = vec![1.0f32; 1000];
-        let e = allreduce_f32(comm, &mut v).unwrap_err();
-        (links, Some(e), t.elapsed())
-    });
+    let out = world_with(
+        8,
+        |r| format!("h{r}"),
+        cfg,
+        |comm| {
+            let links = comm.links_open();
+            let t = std::time::Instant::now();
+            if comm.rank() == 7 {
+                comm.abort("rank 7 gives up");
+                return (links, None, t.elapsed());
+            }
+            let mut v = vec![1.0f32; 1000];
+            let e = allreduce_f32(comm, &mut v).unwrap_err();
+            (links, Some(e), t.elapsed())
+        },
+    );
     for (r, (links, e, took)) in out.iter().enumerate() {
         let Some(e) = e else { continue };
         assert_eq!(e.culprit(), Some(7), "rank {r}: {e}");
         assert!(e.to_string().contains("rank 7 gives up"), "rank {r}: {e}");
-        assert!(*took < Duration::from_secs(5), "rank {r} learnt it after {took:?}");
+        assert!(
+            *took < Duration::from_secs(5),
+            "rank {r} learnt it after {took:?}"
+        );
         if r == 2 || r == 4 {
             assert_eq!(*links, 6, "rank {r} holds {links} links");
         }

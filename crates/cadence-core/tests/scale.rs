@@ -1,9 +1,10 @@
 //! Set-up at scale, in one process: one thread per rank, one loopback
 //! address per emulated host (127.0.h.1: shared memory within a host, TCP
 //! between), a counting store. Each rank joins (two store operations), then
-//! runs a ring allreduce, a recursive-doubling allreduce, an alltoall and a
-//! barrier, every result checked; what a rank holds is counted after init
-//! and after the collectives.
+//! runs a ring allreduce, a recursive-doubling allreduce, an alltoall, a
+//! barrier and a split into 8 groups (with an allreduce in each), every
+//! result checked; what a rank holds is counted after init and after the
+//! collectives.
 //!
 //! `cargo test --release --test scale` runs 64 ranks (16 hosts × 4). The
 //! sweep of docs/benchmarks.md ("Set-up at scale") runs the ignored test:
@@ -18,6 +19,8 @@ use cadence_core::{CollKind, Config, DType, JobSecret, RedOp};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+/// The split's groups (rank mod GROUPS).
+const GROUPS: usize = 8;
 /// The most ranks the alltoall runs at (see `run`).
 const ALLTOALL_MAX: usize = 512;
 
@@ -108,6 +111,8 @@ fn run(n: usize, per_host: usize) -> Run {
     let inited = Arc::new(Barrier::new(n + 1));
     let measured = Arc::new(Barrier::new(n + 1));
     let figures = Arc::new(Mutex::new(vec![RankFigures::default(); n]));
+    let split_table = Arc::new(Mutex::new(vec![(Vec::new(), (0i64, 0u64)); n]));
+    let split_ready = Arc::new(Barrier::new(n));
     let hs: Vec<_> = (0..n)
         .map(|r| {
             let (id, secret, store, cfg, figures) = (
@@ -119,12 +124,21 @@ fn run(n: usize, per_host: usize) -> Run {
             );
             let (all_ready, inited, measured) =
                 (all_ready.clone(), inited.clone(), measured.clone());
+            let (split_table, split_ready) = (split_table.clone(), split_ready.clone());
             std::thread::Builder::new()
                 .stack_size(1 << 20)
                 .spawn(move || {
                     let h = r / per_host;
-                    let b = Bootstrap::new(&id, r, n, &format!("h{h}"), host_ip(h), cfg, secret)
-                        .unwrap();
+                    let b = Bootstrap::new(
+                        &id,
+                        r,
+                        n,
+                        &format!("h{h}"),
+                        host_ip(h),
+                        cfg,
+                        secret.clone(),
+                    )
+                    .unwrap();
                     let mine = store.handle();
                     all_ready.wait();
                     let comm = b.join(&mine, "scale").unwrap();
@@ -164,6 +178,36 @@ fn run(n: usize, per_host: usize) -> Run {
                         }
                     }
                     comm.run(OpRequest::barrier()).unwrap();
+                    // A split into GROUPS by rank mod GROUPS, as Python's
+                    // `split` makes it: ports and clocks shared (here through
+                    // memory; there by an allgather over the parent).
+                    let color = r % GROUPS;
+                    let members: Vec<usize> = (0..n).filter(|q| q % GROUPS == color).collect();
+                    let me = members.iter().position(|&q| q == r).unwrap();
+                    let sub_id = format!("{id}s{color}");
+                    let b = Bootstrap::new(
+                        &sub_id,
+                        me,
+                        members.len(),
+                        &format!("h{h}"),
+                        host_ip(h),
+                        comm.config().clone(),
+                        secret.clone(),
+                    )
+                    .unwrap();
+                    let c = comm.clock_offset();
+                    split_table.lock().unwrap()[r] = (b.ports(), (c.offset_ns, c.error_ns));
+                    split_ready.wait();
+                    let (ports, clocks): (Vec<Vec<u16>>, Vec<(i64, u64)>) = {
+                        let t = split_table.lock().unwrap();
+                        members.iter().map(|&q| t[q].clone()).unzip()
+                    };
+                    let sub = b.connect_split(&comm, &members, &ports, &clocks).unwrap();
+                    let mut x = vec![r as f64; 5];
+                    f64_allreduce(&sub, Algo::Ring, &mut x);
+                    let want: f64 = members.iter().map(|&q| q as f64).sum();
+                    assert_eq!(x[0], want, "rank {r} in group {color}");
+                    sub.close();
                     figures.lock().unwrap()[r] = RankFigures {
                         store_ops: mine.ops(),
                         links_after_init: after_init,

@@ -106,6 +106,37 @@ impl Bootstrap {
         Ok(PyComm::new(comm))
     }
 
+    /// The ports this rank listens on, one per NIC.
+    fn ports(&self) -> PyResult<Vec<u16>> {
+        let b = self
+            .inner
+            .as_ref()
+            .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
+        Ok(b.ports())
+    }
+
+    /// Sets up a split of `parent` without the store: `members` are the
+    /// parent ranks in the new order, `ports[i]` where member i listens,
+    /// `clocks[i]` its (offset_ns, error_ns) to the parent's rank 0.
+    fn connect_split(
+        &mut self,
+        py: Python<'_>,
+        parent: &PyComm,
+        members: Vec<usize>,
+        ports: Vec<Vec<u16>>,
+        clocks: Vec<(i64, u64)>,
+    ) -> PyResult<PyComm> {
+        let b = self
+            .inner
+            .take()
+            .ok_or_else(|| PyValueError::new_err("bootstrap already used"))?;
+        let parent = parent.comm.clone();
+        let comm = py
+            .allow_threads(move || b.connect_split(&parent, &members, &ports, &clocks))
+            .map_err(|e| to_py_err(py, e))?;
+        Ok(PyComm::new(comm))
+    }
+
     /// Connects to every peer; `infos[r]` is rank r's `info()`.
     fn connect(&mut self, py: Python<'_>, infos: Vec<String>) -> PyResult<PyComm> {
         let b = self

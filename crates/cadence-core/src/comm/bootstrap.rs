@@ -7,6 +7,7 @@
 use super::gather::{self, GatherCtx};
 use super::lazy::LazyLinks;
 use super::links::{connect_streams, tcp_link, LinkCtx, Unreachable};
+use super::split::Inherited;
 use super::{Comm, OpRequest, PeerInfo};
 use crate::config::{Config, ConnectMode, DebugLevel};
 use crate::engine::Engine;
@@ -251,7 +252,17 @@ impl Bootstrap {
     }
 
     /// Connects to every peer, given every rank's published [`PeerInfo`].
-    pub fn connect(mut self, infos: Vec<PeerInfo>) -> Result<Comm> {
+    pub fn connect(self, infos: Vec<PeerInfo>) -> Result<Comm> {
+        self.connect_inheriting(infos, None)
+    }
+
+    /// [`Bootstrap::connect`]; with `inherited` (a split), the start-up
+    /// measurements come from the parent instead of being taken.
+    pub(super) fn connect_inheriting(
+        mut self,
+        infos: Vec<PeerInfo>,
+        inherited: Option<Inherited>,
+    ) -> Result<Comm> {
         let (rank, n) = (self.rank, self.nranks);
         let mut sink = self.warn.take();
         // Set-up errors, with the rank to blame when one is (`blaming`).
@@ -404,9 +415,14 @@ impl Bootstrap {
             inbox.region.unlink();
         }
         drop(inner);
-        comm.measure_clock()?;
-        comm.order_from_profile()?;
-        comm.calibrate()?;
+        match inherited {
+            Some(from) => comm.inherit(from)?,
+            None => {
+                comm.measure_clock()?;
+                comm.order_from_profile()?;
+                comm.calibrate()?;
+            }
+        }
         comm.reset_totals();
         comm.announce_selection();
         comm.start_path_keeper();

@@ -99,7 +99,7 @@ fn store_wait(ctx: &GatherCtx, store: &dyn Store, key: &str, rank: usize) -> Res
 
 /// Every rank's record, in rank order, given this rank's own. `listener`
 /// is the exchange's (its address already published under
-/// [`gather_key`]), `next` the successor's address from the store.
+/// [`gather_key`]); the successor's is read from `store`.
 pub fn allgather(
     ctx: &GatherCtx,
     own: &PeerInfo,
@@ -160,7 +160,8 @@ pub fn allgather(
     // Records of ranks r-len+1..=r, oldest first, encoded.
     let mut known: Vec<u8> = Vec::new();
     own.encode(&mut known);
-    let mut count = 1usize;
+    // Where each record of `known` starts.
+    let mut starts: Vec<usize> = vec![0];
     let mut early: Vec<(usize, TcpStream)> = Vec::new();
     let mut result = Ok(());
     for k in 0..steps {
@@ -168,7 +169,7 @@ pub fn allgather(
         let to = (r + d) % n;
         // What the receiver lacks: at the last step fewer than d records.
         let send_n = d.min(n - d);
-        let tail = tail_of(&known, count, send_n);
+        let tail = &known[starts[starts.len() - send_n]..];
         let step = std::thread::scope(|s| {
             let out = s.spawn(|| send_step(ctx, target, to, k, tail));
             let got = recv_step(
@@ -184,11 +185,15 @@ pub fn allgather(
             Ok::<_, CommError>((got?, reply?))
         });
         match step {
-            Ok((records, next)) => {
+            Ok(((records, their_starts), next)) => {
+                let shift = records.len();
                 let mut grown = records;
                 grown.extend_from_slice(&known);
                 known = grown;
-                count += d.min(n - d);
+                starts = their_starts
+                    .into_iter()
+                    .chain(starts.iter().map(|s| s + shift))
+                    .collect();
                 target = next;
             }
             Err(e) => {
@@ -225,15 +230,6 @@ pub fn allgather(
         .into_iter()
         .map(|p| p.expect("every rank placed"))
         .collect())
-}
-
-/// The last `want` of `count` records in `buf`.
-fn tail_of(buf: &[u8], count: usize, want: usize) -> &[u8] {
-    let mut b = buf;
-    for _ in 0..count - want {
-        PeerInfo::decode(&mut b).expect("own records decode");
-    }
-    b
 }
 
 /// What a failed read or write of the exchange says: a timeout is the
@@ -317,7 +313,8 @@ fn send_step(
 }
 
 /// Step k, receiving side: waits for rank `from`'s connection, answers
-/// with `reply` (the address it sends to next), reads its records.
+/// with `reply` (the address it sends to next), reads its records; returns
+/// them with where each starts.
 #[allow(clippy::too_many_arguments)]
 fn recv_step(
     ctx: &GatherCtx,
@@ -327,7 +324,7 @@ fn recv_step(
     from: usize,
     reply: Vec<u8>,
     records: usize,
-) -> Result<Vec<u8>> {
+) -> Result<(Vec<u8>, Vec<usize>)> {
     let started = Instant::now();
     let mut s = loop {
         if let Some(i) = early.iter().position(|(j, _)| *j == k) {
@@ -366,7 +363,9 @@ fn recv_step(
     // A record is a few hundred bytes at most.
     let block = read_block(&mut s, records * 4096 + 4096).map_err(io)?;
     let mut b = block.as_slice();
+    let mut starts = Vec::with_capacity(records);
     for _ in 0..records {
+        starts.push(block.len() - b.len());
         PeerInfo::decode(&mut b).map_err(|m| ctx.fail(format!("rank {from}: {m}"), Some(from)))?;
     }
     if !b.is_empty() {
@@ -375,5 +374,5 @@ fn recv_step(
             Some(from),
         ));
     }
-    Ok(block)
+    Ok((block, starts))
 }

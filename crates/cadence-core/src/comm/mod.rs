@@ -40,6 +40,7 @@ mod progress;
 mod records;
 mod request;
 mod setup;
+mod split;
 mod state;
 
 pub use crate::engine::{InterruptCheck, INTERRUPT_EVERY};

@@ -289,6 +289,7 @@ impl Comm {
         shared.auto.topo = ordered;
         shared.auto.order = choice;
         shared.auto.fabric = fabric.map(Arc::new);
+        shared.profile = Some(Arc::new(file));
         Ok(())
     }
 }

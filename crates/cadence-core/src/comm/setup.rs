@@ -55,6 +55,8 @@ impl Comm {
                 hosts: hosts.clone(),
                 pids: infos.iter().map(|p| p.pid).collect(),
                 addrs: infos.iter().map(|p| p.addr.clone()).collect(),
+                peers: infos.into(),
+                profile: None,
                 clock: ClockOffset::SAME_HOST,
                 inner: Mutex::new(Inner {
                     engine,

@@ -54,6 +54,11 @@ pub(super) struct Shared {
     pub(super) hosts: Vec<String>,
     pub(super) pids: Vec<u32>,
     pub(super) addrs: Vec<String>,
+    /// The whole peer table, which a split hands its children.
+    pub(super) peers: Arc<[super::PeerInfo]>,
+    /// The start-up profile's measurements, when one ran or was cached: a
+    /// split orders its rings by them instead of measuring again.
+    pub(super) profile: Option<Arc<crate::fabric::file::TopoFile>>,
     /// This rank's wall clock against rank 0's (`clock.rs`).
     pub(super) clock: ClockOffset,
     pub(super) cfg: Config,

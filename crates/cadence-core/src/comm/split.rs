@@ -1,0 +1,146 @@
+//! A sub-communicator made from its parent's, without the store: the
+//! members' records come from the parent's peer table (each member's new
+//! listening ports from an allgather over the parent, which the split
+//! makes anyway), links are made on first use, and what the parent
+//! measured at start-up is inherited: clock offsets (rebased on the new
+//! rank 0), the start-up profile (the ring order over the members' hosts)
+//! and the cost model. Nothing is measured again.
+
+use super::{Bootstrap, ClockOffset, Comm, PeerInfo};
+use crate::error::{CommError, Result};
+use std::sync::Arc;
+
+/// What a child takes from its parent at the end of set-up.
+pub(super) struct Inherited {
+    pub clock: ClockOffset,
+    pub profile: Option<Arc<crate::fabric::file::TopoFile>>,
+    pub model: Option<crate::schedule::cost::CostModel>,
+    pub measured_at_start: bool,
+}
+
+impl PeerInfo {
+    /// The same record listening on `ports` (one per NIC, in order).
+    fn with_ports(&self, rank: usize, ports: &[u16]) -> Result<PeerInfo> {
+        let swap = |addr: &str, port: u16| -> Result<String> {
+            let (ip, _) = addr
+                .rsplit_once(':')
+                .ok_or_else(|| CommError::invalid(format!("bad address {addr:?}")))?;
+            Ok(format!("{ip}:{port}"))
+        };
+        let nics = self.nic_addrs().len();
+        if ports.len() != nics {
+            return Err(CommError::invalid(format!(
+                "rank {rank} of the split listens on {} ports for {nics} NICs",
+                ports.len()
+            )));
+        }
+        let mut p = self.clone();
+        p.rank = rank;
+        p.addr = swap(&self.addr, ports[0])?;
+        if !p.addrs.is_empty() {
+            p.addrs = self
+                .addrs
+                .iter()
+                .zip(ports)
+                .map(|(a, &port)| swap(a, port))
+                .collect::<Result<_>>()?;
+        }
+        Ok(p)
+    }
+}
+
+impl Bootstrap {
+    /// The ports this rank listens on, one per NIC (what a split's members
+    /// tell each other over the parent).
+    pub fn ports(&self) -> Vec<u16> {
+        self.info
+            .nic_addrs()
+            .iter()
+            .filter_map(|a| a.rsplit_once(':')?.1.parse().ok())
+            .collect()
+    }
+
+    /// Sets up the split of `parent` whose members are the parent's ranks
+    /// `members` (in the new rank order; this rank is one), listening on
+    /// `ports[i]`; `clocks[i]` is member i's clock offset to the parent's
+    /// rank 0 (offset, error in ns). Collective over the members.
+    pub fn connect_split(
+        self,
+        parent: &Comm,
+        members: &[usize],
+        ports: &[Vec<u16>],
+        clocks: &[(i64, u64)],
+    ) -> Result<Comm> {
+        let n = members.len();
+        if n != self.nranks || ports.len() != n || clocks.len() != n {
+            return Err(CommError::invalid(format!(
+                "a split of {} ranks given {n} members, {} port lists and {} clocks",
+                self.nranks,
+                ports.len(),
+                clocks.len()
+            )));
+        }
+        if members[self.rank] != parent.rank() {
+            return Err(CommError::invalid(format!(
+                "member {} of the split is parent rank {}, not this rank ({})",
+                self.rank,
+                members[self.rank],
+                parent.rank()
+            )));
+        }
+        let table = &parent.shared.peers;
+        let infos = members
+            .iter()
+            .zip(ports)
+            .enumerate()
+            .map(|(i, (&m, p))| table[m].with_ports(i, p))
+            .collect::<Result<Vec<_>>>()?;
+        // Offsets to the new rank 0's clock: ours minus its, errors added.
+        let (mine, zero) = (clocks[self.rank], clocks[0]);
+        let same_host = table[members[0]].host == table[members[self.rank]].host;
+        let clock = if same_host {
+            ClockOffset::SAME_HOST
+        } else {
+            ClockOffset {
+                offset_ns: mine.0.wrapping_sub(zero.0),
+                error_ns: mine.1 + zero.1,
+                method: "ping-pong",
+            }
+        };
+        let (model, measured_at_start) = (
+            parent.shared.auto.model,
+            parent.shared.auto.measured_at_start,
+        );
+        let inherited = Inherited {
+            clock,
+            profile: parent.shared.profile.clone(),
+            model,
+            measured_at_start,
+        };
+        self.connect_inheriting(infos, Some(inherited))
+    }
+}
+
+impl Comm {
+    /// The end of a split's set-up: what the parent measured, for the
+    /// members' hosts.
+    pub(super) fn inherit(&mut self, from: Inherited) -> Result<()> {
+        let ordered = from.profile.as_ref().map(|file| {
+            let topo = crate::schedule::Topology::from_hosts(&self.hosts);
+            super::order::choose_by(topo, &self.hosts, file, "the parent's start-up profile")
+        });
+        let shared = self.exclusive("inheriting the parent's measurements")?;
+        shared.clock = from.clock;
+        if let Some((topo, choice, fabric)) = ordered {
+            shared.auto.topo = topo;
+            shared.auto.order = choice;
+            shared.auto.fabric = fabric.map(Arc::new);
+            shared.profile = from.profile;
+        }
+        if shared.auto.model.is_none() {
+            shared.auto.model = from.model;
+            shared.auto.measured_at_start = from.measured_at_start;
+        }
+        Ok(())
+    }
+}
