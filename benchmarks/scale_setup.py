@@ -179,7 +179,7 @@ def main() -> int:
     try:
         print(f"{args.ranks} ranks as {args.hosts} hosts x {-(-args.ranks // args.hosts)}"
               + (f", ulimit -n {args.nofile}" if args.nofile else ""), flush=True)
-        for rep in range(args.repeat):
+        for _ in range(args.repeat):
             for b in backends:
                 if b == "mpi" and not shutil.which("mpirun"):
                     print("mpi: mpirun not found, skipped")
