@@ -8,21 +8,24 @@
 //!
 //! `cargo test --release --test scale` runs 64 ranks (16 hosts × 4). The
 //! sweep of docs/benchmarks.md ("Set-up at scale") runs the ignored test:
-//! `CADENCE_SCALE=64,256,1024,2048 cargo test --release --test scale -- --ignored --nocapture`
-//! (8 ranks per host; root raises the open-file hard limit, which the
-//! ranks of one process share).
+//! `CADENCE_SCALE=64,256,1024,2048 cargo test --release --test scale sweep -- --ignored --nocapture`
+//! (8 ranks per host). The ranks of one process share its open-file limit,
+//! so past `PER_PROCESS` ranks the job runs as several processes of this
+//! binary, each a part of the threads, meeting through the core's TCP store
+//! (each rank its own connection, its operations counted).
 
 use cadence_core::comm::{Bootstrap, Comm, OpRequest};
-use cadence_core::rendezvous::MemoryStore;
+use cadence_core::rendezvous::{MemoryStore, Store, StoreClient, StoreError, StoreServer};
 use cadence_core::schedule::Algo;
 use cadence_core::{CollKind, Config, DType, JobSecret, RedOp};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 /// The split's groups (rank mod GROUPS).
 const GROUPS: usize = 8;
 /// The most ranks the alltoall runs at (see `run`).
-const ALLTOALL_MAX: usize = 512;
+const ALLTOALL_MAX: usize = 128;
 
 #[derive(Debug, Default, Clone)]
 struct RankFigures {
@@ -89,9 +92,57 @@ fn f64_allreduce(comm: &Comm, algo: Algo, x: &mut [f64]) {
     comm.run(req).unwrap();
 }
 
-fn run(n: usize, per_host: usize) -> Run {
-    let cfg = Config {
-        timeout: Duration::from_secs(120),
+/// A store handle of one rank that counts its operations.
+trait Counted: Store {
+    fn ops(&self) -> usize;
+}
+
+impl Counted for MemoryStore {
+    fn ops(&self) -> usize {
+        MemoryStore::ops(self)
+    }
+}
+
+/// A rank's own connection to the core's TCP store (the parts of a run
+/// over several processes).
+struct CountedClient(StoreClient, AtomicUsize);
+
+impl Store for CountedClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.set(key, value)
+    }
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreError> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.get(key, timeout)
+    }
+}
+
+impl Counted for CountedClient {
+    fn ops(&self) -> usize {
+        self.1.load(Ordering::Relaxed)
+    }
+}
+
+type StoreMaker = Arc<dyn Fn() -> Box<dyn Counted> + Send + Sync>;
+
+/// Ranks `lo..hi` of a job of `n`, one thread each, in this process.
+/// `across` (several processes): called once this part's ranks are ready,
+/// it returns once every part's are.
+struct Part {
+    n: usize,
+    per_host: usize,
+    lo: usize,
+    hi: usize,
+    id: String,
+    secret: JobSecret,
+    store: StoreMaker,
+    across: Box<dyn Fn()>,
+}
+
+fn config() -> Config {
+    Config {
+        timeout: Duration::from_secs(300),
         // Start-up measurements are their own concern (the profile's and
         // calibration's cost is stated apart); the small ring keeps 2,048
         // ranks' shared memory within this machine.
@@ -103,28 +154,49 @@ fn run(n: usize, per_host: usize) -> Run {
         },
         debug: cadence_core::config::DebugLevel::Off,
         ..Config::default()
-    };
-    let id = format!("sc{}n{n}", std::process::id());
-    let secret = JobSecret::random().unwrap();
+    }
+}
+
+fn run(n: usize, per_host: usize) -> Run {
     let store = Arc::new(MemoryStore::new());
-    let all_ready = Arc::new(Barrier::new(n + 1));
-    let inited = Arc::new(Barrier::new(n + 1));
-    let measured = Arc::new(Barrier::new(n + 1));
-    let figures = Arc::new(Mutex::new(vec![RankFigures::default(); n]));
-    let split_table = Arc::new(Mutex::new(vec![(Vec::new(), (0i64, 0u64)); n]));
-    let split_ready = Arc::new(Barrier::new(n));
-    let hs: Vec<_> = (0..n)
+    run_part(Part {
+        n,
+        per_host,
+        lo: 0,
+        hi: n,
+        id: format!("sc{}n{n}", std::process::id()),
+        secret: JobSecret::random().unwrap(),
+        store: Arc::new(move || Box::new(store.handle()) as Box<dyn Counted>),
+        across: Box::new(|| {}),
+    })
+}
+
+fn run_part(part: Part) -> Run {
+    let Part {
+        n,
+        per_host,
+        lo,
+        hi,
+        ..
+    } = part;
+    let local = hi - lo;
+    let cfg = config();
+    let ready = Arc::new(Barrier::new(local + 1));
+    let go = Arc::new(Barrier::new(local + 1));
+    let inited = Arc::new(Barrier::new(local + 1));
+    let measured = Arc::new(Barrier::new(local + 1));
+    let figures = Arc::new(Mutex::new(vec![RankFigures::default(); local]));
+    let hs: Vec<_> = (lo..hi)
         .map(|r| {
             let (id, secret, store, cfg, figures) = (
-                id.clone(),
-                secret.clone(),
-                store.clone(),
+                part.id.clone(),
+                part.secret.clone(),
+                part.store.clone(),
                 cfg.clone(),
                 figures.clone(),
             );
-            let (all_ready, inited, measured) =
-                (all_ready.clone(), inited.clone(), measured.clone());
-            let (split_table, split_ready) = (split_table.clone(), split_ready.clone());
+            let (ready, go, inited, measured) =
+                (ready.clone(), go.clone(), inited.clone(), measured.clone());
             std::thread::Builder::new()
                 .stack_size(1 << 20)
                 .spawn(move || {
@@ -139,9 +211,19 @@ fn run(n: usize, per_host: usize) -> Run {
                         secret.clone(),
                     )
                     .unwrap();
-                    let mine = store.handle();
-                    all_ready.wait();
-                    let comm = b.join(&mine, "scale").unwrap();
+                    let mine = store();
+                    ready.wait();
+                    go.wait();
+                    let t = Instant::now();
+                    let infos = b.exchange(mine.as_ref(), "scale").unwrap();
+                    let exchanged = t.elapsed();
+                    let comm = b.connect(infos).unwrap();
+                    if std::env::var("CADENCE_SCALE_PHASES").is_ok() && r % 64 == 0 {
+                        eprintln!(
+                            "rank {r}: exchange {exchanged:?}, links and start-up {:?}",
+                            t.elapsed() - exchanged
+                        );
+                    }
                     let after_init = comm.links_open();
                     inited.wait();
                     measured.wait();
@@ -156,8 +238,8 @@ fn run(n: usize, per_host: usize) -> Run {
                     }
                     // Alltoall: rank r sends q's block the value r*n+q. Its
                     // call takes the whole n × n count matrix on every rank
-                    // (O(n²) per rank: issue 45), so it runs up to
-                    // ALLTOALL_MAX ranks.
+                    // (O(n²) per rank: issue 45), and it links every pair, so
+                    // it runs up to ALLTOALL_MAX ranks.
                     if n <= ALLTOALL_MAX {
                         let send: Vec<i64> = (0..n).map(|q| (r * n + q) as i64).collect();
                         let mut recv = vec![0i64; n];
@@ -179,47 +261,61 @@ fn run(n: usize, per_host: usize) -> Run {
                     }
                     comm.run(OpRequest::barrier()).unwrap();
                     // A split into GROUPS by rank mod GROUPS, as Python's
-                    // `split` makes it: ports and clocks shared (here through
-                    // memory; there by an allgather over the parent).
+                    // `split` makes it: each rank's ports and clock offset go
+                    // round by an allgather over the parent; no store.
                     let color = r % GROUPS;
                     let members: Vec<usize> = (0..n).filter(|q| q % GROUPS == color).collect();
                     let me = members.iter().position(|&q| q == r).unwrap();
                     let sub_id = format!("{id}s{color}");
+                    let sub_cfg = comm.config().clone();
                     let b = Bootstrap::new(
                         &sub_id,
                         me,
                         members.len(),
                         &format!("h{h}"),
                         host_ip(h),
-                        comm.config().clone(),
-                        secret.clone(),
+                        sub_cfg,
+                        secret,
                     )
                     .unwrap();
                     let c = comm.clock_offset();
-                    split_table.lock().unwrap()[r] = (b.ports(), (c.offset_ns, c.error_ns));
-                    split_ready.wait();
-                    let (ports, clocks): (Vec<Vec<u16>>, Vec<(i64, u64)>) = {
-                        let t = split_table.lock().unwrap();
-                        members.iter().map(|&q| t[q].clone()).unzip()
-                    };
+                    let ports = b.ports();
+                    assert_eq!(ports.len(), 1);
+                    let row = [ports[0] as i64, c.offset_ns, c.error_ns as i64];
+                    let mut rows = vec![0i64; 3 * n];
+                    comm.run(
+                        OpRequest::new(CollKind::AllGather, DType::I64, RedOp::Sum, 0, vec![3; n])
+                            .input(bytemuck::cast_slice(&row))
+                            .output(bytemuck::cast_slice_mut(&mut rows)),
+                    )
+                    .unwrap();
+                    let ports: Vec<Vec<u16>> =
+                        members.iter().map(|&q| vec![rows[3 * q] as u16]).collect();
+                    let clocks: Vec<(i64, u64)> = members
+                        .iter()
+                        .map(|&q| (rows[3 * q + 1], rows[3 * q + 2] as u64))
+                        .collect();
                     let sub = b.connect_split(&comm, &members, &ports, &clocks).unwrap();
                     let mut x = vec![r as f64; 5];
                     f64_allreduce(&sub, Algo::Ring, &mut x);
                     let want: f64 = members.iter().map(|&q| q as f64).sum();
                     assert_eq!(x[0], want, "rank {r} in group {color}");
                     sub.close();
-                    figures.lock().unwrap()[r] = RankFigures {
+                    figures.lock().unwrap()[r - lo] = RankFigures {
                         store_ops: mine.ops(),
                         links_after_init: after_init,
                         links_after: comm.links_open(),
                     };
+                    comm.run(OpRequest::barrier()).unwrap();
                     comm.close();
                 })
                 .unwrap()
         })
         .collect();
-    all_ready.wait();
+    ready.wait();
+    (part.across)();
     let (t0, c0) = (Instant::now(), cpu_seconds());
+    go.wait();
     inited.wait();
     let (wall_s, cpu_s) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
     let (fds_after_init, rss_after_init_kib) = (open_fds(), rss_kib());
@@ -284,20 +380,153 @@ fn sixty_four_ranks_start_with_few_links_and_two_store_operations_each() {
     }
 }
 
+/// Ranks per process in the sweep: one process's ranks share its
+/// open-file limit (here a hard limit of 20,000, which a container without
+/// CAP_SYS_RESOURCE cannot raise), so larger jobs run as several processes
+/// of this many threads, meeting through the core's TCP store.
+const PER_PROCESS: usize = 256;
+
 #[test]
 #[ignore = "a sweep for docs/benchmarks.md: CADENCE_SCALE=64,256,1024,2048"]
 fn sweep() {
     raise_nofile(1 << 20);
     let sizes = std::env::var("CADENCE_SCALE").unwrap_or_else(|_| "64,256".into());
+    let per_process = std::env::var("CADENCE_SCALE_PER_PROCESS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(PER_PROCESS);
     for n in sizes.split(',').map(|s| s.trim().parse::<usize>().unwrap()) {
-        report(&run(n, 8));
+        if n <= per_process {
+            report(&run(n, 8));
+        } else {
+            report(&run_processes(n, 8));
+        }
+    }
+}
+
+/// A job of `n` ranks as ⌈n / PER_PROCESS⌉ processes of this test binary
+/// (`sweep_part`), meeting through a store this process serves.
+fn run_processes(n: usize, per_host: usize) -> Run {
+    let server = StoreServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = server.addr().port();
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+        .unwrap();
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let id = format!("sp{}n{n}", std::process::id());
+    let parts: Vec<_> = (0..n)
+        .step_by(PER_PROCESS)
+        .map(|lo| {
+            let hi = (lo + PER_PROCESS).min(n);
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["sweep_part", "--ignored", "--exact", "--nocapture"])
+                .env(
+                    "CADENCE_SCALE_PART",
+                    format!("{lo},{hi},{n},{per_host},{port},{id},{hex}"),
+                )
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut run = Run {
+        n,
+        per_host,
+        wall_s: 0.0,
+        cpu_s: 0.0,
+        ranks: Vec::new(),
+        fds_after_init: 0,
+        rss_after_init_kib: 0,
+    };
+    for child in parts {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "a part failed: {:?}", out.status);
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let numbers = || -> Vec<f64> {
+                line.split_whitespace()
+                    .skip(1)
+                    .map(|x| x.parse().unwrap())
+                    .collect()
+            };
+            match line.split_whitespace().next() {
+                Some("PART") => {
+                    let f = numbers();
+                    run.wall_s = run.wall_s.max(f[0]);
+                    run.cpu_s += f[1];
+                    run.fds_after_init += f[2] as usize;
+                    run.rss_after_init_kib += f[3] as u64;
+                }
+                Some("RANK") => {
+                    let f = numbers();
+                    run.ranks.push(RankFigures {
+                        store_ops: f[0] as usize,
+                        links_after_init: f[1] as usize,
+                        links_after: f[2] as usize,
+                    })
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(run.ranks.len(), n, "every rank reported");
+    run
+}
+
+#[test]
+#[ignore = "one process of `sweep` (CADENCE_SCALE_PART set by it)"]
+fn sweep_part() {
+    let Ok(spec) = std::env::var("CADENCE_SCALE_PART") else {
+        return;
+    };
+    raise_nofile(1 << 20);
+    let f: Vec<&str> = spec.split(',').collect();
+    let num = |i: usize| f[i].parse::<usize>().unwrap();
+    let (lo, hi, n, per_host, port) = (num(0), num(1), num(2), num(3), num(4) as u16);
+    let key: Vec<u8> = (0..f[6].len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&f[6][i..i + 2], 16).unwrap())
+        .collect();
+    let coordinator =
+        StoreClient::connect("127.0.0.1", port, Duration::from_secs(30), None).unwrap();
+    let local = hi - lo;
+    let run = run_part(Part {
+        n,
+        per_host,
+        lo,
+        hi,
+        id: f[5].to_string(),
+        secret: JobSecret::new(&key).unwrap(),
+        store: Arc::new(move || {
+            let c =
+                StoreClient::connect("127.0.0.1", port, Duration::from_secs(300), None).unwrap();
+            Box::new(CountedClient(c, AtomicUsize::new(0))) as Box<dyn Counted>
+        }),
+        // Every part's ranks ready, then all start together.
+        across: Box::new(move || {
+            coordinator.add("ready", local as i64).unwrap();
+            while coordinator.add("ready", 0).unwrap() < n as i64 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }),
+    });
+    println!(
+        "PART {} {} {} {}",
+        run.wall_s, run.cpu_s, run.fds_after_init, run.rss_after_init_kib
+    );
+    for r in &run.ranks {
+        println!(
+            "RANK {} {} {}",
+            r.store_ops, r.links_after_init, r.links_after
+        );
     }
 }
 
 /// The first message to a peer this rank never talked to pays for making
 /// the link: measured here against the next messages on it, ping-pong
-/// between ranks 0 and 3 of 8 one-rank hosts (the set-up barrier's
-/// dissemination links 0 with 1, 2, 4, 6 and 7, not 3).
+/// between ranks 2 and 7 of 8 one-rank hosts (set-up links 2 with 0, 1, 3,
+/// 4 and 6 for the barrier's dissemination, with 0, 5 and 6 for the clock's
+/// tree: not with 7).
 #[test]
 fn the_first_message_to_a_new_peer_costs_about_one_connection() {
     let n = 8;

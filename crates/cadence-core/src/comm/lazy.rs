@@ -17,8 +17,10 @@ use crate::engine::LinkMaker;
 use crate::error::ErrorKind;
 use crate::transport::tcp_setup::accept_each;
 use crate::transport::Link;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,12 +41,18 @@ struct Shared {
     ready: Mutex<Vec<(usize, Result<Link, ErrorKind>)>>,
     any_ready: AtomicBool,
     stop: AtomicBool,
+    /// Rung (one byte) when something is delivered; the engine polls the
+    /// other end while it waits for a link (a socket pair: no unsafe).
+    bell: UnixStream,
+    bell_rx: UnixStream,
 }
 
 impl Shared {
     fn deliver(&self, peer: usize, made: Result<Link, ErrorKind>) {
         self.ready.lock().unwrap().push((peer, made));
         self.any_ready.store(true, Ordering::Release);
+        // Full (the engine has not drained it yet) is as good as rung.
+        let _ = (&self.bell).write(&[1]);
     }
 }
 
@@ -68,11 +76,16 @@ impl LazyLinks {
     ) -> std::io::Result<LazyLinks> {
         let n = ctx.infos.len();
         let ctx = Arc::new(ctx);
+        let (bell, bell_rx) = UnixStream::pair()?;
+        bell.set_nonblocking(true)?;
+        bell_rx.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
             states: Mutex::new(vec![PeerState::None; n]),
             ready: Mutex::new(Vec::new()),
             any_ready: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            bell,
+            bell_rx,
         });
         let (c, s) = (ctx.clone(), shared.clone());
         let acceptor = std::thread::Builder::new()
@@ -226,8 +239,14 @@ impl LinkMaker for LazyLinks {
         self.shared.any_ready.load(Ordering::Acquire)
     }
 
+    fn wake_fd(&self) -> RawFd {
+        self.shared.bell_rx.as_raw_fd()
+    }
+
     fn take_ready(&mut self) -> Vec<(usize, Result<Link, ErrorKind>)> {
         self.shared.any_ready.store(false, Ordering::Release);
+        let mut drain = [0u8; 64];
+        while matches!((&self.shared.bell_rx).read(&mut drain), Ok(n) if n > 0) {}
         let out = std::mem::take(&mut *self.shared.ready.lock().unwrap());
         for (p, _) in &out {
             self.asked[*p] = true;

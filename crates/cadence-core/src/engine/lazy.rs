@@ -15,6 +15,9 @@ pub trait LinkMaker: Send {
     fn has_ready(&self) -> bool;
     /// The links that came up since the last call (or why one could not).
     fn take_ready(&mut self) -> Vec<(usize, Result<Link, ErrorKind>)>;
+    /// A file descriptor that polls readable when links are ready, so an
+    /// idle engine waiting for one sleeps until then.
+    fn wake_fd(&self) -> std::os::fd::RawFd;
 }
 
 impl Engine {

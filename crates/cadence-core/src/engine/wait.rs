@@ -280,7 +280,16 @@ impl Engine {
         }
         let sockets_pending = !self.pollfds.is_empty();
         if connecting {
-            poll_fds(&mut self.pollfds, NAP_MIXED);
+            // Sleep until a link comes up (or data on the others); the
+            // threads making links ring the maker's descriptor.
+            if let Some(m) = &self.maker {
+                self.pollfds.push(libc::pollfd {
+                    fd: m.wake_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            poll_fds(&mut self.pollfds, NAP);
             return;
         }
         if self.doorbell_waits.is_empty() {
