@@ -21,11 +21,6 @@ pub trait LinkMaker: Send {
 }
 
 impl Engine {
-    /// Whether links are made on first use.
-    pub fn lazy(&self) -> bool {
-        self.maker.is_some()
-    }
-
     /// Takes the links that came up into `links` (and their counters into
     /// the shared list). A link that could not be made fails the operation
     /// that asked for it.
