@@ -98,21 +98,18 @@ impl PyStore {
         })
     }
 
-    /// A second connection to the same store with its own `timeout`
-    /// (seconds): the watchdog's, which must not wait behind the
-    /// application's requests.
-    fn client(&self, py: Python<'_>, timeout: f64) -> PyResult<PyStore> {
-        let c = self.client.clone();
+    /// Another handle on the same connection with its own `timeout`
+    /// (seconds): the watchdog's. Its requests are short and take turns
+    /// with the application's; a rank holds one connection to the store,
+    /// so the server (rank 0) holds one per rank.
+    fn client(&self, timeout: f64) -> PyStore {
         let t = Duration::from_secs_f64(timeout.max(0.0));
-        let client = py
-            .allow_threads(move || c.reconnect(t))
-            .map_err(store_err)?;
-        Ok(PyStore {
-            client: Arc::new(client),
+        PyStore {
+            client: Arc::new(self.client.with_timeout(t)),
             server: self.server.clone(),
             host: self.host.clone(),
             port: self.port,
-        })
+        }
     }
 
     /// Whether this process serves the store.

@@ -201,13 +201,15 @@ class _TimedStore:
 
 
 def _store_client(store):
-    """A client of the job's Store for the watchdog: a connection of its own
-    with a short timeout for a TCPStore (so it never blocks the
-    application's calls, nor for long), else the store itself.
+    """A client of the job's Store for the watchdog, with a short timeout:
+    for cadence's Store a handle on the rank's one connection (the server,
+    rank 0, holds one per rank; after set-up the application's requests are
+    few and short); for a TCPStore a connection of its own (so it never
+    blocks the application's calls, nor for long); else the store itself.
 
-    It connects with the application's own store timeout (a loaded host
-    once took over 5 s to accept it, which failed `init`), and only then
-    shortens the timeout of its requests."""
+    A TCPStore client connects with the application's own store timeout (a
+    loaded host once took over 5 s to accept it, which failed `init`), and
+    only then shortens the timeout of its requests."""
     from datetime import timedelta
 
     from cadence._core import Store

@@ -5,7 +5,7 @@ use super::wire::{self, Op, Status, GREETING};
 use super::{Store, StoreError};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long past a request's own wait the client waits for the answer
@@ -18,7 +18,9 @@ pub struct StoreClient {
     /// As the user named it (`host:port`), for messages.
     name: String,
     addr: SocketAddr,
-    conn: Mutex<Option<TcpStream>>,
+    /// Shared by the handles of [`StoreClient::with_timeout`]: one
+    /// connection per process (the store's server holds one per rank).
+    conn: Arc<Mutex<Option<TcpStream>>>,
     /// How long a request may wait (a `get` for its key).
     timeout: Mutex<Duration>,
 }
@@ -47,7 +49,7 @@ impl StoreClient {
         let c = StoreClient {
             name,
             addr,
-            conn: Mutex::new(None),
+            conn: Arc::new(Mutex::new(None)),
             timeout: Mutex::new(timeout),
         };
         let stream = c.open(Instant::now() + timeout, log)?;
@@ -55,18 +57,16 @@ impl StoreClient {
         Ok(c)
     }
 
-    /// A second connection to the same server, with its own timeout (the
-    /// watchdog's: it must never wait long, nor behind the application).
-    pub fn reconnect(&self, timeout: Duration) -> Result<StoreClient, StoreError> {
-        let c = StoreClient {
+    /// Another handle on the same connection with its own timeout (the
+    /// watchdog's: its requests are short, and it must not wait long). The
+    /// requests of all handles take turns.
+    pub fn with_timeout(&self, timeout: Duration) -> StoreClient {
+        StoreClient {
             name: self.name.clone(),
             addr: self.addr,
-            conn: Mutex::new(None),
+            conn: self.conn.clone(),
             timeout: Mutex::new(timeout),
-        };
-        let stream = c.open(Instant::now() + timeout.max(Duration::from_secs(5)), None)?;
-        *c.conn.lock().unwrap() = Some(stream);
-        Ok(c)
+        }
     }
 
     pub fn name(&self) -> &str {

@@ -11,7 +11,7 @@
 use super::wire::{self, key_of, Op, ReadError, Status, GREETING};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 const CONN_STACK: usize = 128 << 10;
 /// How often the acceptor looks whether the server is stopping.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
+/// How often an idle connection's thread does.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// How long the rest of a request may take once its first byte came.
+const REQUEST_READ: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct Table {
@@ -32,8 +36,6 @@ struct Table {
 struct State {
     table: Mutex<Table>,
     stopping: AtomicBool,
-    /// Open client connections, to end them when the server stops.
-    conns: Mutex<Vec<TcpStream>>,
 }
 
 /// A running store server; dropping it stops it and closes its clients.
@@ -80,11 +82,8 @@ impl StoreServer {
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
+        // Connection threads see it within IDLE_CHECK; waiters when woken.
         self.state.stopping.store(true, Ordering::SeqCst);
-        for c in self.state.conns.lock().unwrap().drain(..) {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-        // Waiters see `stopping` when woken.
         for cv in self.state.table.lock().unwrap().waiting.values() {
             cv.notify_all();
         }
@@ -100,12 +99,6 @@ fn accept_loop(listener: TcpListener, state: Arc<State>) {
             Ok((sock, _)) => {
                 let _ = sock.set_nonblocking(false);
                 let _ = sock.set_nodelay(true);
-                if let Ok(c) = sock.try_clone() {
-                    let mut conns = state.conns.lock().unwrap();
-                    // Forget connections that ended (their peer closed).
-                    conns.retain(|c| c.peer_addr().is_ok());
-                    conns.push(c);
-                }
                 let st = state.clone();
                 let spawned = std::thread::Builder::new()
                     .name("cadence-store-conn".into())
@@ -131,13 +124,33 @@ fn serve(mut sock: TcpStream, state: &State) {
     if sock.read_exact(&mut greet).is_err() || &greet != GREETING {
         return;
     }
-    let _ = sock.set_read_timeout(None);
     if sock.write_all(GREETING).is_err() {
         return;
     }
     loop {
+        // Between requests, wake now and then to see whether the server
+        // stops (one fd per client: no copy is kept to shut it down).
         let mut head = [0u8; 5];
-        if sock.read_exact(&mut head).is_err() {
+        let _ = sock.set_read_timeout(Some(IDLE_CHECK));
+        loop {
+            match sock.read(&mut head[..1]) {
+                Ok(1) => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) && !state.stopping.load(Ordering::SeqCst) => {}
+                _ => return,
+            }
+        }
+        if state.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        // The rest of a request follows at once.
+        let _ = sock.set_read_timeout(Some(REQUEST_READ));
+        if sock.read_exact(&mut head[1..]).is_err() {
             return;
         }
         let timeout =
