@@ -66,29 +66,25 @@ def init(
                     store_rank=store_rank)
 
 
-def _connect(store, prefix, rank, size, timeout, toward, secret=None, job=None,
-             store_rank=None) -> Communicator:
+def _connect(store, prefix, rank, size, timeout, toward, store_rank=None) -> Communicator:
     """Sets up one communicator under the store keys `prefix/...`. Its job
-    secret (which keys the handshake every TCP connection must pass) is
-    `secret` when given (split derives one from the parent's), else 32
-    random bytes that rank 0 makes and shares under `prefix/hello`. Rank 0
-    also decides the job id its dumps carry (`job`, else CADENCE_JOB_ID, else
-    this process's first communicator's, else the new communicator's id)."""
+    secret (which keys the handshake every TCP connection must pass) is 32
+    random bytes that rank 0 makes and shares under `prefix/hello`, with the
+    communicator's id and the job id its dumps carry (CADENCE_JOB_ID, else
+    this process's first communicator's, else the new communicator's id).
+    Sub-communicators are made without the store (`Communicator.split`)."""
     global _job_id
     # One key from rank 0 says what every rank needs before it can prove
     # membership: the communicator's id, its job, and the job secret.
     hello_key = f"{prefix}/hello"
     if rank == 0:
-        new_id = uuid.uuid4().hex[:16]
-        job = job or os.environ.get("CADENCE_JOB_ID") or _job_id or new_id
-        fresh = os.urandom(32) if secret is None else b""
-        store.set(hello_key, json.dumps({"id": new_id, "job": job, "secret": fresh.hex()}))
-        comm_id, secret = new_id, secret if secret is not None else fresh
+        comm_id = uuid.uuid4().hex[:16]
+        job = os.environ.get("CADENCE_JOB_ID") or _job_id or comm_id
+        secret = os.urandom(32)
+        store.set(hello_key, json.dumps({"id": comm_id, "job": job, "secret": secret.hex()}))
     else:
         hello = json.loads(bytes(store.get(hello_key)).decode())
-        comm_id, job = hello["id"], hello["job"]
-        if secret is None:
-            secret = bytes.fromhex(hello["secret"])
+        comm_id, job, secret = hello["id"], hello["job"], bytes.fromhex(hello["secret"])
     # The watchdog's Store work before the ranks connect: connecting ends
     # with every rank in step, and nothing slow may come after it.
     watching = _live.prepare(store, prefix, rank, size, timeout, store_rank)

@@ -1,8 +1,9 @@
-//! Bootstrap: every rank listens, publishes where (through the caller's
-//! store), then connects to every peer: shared-memory inboxes with same-host
-//! ranks, TCP streams with the others. Every TCP stream proves, in a
-//! handshake keyed by the job secret (`transport/handshake.rs`), that it
-//! belongs to the communicator.
+//! Bootstrap: every rank listens, learns every rank's record (the peer
+//! table, from two store operations of its own: `gather.rs`), then links:
+//! shared-memory inboxes with same-host ranks at once, TCP with the others
+//! on first use (`lazy.rs`) or, with `CADENCE_CONNECT=eager`, every one now.
+//! Every TCP stream proves, in a handshake keyed by the job secret
+//! (`transport/handshake.rs`), that it belongs to the communicator.
 
 use super::gather::{self, GatherCtx};
 use super::lazy::LazyLinks;
