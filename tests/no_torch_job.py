@@ -36,11 +36,9 @@ def rank_main() -> None:
 
 
 def main() -> int:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        pass
-    else:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
         print("no_torch_job: torch is installed in this environment; run it in one without",
               file=sys.stderr)
         return 2

@@ -46,6 +46,7 @@ struct Run {
 }
 
 fn cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain integers and timevals; all-zero is a valid value.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage fills the struct we own.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
