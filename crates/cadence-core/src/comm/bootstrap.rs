@@ -298,6 +298,8 @@ impl Bootstrap {
         if let Some(m) = tuning.or_else(topo) {
             return Err(fail(m));
         }
+        // One table for the links and the communicator: it grows with n.
+        let infos: std::sync::Arc<[PeerInfo]> = infos.into();
         let deadline = Instant::now() + self.cfg.timeout;
         let my_host = &infos[rank].host;
         let local: Vec<usize> = (0..n).filter(|&r| infos[r].host == *my_host).collect();
@@ -318,7 +320,7 @@ impl Bootstrap {
                 }
                 let (region, pid) = open_peer_inbox(&inbox_path(&self.comm_id, peer), deadline)
                     .map_err(|e| blaming(format!("rank {peer}: {e}"), Some(peer)))?;
-                links[peer] = Some(Link::Shm(ShmLink::new(
+                links[peer] = Some(Link::shm(ShmLink::new(
                     peer, &inbox, region, pid, my_local, li,
                 )));
             }
@@ -333,7 +335,7 @@ impl Bootstrap {
             comm_id: self.comm_id.clone(),
             rank,
             secret: self.secret.clone(),
-            infos: infos.clone().into(),
+            infos: infos.clone(),
             my_ips: self
                 .listeners
                 .iter()
@@ -388,7 +390,7 @@ impl Bootstrap {
                     .collect();
                 let why = unreachable.remove(&peer).unwrap_or_default();
                 let link = tcp_link(&ctx, peer, socks, &why, &mut warn)?;
-                links[peer] = Some(Link::Tcp(link));
+                links[peer] = Some(Link::tcp(link));
             }
         } else {
             // Links on first use (`lazy.rs`): the listeners stay open.
@@ -407,7 +409,7 @@ impl Bootstrap {
         engine.set_local_ranks(on_machine.max(local.len()));
         engine.diagnosis_grace =
             (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
-        let mut comm = Comm::from_parts(self.comm_id, self.job, rank, &infos, engine, self.cfg);
+        let mut comm = Comm::from_parts(self.comm_id, self.job, rank, infos, engine, self.cfg);
         // Everyone has mapped everyone's inbox once a barrier completes; then
         // the names can go, so a crash later leaves nothing in /dev/shm.
         comm.run(OpRequest::barrier())?;

@@ -235,8 +235,8 @@ impl Shared {
             .map(|r| Peer {
                 rank: r,
                 host: &self.hosts[r],
-                pid: self.pids[r],
-                addr: &self.addrs[r],
+                pid: self.peers[r].pid,
+                addr: &self.peers[r].addr,
             })
             .collect();
         Some(to_json_text(&Dump {

@@ -172,7 +172,7 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>, remo
                 .collect();
             let mut w = |m: String| warn_line(ctx, m);
             let made = tcp_link(ctx, peer, socks, &[], &mut w)
-                .map(Link::Tcp)
+                .map(Link::tcp)
                 .map_err(|e| e.kind);
             shared.deliver(peer, made);
         }
@@ -215,7 +215,7 @@ impl LinkMaker for LazyLinks {
                 match connect_streams_deciding(&ctx, peer, deadline, &mut warn, true) {
                     Ok(Some((socks, unreachable))) => {
                         let made = tcp_link(&ctx, peer, socks, &unreachable, &mut warn)
-                            .map(Link::Tcp)
+                            .map(Link::tcp)
                             .map_err(|e| e.kind);
                         shared.deliver(peer, made);
                     }

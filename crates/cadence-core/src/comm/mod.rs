@@ -75,7 +75,7 @@ use std::time::{Duration, Instant};
 pub struct Comm {
     shared: Arc<Shared>,
     /// Every rank's host identity, by rank.
-    pub hosts: Vec<String>,
+    pub hosts: Arc<[String]>,
     /// Runs submitted operations; started by the first.
     worker: ProgressThread,
 }

@@ -21,12 +21,12 @@ impl Comm {
         id: String,
         job: String,
         rank: usize,
-        infos: &[PeerInfo],
+        infos: Arc<[PeerInfo]>,
         mut engine: Engine,
         cfg: Config,
     ) -> Comm {
         let nranks = infos.len();
-        let hosts: Vec<String> = infos.iter().map(|p| p.host.clone()).collect();
+        let hosts: Arc<[String]> = infos.iter().map(|p| p.host.clone()).collect();
         let cancel: Arc<Cancel> = Arc::default();
         engine.cancel = cancel.clone();
         engine.stamp_messages = cfg.record_messages > 0;
@@ -53,9 +53,7 @@ impl Comm {
                 rank,
                 nranks,
                 hosts: hosts.clone(),
-                pids: infos.iter().map(|p| p.pid).collect(),
-                addrs: infos.iter().map(|p| p.addr.clone()).collect(),
-                peers: infos.into(),
+                peers: infos,
                 profile: None,
                 clock: ClockOffset::SAME_HOST,
                 inner: Mutex::new(Inner {

@@ -51,9 +51,7 @@ pub(super) struct Shared {
     pub(super) nranks: usize,
     /// Every rank's host identity, process id and first listener address
     /// (`ip:port`), from bootstrap.
-    pub(super) hosts: Vec<String>,
-    pub(super) pids: Vec<u32>,
-    pub(super) addrs: Vec<String>,
+    pub(super) hosts: Arc<[String]>,
     /// The whole peer table, which a split hands its children.
     pub(super) peers: Arc<[super::PeerInfo]>,
     /// The start-up profile's measurements, when one ran or was cached: a

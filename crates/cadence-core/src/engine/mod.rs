@@ -43,7 +43,7 @@ use evidence::{stamp_moved, Recording};
 use phases::Jobs;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tuning::{MAINTAIN_EVERY, SPIN, YIELD, YIELD_HANDED_MIN};
+use tuning::{MAINTAIN_EVERY, NAP, NAP_MIXED, SPIN, YIELD, YIELD_HANDED_MIN};
 
 /// Whether a call's messages would rather stream through the shared-memory
 /// ring than go by single copy (`process_vm_readv`: the receiver's core
@@ -143,6 +143,11 @@ pub struct Engine {
     spin_budget: Duration,
     /// How long a yield takes that handed the core over (`YIELD_HANDED_MIN`).
     yield_handed_min: Duration,
+    /// How long one idle sleep lasts (`NAP`), and one on the doorbell while
+    /// sockets are pending too (`NAP_MIXED`); longer when ranks crowd the
+    /// cores (`NAP_RANKS_PER_CORE`).
+    nap: Duration,
+    nap_mixed: Duration,
     /// `CADENCE_SPIN_US` / `CADENCE_YIELD_US`, when set: fixed budgets that
     /// replace the policy (for measuring wait policies on a new machine).
     wait_override: (Option<Duration>, Option<Duration>),
@@ -203,6 +208,8 @@ impl Engine {
             op_stream: false,
             spin_budget: SPIN,
             yield_handed_min: YIELD_HANDED_MIN,
+            nap: NAP,
+            nap_mixed: NAP_MIXED,
             wait_override: (None, None),
             wait_stats: WaitStats::default(),
             stamp_messages: true,

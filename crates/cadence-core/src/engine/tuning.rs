@@ -43,6 +43,13 @@ pub(super) const SPIN_REGROW: Duration = Duration::from_micros(1);
 /// the doorbell can: the wait's own checks (deadline, abort notice, dead
 /// peers) and a missed wake-up come this late at worst.
 pub(super) const NAP: Duration = Duration::from_millis(5);
+/// Ranks per core up to which a sleep lasts [`NAP`]; past it a sleep lasts
+/// longer in proportion, up to [`NAP_MAX`]: a thousand ranks on two cores
+/// that each woke every `NAP` would spend the cores on waking (the kernel
+/// wakes a sleeper when its data arrives or its doorbell rings, so a longer
+/// nap only delays the wait's own checks: deadline, abort, dead peers).
+pub(super) const NAP_RANKS_PER_CORE: usize = 4;
+pub(super) const NAP_MAX: Duration = Duration::from_millis(100);
 /// How long a doorbell sleep lasts while sockets are pending too: their
 /// data cannot ring the doorbell, so they are polled again soon.
 pub(super) const NAP_MIXED: Duration = Duration::from_micros(200);

@@ -15,9 +15,9 @@
 //! doubles it back, as a peer on a core of its own answers within it.
 
 use super::tuning::{
-    LIVENESS_EVERY, NAP, NAP_MIXED, NAP_NO_INBOX, ROOTED_SMALL, SPIN, SPIN_OVERSUBSCRIBED,
-    SPIN_REGROW, STREAM_RANKS_PER_CORE, YIELD, YIELD_HANDED_MIN, YIELD_LOST_MIN,
-    YIELD_OVERSUBSCRIBED, YIELD_ROOTED_OVERSUBSCRIBED,
+    LIVENESS_EVERY, NAP, NAP_MAX, NAP_MIXED, NAP_NO_INBOX, NAP_RANKS_PER_CORE, ROOTED_SMALL, SPIN,
+    SPIN_OVERSUBSCRIBED, SPIN_REGROW, STREAM_RANKS_PER_CORE, YIELD, YIELD_HANDED_MIN,
+    YIELD_LOST_MIN, YIELD_OVERSUBSCRIBED, YIELD_ROOTED_OVERSUBSCRIBED,
 };
 use super::{Engine, Moving, OpCtx, INTERRUPT_EVERY};
 use crate::error::ErrorKind;
@@ -117,6 +117,7 @@ impl Engine {
         self.yield_rooted = self.wait_override.1.unwrap_or(yield_rooted);
         self.spin_budget = self.spin;
         self.yield_handed_min = YIELD_HANDED_MIN.max(yield_alone() * 3);
+        (self.nap, self.nap_mixed) = naps_for(local, cores);
     }
 
     /// How long a wait of a `coll` call of `bytes` yields before it sleeps
@@ -289,11 +290,11 @@ impl Engine {
                     revents: 0,
                 });
             }
-            poll_fds(&mut self.pollfds, NAP);
+            poll_fds(&mut self.pollfds, self.nap);
             return;
         }
         if self.doorbell_waits.is_empty() {
-            poll_fds(&mut self.pollfds, NAP);
+            poll_fds(&mut self.pollfds, self.nap);
             return;
         }
         if sockets_pending {
@@ -310,7 +311,11 @@ impl Engine {
             inbox.cancel_sleep();
             return;
         }
-        let nap = if sockets_pending { NAP_MIXED } else { NAP };
+        let nap = if sockets_pending {
+            self.nap_mixed
+        } else {
+            self.nap
+        };
         self.wait_stats.naps += 1;
         if inbox.sleep(seen, nap) {
             self.wait_stats.nap_timeouts += 1;
@@ -326,6 +331,13 @@ impl Engine {
             .iter()
             .any(|&(p, is_send)| self.links[p].as_ref().is_some_and(|l| l.ready(is_send)))
     }
+}
+
+/// How long one idle sleep lasts with `local` ranks on `cores` cores, on
+/// one kind of wake-up and on both (see `NAP_RANKS_PER_CORE`).
+fn naps_for(local: usize, cores: usize) -> (Duration, Duration) {
+    let crowd = (local / (NAP_RANKS_PER_CORE * cores.max(1))).max(1) as u32;
+    ((NAP * crowd).min(NAP_MAX), (NAP_MIXED * crowd).min(NAP))
 }
 
 /// How long `sched_yield` takes here with nobody else wanting the core: the
@@ -382,6 +394,16 @@ mod tests {
         e.set_local_ranks(1);
         assert_eq!(ended(&mut e, 80, true, false), Duration::from_micros(50));
         assert_eq!(e.wait_stats.shared_core_waits, 0);
+    }
+
+    #[test]
+    fn naps_lengthen_only_when_ranks_crowd_the_cores() {
+        assert_eq!(naps_for(1, 2), (NAP, NAP_MIXED));
+        assert_eq!(naps_for(8, 2), (NAP, NAP_MIXED));
+        assert_eq!(naps_for(64, 2), (NAP * 8, NAP_MIXED * 8));
+        assert_eq!(naps_for(2048, 2), (NAP_MAX, NAP));
+        assert_eq!(naps_for(64, 16), (NAP, NAP_MIXED));
+        assert_eq!(naps_for(5, 0), (NAP, NAP_MIXED));
     }
 
     #[test]

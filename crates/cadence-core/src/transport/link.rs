@@ -20,10 +20,20 @@ pub enum WaitOn<P> {
 /// Blocks in poll(2) on `fds` for at most `timeout` (sleeps when empty).
 pub use super::tcp::poll_fds;
 
-/// A connection to one peer, over shared memory or TCP.
+/// A connection to one peer, over shared memory or TCP. Boxed: the engine
+/// keeps a slot per rank of the job, most of them empty.
 pub enum Link {
-    Shm(shm::ShmLink),
-    Tcp(tcp::TcpLink),
+    Shm(Box<shm::ShmLink>),
+    Tcp(Box<tcp::TcpLink>),
+}
+
+impl Link {
+    pub fn tcp(link: tcp::TcpLink) -> Link {
+        Link::Tcp(Box::new(link))
+    }
+    pub fn shm(link: shm::ShmLink) -> Link {
+        Link::Shm(Box::new(link))
+    }
 }
 
 impl Link {
