@@ -6,10 +6,10 @@
 //! mapped it, so a crash leaves nothing behind.
 
 use super::layout::{
-    inbox_size, ring_size, INBOX_MAGIC, MIN_HDR_SIZE, OFF_FRAME_BYTES, OFF_MAGIC, OFF_NFRAMES,
+    header_size, inbox_size, INBOX_MAGIC, MIN_HDR_SIZE, OFF_FRAME_BYTES, OFF_MAGIC, OFF_NFRAMES,
     OFF_NRINGS, OFF_PID, OFF_RING_BYTES, OFF_SELF_ADDR,
 };
-use super::sys::{allow_peer_reads, reserve, Region};
+use super::sys::{allow_peer_reads, populate_supported, reserve, Region};
 use super::{ShmConfig, Streamed};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -17,6 +17,12 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What to do when /dev/shm has no room for a ring.
+pub(super) const NO_ROOM_HINT: &str = "the shared-memory file system is too small for this \
+     many ranks on a host (each pair of ranks that talk needs a ring each way, \
+     CADENCE_SHM_RING_BYTES plus about 72 KiB); give /dev/shm more room, e.g. docker run \
+     --shm-size, or shrink the rings with CADENCE_SHM_RING_BYTES";
 
 /// This rank's own inbox.
 pub struct Inbox {
@@ -42,19 +48,25 @@ impl Inbox {
             .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         file.set_len(size as u64)
             .map_err(|e| format!("cannot size {} to {size} bytes: {e}", path.display()))?;
-        reserve(&file, size).map_err(|e| {
+        // The header now; each ring on its first use (`RingEnd::resident`),
+        // or every ring now where the kernel cannot do that.
+        let now = if populate_supported() {
+            header_size(nrings)
+        } else {
+            size
+        };
+        reserve(&file, now).map_err(|e| {
             format!(
-                "cannot reserve {} MiB for {} ({e}): the shared-memory file system is too \
-                 small for this many ranks on a host (each rank needs about {} KiB per \
-                 local peer; give /dev/shm more room, e.g. docker run --shm-size, or \
-                 shrink the rings with CADENCE_SHM_RING_BYTES)",
-                size.div_ceil(1 << 20),
+                "cannot reserve {} MiB for {} ({e}): {NO_ROOM_HINT}",
+                now.div_ceil(1 << 20),
                 path.display(),
-                ring_size(&cfg) >> 10
             )
         })?;
         let region =
             Region::map(&file, path, true).map_err(|e| format!("mmap {}: {e}", path.display()))?;
+        region
+            .populate(0, now)
+            .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
         region
             .atomic_u32(OFF_PID)
             .store(std::process::id(), Ordering::Relaxed);

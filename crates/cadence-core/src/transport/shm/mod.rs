@@ -58,7 +58,7 @@ use crate::error::ErrorKind;
 use crate::types::CollKind;
 use help::HelpRx;
 use inbox::{geometry, ring_count};
-use layout::{ring_offset, LINE_PAIR};
+use layout::{ring_offset, ring_size, LINE_PAIR};
 use ring::RingEnd;
 use single_copy::{can_read_peer, CMA_DESC_BYTES};
 use std::sync::atomic::Ordering;
@@ -237,6 +237,7 @@ impl ShmLink {
     /// Moves a send on: a single copy in flight is waited for (and helped
     /// with); a new message goes by single copy or streams through the ring.
     pub fn send_progress(&mut self, job: &mut SendJob) -> Result<bool, ErrorKind> {
+        self.tx.resident().map_err(|e| self.no_room(true, e))?;
         if let Some(until) = self.cma_wait {
             return self.await_rendezvous(job, until);
         }
@@ -249,6 +250,7 @@ impl ShmLink {
     /// Moves a receive on: takes the ring's frames in order, or reads the
     /// message a rendezvous frame names.
     pub fn recv_progress(&mut self, job: &mut RecvJob) -> Result<bool, ErrorKind> {
+        self.rx.resident().map_err(|e| self.no_room(false, e))?;
         let total = job.sink.len();
         let mut progressed = false;
         while !job.done {
@@ -276,6 +278,25 @@ impl ShmLink {
             self.stats.msgs_recv.add(1);
         }
         Ok(progressed)
+    }
+
+    /// Why a ring could not get its pages on first use.
+    fn no_room(&self, send: bool, e: std::io::Error) -> ErrorKind {
+        let (whose, cfg) = if send {
+            (format!("rank {}'s", self.peer), &self.tx.cfg)
+        } else {
+            ("this rank's".to_string(), &self.rx.cfg)
+        };
+        ErrorKind::Failed {
+            detail: format!(
+                "cannot map the {} KiB ring from {} in {whose} shared-memory inbox ({e}): \
+                 {}",
+                ring_size(cfg) >> 10,
+                if send { "this rank" } else { "the peer" },
+                inbox::NO_ROOM_HINT
+            ),
+            culprit: None,
+        }
     }
 
     /// The header of the next frame in the ring, if one is published; the

@@ -29,7 +29,8 @@
 //! reads the frame, and releases it with a release store of `tail`.
 
 use super::layout::{
-    CTL_CMA_OK, CTL_TAIL, INLINE_MAX, LINE_PAIR, OFF_INLINE, OFF_STAMP, RING_CTL, SLOT_HDR,
+    ring_size, CTL_CMA_OK, CTL_TAIL, INLINE_MAX, LINE_PAIR, OFF_INLINE, OFF_STAMP, RING_CTL,
+    SLOT_HDR,
 };
 use super::single_copy::CMA_DESC_BYTES;
 use super::{Region, ShmConfig, ShmLink};
@@ -71,6 +72,8 @@ pub(super) struct RingEnd {
     /// payload space (frame k at `k % nframes`), so that a moved `tail`
     /// says how much space came free.
     starts: Vec<u64>,
+    /// Whether this side has the ring's pages mapped ([`RingEnd::resident`]).
+    resident: bool,
 }
 
 impl RingEnd {
@@ -83,7 +86,18 @@ impl RingEnd {
             theirs: 0,
             pos: 0,
             starts: vec![0; cfg.nframes],
+            resident: false,
         }
+    }
+    /// Maps the ring's pages on this side on its first use (allocating
+    /// them in the inbox file if the other side has not): a host's shared
+    /// memory grows with the pairs that talk. Fails when /dev/shm is full.
+    pub(super) fn resident(&mut self) -> std::io::Result<()> {
+        if !self.resident {
+            self.region.populate(self.base, ring_size(&self.cfg))?;
+            self.resident = true;
+        }
+        Ok(())
     }
     /// The stamp of the header slot that holds frame `n`.
     pub(super) fn stamp(&self, n: u64) -> &AtomicU64 {

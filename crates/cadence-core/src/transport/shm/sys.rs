@@ -21,12 +21,12 @@ pub struct Region {
 }
 
 impl Region {
-    /// Maps `file` (at `path`) with its page tables filled in
-    /// (`MAP_POPULATE`), so that no message takes a page fault on this side
-    /// (see [`reserve`]). The `owner` (the rank that created the file)
-    /// unlinks it.
+    /// Maps `file` (at `path`). No page is touched: a ring's pages come
+    /// when it is first used ([`Region::populate`]), so a host's shared
+    /// memory grows with the pairs that talk, not with every pair. The
+    /// `owner` (the rank that created the file) unlinks it.
     pub(super) fn map(file: &File, path: &Path, owner: bool) -> std::io::Result<Region> {
-        let map = memmap2::MmapOptions::new().populate().map_raw(file)?;
+        let map = memmap2::MmapOptions::new().map_raw(file)?;
         Ok(Region {
             map,
             path: path.to_owned(),
@@ -84,6 +84,44 @@ impl Region {
         unsafe { std::slice::from_raw_parts(self.ptr(off), len) }
     }
 
+    /// Allocates the file's pages under `[off, off + len)` and fills in
+    /// this mapping's page tables for them (`MADV_POPULATE_WRITE`), so that
+    /// no message takes a page fault on this side, and a full shared-memory
+    /// file system shows here as an error, not as SIGBUS in the middle of a
+    /// collective. Where the kernel lacks it (before 5.14) the inbox was
+    /// reserved whole at creation ([`populate_supported`]) and touching the
+    /// pages maps them.
+    pub(super) fn populate(&self, off: usize, len: usize) -> std::io::Result<()> {
+        let page = page_size();
+        let start = off - off % page;
+        let end = (off + len).next_multiple_of(page).min(self.map.len());
+        if end <= start {
+            return Ok(());
+        }
+        // SAFETY: `[start, end)` is page-aligned and inside the mapping;
+        // MADV_POPULATE_WRITE only faults pages in (as a write would,
+        // without changing a byte), so it cannot disturb what peers write.
+        let rc = unsafe {
+            libc::madvise(
+                self.map.as_mut_ptr().add(start).cast(),
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(e);
+        }
+        for at in (start..end).step_by(page) {
+            // Adding nothing writes nothing a peer could see changed.
+            self.atomic_u32(at).fetch_add(0, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Removes the file name (the mapping stays valid).
     pub fn unlink(&self) {
         if self.owner && self.unlinked.swap(1, Ordering::AcqRel) == 0 {
@@ -98,6 +136,34 @@ impl Drop for Region {
     }
 }
 
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096).max(4096)
+}
+
+/// Whether this kernel fills in page tables on request
+/// (`MADV_POPULATE_WRITE`, Linux 5.14), so that rings can get their pages
+/// on first use; without it an inbox is reserved whole when created.
+pub(super) fn populate_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let Ok(probe) = memmap2::MmapMut::map_anon(page_size()) else {
+            return false;
+        };
+        // SAFETY: the anonymous mapping is ours, page-aligned, one page long,
+        // and lives until the end of this closure.
+        let rc = unsafe {
+            libc::madvise(
+                probe.as_ptr() as *mut libc::c_void,
+                probe.len(),
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        rc == 0
+    })
+}
+
 /// Allocates the inbox's pages now. Left to the first write, each page of a
 /// ring costs a page fault on its first pass, for the sender that writes it
 /// and for the receiver that reads it: with small messages a fault every
@@ -105,6 +171,9 @@ impl Drop for Region {
 /// system shows here, as an error, not as SIGBUS in the middle of a
 /// collective).
 pub(super) fn reserve(file: &File, size: usize) -> std::io::Result<()> {
+    if size == 0 {
+        return Ok(());
+    }
     use std::os::fd::AsRawFd;
     // SAFETY: plain system call on an open descriptor; no memory is passed.
     let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
