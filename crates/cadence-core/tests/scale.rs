@@ -43,6 +43,10 @@ struct Run {
     ranks: Vec<RankFigures>,
     fds_after_init: usize,
     rss_after_init_kib: u64,
+    /// /dev/shm in use by the job (the whole machine's, less what was in
+    /// use before it started) after init and after the collectives.
+    shm_after_init: u64,
+    shm_after: u64,
 }
 
 fn cpu_seconds() -> f64 {
@@ -52,6 +56,19 @@ fn cpu_seconds() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
     t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// Bytes in use in /dev/shm (every process's: the parts of a run measure
+/// the whole job at moments when every part is there).
+fn shm_used() -> u64 {
+    let path = std::ffi::CString::new("/dev/shm").unwrap();
+    // SAFETY: statvfs is plain integers; all-zero is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string; statvfs fills `st`, ours.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    (st.f_blocks - st.f_bfree) as u64 * st.f_frsize as u64
 }
 
 fn open_fds() -> usize {
@@ -145,14 +162,10 @@ fn config() -> Config {
     Config {
         timeout: Duration::from_secs(300),
         // Start-up measurements are their own concern (the profile's and
-        // calibration's cost is stated apart); the small ring keeps 2,048
-        // ranks' shared memory within this machine.
+        // calibration's cost is stated apart). Rings of the default size:
+        // they take shared memory only once used.
         calibrate: false,
         topo: cadence_core::config::TopoSource::Off,
-        shm: cadence_core::transport::shm::ShmConfig {
-            ring_bytes: 64 << 10,
-            ..Default::default()
-        },
         debug: cadence_core::config::DebugLevel::Off,
         ..Config::default()
     }
@@ -186,6 +199,8 @@ fn run_part(part: Part) -> Run {
     let go = Arc::new(Barrier::new(local + 1));
     let inited = Arc::new(Barrier::new(local + 1));
     let measured = Arc::new(Barrier::new(local + 1));
+    let collected = Arc::new(Barrier::new(local + 1));
+    let measured_after = Arc::new(Barrier::new(local + 1));
     let figures = Arc::new(Mutex::new(vec![RankFigures::default(); local]));
     let hs: Vec<_> = (lo..hi)
         .map(|r| {
@@ -198,6 +213,7 @@ fn run_part(part: Part) -> Run {
             );
             let (ready, go, inited, measured) =
                 (ready.clone(), go.clone(), inited.clone(), measured.clone());
+            let (collected, measured_after) = (collected.clone(), measured_after.clone());
             std::thread::Builder::new()
                 .stack_size(1 << 20)
                 .spawn(move || {
@@ -307,6 +323,11 @@ fn run_part(part: Part) -> Run {
                         links_after_init: after_init,
                         links_after: comm.links_open(),
                     };
+                    // Every rank done before /dev/shm is measured, every
+                    // part measured before any rank closes.
+                    comm.run(OpRequest::barrier()).unwrap();
+                    collected.wait();
+                    measured_after.wait();
                     comm.run(OpRequest::barrier()).unwrap();
                     comm.close();
                 })
@@ -315,12 +336,17 @@ fn run_part(part: Part) -> Run {
         .collect();
     ready.wait();
     (part.across)();
+    let shm_before = shm_used();
     let (t0, c0) = (Instant::now(), cpu_seconds());
     go.wait();
     inited.wait();
     let (wall_s, cpu_s) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
     let (fds_after_init, rss_after_init_kib) = (open_fds(), rss_kib());
+    let shm_after_init = shm_used().saturating_sub(shm_before);
     measured.wait();
+    collected.wait();
+    let shm_after = shm_used().saturating_sub(shm_before);
+    measured_after.wait();
     for h in hs {
         h.join().unwrap();
     }
@@ -333,6 +359,8 @@ fn run_part(part: Part) -> Run {
         ranks,
         fds_after_init,
         rss_after_init_kib,
+        shm_after_init,
+        shm_after,
     }
 }
 
@@ -347,7 +375,7 @@ fn report(r: &Run) {
     println!(
         "n={:5} ({} hosts x {}): set-up wall {:.2}s cpu {:.2}s | store ops/rank max {} | links \
          after init median {} max {} (bound {}) | after the collectives max {} | fds/rank {:.1} \
-         | RSS/rank {:.0} KiB",
+         | RSS/rank {:.0} KiB | /dev/shm/host after init {:.1} MiB, after the collectives {:.1} MiB",
         r.n,
         r.n / r.per_host,
         r.per_host,
@@ -360,6 +388,8 @@ fn report(r: &Run) {
         max(|f| f.links_after),
         r.fds_after_init as f64 / r.n as f64,
         r.rss_after_init_kib as f64 / r.n as f64,
+        r.shm_after_init as f64 / (r.n / r.per_host) as f64 / (1 << 20) as f64,
+        r.shm_after as f64 / (r.n / r.per_host) as f64 / (1 << 20) as f64,
     );
 }
 
@@ -396,18 +426,22 @@ fn sweep() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(PER_PROCESS);
+    let per_host = std::env::var("CADENCE_SCALE_PER_HOST")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
     for n in sizes.split(',').map(|s| s.trim().parse::<usize>().unwrap()) {
         if n <= per_process {
-            report(&run(n, 8));
+            report(&run(n, per_host));
         } else {
-            report(&run_processes(n, 8));
+            report(&run_processes(n, per_host, per_process));
         }
     }
 }
 
-/// A job of `n` ranks as ⌈n / PER_PROCESS⌉ processes of this test binary
-/// (`sweep_part`), meeting through a store this process serves.
-fn run_processes(n: usize, per_host: usize) -> Run {
+/// A job of `n` ranks as ⌈n / `per_process`⌉ processes of this test
+/// binary (`sweep_part`), meeting through a store this process serves.
+fn run_processes(n: usize, per_host: usize, per_process: usize) -> Run {
     let server = StoreServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
     let port = server.addr().port();
     let mut key = [0u8; 32];
@@ -417,9 +451,9 @@ fn run_processes(n: usize, per_host: usize) -> Run {
     let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
     let id = format!("sp{}n{n}", std::process::id());
     let parts: Vec<_> = (0..n)
-        .step_by(PER_PROCESS)
+        .step_by(per_process)
         .map(|lo| {
-            let hi = (lo + PER_PROCESS).min(n);
+            let hi = (lo + per_process).min(n);
             std::process::Command::new(std::env::current_exe().unwrap())
                 .args(["sweep_part", "--ignored", "--exact", "--nocapture"])
                 .env(
@@ -439,6 +473,8 @@ fn run_processes(n: usize, per_host: usize) -> Run {
         ranks: Vec::new(),
         fds_after_init: 0,
         rss_after_init_kib: 0,
+        shm_after_init: 0,
+        shm_after: 0,
     };
     for child in parts {
         let out = child.wait_with_output().unwrap();
@@ -457,6 +493,8 @@ fn run_processes(n: usize, per_host: usize) -> Run {
                     run.cpu_s += f[1];
                     run.fds_after_init += f[2] as usize;
                     run.rss_after_init_kib += f[3] as u64;
+                    run.shm_after_init = run.shm_after_init.max(f[4] as u64);
+                    run.shm_after = run.shm_after.max(f[5] as u64);
                 }
                 Some("RANK") => {
                     let f = numbers();
@@ -512,8 +550,13 @@ fn sweep_part() {
         }),
     });
     println!(
-        "PART {} {} {} {}",
-        run.wall_s, run.cpu_s, run.fds_after_init, run.rss_after_init_kib
+        "PART {} {} {} {} {} {}",
+        run.wall_s,
+        run.cpu_s,
+        run.fds_after_init,
+        run.rss_after_init_kib,
+        run.shm_after_init,
+        run.shm_after
     );
     for r in &run.ranks {
         println!(

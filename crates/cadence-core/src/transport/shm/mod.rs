@@ -237,7 +237,9 @@ impl ShmLink {
     /// Moves a send on: a single copy in flight is waited for (and helped
     /// with); a new message goes by single copy or streams through the ring.
     pub fn send_progress(&mut self, job: &mut SendJob) -> Result<bool, ErrorKind> {
-        self.tx.resident().map_err(|e| self.no_room(true, e))?;
+        self.tx
+            .resident(job.src.len())
+            .map_err(|e| self.no_room(true, e))?;
         if let Some(until) = self.cma_wait {
             return self.await_rendezvous(job, until);
         }
@@ -250,8 +252,10 @@ impl ShmLink {
     /// Moves a receive on: takes the ring's frames in order, or reads the
     /// message a rendezvous frame names.
     pub fn recv_progress(&mut self, job: &mut RecvJob) -> Result<bool, ErrorKind> {
-        self.rx.resident().map_err(|e| self.no_room(false, e))?;
         let total = job.sink.len();
+        self.rx
+            .resident(total)
+            .map_err(|e| self.no_room(false, e))?;
         let mut progressed = false;
         while !job.done {
             let n = self.rx.mine;

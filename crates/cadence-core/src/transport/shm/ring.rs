@@ -72,8 +72,16 @@ pub(super) struct RingEnd {
     /// payload space (frame k at `k % nframes`), so that a moved `tail`
     /// says how much space came free.
     starts: Vec<u64>,
-    /// Whether this side has the ring's pages mapped ([`RingEnd::resident`]).
-    resident: bool,
+    /// How much of the ring this side has mapped ([`RingEnd::resident`]):
+    /// nothing, the control and header slots, or all of it.
+    resident: Resident,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Resident {
+    Nothing,
+    Slots,
+    All,
 }
 
 impl RingEnd {
@@ -86,16 +94,29 @@ impl RingEnd {
             theirs: 0,
             pos: 0,
             starts: vec![0; cfg.nframes],
-            resident: false,
+            resident: Resident::Nothing,
         }
     }
-    /// Maps the ring's pages on this side on its first use (allocating
-    /// them in the inbox file if the other side has not): a host's shared
-    /// memory grows with the pairs that talk. Fails when /dev/shm is full.
-    pub(super) fn resident(&mut self) -> std::io::Result<()> {
-        if !self.resident {
-            self.region.populate(self.base, ring_size(&self.cfg))?;
-            self.resident = true;
+    /// Maps the ring's pages on this side on first use (allocating them in
+    /// the inbox file if the other side has not): its control and header
+    /// slots for a message that fits a slot (`INLINE_MAX`), all of it for
+    /// a larger one. So a host's shared memory grows with the pairs that
+    /// talk, and a pair that only ever passes small messages (a barrier's)
+    /// takes a few pages. Fails when /dev/shm is full.
+    pub(super) fn resident(&mut self, message_len: usize) -> std::io::Result<()> {
+        let want = if message_len <= INLINE_MAX {
+            Resident::Slots
+        } else {
+            Resident::All
+        };
+        if self.resident < want {
+            let slots = RING_CTL + self.cfg.nframes * SLOT_HDR;
+            let len = match want {
+                Resident::All => ring_size(&self.cfg),
+                _ => slots,
+            };
+            self.region.populate(self.base, len)?;
+            self.resident = want;
         }
         Ok(())
     }

@@ -288,7 +288,8 @@ fn a_new_ring_takes_no_page_faults() {
 
 /// Shared memory grows with the pairs that talk: a new inbox holds its
 /// header only, whatever its number of rings, and a ring gets its pages
-/// when a message first crosses it (in the receiver's inbox only).
+/// when a message first crosses it (in the receiver's inbox only): its
+/// header slots for a small message, the whole ring for a larger one.
 #[test]
 fn a_ring_takes_shared_memory_only_once_used() {
     use std::os::unix::fs::MetadataExt;
@@ -310,6 +311,15 @@ fn a_ring_takes_shared_memory_only_once_used() {
     assert!(
         held("a") <= header && held("b") <= header,
         "a new inbox holds its header only"
+    );
+    // A message that fits a header slot maps the ring's slots only.
+    let mut small = [0u8; 8];
+    transfer(&mut la, &mut lb, b"barrier!", &mut small, SinkMode::Copy);
+    let slots = (super::layout::RING_CTL + cfg.nframes * super::layout::SLOT_HDR) as u64;
+    assert!(
+        held("b") <= header + slots.next_multiple_of(4096),
+        "b holds its header and one ring's slots: {} bytes",
+        held("b")
     );
     let data = vec![7u8; 3000];
     let mut out = vec![0u8; data.len()];
@@ -351,12 +361,12 @@ fn shared_memory_that_does_not_fit_its_file_system_is_an_error() {
             ..ShmConfig::default()
         };
         let (mut la, mut lb, _ia, _ib) = pair_of(&dir, 4, 0, 1, cfg);
-        let mut out = [0u8; 5];
-        transfer(&mut la, &mut lb, b"fits!", &mut out, SinkMode::Copy);
-        static BACK: [u8; 2] = *b"no";
+        let mut out = [0u8; 3000];
+        transfer(&mut la, &mut lb, &[2; 3000], &mut out, SinkMode::Copy);
+        static BACK: [u8; 3000] = [1; 3000];
         // SAFETY: a static outlives the job; nothing writes it.
         let src = unsafe { Source::new(BACK.as_ptr(), BACK.len()) };
-        let mut send = SendJob::new(meta(2), src);
+        let mut send = SendJob::new(meta(3000), src);
         let err = lb
             .send_progress(&mut send)
             .expect_err("no room for a second ring");
