@@ -543,7 +543,8 @@ def test_doctor_names_the_rank_that_did_not_enter(mode, transport, tmp_path):
     assert len(glob.glob(str(tmp_path / "cadence-*-rank*.json"))) == 3
     dumps, _ = load_dir(str(tmp_path))
     if transport == "tcp":
-        assert all(d.clock_method == "ping-pong" for d in dumps if d.rank > 0)
+        # Emulated hosts on one machine read one clock: nothing measured.
+        assert all(d.clock_method == "same machine" for d in dumps if d.rank > 0)
     v = diagnose(dumps)
     j = v.to_json()
     assert j["class"] == "noncomm_hang" and j["ranks"] == [late], v.text()

@@ -504,7 +504,7 @@ def _never_enters(comm, dump_dir, absent):
 
 
 def test_reports_of_a_real_job(tmp_path, capsys):
-    """2 hosts x 2 ranks (TCP between hosts, measured clock offsets); rank 3
+    """2 hosts x 2 ranks (TCP between hosts, one machine's clock); rank 3
     dumps, then never enters an allreduce; the others time out and dump."""
     dumps_dir = tmp_path / "dumps"
     res = run_ranks(_never_enters, 4, transport="mixed", args=(str(dumps_dir), 3),

@@ -385,7 +385,8 @@ class Communicator:
     @property
     def clock_offset(self) -> dict:
         """This rank's wall clock minus rank 0's, measured at start-up:
-        `{"offset_ns", "error_ns", "method"}` ("same host": one clock, 0;
+        `{"offset_ns", "error_ns", "method"}` ("same host", or "same
+        machine" for an emulated host on rank 0's machine: one clock, 0;
         "ping-pong": the best of a few round trips to rank 0's host, within
         `error_ns`)."""
         offset, error, method = self._c.clock_offset

@@ -601,3 +601,67 @@ fn a_failure_reaches_ranks_never_linked_to_it() {
         }
     }
 }
+
+/// Clock offsets at start-up: hosts on other machines are measured by the
+/// ping-pong tree (every machine here reads one clock, so the estimate is
+/// within its error bound of 0), emulated hosts on rank 0's machine and
+/// rank 0's own host read rank 0's clock and measure nothing.
+#[test]
+fn clock_offsets_are_measured_only_across_machines() {
+    let n = 9;
+    // Hosts h0..h4: ranks 0,1 | 2,3 | 4,5 | 6,7 | 8. Machines: h0 and h1
+    // on rank 0's ("m0"), h2, h3 and h4 each on one of their own.
+    let host = |r: usize| r / 2;
+    let machine = |h: usize| {
+        if h <= 1 {
+            "m0".to_string()
+        } else {
+            format!("m{h}")
+        }
+    };
+    let id = format!("clk{}x{}", std::process::id(), rand_tag());
+    let secret = JobSecret::random().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let cfg = Config {
+        timeout: Duration::from_secs(30),
+        calibrate: false,
+        topo: cadence_core::config::TopoSource::Off,
+        ..Config::default()
+    };
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let (id, store, cfg, secret) = (id.clone(), store.clone(), cfg.clone(), secret.clone());
+            std::thread::spawn(move || {
+                let ip = "127.0.0.1".parse().unwrap();
+                let h = host(r);
+                let mut b = Bootstrap::new(&id, r, n, &format!("h{h}"), ip, cfg, secret).unwrap();
+                b.info.machine = machine(h);
+                let comm = b.join(&store.handle(), "clk").unwrap();
+                let c = comm.clock_offset();
+                comm.run(OpRequest::barrier()).unwrap();
+                (c.method, c.offset_ns, c.error_ns)
+            })
+        })
+        .collect();
+    let got: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    for (r, (method, offset, error)) in got.iter().enumerate() {
+        let want = match host(r) {
+            0 => "same host",
+            1 => "same machine",
+            _ => "ping-pong",
+        };
+        assert_eq!(*method, want, "rank {r}: {:?}", got[r]);
+        if want == "ping-pong" {
+            assert!(*error > 0, "rank {r}: {:?}", got[r]);
+            // One clock in truth: the estimate is within its bound of 0
+            // (and a little more for the time between reads).
+            assert!(
+                offset.unsigned_abs() <= error + 5_000_000,
+                "rank {r}: {:?}",
+                got[r]
+            );
+        } else {
+            assert_eq!((*offset, *error), (0, 0), "rank {r}");
+        }
+    }
+}

@@ -2,8 +2,8 @@
 //! that records of different hosts line up (`cadence doctor` compares when
 //! ranks entered and left an operation).
 //!
-//! Ranks of one host read one clock: their offset is 0 by construction. On
-//! a job across hosts, the hosts' first ranks form a binary tree rooted at
+//! Ranks of one host read one clock: their offset is 0 by construction, and
+//! so is that of emulated hosts on rank 0's machine. On a job across hosts, the hosts' first ranks form a binary tree rooted at
 //! rank 0 (hosts in order, rank 0's first): each parent plays [`ROUNDS`]
 //! ping-pongs of 8 bytes with each child; the child answers with its wall
 //! clock, and of the rounds the one with the shortest round trip gives the
@@ -35,7 +35,8 @@ pub struct ClockOffset {
     /// Half the best round trip: the estimate is within this of the truth
     /// (0 for ranks on rank 0's host).
     pub error_ns: u64,
-    /// "same host" (one clock, nothing to measure) or "ping-pong".
+    /// "same host" or "same machine" (one clock, nothing to measure), or
+    /// "ping-pong".
     pub method: &'static str,
 }
 
@@ -44,6 +45,12 @@ impl ClockOffset {
         offset_ns: 0,
         error_ns: 0,
         method: "same host",
+    };
+    /// An emulated host on rank 0's machine (its boot id).
+    pub const SAME_MACHINE: ClockOffset = ClockOffset {
+        offset_ns: 0,
+        error_ns: 0,
+        method: "same machine",
     };
 }
 
@@ -55,10 +62,21 @@ pub(super) fn measure(comm: &Comm) -> Result<ClockOffset> {
     }
     let me = comm.rank();
     let home = topo.host_of(0);
+    // Emulated hosts on rank 0's machine read its clock (the wall clock is
+    // not namespaced): nothing to measure for them.
+    let peers = &comm.shared.peers;
+    let home_machine = &peers[0].machine;
+    let on_home_machine = |r: usize| !home_machine.is_empty() && peers[r].machine == *home_machine;
+    if topo.host_of(me) != home && on_home_machine(me) {
+        return Ok(ClockOffset::SAME_MACHINE);
+    }
     // Hosts in tree order: rank 0's first, then the others in order.
     let hosts: Vec<usize> = std::iter::once(home)
-        .chain((0..topo.nhosts()).filter(|&h| h != home))
+        .chain((0..topo.nhosts()).filter(|&h| h != home && !on_home_machine(topo.ranks_on(h)[0])))
         .collect();
+    if hosts.len() < 2 {
+        return Ok(ClockOffset::SAME_HOST);
+    }
     let leader = |i: usize| {
         if i == 0 {
             0
