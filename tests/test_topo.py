@@ -191,7 +191,8 @@ def test_without_a_file_a_job_profiles_at_start_up_and_the_next_reads_the_cache(
     # every rank took the same one, the collectives stay right, the cost is
     # reported, and the second job reads rank 0's cache instead of measuring.
     hosts = ["h0", "h1", "h2", "h3"]
-    env = {"CADENCE_TOPO_FILE": "", "CADENCE_TOPO_CACHE": str(tmp_path / "cache"),
+    # `profile`: these hosts are on loopback, which is not profiled unless asked.
+    env = {"CADENCE_TOPO_FILE": "profile", "CADENCE_TOPO_CACHE": str(tmp_path / "cache"),
            "CADENCE_DEBUG": "INFO"}  # fmt: skip
     outs, codes = _run_local(tmp_path, hosts, env)
     assert codes == [0] * 4, outs
@@ -216,6 +217,22 @@ def test_without_a_file_a_job_profiles_at_start_up_and_the_next_reads_the_cache(
              if line.startswith("RESULT ")]  # fmt: skip
     assert all(r["order"]["hosts"] == first["hosts"] for r in again), (first, again)
     assert all(r["order"].get("profile_seconds") is None for r in again), again
+
+
+def test_hosts_emulated_on_loopback_are_not_profiled_by_default(tmp_path):
+    # Loopback has no network between the "hosts" to measure: a job with
+    # CADENCE_TOPO_FILE unset keeps rank order, says why, and caches nothing.
+    env = {"CADENCE_TOPO_FILE": "", "CADENCE_TOPO_CACHE": str(tmp_path / "cache"),
+           "CADENCE_DEBUG": "INFO"}  # fmt: skip
+    outs, codes = _run_local(tmp_path, ["h0", "h1", "h2", "h3"], env)
+    assert codes == [0] * 4, outs
+    assert "INFO: topology: 4 hosts emulated on loopback: no network" in outs[0], outs[0]
+    assert "profiling" not in outs[0], outs[0]
+    results = [json.loads(line[7:]) for o in outs for line in o.splitlines()
+               if line.startswith("RESULT ")]  # fmt: skip
+    assert len(results) == 4 and all(r["wrong"] == [] for r in results), results
+    assert all(r["order"].get("profile_seconds") is None for r in results), results
+    assert not list((tmp_path / "cache").glob("topo-*.json"))
 
 
 def test_ranks_with_different_topology_files_refuse_to_start(tmp_path):

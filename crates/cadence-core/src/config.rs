@@ -112,8 +112,13 @@ pub enum TopoSource {
     /// Unset: a job across three hosts or more profiles the network at
     /// start-up (rank 0 decides), or reads the profile rank 0 cached for
     /// the same hosts in `cache` (`CADENCE_TOPO_CACHE`, default
-    /// `~/.cache/cadence`; `none`: no cache, profile every time).
-    Profile { cache: Option<PathBuf> },
+    /// `~/.cache/cadence`; `none`: no cache, profile every time). Hosts
+    /// emulated on loopback have no network between them to profile and
+    /// are not, unless `loopback` (`CADENCE_TOPO_FILE=profile`).
+    Profile {
+        cache: Option<PathBuf>,
+        loopback: bool,
+    },
 }
 
 impl TopoSource {
@@ -130,7 +135,12 @@ impl TopoSource {
         match self {
             TopoSource::Off => String::new(),
             TopoSource::File(t) => format!("{}#{:016x}", t.path.display(), t.hash),
-            TopoSource::Profile { .. } => "#profile at start-up".into(),
+            TopoSource::Profile {
+                loopback: false, ..
+            } => "#profile at start-up".into(),
+            TopoSource::Profile { loopback: true, .. } => {
+                "#profile at start-up, loopback too".into()
+            }
         }
     }
 }
@@ -166,7 +176,10 @@ impl Default for Config {
             dump_dir: None,
             debug: DebugLevel::Warn,
             tuning: None,
-            topo: TopoSource::Profile { cache: None },
+            topo: TopoSource::Profile {
+                cache: None,
+                loopback: false,
+            },
             topo_pairs_max: crate::fabric::probe::STARTUP_PAIRS_MAX,
             calibrate: true,
             spin: None,
@@ -326,20 +339,27 @@ impl Config {
                 )?);
             }
         }
+        let cache = || match get("CADENCE_TOPO_CACHE").filter(|v| !v.is_empty()) {
+            Some(v) if v.eq_ignore_ascii_case("none") => None,
+            Some(v) => Some(PathBuf::from(v)),
+            None => {
+                crate::choice::tuned::default_path(&get).and_then(|p| p.parent().map(PathBuf::from))
+            }
+        };
         c.topo = match get("CADENCE_TOPO_FILE").filter(|v| !v.is_empty()) {
             Some(v) if v.eq_ignore_ascii_case("none") => TopoSource::Off,
+            Some(v) if v.eq_ignore_ascii_case("profile") => TopoSource::Profile {
+                cache: cache(),
+                loopback: true,
+            },
             Some(v) => TopoSource::File(Loaded::read(
                 "CADENCE_TOPO_FILE",
                 PathBuf::from(v),
                 TopoFile::parse,
             )?),
             None => TopoSource::Profile {
-                cache: match get("CADENCE_TOPO_CACHE").filter(|v| !v.is_empty()) {
-                    Some(v) if v.eq_ignore_ascii_case("none") => None,
-                    Some(v) => Some(PathBuf::from(v)),
-                    None => crate::choice::tuned::default_path(&get)
-                        .and_then(|p| p.parent().map(PathBuf::from)),
-                },
+                cache: cache(),
+                loopback: false,
             },
         };
         Ok(c)
@@ -381,18 +401,27 @@ mod tests {
         // CADENCE_TOPO_CACHE says otherwise.
         let unset = Config::from_lookup(env(&[("HOME", "/h")])).unwrap();
         assert!(
-            matches!(&unset.topo, TopoSource::Profile { cache: Some(p) } if p == Path::new("/h/.cache/cadence")),
+            matches!(&unset.topo, TopoSource::Profile { cache: Some(p), loopback: false } if p == Path::new("/h/.cache/cadence")),
             "{:?}",
             unset.topo
         );
         let here = Config::from_lookup(env(&[("HOME", "/h"), ("CADENCE_TOPO_CACHE", "/c")]));
         assert!(
-            matches!(here.unwrap().topo, TopoSource::Profile { cache: Some(p) } if p == Path::new("/c"))
+            matches!(here.unwrap().topo, TopoSource::Profile { cache: Some(p), loopback: false } if p == Path::new("/c"))
         );
         let nowhere = Config::from_lookup(env(&[("CADENCE_TOPO_CACHE", "none")]));
         assert!(matches!(
             nowhere.unwrap().topo,
-            TopoSource::Profile { cache: None }
+            TopoSource::Profile { cache: None, .. }
+        ));
+        // `profile`: hosts on loopback are profiled too.
+        let forced = Config::from_lookup(env(&[("HOME", "/h"), ("CADENCE_TOPO_FILE", "PROFILE")]));
+        assert!(matches!(
+            forced.unwrap().topo,
+            TopoSource::Profile {
+                cache: Some(_),
+                loopback: true
+            }
         ));
         let e = Config::from_lookup(env(&[("CADENCE_ALGO", "allreduce:ring:8K-1K")])).unwrap_err();
         assert!(e.contains("CADENCE_ALGO") && e.contains("8K-1K"), "{e}");

@@ -11,7 +11,7 @@ use super::links::{connect_streams, tcp_link, LinkCtx, Unreachable};
 use super::split::Inherited;
 use super::{Comm, OpRequest, PeerInfo};
 use crate::config::{Config, ConnectMode, DebugLevel};
-use crate::engine::Engine;
+use crate::engine::{Engine, LinkMaker};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::rendezvous::Store;
 use crate::transport::handshake::JobSecret;
@@ -394,9 +394,19 @@ impl Bootstrap {
             }
         } else {
             // Links on first use (`lazy.rs`): the listeners stay open.
-            let lazy = LazyLinks::start(ctx, self.listeners, remote, self.cfg.timeout)
+            let mut lazy = LazyLinks::start(ctx, self.listeners, remote, self.cfg.timeout)
                 .map_err(|e| fail(format!("cannot start accepting links: {e}")))?;
-            maker = Some(Box::new(lazy) as Box<dyn crate::engine::LinkMaker>);
+            // The set-up barrier's links, all at once rather than one per
+            // round: r signals r + 2^k (the rank below makes the other).
+            let mut dist = 1;
+            while dist < n {
+                let to = (rank + dist) % n;
+                if infos[to].host != *my_host {
+                    lazy.request(to);
+                }
+                dist *= 2;
+            }
+            maker = Some(Box::new(lazy) as Box<dyn LinkMaker>);
         }
 
         let mut engine = Engine::new(rank, n, links, inbox);

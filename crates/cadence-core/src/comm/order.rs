@@ -35,6 +35,14 @@ use std::time::{Duration, Instant};
 /// wider: measurements differ by a few percent from run to run, and on a
 /// flat network every order is as good.
 pub const WIDER: f64 = 1.1;
+/// Whether every address a rank listens on is a loopback address.
+fn on_loopback(p: &super::PeerInfo) -> bool {
+    p.nic_addrs().iter().all(|a| {
+        a.parse::<std::net::SocketAddr>()
+            .is_ok_and(|s| s.ip().is_loopback())
+    })
+}
+
 /// How long each flow of the start-up profile takes on the fastest pair.
 const START_SECONDS: f64 = 0.05;
 /// A cached start-up profile younger than this is used as is.
@@ -201,7 +209,7 @@ impl Comm {
     /// a profile of the network (cached by rank 0, see the module's
     /// comment). Before the communicator is shared with any thread.
     pub(super) fn order_from_profile(&mut self) -> Result<()> {
-        let TopoSource::Profile { cache } = &self.shared.cfg.topo else {
+        let TopoSource::Profile { cache, loopback } = &self.shared.cfg.topo else {
             return Ok(());
         };
         let topo = Topology::from_hosts(&self.hosts);
@@ -215,6 +223,14 @@ impl Comm {
                 stderr_line!("cadence rank 0 INFO: topology: {m}");
             }
         };
+        // Every rank sees the same table, so every rank skips alike.
+        if !loopback && self.shared.peers.iter().all(on_loopback) {
+            say(&format!(
+                "{n} hosts emulated on loopback: no network between them to profile \
+                 (CADENCE_TOPO_FILE=profile measures them anyway)"
+            ));
+            return Ok(());
+        }
         let hosts = names_of(&topo, &self.hosts);
         let cache = cache.as_ref().map(|dir| cache_file(dir, &hosts));
         // Rank 0 decides, for everyone: a fresh cached profile, or measure.
