@@ -83,6 +83,41 @@ impl PeerInfo {
 
     /// Reads one record from the front of `b`, advancing it.
     pub fn decode(b: &mut &[u8]) -> Result<PeerInfo, String> {
+        let r = Fields::read(b)?;
+        Ok(PeerInfo {
+            rank: r.rank,
+            host: r.host.to_owned(),
+            machine: r.machine.to_owned(),
+            tuning: r.tuning.to_owned(),
+            topo: r.topo.to_owned(),
+            pid: r.pid,
+            addr: r.addr.to_owned(),
+            addrs: r.addrs.iter().map(|a| a.to_string()).collect(),
+        })
+    }
+
+    /// Checks one record at the front of `b` and steps over it, allocating
+    /// nothing: the exchange checks every record it passes on (n per rank
+    /// in all), and builds the table once, at the end.
+    pub fn skip(b: &mut &[u8]) -> Result<(), String> {
+        Fields::read(b).map(|_| ())
+    }
+}
+
+/// A record's fields, borrowed from its encoding.
+struct Fields<'a> {
+    rank: usize,
+    pid: u32,
+    host: &'a str,
+    machine: &'a str,
+    tuning: &'a str,
+    topo: &'a str,
+    addr: &'a str,
+    addrs: Vec<&'a str>,
+}
+
+impl<'a> Fields<'a> {
+    fn read(b: &mut &'a [u8]) -> Result<Fields<'a>, String> {
         fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
             if b.len() < n {
                 return Err("a peer record cut short".into());
@@ -94,10 +129,9 @@ impl PeerInfo {
         fn u32_of(b: &mut &[u8]) -> Result<u32, String> {
             Ok(u32::from_le_bytes(take(b, 4)?.try_into().unwrap()))
         }
-        fn str_of(b: &mut &[u8]) -> Result<String, String> {
+        fn str_of<'a>(b: &mut &'a [u8]) -> Result<&'a str, String> {
             let n = u16::from_le_bytes(take(b, 2)?.try_into().unwrap()) as usize;
-            String::from_utf8(take(b, n)?.to_vec())
-                .map_err(|_| "a peer record with bad text".into())
+            std::str::from_utf8(take(b, n)?).map_err(|_| "a peer record with bad text".into())
         }
         let rank = u32_of(b)? as usize;
         let pid = u32_of(b)?;
@@ -108,13 +142,13 @@ impl PeerInfo {
         let addr = str_of(b)?;
         let naddrs = take(b, 1)?[0] as usize;
         let addrs = (0..naddrs).map(|_| str_of(b)).collect::<Result<_, _>>()?;
-        Ok(PeerInfo {
+        Ok(Fields {
             rank,
+            pid,
             host,
             machine,
             tuning,
             topo,
-            pid,
             addr,
             addrs,
         })
@@ -142,7 +176,10 @@ mod tests {
         p.encode(&mut buf);
         let mut b = buf.as_slice();
         for _ in 0..2 {
+            let mut ahead = b;
+            PeerInfo::skip(&mut ahead).unwrap();
             let q = PeerInfo::decode(&mut b).unwrap();
+            assert_eq!(ahead.len(), b.len(), "skip steps over what decode reads");
             assert_eq!(
                 serde_json::to_string(&q).unwrap(),
                 serde_json::to_string(&p).unwrap()
@@ -153,6 +190,8 @@ mod tests {
         for cut in 0..buf.len() / 2 {
             let mut b = &buf[..cut];
             assert!(PeerInfo::decode(&mut b).is_err(), "cut at {cut}");
+            let mut b = &buf[..cut];
+            assert!(PeerInfo::skip(&mut b).is_err(), "cut at {cut}");
         }
     }
 }
