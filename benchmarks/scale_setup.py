@@ -13,8 +13,9 @@ finished `init` (clocks of one machine). Each rank then counts its open file
 descriptors and its resident memory, and runs one allreduce, checked.
 
 cadence runs with its defaults and a topology cache of its own per run, so
-every run is "a host set never seen before" (the start-up profile runs for 3
-hosts or more); gloo through `init_process_group` with a TCP init method;
+every run is "a host set never seen before" (hosts emulated on loopback are
+not profiled at start-up, as nothing but this machine's CPUs lies between
+them; `CADENCE_TOPO_FILE=profile` in the environment measures them anyway); gloo through `init_process_group` with a TCP init method;
 Open MPI with `mpirun` (all ranks on one node: it uses shared memory between
 every pair, as no emulated host can tell it otherwise). `--nofile N` starts
 each rank under `ulimit -n N` (soft and hard), as a job whose full mesh

@@ -33,11 +33,10 @@ fn differing_files(
     var: &str,
     decides: &str,
 ) -> Option<String> {
-    let hash_of = |t: &str| {
-        t.rsplit_once('#')
-            .map(|x| x.1.to_string())
-            .unwrap_or_default()
-    };
+    // Borrowed, not copied: this runs over every rank of the job.
+    fn hash_of(t: &str) -> &str {
+        t.rsplit_once('#').map_or("", |x| x.1)
+    }
     let first = field(&infos[0]);
     let other = infos.iter().find(|p| hash_of(field(p)) != hash_of(first))?;
     // "" is none; "#how" none, with how the ranks order otherwise.

@@ -142,7 +142,7 @@ pub fn allgather(
                 &mut |(_, s), sock| {
                     let _ = tx.send((s - GATHER_STREAM, sock));
                 },
-                &|| true,
+                None,
             )
         })
         .map_err(|e| ctx.fail(format!("cannot start the exchange: {e}"), None))?;

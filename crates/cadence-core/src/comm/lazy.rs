@@ -15,7 +15,7 @@
 use super::links::{connect_streams_deciding, tcp_link, LinkCtx, DROP, KEEP};
 use crate::engine::LinkMaker;
 use crate::error::ErrorKind;
-use crate::transport::tcp_setup::accept_each;
+use crate::transport::tcp_setup::{accept_each, Stop};
 use crate::transport::Link;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -40,7 +40,10 @@ struct Shared {
     /// Links (or failures) for the engine to take.
     ready: Mutex<Vec<(usize, Result<Link, ErrorKind>)>>,
     any_ready: AtomicBool,
+    /// Set, then rung, when the communicator ends: the acceptor's cue.
     stop: AtomicBool,
+    stop_bell: UnixStream,
+    stop_rx: UnixStream,
     /// Rung (one byte) when something is delivered; the engine polls the
     /// other end while it waits for a link (a socket pair: no unsafe).
     bell: UnixStream,
@@ -79,11 +82,15 @@ impl LazyLinks {
         let (bell, bell_rx) = UnixStream::pair()?;
         bell.set_nonblocking(true)?;
         bell_rx.set_nonblocking(true)?;
+        let (stop_bell, stop_rx) = UnixStream::pair()?;
+        stop_bell.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
             states: Mutex::new(vec![PeerState::None; n]),
             ready: Mutex::new(Vec::new()),
             any_ready: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            stop_bell,
+            stop_rx,
             bell,
             bell_rx,
         });
@@ -105,6 +112,7 @@ impl LazyLinks {
 impl Drop for LazyLinks {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = (&self.shared.stop_bell).write(&[1]);
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
@@ -177,7 +185,10 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>, remo
             shared.deliver(peer, made);
         }
     };
-    let stop = || !shared.stop.load(Ordering::Relaxed);
+    let stop = Stop {
+        flag: &shared.stop,
+        fd: shared.stop_rx.as_raw_fd(),
+    };
     if let Err(e) = accept_each(
         &listeners,
         &ctx.secret,
@@ -187,7 +198,7 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>, remo
         far,
         &mut warn,
         &mut deliver,
-        &stop,
+        Some(stop),
     ) {
         warn_line(ctx, format!("accepting links stopped: {}", e.detail));
     }

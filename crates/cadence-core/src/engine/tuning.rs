@@ -49,7 +49,7 @@ pub(super) const NAP: Duration = Duration::from_millis(5);
 /// wakes a sleeper when its data arrives or its doorbell rings, so a longer
 /// nap only delays the wait's own checks: deadline, abort, dead peers).
 pub(super) const NAP_RANKS_PER_CORE: usize = 4;
-pub(super) const NAP_MAX: Duration = Duration::from_millis(100);
+pub(super) const NAP_MAX: Duration = Duration::from_secs(1);
 /// How long a doorbell sleep lasts while sockets are pending too: their
 /// data cannot ring the doorbell, so they are polled again soon.
 pub(super) const NAP_MIXED: Duration = Duration::from_micros(200);

@@ -401,6 +401,7 @@ mod tests {
         assert_eq!(naps_for(1, 2), (NAP, NAP_MIXED));
         assert_eq!(naps_for(8, 2), (NAP, NAP_MIXED));
         assert_eq!(naps_for(64, 2), (NAP * 8, NAP_MIXED * 8));
+        assert_eq!(naps_for(512, 2), (NAP * 64, NAP));
         assert_eq!(naps_for(2048, 2), (NAP_MAX, NAP));
         assert_eq!(naps_for(64, 16), (NAP, NAP_MIXED));
         assert_eq!(naps_for(5, 0), (NAP, NAP_MIXED));

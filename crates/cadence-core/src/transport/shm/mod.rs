@@ -383,5 +383,8 @@ impl ShmLink {
     pub fn send_abort(&mut self, notice: &AbortNotice) {
         self.revoke_help();
         post_abort(&self.peer_inbox, notice);
+        // A peer asleep on its doorbell learns it now, not when its nap
+        // ends (naps are long when ranks crowd the cores).
+        self.wake_peer();
     }
 }
