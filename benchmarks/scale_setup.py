@@ -15,7 +15,8 @@ descriptors and its resident memory, and runs one allreduce, checked.
 cadence runs with its defaults and a topology cache of its own per run, so
 every run is "a host set never seen before" (hosts emulated on loopback are
 not profiled at start-up, as nothing but this machine's CPUs lies between
-them; `CADENCE_TOPO_FILE=profile` in the environment measures them anyway); gloo through `init_process_group` with a TCP init method;
+them; `CADENCE_TOPO_FILE=profile` in the environment measures them anyway);
+gloo through `init_process_group` with a TCP init method;
 Open MPI with `mpirun` (all ranks on one node: it uses shared memory between
 every pair, as no emulated host can tell it otherwise). `--nofile N` starts
 each rank under `ulimit -n N` (soft and hard), as a job whose full mesh
@@ -97,6 +98,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def json_objects(text: str):
+    """The JSON objects in `text`, in order: mpirun may run two ranks' lines
+    together on one line."""
+    decoder, at = json.JSONDecoder(), text.find("{")
+    while at >= 0:
+        try:
+            row, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            at = text.find("{", at + 1)
+            continue
+        yield row
+        at = text.find("{", end)
+
+
 def limit_files(n: int | None):
     if n is None:
         return None
@@ -145,7 +160,7 @@ def run_ranks(backend: str, ranks: int, hosts: int, timeout: float, nofile: int 
                 raise RuntimeError(f"{len(errs)} ranks failed; first: {errs[0]}")
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    rows = [json.loads(line) for o in outs for line in o.splitlines() if line.startswith("{")]
+    rows = [row for o in outs for row in json_objects(o)]
     if len(rows) != ranks:
         raise RuntimeError(f"{len(rows)} of {ranks} ranks reported")
     return rows
