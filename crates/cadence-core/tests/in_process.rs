@@ -2,6 +2,8 @@
 //! the real transports and engine, with no Python and no launcher, so a
 //! failure here points at the core.
 
+mod common;
+
 use cadence_core::comm::{Bootstrap, Comm, OpRequest, PeerInfo};
 use cadence_core::config::ConnectMode;
 use cadence_core::rendezvous::MemoryStore;
@@ -566,12 +568,7 @@ fn a_non_root_reduce_reuses_its_temporary_output() {
 /// naming rank 7, well within the deadline.
 #[test]
 fn a_failure_reaches_ranks_never_linked_to_it() {
-    let cfg = Config {
-        timeout: Duration::from_secs(5),
-        calibrate: false,
-        topo: cadence_core::config::TopoSource::Off,
-        ..Config::default()
-    };
+    let cfg = common::measuring_nothing(Duration::from_secs(5));
     let out = world_with(
         8,
         |r| format!("h{r}"),
@@ -624,12 +621,7 @@ fn clock_offsets_are_measured_only_across_machines() {
     let id = format!("clk{}x{}", std::process::id(), rand_tag());
     let secret = JobSecret::random().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let cfg = Config {
-        timeout: Duration::from_secs(30),
-        calibrate: false,
-        topo: cadence_core::config::TopoSource::Off,
-        ..Config::default()
-    };
+    let cfg = common::measuring_nothing(Duration::from_secs(30));
     let hs: Vec<_> = (0..n)
         .map(|r| {
             let (id, store, cfg, secret) = (id.clone(), store.clone(), cfg.clone(), secret.clone());

@@ -14,6 +14,8 @@
 //! binary, each a part of the threads, meeting through the core's TCP store
 //! (each rank its own connection, its operations counted).
 
+mod common;
+
 use cadence_core::comm::{Bootstrap, Comm, OpRequest};
 use cadence_core::rendezvous::{MemoryStore, Store, StoreClient, StoreError, StoreServer};
 use cadence_core::schedule::Algo;
@@ -576,12 +578,7 @@ fn the_first_message_to_a_new_peer_costs_about_one_connection() {
     let id = format!("fm{}", std::process::id());
     let secret = JobSecret::random().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let cfg = Config {
-        timeout: Duration::from_secs(30),
-        calibrate: false,
-        topo: cadence_core::config::TopoSource::Off,
-        ..Config::default()
-    };
+    let cfg = common::measuring_nothing(Duration::from_secs(30));
     // The other ranks wait off the cores meanwhile (not in a collective,
     // which would spin on this 2-core machine).
     let pingpong_done = Arc::new(Barrier::new(n));

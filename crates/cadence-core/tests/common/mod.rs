@@ -1,6 +1,8 @@
-//! Helpers the wire tests share (`fuzz_wire.rs`, `failover.rs`): loopback
-//! socket pairs, a frame's operation metadata, waiting for a receiving link,
-//! and proptest's case budget.
+//! Helpers the tests share: for the wire tests (`fuzz_wire.rs`,
+//! `failover.rs`) loopback socket pairs, a frame's operation metadata,
+//! waiting for a receiving link and proptest's case budget; for the
+//! communicator tests (`in_process.rs`, `scale.rs`) a configuration that
+//! measures nothing at start-up.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use cadence_core::transport::tcp::{poll_fds, TcpLink};
@@ -10,6 +12,17 @@ use cadence_core::{CollKind, DType, ErrorKind, RedOp};
 use proptest::test_runner::Config as PtConfig;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
+
+/// A configuration whose set-up measures nothing (no calibration, no
+/// topology profile): tests of what set-up links and when.
+pub fn measuring_nothing(timeout: Duration) -> cadence_core::Config {
+    cadence_core::Config {
+        timeout,
+        calibrate: false,
+        topo: cadence_core::config::TopoSource::Off,
+        ..cadence_core::Config::default()
+    }
+}
 
 pub const SEQ: u64 = 5;
 pub const SIG: u64 = 0x5151_abcd_0000_1234;
