@@ -888,6 +888,35 @@ mod tests {
         }
     }
 
+    /// The start-up profile's cost is bounded by rounds that grow with
+    /// log2 of the hosts, racks or none, noise or none: the flows a run
+    /// measures (`calls`, rounds run again included) at 16, 64 and 256
+    /// hosts, each a round of about the start-up's 0.05 s plus a barrier
+    /// and an exchange of the results. `--nocapture` prints the table
+    /// docs/topology.md quotes.
+    #[test]
+    fn the_start_up_profile_runs_a_bounded_number_of_rounds() {
+        for n in [16usize, 64, 256] {
+            let bound = 2 * n.ilog2() as usize + 4;
+            for (what, per, blocking, noise) in [
+                ("one switch", n, 1.0, 0.0),
+                ("racks of 8, 2:1", 8, 2.0, 0.0),
+                ("racks of 8, 2:1, 5 % noise", 8, 2.0, 0.05),
+            ] {
+                let mut fat = Fat::uniform(n, per, blocking);
+                fat.noise = noise;
+                let found = run_on(&mut fat, STARTUP_PAIRS_MAX);
+                println!(
+                    "{n:4} hosts, {what:28}: {:3} rounds run ({} kept), {} groups",
+                    fat.calls,
+                    found.rounds.len(),
+                    found.groups.len()
+                );
+                assert!(fat.calls <= bound, "{n} hosts, {what}: {} rounds", fat.calls);
+            }
+        }
+    }
+
     #[test]
     fn small_jobs_keep_their_measured_pairs() {
         for n in [2, 3] {
