@@ -3,8 +3,9 @@
 //! ranks entered and left an operation).
 //!
 //! Ranks of one host read one clock: their offset is 0 by construction, and
-//! so is that of emulated hosts on rank 0's machine. On a job across hosts, the hosts' first ranks form a binary tree rooted at
-//! rank 0 (hosts in order, rank 0's first): each parent plays [`ROUNDS`]
+//! so is that of emulated hosts on rank 0's machine (one wall clock). On a
+//! job across hosts, the other hosts' first ranks form a binary tree rooted
+//! at rank 0 (hosts in order, rank 0's first): each parent plays [`ROUNDS`]
 //! ping-pongs of 8 bytes with each child; the child answers with its wall
 //! clock, and of the rounds the one with the shortest round trip gives the
 //! estimate `theirs − (sent + received) / 2`, good to half that round trip.

@@ -35,14 +35,6 @@ use std::time::{Duration, Instant};
 /// wider: measurements differ by a few percent from run to run, and on a
 /// flat network every order is as good.
 pub const WIDER: f64 = 1.1;
-/// Whether every address a rank listens on is a loopback address.
-fn on_loopback(p: &super::PeerInfo) -> bool {
-    p.nic_addrs().iter().all(|a| {
-        a.parse::<std::net::SocketAddr>()
-            .is_ok_and(|s| s.ip().is_loopback())
-    })
-}
-
 /// How long each flow of the start-up profile takes on the fastest pair.
 const START_SECONDS: f64 = 0.05;
 /// A cached start-up profile younger than this is used as is.
@@ -202,6 +194,14 @@ fn write_cache(path: &Path, text: &str) -> std::io::Result<()> {
     let aside = path.with_extension(format!("json.{}.tmp", std::process::id()));
     std::fs::write(&aside, text)?;
     std::fs::rename(&aside, path)
+}
+
+/// Whether every address a rank listens on is a loopback address.
+fn on_loopback(p: &super::PeerInfo) -> bool {
+    p.nic_addrs().iter().all(|a| {
+        a.parse::<std::net::SocketAddr>()
+            .is_ok_and(|s| s.ip().is_loopback())
+    })
 }
 
 impl Comm {

@@ -912,7 +912,11 @@ mod tests {
                     found.rounds.len(),
                     found.groups.len()
                 );
-                assert!(fat.calls <= bound, "{n} hosts, {what}: {} rounds", fat.calls);
+                assert!(
+                    fat.calls <= bound,
+                    "{n} hosts, {what}: {} rounds",
+                    fat.calls
+                );
             }
         }
     }
