@@ -139,7 +139,7 @@ def main() -> int:
         print(f"| {n} | " + " | ".join(cells) + f" | {best} |")
     print()
     print("The library's choice (ms per step, its picks, / the best): `auto` as a job")
-    print("starts (a start-up profile: pairs up to 16 hosts, shifted rounds beyond),")
+    print("starts (a start-up profile: pairs up to 4 hosts, shifted rounds beyond),")
     print("with CADENCE_TOPO_FILE=none (nothing measured), and with the topology file")
     print("of the fabric as built:")
     print()
