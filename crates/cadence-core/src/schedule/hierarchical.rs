@@ -147,7 +147,8 @@ pub(crate) fn allgather(plan: &mut Plan, topo: &Topology, counts: &[usize]) {
         &|x| vec![blocks.span(Buf::Output, x)],
         Some(vec![own]),
     );
-    let local = Ring::new(topo.ranks_on(topo.host_of(r)), r, topo);
+    let host = topo.ranks_on(topo.host_of(r));
+    let local = Ring::new(&host, r, topo);
     allgather_groups(
         plan,
         &local,
@@ -170,7 +171,8 @@ pub(crate) fn reduce_scatter(plan: &mut Plan, topo: &Topology, counts: &[usize])
         reduce_scatter_groups(plan, &cross, &own, 0, &[out]);
         return;
     }
-    let local = Ring::new(topo.ranks_on(topo.host_of(r)), r, topo);
+    let host = topo.ranks_on(topo.host_of(r));
+    let local = Ring::new(&host, r, topo);
     let own_local = |x: usize| column_group(topo, &blocks, Buf::Input, topo.local_rank(x));
     if topo.nhosts() == 1 {
         reduce_scatter_groups(plan, &local, &own_local, 0, &[out]);

@@ -21,13 +21,19 @@
 
 use std::collections::HashMap;
 
+/// Kept in 4-byte rank numbers, as every rank of a job holds one for the
+/// job's life (with the default ring order, 8 bytes a rank in all).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Topology {
-    host_of: Vec<usize>,
-    /// Ranks of each host, ascending.
-    members: Vec<Vec<usize>>,
-    /// The ring order (see the module comment): a permutation of the ranks.
-    order: Vec<usize>,
+    host_of: Vec<u32>,
+    /// Every rank, host after host (by lowest rank), each host's ranks
+    /// ascending: the default ring order.
+    by_host: Vec<u32>,
+    /// Where each host's ranks start in `by_host`, and its end.
+    starts: Vec<u32>,
+    /// The ring order (see the module comment) when not the default: a
+    /// permutation of the ranks.
+    order: Option<Vec<u32>>,
 }
 
 impl Topology {
@@ -38,25 +44,41 @@ impl Topology {
 
     /// From any per-rank host key (names, ids): equal keys share a host.
     pub fn from_hosts<K: Eq + std::hash::Hash + Clone>(keys: &[K]) -> Topology {
-        let mut index: HashMap<K, usize> = HashMap::new();
-        let mut members: Vec<Vec<usize>> = Vec::new();
-        let host_of = keys
+        assert!(
+            keys.len() <= u32::MAX as usize,
+            "more ranks than 4 bytes count"
+        );
+        let mut index: HashMap<K, u32> = HashMap::new();
+        let mut sizes: Vec<u32> = Vec::new();
+        let host_of: Vec<u32> = keys
             .iter()
-            .enumerate()
-            .map(|(r, k)| {
+            .map(|k| {
                 let h = *index.entry(k.clone()).or_insert_with(|| {
-                    members.push(Vec::new());
-                    members.len() - 1
+                    sizes.push(0);
+                    sizes.len() as u32 - 1
                 });
-                members[h].push(r);
+                sizes[h as usize] += 1;
                 h
             })
             .collect();
-        let order = members.iter().flatten().copied().collect();
+        let mut starts = Vec::with_capacity(sizes.len() + 1);
+        let mut at = 0;
+        for size in &sizes {
+            starts.push(at);
+            at += size;
+        }
+        starts.push(at);
+        let mut next = starts.clone();
+        let mut by_host = vec![0; keys.len()];
+        for (r, &h) in host_of.iter().enumerate() {
+            by_host[next[h as usize] as usize] = r as u32;
+            next[h as usize] += 1;
+        }
         Topology {
             host_of,
-            members,
-            order,
+            by_host,
+            starts,
+            order: None,
         }
     }
 
@@ -74,7 +96,11 @@ impl Topology {
         if order.len() != n {
             return Err(format!("ring order {order:?} does not list all {n} ranks"));
         }
-        self.order = order;
+        let default = order
+            .iter()
+            .zip(&self.by_host)
+            .all(|(&a, &b)| a == b as usize);
+        self.order = (!default).then(|| order.into_iter().map(|r| r as u32).collect());
         Ok(self)
     }
 
@@ -89,10 +115,7 @@ impl Topology {
                 "host order {hosts:?} is not a permutation of hosts 0..{h}"
             ));
         }
-        let order = hosts
-            .iter()
-            .flat_map(|&x| self.members[x].iter().copied())
-            .collect();
+        let order = hosts.iter().flat_map(|&x| self.members(x)).collect();
         self.with_order(order)
     }
 
@@ -101,47 +124,73 @@ impl Topology {
     }
 
     pub fn nhosts(&self) -> usize {
-        self.members.len()
+        self.starts.len() - 1
     }
 
     pub fn host_of(&self, rank: usize) -> usize {
-        self.host_of[rank]
+        self.host_of[rank] as usize
+    }
+
+    fn members(&self, h: usize) -> impl Iterator<Item = usize> + '_ {
+        let (a, b) = (self.starts[h] as usize, self.starts[h + 1] as usize);
+        self.by_host[a..b].iter().map(|&r| r as usize)
+    }
+
+    fn host_size(&self, h: usize) -> usize {
+        (self.starts[h + 1] - self.starts[h]) as usize
     }
 
     /// The ranks of host `h`, ascending.
-    pub fn ranks_on(&self, h: usize) -> &[usize] {
-        &self.members[h]
+    pub fn ranks_on(&self, h: usize) -> Vec<usize> {
+        self.members(h).collect()
+    }
+
+    /// The lowest rank of host `h`.
+    pub fn leader(&self, h: usize) -> usize {
+        self.by_host[self.starts[h] as usize] as usize
     }
 
     pub fn local_rank(&self, rank: usize) -> usize {
-        let on = self.ranks_on(self.host_of(rank));
-        on.iter()
-            .position(|&r| r == rank)
+        self.members(self.host_of(rank))
+            .position(|r| r == rank)
             .expect("rank on its host")
     }
 
     /// The ranks per host when every host has as many, else None.
     pub fn uniform_ranks_per_host(&self) -> Option<usize> {
-        let l = self.members.first().map_or(0, Vec::len);
-        self.members.iter().all(|m| m.len() == l).then_some(l)
+        let l = if self.nhosts() == 0 {
+            0
+        } else {
+            self.host_size(0)
+        };
+        (0..self.nhosts())
+            .all(|h| self.host_size(h) == l)
+            .then_some(l)
     }
 
     /// Most ranks on any host.
     pub fn max_ranks_per_host(&self) -> usize {
-        self.members.iter().map(Vec::len).max().unwrap_or(0)
+        (0..self.nhosts())
+            .map(|h| self.host_size(h))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn order(&self) -> &[u32] {
+        self.order.as_deref().unwrap_or(&self.by_host)
     }
 
     /// See the module comment.
     pub fn ring_order(&self) -> Vec<usize> {
-        self.order.clone()
+        self.order().iter().map(|&r| r as usize).collect()
     }
 
     /// The hosts in the order the ring order first reaches them.
     pub fn host_order(&self) -> Vec<usize> {
         let mut seen = vec![false; self.nhosts()];
-        self.order
+        self.order()
             .iter()
-            .map(|&r| self.host_of[r])
+            .map(|&r| self.host_of(r as usize))
             .filter(|&h| !std::mem::replace(&mut seen[h], true))
             .collect()
     }
@@ -149,10 +198,7 @@ impl Topology {
     /// Whether rings go in the default order (host after host, by lowest
     /// rank).
     pub fn is_default_order(&self) -> bool {
-        self.order
-            .iter()
-            .copied()
-            .eq(self.members.iter().flatten().copied())
+        self.order.is_none()
     }
 
     /// The ranks with local rank `local`, one per host, in host order
@@ -160,7 +206,7 @@ impl Topology {
     pub fn column(&self, local: usize) -> Vec<usize> {
         self.host_order()
             .into_iter()
-            .map(|h| self.members[h][local])
+            .map(|h| self.by_host[self.starts[h] as usize + local] as usize)
             .collect()
     }
 
@@ -170,11 +216,12 @@ impl Topology {
     /// wrapping around).
     pub fn chain_from(&self, root: usize) -> Vec<usize> {
         let n = self.nranks();
-        let at = self.order.iter().position(|&r| r == root).unwrap_or(0);
-        let rotated = (0..n).map(|i| self.order[(at + i) % n]);
-        let home = self.host_of[root];
+        let order = self.order();
+        let at = order.iter().position(|&r| r as usize == root).unwrap_or(0);
+        let rotated = (0..n).map(|i| order[(at + i) % n] as usize);
+        let home = self.host_of(root);
         let (mut chain, away): (Vec<usize>, Vec<usize>) =
-            rotated.partition(|&r| self.host_of[r] == home);
+            rotated.partition(|&r| self.host_of(r) == home);
         chain.extend(away);
         chain
     }

@@ -240,7 +240,7 @@ impl Model {
     /// what a profile's round measures on this model (each host's flow
     /// leaves from its first rank, as the profile's leaders do).
     pub fn host_flow_rates(&self, flows: &[(usize, usize)]) -> Vec<f64> {
-        let leader = |h: usize| self.topo.ranks_on(h)[0];
+        let leader = |h: usize| self.topo.leader(h);
         let routes: Vec<Vec<usize>> = flows
             .iter()
             .map(|&(a, b)| self.route(leader(a), leader(b)))
