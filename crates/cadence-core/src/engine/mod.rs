@@ -96,6 +96,18 @@ pub struct Moving {
     pub outside: bool,
 }
 
+/// The bits of [`Engine`]'s per-peer marks.
+struct Marks;
+
+impl Marks {
+    /// The peer has an earlier unfinished send (resp. receive) in this pass,
+    /// so later messages to it wait their turn.
+    const BUSY_TX: u8 = 1;
+    const BUSY_RX: u8 = 2;
+    /// `account_phase` charged the peer already.
+    const CHARGED: u8 = 4;
+}
+
 pub struct Engine {
     pub rank: usize,
     pub nranks: usize,
@@ -112,12 +124,10 @@ pub struct Engine {
     /// call (they only grow, like `scratch`).
     tmp_out: Vec<u8>,
     tmp_in: Vec<u8>,
-    /// Reused per phase: which peers already have an earlier unfinished send
-    /// (resp. receive), so later messages to them wait their turn.
-    busy_tx: Vec<bool>,
-    busy_rx: Vec<bool>,
-    /// Reused by `account_phase`: peers already charged for the phase.
-    charged: Vec<bool>,
+    /// Per peer, marks a pass sets and clears again before it returns
+    /// (one byte a rank of the job; clearing only what the pass set keeps
+    /// a pass's cost to its own transfers): [`Marks`].
+    marks: Vec<u8>,
     /// Reused by `idle_wait`: the sockets it polls, and the transfers that
     /// wait on the doorbell (peer, is a send).
     pollfds: Vec<libc::pollfd>,
@@ -192,9 +202,7 @@ impl Engine {
             scratch: Vec::new(),
             tmp_out: Vec::new(),
             tmp_in: Vec::new(),
-            busy_tx: vec![false; nranks],
-            busy_rx: vec![false; nranks],
-            charged: vec![false; nranks],
+            marks: vec![0; nranks],
             pollfds: Vec::new(),
             doorbell_waits: Vec::new(),
             jobs: Jobs::default(),
@@ -332,60 +340,89 @@ impl Engine {
         let mut progressed = false;
         let mut pending = false;
         self.install_ready_links()?;
-        self.busy_tx.iter_mut().for_each(|b| *b = false);
-        self.busy_rx.iter_mut().for_each(|b| *b = false);
+        let made = self.progress_marked(sends, recvs, &mut progressed, &mut pending);
+        self.unmark(sends, recvs, Marks::BUSY_TX | Marks::BUSY_RX);
+        made?;
+        Ok((progressed, pending))
+    }
+
+    fn progress_marked(
+        &mut self,
+        sends: &mut [(usize, SendJob)],
+        recvs: &mut [(usize, RecvJob)],
+        progressed: &mut bool,
+        pending: &mut bool,
+    ) -> Result<(), ErrorKind> {
         for (peer, job) in sends.iter_mut() {
-            if job.done || self.busy_tx[*peer] {
+            if job.done || self.marked(*peer, Marks::BUSY_TX) {
                 continue;
             }
             if job.held {
                 // Later messages to this peer wait behind it (FIFO).
-                self.busy_tx[*peer] = true;
-                pending = true;
+                self.mark(*peer, Marks::BUSY_TX);
+                *pending = true;
                 continue;
             }
             let Some(link) = self.links[*peer].as_mut() else {
                 self.want_link(*peer)?;
-                self.busy_tx[*peer] = true;
-                pending = true;
+                self.mark(*peer, Marks::BUSY_TX);
+                *pending = true;
                 continue;
             };
             let moved = link.send_progress(job)?;
             if moved && self.stamping {
                 job.trace.stamp(Instant::now());
             }
-            progressed |= moved;
+            *progressed |= moved;
             if !job.done {
-                self.busy_tx[*peer] = true;
-                pending = true;
+                self.mark(*peer, Marks::BUSY_TX);
+                *pending = true;
             }
         }
         for (peer, job) in recvs.iter_mut() {
-            if job.done || self.busy_rx[*peer] {
+            if job.done || self.marked(*peer, Marks::BUSY_RX) {
                 continue;
             }
             if job.held {
-                self.busy_rx[*peer] = true;
-                pending = true;
+                self.mark(*peer, Marks::BUSY_RX);
+                *pending = true;
                 continue;
             }
             let Some(link) = self.links[*peer].as_mut() else {
                 self.want_link(*peer)?;
-                self.busy_rx[*peer] = true;
-                pending = true;
+                self.mark(*peer, Marks::BUSY_RX);
+                *pending = true;
                 continue;
             };
             let moved = link.recv_progress(job)?;
             if moved && self.stamping {
                 job.trace.stamp(Instant::now());
             }
-            progressed |= moved;
+            *progressed |= moved;
             if !job.done {
-                self.busy_rx[*peer] = true;
-                pending = true;
+                self.mark(*peer, Marks::BUSY_RX);
+                *pending = true;
             }
         }
-        Ok((progressed, pending))
+        Ok(())
+    }
+
+    fn marked(&self, peer: usize, bit: u8) -> bool {
+        self.marks[peer] & bit != 0
+    }
+
+    /// Sets `bit` of `peer`; whether it was set.
+    fn mark(&mut self, peer: usize, bit: u8) -> bool {
+        let was = self.marked(peer, bit);
+        self.marks[peer] |= bit;
+        was
+    }
+
+    /// Clears `bits` of every peer of `sends` and `recvs`.
+    fn unmark(&mut self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)], bits: u8) {
+        for p in sends.iter().map(|j| j.0).chain(recvs.iter().map(|j| j.0)) {
+            self.marks[p] &= !bits;
+        }
     }
 
     /// Tells every peer this rank failed.

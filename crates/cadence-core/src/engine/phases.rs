@@ -6,7 +6,7 @@
 use super::folds::{advance_folds, FoldJob};
 use super::lookahead::{admissible, release_held, JobRange};
 use super::memory::{ranges_overlap, Memory};
-use super::{internal, prefers_stream, Buffers, Engine, Moment, Moving, OpCtx, Turn};
+use super::{internal, prefers_stream, Buffers, Engine, Marks, Moment, Moving, OpCtx, Turn};
 use crate::error::ErrorKind;
 use crate::schedule::{Phase, Schedule, Span, Step};
 use crate::transport::shm::{Inbox, Progress};
@@ -147,16 +147,15 @@ impl Engine {
             .map(|(q, _)| *q)
             .chain(recvs[rs].iter().map(|(q, _)| *q));
         for peer in peers.clone() {
-            if self.charged[peer] {
+            if self.mark(peer, Marks::CHARGED) {
                 continue;
             }
-            self.charged[peer] = true;
             if let Some(l) = self.links[peer].as_ref() {
                 l.stats().busy_ns.add(busy);
             }
         }
         for peer in peers {
-            self.charged[peer] = false;
+            self.marks[peer] &= !Marks::CHARGED;
         }
     }
 }

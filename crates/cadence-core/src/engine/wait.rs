@@ -19,7 +19,7 @@ use super::tuning::{
     SPIN_OVERSUBSCRIBED, SPIN_REGROW, STREAM_RANKS_PER_CORE, YIELD, YIELD_HANDED_MIN,
     YIELD_LOST_MIN, YIELD_OVERSUBSCRIBED, YIELD_ROOTED_OVERSUBSCRIBED,
 };
-use super::{Engine, Moving, OpCtx, INTERRUPT_EVERY};
+use super::{Engine, Marks, Moving, OpCtx, INTERRUPT_EVERY};
 use crate::error::ErrorKind;
 use crate::transport::{poll_fds, RecvJob, SendJob, WaitOn};
 use crate::types::CollKind;
@@ -241,8 +241,6 @@ impl Engine {
     fn idle_wait(&mut self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]) {
         self.pollfds.clear();
         self.doorbell_waits.clear();
-        self.busy_tx.iter_mut().for_each(|b| *b = false);
-        self.busy_rx.iter_mut().for_each(|b| *b = false);
         let mut connecting = false;
         let heads = sends
             .iter()
@@ -253,12 +251,12 @@ impl Engine {
                     .map(|(p, j)| (*p, false, j.done, j.held, j.started)),
             );
         for (peer, is_send, done, held, started) in heads {
-            let first = if is_send {
-                &mut self.busy_tx[peer]
+            let bit = if is_send {
+                Marks::BUSY_TX
             } else {
-                &mut self.busy_rx[peer]
+                Marks::BUSY_RX
             };
-            if done || std::mem::replace(first, true) || held {
+            if done || self.mark(peer, bit) || held {
                 continue;
             }
             match self.links[peer]
@@ -274,11 +272,12 @@ impl Engine {
         if self.multipath {
             // Chunks a link writes on its own wake us too.
             for (peer, l) in self.links.iter().enumerate() {
-                if let (Some(l), false) = (l, self.busy_tx[peer]) {
+                if let (Some(l), false) = (l, self.marked(peer, Marks::BUSY_TX)) {
                     self.pollfds.extend(l.background_wait());
                 }
             }
         }
+        self.unmark(sends, recvs, Marks::BUSY_TX | Marks::BUSY_RX);
         let sockets_pending = !self.pollfds.is_empty();
         if connecting {
             // Sleep until a link comes up (or data on the others); the
