@@ -55,6 +55,43 @@ const LABEL_CLIENT: &[u8] = b"cadence handshake v2: client";
 /// (peer rank, stream index) of a connection.
 pub type StreamKey = (usize, usize);
 
+/// Which connections an acceptor takes.
+#[derive(Clone, Copy)]
+pub enum Expected<'a> {
+    /// Exactly these streams (set-up: accepting ends once each is in).
+    These(&'a [StreamKey]),
+    /// Any stream the rule admits (links made on first use: accepting goes
+    /// on for the communicator's life; a list would grow with the job).
+    Admitted(&'a dyn Fn(StreamKey) -> bool),
+}
+
+impl Expected<'_> {
+    pub fn admits(&self, key: StreamKey) -> bool {
+        match self {
+            Expected::These(keys) => keys.contains(&key),
+            Expected::Admitted(rule) => rule(key),
+        }
+    }
+}
+
+impl<'a> From<&'a [StreamKey]> for Expected<'a> {
+    fn from(keys: &'a [StreamKey]) -> Self {
+        Expected::These(keys)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [StreamKey; N]> for Expected<'a> {
+    fn from(keys: &'a [StreamKey; N]) -> Self {
+        Expected::These(keys)
+    }
+}
+
+impl<'a> From<&'a Vec<StreamKey>> for Expected<'a> {
+    fn from(keys: &'a Vec<StreamKey>) -> Self {
+        Expected::These(keys)
+    }
+}
+
 /// The per-job secret. Kept in memory only; its `Debug` does not show it.
 #[derive(Clone)]
 pub struct JobSecret(Box<[u8]>);
@@ -299,7 +336,7 @@ pub struct Acceptor<'a> {
     secret: &'a JobSecret,
     comm_id: [u8; 32],
     my_rank: u32,
-    expected: &'a [StreamKey],
+    expected: Expected<'a>,
     nonce: [u8; NONCE_BYTES],
     incoming: Incoming,
     state: AcceptState,
@@ -312,14 +349,14 @@ impl<'a> Acceptor<'a> {
         secret: &'a JobSecret,
         comm_id: &str,
         my_rank: usize,
-        expected: &'a [StreamKey],
+        expected: impl Into<Expected<'a>>,
         nonce: [u8; NONCE_BYTES],
     ) -> Acceptor<'a> {
         Acceptor {
             secret,
             comm_id: comm_id_bytes(comm_id),
             my_rank: my_rank as u32,
-            expected,
+            expected: expected.into(),
             nonce,
             incoming: Incoming::new(),
             state: AcceptState::AwaitHello,
@@ -379,10 +416,7 @@ impl<'a> Acceptor<'a> {
                         me: self.my_rank,
                     });
                 }
-                if !self
-                    .expected
-                    .contains(&(h.rank as usize, h.stream as usize))
-                {
+                if !self.expected.admits((h.rank as usize, h.stream as usize)) {
                     return Err(Reject::Unexpected {
                         rank: h.rank,
                         stream: h.stream,

@@ -11,7 +11,7 @@
 
 use super::socket::poll_fds;
 use crate::transport::handshake::{
-    fresh_nonce, Acceptor, Connector, JobSecret, Reject, Step, StreamKey,
+    fresh_nonce, Acceptor, Connector, Expected, JobSecret, Reject, Step, StreamKey,
 };
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -259,7 +259,7 @@ pub fn accept_all(
         secret,
         comm_id,
         my_rank,
-        expected,
+        Expected::These(expected),
         deadline,
         warn,
         &mut |k, s| out.push((k, s)),
@@ -282,14 +282,15 @@ pub struct Stop<'a> {
 /// [`accept_all`], handing each connection to `deliver` as soon as its
 /// handshake completes (the peer-table exchange answers each while later
 /// ones are still to come); ends early, without error, on `stop` (links
-/// made on first use accept for the communicator's life).
+/// made on first use accept what `expected` admits for the communicator's
+/// life, until `stop`).
 #[allow(clippy::too_many_arguments)]
 pub fn accept_each(
     listeners: &[TcpListener],
     secret: &JobSecret,
     comm_id: &str,
     my_rank: usize,
-    expected: &[StreamKey],
+    expected: Expected<'_>,
     deadline: Instant,
     warn: &mut dyn FnMut(String),
     deliver: &mut dyn FnMut(StreamKey, TcpStream),
@@ -305,10 +306,17 @@ pub fn accept_each(
     }
     let mut buf = [0u8; 512];
     let stopped = || stop.is_some_and(|s| s.flag.load(Ordering::Acquire));
-    while got.len() < expected.len() && !stopped() {
+    let all_in = |got: &[StreamKey]| match expected {
+        Expected::These(keys) => got.len() >= keys.len(),
+        Expected::Admitted(_) => false,
+    };
+    while !all_in(&got) && !stopped() {
         let now = Instant::now();
         if now > deadline {
-            let missing: Vec<&StreamKey> = expected.iter().filter(|k| !got.contains(k)).collect();
+            let missing: Vec<&StreamKey> = match expected {
+                Expected::These(keys) => keys.iter().filter(|k| !got.contains(k)).collect(),
+                Expected::Admitted(_) => Vec::new(),
+            };
             if rejected.count > MAX_LOGGED {
                 (rejected.warn)(format!("dropped {} connections in all", rejected.count));
             }
@@ -439,7 +447,7 @@ fn accept_new<'a>(
     secret: &'a JobSecret,
     comm_id: &'a str,
     my_rank: usize,
-    expected: &'a [StreamKey],
+    expected: Expected<'a>,
 ) -> Result<(), SetupFailure> {
     loop {
         match listener.accept() {
