@@ -24,6 +24,42 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+/// Counts the heap bytes the process holds, to tell what the ranks keep
+/// from what the allocator keeps (RSS holds both).
+struct CountingAlloc;
+
+static HEAP_LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged; the
+// count is a side effect.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { std::alloc::System.alloc(l) };
+        if !p.is_null() {
+            HEAP_LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { std::alloc::System.dealloc(p, l) };
+        HEAP_LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let q = unsafe { std::alloc::System.realloc(p, l, new) };
+        if !q.is_null() {
+            HEAP_LIVE.fetch_add(new, Ordering::Relaxed);
+            HEAP_LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        }
+        q
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
 /// The split's groups (rank mod GROUPS).
 const GROUPS: usize = 8;
 /// The most ranks the alltoall runs at (see `run`).
@@ -45,6 +81,9 @@ struct Run {
     ranks: Vec<RankFigures>,
     fds_after_init: usize,
     rss_after_init_kib: u64,
+    /// Of which the heap the ranks hold (what set-up used and freed, the
+    /// allocator may keep).
+    heap_after_init_kib: u64,
     /// /dev/shm in use by the job (the whole machine's, less what was in
     /// use before it started) after init and after the collectives.
     shm_after_init: u64,
@@ -236,7 +275,7 @@ fn run_part(part: Part) -> Run {
                     let t = Instant::now();
                     let infos = b.exchange(mine.as_ref(), "scale").unwrap();
                     let exchanged = t.elapsed();
-                    let comm = b.connect(infos).unwrap();
+                    let comm = b.connect_table(infos).unwrap();
                     if std::env::var("CADENCE_SCALE_PHASES").is_ok() && r % 64 == 0 {
                         eprintln!(
                             "rank {r}: exchange {exchanged:?}, links and start-up {:?}",
@@ -344,6 +383,7 @@ fn run_part(part: Part) -> Run {
     inited.wait();
     let (wall_s, cpu_s) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
     let (fds_after_init, rss_after_init_kib) = (open_fds(), rss_kib());
+    let heap_after_init_kib = (HEAP_LIVE.load(Ordering::Relaxed) >> 10) as u64;
     let shm_after_init = shm_used().saturating_sub(shm_before);
     measured.wait();
     collected.wait();
@@ -361,6 +401,7 @@ fn run_part(part: Part) -> Run {
         ranks,
         fds_after_init,
         rss_after_init_kib,
+        heap_after_init_kib,
         shm_after_init,
         shm_after,
     }
@@ -377,7 +418,7 @@ fn report(r: &Run) {
     println!(
         "n={:5} ({} hosts x {}): set-up wall {:.2}s cpu {:.2}s | store ops/rank max {} | links \
          after init median {} max {} (bound {}) | after the collectives max {} | fds/rank {:.1} \
-         | RSS/rank {:.0} KiB | /dev/shm/host after init {:.1} MiB, after the collectives {:.1} MiB",
+         | RSS/rank {:.0} KiB (heap {:.0}) | /dev/shm/host after init {:.1} MiB, after the collectives {:.1} MiB",
         r.n,
         r.n / r.per_host,
         r.per_host,
@@ -390,6 +431,7 @@ fn report(r: &Run) {
         max(|f| f.links_after),
         r.fds_after_init as f64 / r.n as f64,
         r.rss_after_init_kib as f64 / r.n as f64,
+        r.heap_after_init_kib as f64 / r.n as f64,
         r.shm_after_init as f64 / (r.n / r.per_host) as f64 / (1 << 20) as f64,
         r.shm_after as f64 / (r.n / r.per_host) as f64 / (1 << 20) as f64,
     );
@@ -475,6 +517,7 @@ fn run_processes(n: usize, per_host: usize, per_process: usize) -> Run {
         ranks: Vec::new(),
         fds_after_init: 0,
         rss_after_init_kib: 0,
+        heap_after_init_kib: 0,
         shm_after_init: 0,
         shm_after: 0,
     };
@@ -497,6 +540,7 @@ fn run_processes(n: usize, per_host: usize, per_process: usize) -> Run {
                     run.rss_after_init_kib += f[3] as u64;
                     run.shm_after_init = run.shm_after_init.max(f[4] as u64);
                     run.shm_after = run.shm_after.max(f[5] as u64);
+                    run.heap_after_init_kib += f[6] as u64;
                 }
                 Some("RANK") => {
                     let f = numbers();
@@ -552,13 +596,14 @@ fn sweep_part() {
         }),
     });
     println!(
-        "PART {} {} {} {} {} {}",
+        "PART {} {} {} {} {} {} {}",
         run.wall_s,
         run.cpu_s,
         run.fds_after_init,
         run.rss_after_init_kib,
         run.shm_after_init,
-        run.shm_after
+        run.shm_after,
+        run.heap_after_init_kib
     );
     for r in &run.ranks {
         println!(

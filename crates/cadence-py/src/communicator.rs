@@ -64,7 +64,7 @@ impl PyComm {
     }
     #[getter]
     fn hosts(&self) -> Vec<String> {
-        self.comm.hosts.to_vec()
+        self.comm.hosts()
     }
     #[getter]
     fn timeout(&self) -> f64 {

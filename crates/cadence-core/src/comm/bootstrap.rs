@@ -9,7 +9,7 @@ use super::gather::{self, GatherCtx};
 use super::lazy::LazyLinks;
 use super::links::{connect_streams, tcp_link, LinkCtx, Unreachable};
 use super::split::Inherited;
-use super::{Comm, OpRequest, PeerInfo};
+use super::{Comm, OpRequest, PeerInfo, PeerTable};
 use crate::config::{Config, ConnectMode, DebugLevel};
 use crate::engine::{Engine, LinkMaker};
 use crate::error::{CommError, ErrorKind, Result};
@@ -27,18 +27,17 @@ use std::time::{Duration, Instant};
 /// `field`; different paths with the same text are fine), what to tell the
 /// user.
 fn differing_files(
-    infos: &[PeerInfo],
-    field: impl Fn(&PeerInfo) -> &String,
+    table: &PeerTable,
+    field: impl Fn(&PeerTable, usize) -> &str,
     what: &str,
     var: &str,
     decides: &str,
 ) -> Option<String> {
-    // Borrowed, not copied: this runs over every rank of the job.
     fn hash_of(t: &str) -> &str {
         t.rsplit_once('#').map_or("", |x| x.1)
     }
-    let first = field(&infos[0]);
-    let other = infos.iter().find(|p| hash_of(field(p)) != hash_of(first))?;
+    let first = field(table, 0);
+    let other = (1..table.len()).find(|&r| hash_of(field(table, r)) != hash_of(first))?;
     // "" is none; "#how" none, with how the ranks order otherwise.
     let name = |t: &str| match t.strip_prefix('#') {
         _ if t.is_empty() => format!("no {what}"),
@@ -47,10 +46,9 @@ fn differing_files(
     };
     Some(format!(
         "ranks loaded different {what}s, so they would choose different {decides}: rank 0 \
-         has {}, rank {} has {} (copy one file to every host or set {var} alike)",
+         has {}, rank {other} has {} (copy one file to every host or set {var} alike)",
         name(first),
-        other.rank,
-        name(field(other))
+        name(field(table, other))
     ))
 }
 
@@ -202,13 +200,13 @@ impl Bootstrap {
     /// [`Bootstrap::join`], waiting up to `wait` for the other ranks to
     /// join (a store's own timeout may exceed the operations' deadline).
     pub fn join_within(self, store: &dyn Store, prefix: &str, wait: Duration) -> Result<Comm> {
-        let infos = self.exchange_within(store, prefix, wait)?;
-        self.connect(infos)
+        let table = self.exchange_within(store, prefix, wait)?;
+        self.connect_table(table)
     }
 
-    /// Every rank's [`PeerInfo`], in rank order, from two store operations
-    /// of this rank's own (`comm/gather.rs`).
-    pub fn exchange(&self, store: &dyn Store, prefix: &str) -> Result<Vec<PeerInfo>> {
+    /// Every rank's [`PeerInfo`], from two store operations of this rank's
+    /// own (`comm/gather.rs`).
+    pub fn exchange(&self, store: &dyn Store, prefix: &str) -> Result<PeerTable> {
         self.exchange_within(store, prefix, self.cfg.timeout)
     }
 
@@ -218,7 +216,7 @@ impl Bootstrap {
         store: &dyn Store,
         prefix: &str,
         wait: Duration,
-    ) -> Result<Vec<PeerInfo>> {
+    ) -> Result<PeerTable> {
         let ctx = GatherCtx {
             comm_id: &self.comm_id,
             rank: self.rank,
@@ -251,16 +249,36 @@ impl Bootstrap {
         gather::allgather(&ctx, &self.info, listener, store, prefix)
     }
 
-    /// Connects to every peer, given every rank's published [`PeerInfo`].
+    /// Connects to every peer, given every rank's published [`PeerInfo`]
+    /// (ranks 0, 1, ... in order).
     pub fn connect(self, infos: Vec<PeerInfo>) -> Result<Comm> {
-        self.connect_inheriting(infos, None)
+        if infos.iter().enumerate().any(|(i, p)| p.rank != i) {
+            return Err(self.fail_setup(format!(
+                "expected peer info for ranks 0..{} in order",
+                self.nranks
+            )));
+        }
+        let table = PeerTable::from_records(&infos).map_err(|m| self.fail_setup(m))?;
+        self.connect_table(table)
     }
 
-    /// [`Bootstrap::connect`]; with `inherited` (a split), the start-up
-    /// measurements come from the parent instead of being taken.
+    fn fail_setup(&self, m: String) -> CommError {
+        let mut e = CommError::setup(m);
+        e.rank = Some(self.rank);
+        e.comm_id = self.comm_id.as_str().into();
+        e
+    }
+
+    /// Connects to every peer of `table` (from [`Bootstrap::exchange`]).
+    pub fn connect_table(self, table: PeerTable) -> Result<Comm> {
+        self.connect_inheriting(table, None)
+    }
+
+    /// [`Bootstrap::connect_table`]; with `inherited` (a split), the
+    /// start-up measurements come from the parent instead of being taken.
     pub(super) fn connect_inheriting(
         mut self,
-        infos: Vec<PeerInfo>,
+        table: PeerTable,
         inherited: Option<Inherited>,
     ) -> Result<Comm> {
         let (rank, n) = (self.rank, self.nranks);
@@ -273,22 +291,23 @@ impl Bootstrap {
             e
         };
         let fail = |m: String| blaming(m, None);
-        if infos.len() != n || infos.iter().enumerate().any(|(i, p)| p.rank != i) {
+        if table.len() != n {
             return Err(fail(format!(
-                "expected peer info for ranks 0..{n} in order"
+                "expected peer info for ranks 0..{n}, got {}",
+                table.len()
             )));
         }
         let tuning = differing_files(
-            &infos,
-            |p| &p.tuning,
+            &table,
+            PeerTable::tuning,
             "tuning table",
             "CADENCE_TUNING_FILE",
             "algorithms",
         );
         let topo = || {
             differing_files(
-                &infos,
-                |p| &p.topo,
+                &table,
+                PeerTable::topo,
                 "topology file",
                 "CADENCE_TOPO_FILE",
                 "ring orders",
@@ -297,11 +316,10 @@ impl Bootstrap {
         if let Some(m) = tuning.or_else(topo) {
             return Err(fail(m));
         }
-        // One table for the links and the communicator: it grows with n.
-        let infos: std::sync::Arc<[PeerInfo]> = infos.into();
+        // One table for the links and the communicator.
+        let infos = std::sync::Arc::new(table);
         let deadline = Instant::now() + self.cfg.timeout;
-        let my_host = &infos[rank].host;
-        let local: Vec<usize> = (0..n).filter(|&r| infos[r].host == *my_host).collect();
+        let local: Vec<usize> = (0..n).filter(|&r| infos.same_host(r, rank)).collect();
         let my_local = local
             .iter()
             .position(|&r| r == rank)
@@ -351,18 +369,17 @@ impl Bootstrap {
             None if debug >= DebugLevel::Warn => stderr_line!("cadence rank {rank}: WARN {m}"),
             None => {}
         };
-        let remote: Vec<usize> = (0..n).filter(|p| infos[*p].host != *my_host).collect();
         let mut maker = None;
         if self.cfg.connect == ConnectMode::Eager {
             let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
             let mut unreachable: HashMap<usize, Unreachable> = HashMap::new();
-            for peer in (0..rank).filter(|p| infos[*p].host != *my_host) {
+            for peer in (0..rank).filter(|p| !infos.same_host(*p, rank)) {
                 let (v, failed) = connect_streams(&ctx, peer, deadline, &mut warn)?;
                 unreachable.insert(peer, failed);
                 streams.insert(peer, v.into_iter().map(Some).collect());
             }
             let expected: Vec<(usize, usize)> = ((rank + 1)..n)
-                .filter(|p| infos[*p].host != *my_host)
+                .filter(|p| !infos.same_host(*p, rank))
                 .flat_map(|p| (0..ctx.streams_to(p)).map(move |s| (p, s)))
                 .collect();
             for ((peer, s), sock) in accept_all(
@@ -393,14 +410,14 @@ impl Bootstrap {
             }
         } else {
             // Links on first use (`lazy.rs`): the listeners stay open.
-            let mut lazy = LazyLinks::start(ctx, self.listeners, remote, self.cfg.timeout)
+            let mut lazy = LazyLinks::start(ctx, self.listeners, self.cfg.timeout)
                 .map_err(|e| fail(format!("cannot start accepting links: {e}")))?;
             // The set-up barrier's links, all at once rather than one per
             // round: r signals r + 2^k (the rank below makes the other).
             let mut dist = 1;
             while dist < n {
                 let to = (rank + dist) % n;
-                if infos[to].host != *my_host {
+                if !infos.same_host(to, rank) {
                     lazy.request(to);
                 }
                 dist *= 2;
@@ -412,8 +429,7 @@ impl Bootstrap {
         engine.maker = maker;
         // Ranks that compete for this machine's cores, whatever host they
         // emulate.
-        let my_machine = &infos[rank].machine;
-        let on_machine = infos.iter().filter(|p| p.machine == *my_machine).count();
+        let on_machine = (0..n).filter(|&r| infos.same_machine(r, rank)).count();
         engine.override_wait(self.cfg.spin, self.cfg.yield_for);
         engine.set_local_ranks(on_machine.max(local.len()));
         engine.diagnosis_grace =

@@ -66,14 +66,13 @@ pub(super) fn measure(comm: &Comm) -> Result<ClockOffset> {
     // Emulated hosts on rank 0's machine read its clock (the wall clock is
     // not namespaced): nothing to measure for them.
     let peers = &comm.shared.peers;
-    let home_machine = &peers[0].machine;
-    let on_home_machine = |r: usize| !home_machine.is_empty() && peers[r].machine == *home_machine;
+    let on_home_machine = |r: usize| !peers.machine(0).is_empty() && peers.same_machine(r, 0);
     if topo.host_of(me) != home && on_home_machine(me) {
         return Ok(ClockOffset::SAME_MACHINE);
     }
     // Hosts in tree order: rank 0's first, then the others in order.
     let hosts: Vec<usize> = std::iter::once(home)
-        .chain((0..topo.nhosts()).filter(|&h| h != home && !on_home_machine(topo.ranks_on(h)[0])))
+        .chain((0..topo.nhosts()).filter(|&h| h != home && !on_home_machine(topo.leader(h))))
         .collect();
     if hosts.len() < 2 {
         return Ok(ClockOffset::SAME_HOST);
@@ -82,7 +81,7 @@ pub(super) fn measure(comm: &Comm) -> Result<ClockOffset> {
         if i == 0 {
             0
         } else {
-            topo.ranks_on(hosts[i])[0]
+            topo.leader(hosts[i])
         }
     };
     let my_host = topo.host_of(me);

@@ -63,7 +63,7 @@ struct Peer<'a> {
     pid: u32,
     /// Where it listened at set-up (`ip:port`): the live diagnosis probes
     /// whether a silent host can be reached at all.
-    addr: &'a str,
+    addr: std::net::SocketAddr,
 }
 
 /// One operation's record with its messages.
@@ -234,9 +234,9 @@ impl Shared {
         let peers = (0..self.nranks)
             .map(|r| Peer {
                 rank: r,
-                host: &self.hosts[r],
-                pid: self.peers[r].pid,
-                addr: &self.peers[r].addr,
+                host: self.peers.host(r),
+                pid: self.peers.pid(r),
+                addr: self.peers.nic_addr(r, 0),
             })
             .collect();
         Some(to_json_text(&Dump {
@@ -246,7 +246,7 @@ impl Shared {
             comm_id: &self.id,
             rank: self.rank,
             nranks: self.nranks,
-            host: &self.hosts[self.rank],
+            host: self.peers.host(self.rank),
             hostname: hostname(),
             pid: std::process::id(),
             peers,
@@ -293,7 +293,7 @@ impl Shared {
             .unwrap()
             .iter()
             .map(|l| LinkMetrics {
-                peer_host: self.hosts.get(l.peer).map(String::as_str),
+                peer_host: (l.peer < self.peers.len()).then(|| self.peers.host(l.peer)),
                 stats: l.snapshot(),
             })
             .collect();
@@ -303,7 +303,7 @@ impl Shared {
             job: &self.job,
             rank: self.rank,
             nranks: self.nranks,
-            host: &self.hosts[self.rank],
+            host: self.peers.host(self.rank),
             now_ns: now,
             bucket_bounds_ns: (0..DURATION_BUCKETS).map(bucket_bound_ns).collect(),
             collectives,
@@ -418,7 +418,7 @@ mod tests {
                 rank: 1,
                 host: "h1",
                 pid: 8,
-                addr: "10.0.0.2:4000",
+                addr: "10.0.0.2:4000".parse().unwrap(),
             }],
             timeout_s: 300.0,
             base_unix_ns: 1,

@@ -16,10 +16,12 @@
 //! stream numbers of their own (`GATHER_STREAM + k`), on a listener that
 //! closes when the exchange ends.
 
-use super::PeerInfo;
+use super::peer_info::Fields;
+use super::peer_table::Builder;
+use super::{PeerInfo, PeerTable};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::rendezvous::{Store, StoreError};
-use crate::transport::handshake::JobSecret;
+use crate::transport::handshake::{Expected, JobSecret};
 use crate::transport::tcp_setup::{accept_each, connect};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -106,10 +108,10 @@ pub fn allgather(
     listener: TcpListener,
     store: &dyn Store,
     prefix: &str,
-) -> Result<Vec<PeerInfo>> {
+) -> Result<PeerTable> {
     let (r, n) = (ctx.rank, ctx.nranks);
     if n == 1 {
-        return Ok(vec![own.clone()]);
+        return PeerTable::from_records(std::slice::from_ref(own)).map_err(|m| ctx.fail(m, None));
     }
     let steps = usize::BITS as usize - (n - 1).leading_zeros() as usize;
     let from = |k: usize| (r + n - (1 << k) % n) % n;
@@ -136,7 +138,7 @@ pub fn allgather(
                 &secret,
                 &cid,
                 r,
-                &exp,
+                Expected::These(&exp),
                 deadline,
                 &mut warn,
                 &mut |(_, s), sock| {
@@ -209,12 +211,12 @@ pub fn allgather(
     if let Err(e) = acceptor.join().expect("the exchange's acceptor panicked") {
         return Err(ctx.fail(e.detail, e.culprit));
     }
-    // `known` now holds ranks r-n+1..=r: rotate into rank order.
+    // `known` now holds ranks r-n+1..=r, each checked once on its way.
     let mut b = known.as_slice();
-    let mut table: Vec<Option<PeerInfo>> = vec![None; n];
+    let mut table = Builder::new(n);
     for i in 0..n {
         let expect = (r + 1 + i) % n;
-        let p = PeerInfo::decode(&mut b).map_err(|m| ctx.fail(m, None))?;
+        let p = Fields::read(&mut b).map_err(|m| ctx.fail(m, None))?;
         if p.rank != expect {
             return Err(ctx.fail(
                 format!(
@@ -224,12 +226,11 @@ pub fn allgather(
                 None,
             ));
         }
-        table[expect] = Some(p);
+        table
+            .add_fields(&p)
+            .map_err(|m| ctx.fail(m, Some(expect)))?;
     }
-    Ok(table
-        .into_iter()
-        .map(|p| p.expect("every rank placed"))
-        .collect())
+    table.finish().map_err(|m| ctx.fail(m, None))
 }
 
 /// What a failed read or write of the exchange says: a timeout is the

@@ -15,6 +15,7 @@
 use super::links::{connect_streams_deciding, tcp_link, LinkCtx, DROP, KEEP};
 use crate::engine::LinkMaker;
 use crate::error::ErrorKind;
+use crate::transport::handshake::Expected;
 use crate::transport::tcp_setup::{accept_each, Stop};
 use crate::transport::Link;
 use std::io::{Read, Write};
@@ -70,11 +71,10 @@ pub struct LazyLinks {
 
 impl LazyLinks {
     /// Starts accepting on `listeners` the links of the peers on other
-    /// hosts (`remote`).
+    /// hosts.
     pub fn start(
         ctx: LinkCtx,
         listeners: Vec<TcpListener>,
-        remote: Vec<usize>,
         timeout: Duration,
     ) -> std::io::Result<LazyLinks> {
         let n = ctx.infos.len();
@@ -98,7 +98,7 @@ impl LazyLinks {
         let acceptor = std::thread::Builder::new()
             .name("cadence-accept".into())
             .stack_size(512 << 10)
-            .spawn(move || accept_loop(&c, &s, listeners, remote))?;
+            .spawn(move || accept_loop(&c, &s, listeners))?;
         Ok(LazyLinks {
             ctx,
             shared,
@@ -125,11 +125,12 @@ fn warn_line(ctx: &LinkCtx, m: String) {
     }
 }
 
-fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>, remote: Vec<usize>) {
-    let expected: Vec<(usize, usize)> = remote
-        .iter()
-        .flat_map(|&p| (0..ctx.streams_to(p)).map(move |s| (p, s)))
-        .collect();
+fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>) {
+    // Any stream of a peer on another host.
+    let n = ctx.infos.len();
+    let admits = |(p, s): (usize, usize)| {
+        p < n && !ctx.infos.same_host(p, ctx.rank) && s < ctx.streams_to(p)
+    };
     let mut partial: std::collections::HashMap<usize, Vec<Option<TcpStream>>> =
         std::collections::HashMap::new();
     let mut warn = |m: String| warn_line(ctx, m);
@@ -194,7 +195,7 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>, remo
         &ctx.secret,
         &ctx.comm_id,
         ctx.rank,
-        &expected,
+        Expected::Admitted(&admits),
         far,
         &mut warn,
         &mut deliver,

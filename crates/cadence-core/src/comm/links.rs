@@ -3,13 +3,13 @@
 //! them. Used at set-up for every peer (`CADENCE_CONNECT=eager`,
 //! `bootstrap.rs`) and on first use (`lazy.rs`).
 
-use super::PeerInfo;
+use super::PeerTable;
 use crate::config::DebugLevel;
 use crate::error::{CommError, ErrorKind, Result};
 use crate::transport::handshake::JobSecret;
 use crate::transport::tcp::TcpLink;
 use crate::transport::tcp_setup::connect;
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ pub struct LinkCtx {
     pub comm_id: String,
     pub rank: usize,
     pub secret: JobSecret,
-    pub infos: Arc<[PeerInfo]>,
+    pub infos: Arc<PeerTable>,
     /// This rank's listening address per NIC.
     pub my_ips: Vec<IpAddr>,
     pub nstreams: usize,
@@ -44,7 +44,7 @@ pub fn blame(ctx: &LinkCtx, m: String, culprit: Option<usize>) -> CommError {
 impl LinkCtx {
     /// The paths between this rank and `peer` (NIC k to NIC k).
     pub fn paths_to(&self, peer: usize) -> usize {
-        super::paths_between(&self.infos[self.rank], &self.infos[peer])
+        self.infos.paths_between(self.rank, peer)
     }
     /// How many streams a link to `peer` has.
     pub fn streams_to(&self, peer: usize) -> usize {
@@ -87,16 +87,6 @@ pub fn connect_streams_deciding(
     decided: bool,
 ) -> Result<Option<(Vec<TcpStream>, Unreachable)>> {
     let npaths = ctx.paths_to(peer);
-    let peer_addrs = ctx.infos[peer].nic_addrs();
-    let addr_of = |path: usize| -> Result<SocketAddr> {
-        peer_addrs[path].parse().map_err(|_| {
-            blame(
-                ctx,
-                format!("rank {peer} published a bad address {:?}", peer_addrs[path]),
-                Some(peer),
-            )
-        })
-    };
     let mut failed: Unreachable = Vec::new();
     let mut v = Vec::new();
     for s in 0..ctx.streams_to(peer) {
@@ -107,7 +97,7 @@ pub fn connect_streams_deciding(
             if failed.iter().any(|(p, _)| *p == path) {
                 continue;
             }
-            let addr = addr_of(path)?;
+            let addr = ctx.infos.nic_addr(peer, path);
             // From this rank's NIC of the same rail (with one NIC, the
             // kernel's choice).
             let from = (npaths > 1).then(|| ctx.my_ips[path]);
@@ -164,7 +154,7 @@ pub fn connect_streams_deciding(
         let Some(sock) = sock else {
             let tried: Vec<String> = failed
                 .iter()
-                .map(|(p, why)| format!("{} ({why})", peer_addrs[*p]))
+                .map(|(p, why)| format!("{} ({why})", ctx.infos.nic_addr(peer, *p)))
                 .collect();
             return Err(blame(
                 ctx,
@@ -199,19 +189,17 @@ pub fn tcp_link(
     let npaths = ctx.paths_to(peer);
     let mut link = TcpLink::new(peer, socks, npaths)
         .map_err(|e| blame(ctx, format!("rank {peer}: {e}"), Some(peer)))?;
-    let peer_addrs = ctx.infos[peer].nic_addrs();
     let names = (0..npaths)
         .map(|p| {
-            let ip = |a: &str| a.rsplit_once(':').map_or(a, |(h, _)| h).to_string();
             let mine = ctx
                 .my_ips
                 .get(p)
                 .map_or_else(|| "?".into(), |a| a.to_string());
-            format!("{mine} -> {}", ip(peer_addrs[p]))
+            format!("{mine} -> {}", ctx.infos.nic_addr(peer, p).ip())
         })
         .collect();
     let log_as = (ctx.debug >= DebugLevel::Warn).then(|| format!("cadence rank {}", ctx.rank));
-    link.set_failover(ctx.path_timeout, &ctx.infos[peer].host, names, log_as);
+    link.set_failover(ctx.path_timeout, ctx.infos.host(peer), names, log_as);
     if npaths > 1 {
         // Each stream's path is its local NIC: a stream whose own path did
         // not connect runs on another (see above), on either side.

@@ -35,6 +35,7 @@ pub mod order;
 mod p2p;
 mod path_keeper;
 mod peer_info;
+mod peer_table;
 pub mod profile;
 mod progress;
 mod records;
@@ -49,7 +50,8 @@ pub use clock::ClockOffset;
 pub use dump::{DUMP_VERSION, METRICS_VERSION};
 pub use gather::GATHER_STREAM;
 pub use p2p::ANY_SOURCE;
-pub use peer_info::{paths_between, PeerInfo};
+pub use peer_info::PeerInfo;
+pub use peer_table::PeerTable;
 pub use progress::Completion;
 pub use request::OpRequest;
 
@@ -74,8 +76,6 @@ use std::time::{Duration, Instant};
 /// order.
 pub struct Comm {
     shared: Arc<Shared>,
-    /// Every rank's host identity, by rank.
-    pub hosts: Arc<[String]>,
     /// Runs submitted operations; started by the first.
     worker: ProgressThread,
 }
@@ -102,6 +102,16 @@ impl Comm {
     }
     pub fn nranks(&self) -> usize {
         self.shared.nranks
+    }
+    /// Rank `r`'s host identity.
+    pub fn host_of(&self, r: usize) -> &str {
+        self.shared.peers.host(r)
+    }
+    /// Every rank's host identity, by rank.
+    pub fn hosts(&self) -> Vec<String> {
+        (0..self.nranks())
+            .map(|r| self.host_of(r).to_string())
+            .collect()
     }
     pub fn config(&self) -> &Config {
         &self.shared.cfg

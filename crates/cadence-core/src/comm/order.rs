@@ -59,14 +59,17 @@ pub struct OrderChoice {
     pub profile_seconds: Option<f64>,
 }
 
-fn names_of(t: &Topology, host_names: &[String]) -> Vec<String> {
+/// Rank r's host name, by rank.
+pub type HostNames<'a> = dyn Fn(usize) -> &'a str + 'a;
+
+fn names_of(t: &Topology, host_names: &HostNames) -> Vec<String> {
     t.host_order()
         .into_iter()
-        .map(|h| host_names[t.ranks_on(h)[0]].clone())
+        .map(|h| host_names(t.leader(h)).to_string())
         .collect()
 }
 
-fn default_choice(topo: &Topology, host_names: &[String], why: String) -> OrderChoice {
+fn default_choice(topo: &Topology, host_names: &HostNames, why: String) -> OrderChoice {
     OrderChoice {
         hosts: names_of(topo, host_names),
         source: "default".into(),
@@ -81,8 +84,8 @@ fn default_choice(topo: &Topology, host_names: &[String], why: String) -> OrderC
 pub type Chosen = (Topology, OrderChoice, Option<Fabric>);
 
 /// `topo` (in the default order) with the ring order `src` gives before
-/// any start-up profile, and why. `host_names[r]` is rank r's host.
-pub fn choose(topo: Topology, host_names: &[String], src: &TopoSource) -> Chosen {
+/// any start-up profile, and why.
+pub fn choose(topo: Topology, host_names: &HostNames, src: &TopoSource) -> Chosen {
     let why = match src {
         TopoSource::File(loaded) => {
             return choose_by(
@@ -101,7 +104,7 @@ pub fn choose(topo: Topology, host_names: &[String], src: &TopoSource) -> Chosen
 
 /// `topo` (in the default order) in the widest ring order by `file` (found
 /// in `source`, for the messages), when clearly wider than the default.
-pub fn choose_by(topo: Topology, host_names: &[String], file: &TopoFile, source: &str) -> Chosen {
+pub fn choose_by(topo: Topology, host_names: &HostNames, file: &TopoFile, source: &str) -> Chosen {
     let fabric = match file.fabric_for(&names_of(&topo, host_names)) {
         Ok(f) => f,
         Err(e) => {
@@ -196,14 +199,6 @@ fn write_cache(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::rename(&aside, path)
 }
 
-/// Whether every address a rank listens on is a loopback address.
-fn on_loopback(p: &super::PeerInfo) -> bool {
-    p.nic_addrs().iter().all(|a| {
-        a.parse::<std::net::SocketAddr>()
-            .is_ok_and(|s| s.ip().is_loopback())
-    })
-}
-
 impl Comm {
     /// Start-up, collective: with `CADENCE_TOPO_FILE` unset, orders rings by
     /// a profile of the network (cached by rank 0, see the module's
@@ -212,7 +207,9 @@ impl Comm {
         let TopoSource::Profile { cache, loopback } = &self.shared.cfg.topo else {
             return Ok(());
         };
-        let topo = Topology::from_hosts(&self.hosts);
+        let peers = self.shared.peers.clone();
+        let host_names = |r| peers.host(r);
+        let topo = peers.topology();
         let n = topo.nhosts();
         if n < 3 {
             return Ok(());
@@ -224,14 +221,14 @@ impl Comm {
             }
         };
         // Every rank sees the same table, so every rank skips alike.
-        if !loopback && self.shared.peers.iter().all(on_loopback) {
+        if !loopback && (0..peers.len()).all(|r| peers.on_loopback(r)) {
             say(&format!(
                 "{n} hosts emulated on loopback: no network between them to profile \
                  (CADENCE_TOPO_FILE=profile measures them anyway)"
             ));
             return Ok(());
         }
-        let hosts = names_of(&topo, &self.hosts);
+        let hosts = names_of(&topo, &host_names);
         let cache = cache.as_ref().map(|dir| cache_file(dir, &hosts));
         // Rank 0 decides, for everyone: a fresh cached profile, or measure.
         let cached = match (&cache, self.rank()) {
@@ -294,7 +291,7 @@ impl Comm {
                 Some(started.elapsed()),
             )
         };
-        let (ordered, mut choice, fabric) = choose_by(topo, &self.hosts, &file, &source);
+        let (ordered, mut choice, fabric) = choose_by(topo, &host_names, &file, &source);
         choice.profile_seconds = took.map(|t| (t.as_secs_f64() * 1000.0).round() / 1000.0);
         // The profile's rounds may have started the progress thread; it
         // holds the shared state, which is about to change.
@@ -363,7 +360,7 @@ mod tests {
             .map(String::from)
             .to_vec();
         let topo = Topology::from_hosts(&names);
-        let (t, why, _) = choose(topo, &names, &cfg(racks()));
+        let (t, why, _) = choose(topo, &|r| names[r].as_str(), &cfg(racks()));
         assert_eq!(why.source, "racks.json");
         // a, c (rack 0), then b and d (rack 1) in either order.
         let hosts = t.host_order();
@@ -381,15 +378,19 @@ mod tests {
     fn without_a_usable_file_the_order_stays_and_says_why() {
         let names: Vec<String> = ["a", "b", "c", "z"].map(String::from).to_vec();
         let topo = Topology::from_hosts(&names);
-        let (t, why, _) = choose(topo.clone(), &names, &cfg(racks()));
+        let (t, why, _) = choose(topo.clone(), &|r| names[r].as_str(), &cfg(racks()));
         assert!(t.is_default_order());
         assert!(why.why.contains("does not know host(s) z"), "{}", why.why);
-        let (t, why, _) = choose(topo, &names, &Config::default().topo);
+        let (t, why, _) = choose(topo, &|r| names[r].as_str(), &Config::default().topo);
         assert!(t.is_default_order());
         assert_eq!(why.source, "default");
         // Blocked racks: rank order is already the widest.
         let names: Vec<String> = ["a", "c", "b", "d"].map(String::from).to_vec();
-        let (t, why, _) = choose(Topology::from_hosts(&names), &names, &cfg(racks()));
+        let (t, why, _) = choose(
+            Topology::from_hosts(&names),
+            &|r| names[r].as_str(),
+            &cfg(racks()),
+        );
         assert!(t.is_default_order(), "{why:?}");
         assert!(why.why.contains("within 10 % of the widest"), "{}", why.why);
     }

@@ -10,6 +10,7 @@ use crate::monitor::MsgRecord;
 use crate::schedule::Algo;
 use crate::transport::{OpMeta, RecvJob, SendJob, Sink, SinkMode, Source, FRAME_DATA};
 use crate::types::{CollKind, ElemOp};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Instant;
@@ -27,18 +28,18 @@ pub(super) fn is_any_source(req: &OpRequest) -> bool {
 
 /// Point-to-point messages have their own sequence per (source,
 /// destination) pair, so ranks that take no part do not have to count them
-/// (and collectives' numbering is not shifted by them).
+/// (and collectives' numbering is not shifted by them). Kept for the
+/// peers messages went to or came from only.
+#[derive(Default)]
 pub(super) struct P2pSeqs {
-    sent: Vec<u64>,
-    received: Vec<u64>,
+    sent: HashMap<usize, u64>,
+    received: HashMap<usize, u64>,
 }
 
 impl P2pSeqs {
-    pub(super) fn new(nranks: usize) -> P2pSeqs {
-        P2pSeqs {
-            sent: vec![0; nranks],
-            received: vec![0; nranks],
-        }
+    /// The sequence number of the last message received from `peer`.
+    fn received_from(&self, peer: usize) -> u64 {
+        self.received.get(&peer).copied().unwrap_or(0)
     }
 
     /// The wire identity of the next send to, or receive from, `req.root`;
@@ -46,9 +47,9 @@ impl P2pSeqs {
     pub(super) fn meta(&mut self, rank: usize, req: &OpRequest) -> OpMeta {
         let send = req.kind == CollKind::Send;
         let (src, dst, counter) = if send {
-            (rank, req.root, &mut self.sent[req.root])
+            (rank, req.root, self.sent.entry(req.root).or_default())
         } else {
-            (req.root, rank, &mut self.received[req.root])
+            (req.root, rank, self.received.entry(req.root).or_default())
         };
         *counter += 1;
         let count = req.counts[0] as u64;
@@ -360,7 +361,7 @@ fn match_any_source(
         if h.frame == FRAME_DATA
             && h.coll == CollKind::Send.code()
             && h.root as usize == rank
-            && h.seq == seqs.received[peer] + 1
+            && h.seq == seqs.received_from(peer) + 1
         {
             return Ok(Some(peer));
         }

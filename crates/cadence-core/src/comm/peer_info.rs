@@ -45,13 +45,6 @@ impl PeerInfo {
     }
 }
 
-/// The paths between two hosts: NIC k of one with NIC k of the other (rails:
-/// on a multi-rail cluster NIC k of every host shares a switch), as many as
-/// the host with fewer NICs has.
-pub fn paths_between(a: &PeerInfo, b: &PeerInfo) -> usize {
-    a.nic_addrs().len().min(b.nic_addrs().len()).max(1)
-}
-
 /// Strings of a record are at most this long (a host name, a path#hash).
 const MAX_STR: usize = u16::MAX as usize;
 
@@ -105,19 +98,28 @@ impl PeerInfo {
 }
 
 /// A record's fields, borrowed from its encoding.
-struct Fields<'a> {
-    rank: usize,
-    pid: u32,
-    host: &'a str,
-    machine: &'a str,
-    tuning: &'a str,
-    topo: &'a str,
+pub(super) struct Fields<'a> {
+    pub rank: usize,
+    pub pid: u32,
+    pub host: &'a str,
+    pub machine: &'a str,
+    pub tuning: &'a str,
+    pub topo: &'a str,
     addr: &'a str,
     addrs: Vec<&'a str>,
 }
 
 impl<'a> Fields<'a> {
-    fn read(b: &mut &'a [u8]) -> Result<Fields<'a>, String> {
+    /// One address per NIC (see [`PeerInfo::nic_addrs`]).
+    pub fn nic_addrs(&self) -> &[&'a str] {
+        if self.addrs.is_empty() {
+            std::slice::from_ref(&self.addr)
+        } else {
+            &self.addrs
+        }
+    }
+
+    pub fn read(b: &mut &'a [u8]) -> Result<Fields<'a>, String> {
         fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
             if b.len() < n {
                 return Err("a peer record cut short".into());

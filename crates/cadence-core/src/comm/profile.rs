@@ -27,7 +27,6 @@ use super::{Comm, OpRequest};
 use crate::error::Result;
 use crate::fabric::file::{TopoFile, KIND, VERSION};
 use crate::fabric::probe::{self, Flow};
-use crate::schedule::Topology;
 use crate::types::{CollKind, DType, RedOp};
 use serde_json::json;
 use std::time::Instant;
@@ -163,11 +162,13 @@ impl Comm {
         };
         let started = Instant::now();
         // Hosts by lowest rank, whatever ring order is in force.
-        let names = &self.hosts;
-        let topo = Topology::from_hosts(names);
+        let peers = &self.shared.peers;
+        let topo = peers.topology();
         let n = topo.nhosts();
-        let hosts: Vec<String> = (0..n).map(|h| names[topo.ranks_on(h)[0]].clone()).collect();
-        let leaders: Vec<usize> = (0..n).map(|h| topo.ranks_on(h)[0]).collect();
+        let hosts: Vec<String> = (0..n)
+            .map(|h| peers.host(topo.leader(h)).to_string())
+            .collect();
+        let leaders: Vec<usize> = (0..n).map(|h| topo.leader(h)).collect();
         let mut file = TopoFile {
             version: VERSION,
             kind: KIND.into(),

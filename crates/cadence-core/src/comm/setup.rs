@@ -5,13 +5,12 @@
 
 use super::p2p::P2pSeqs;
 use super::progress::ProgressThread;
-use super::{calibrate, clock, order, ClockOffset, Comm, Inner, PeerInfo, Shared};
+use super::{calibrate, clock, order, ClockOffset, Comm, Inner, PeerTable, Shared};
 use crate::choice;
 use crate::config::{Config, DebugLevel};
 use crate::engine::{Cancel, Engine};
 use crate::error::{ErrorKind, Result};
 use crate::monitor::Recorder;
-use crate::schedule::Topology;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
@@ -21,12 +20,11 @@ impl Comm {
         id: String,
         job: String,
         rank: usize,
-        infos: Arc<[PeerInfo]>,
+        peers: Arc<PeerTable>,
         mut engine: Engine,
         cfg: Config,
     ) -> Comm {
-        let nranks = infos.len();
-        let hosts: Arc<[String]> = infos.iter().map(|p| p.host.clone()).collect();
+        let nranks = peers.len();
         let cancel: Arc<Cancel> = Arc::default();
         engine.cancel = cancel.clone();
         engine.stamp_messages = cfg.record_messages > 0;
@@ -34,7 +32,7 @@ impl Comm {
         let links = engine.link_counters();
         let auto = {
             let (topo, order, fabric) =
-                order::choose(Topology::from_hosts(&hosts), &hosts, &cfg.topo);
+                order::choose(peers.topology(), &|r| peers.host(r), &cfg.topo);
             let tuned = cfg.tuning.as_ref().and_then(|t| t.file.for_topology(&topo));
             let model = tuned.as_ref().and_then(|t| t.model);
             choice::Auto {
@@ -52,15 +50,14 @@ impl Comm {
                 job,
                 rank,
                 nranks,
-                hosts: hosts.clone(),
-                peers: infos,
+                peers,
                 profile: None,
                 clock: ClockOffset::SAME_HOST,
                 inner: Mutex::new(Inner {
                     engine,
                     coll_seq: 0,
                     op_seq: 0,
-                    p2p: P2pSeqs::new(nranks),
+                    p2p: P2pSeqs::default(),
                     failed: None,
                     schedules: HashMap::new(),
                     last_schedule: None,
@@ -75,7 +72,6 @@ impl Comm {
                 choices: choice::ChoiceLog::default(),
                 cfg,
             }),
-            hosts,
             worker: ProgressThread::default(),
         }
     }

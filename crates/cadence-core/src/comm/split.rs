@@ -6,7 +6,7 @@
 //! rank 0), the start-up profile (the ring order over the members' hosts)
 //! and the cost model. Nothing is measured again.
 
-use super::{Bootstrap, ClockOffset, Comm, PeerInfo};
+use super::{Bootstrap, ClockOffset, Comm};
 use crate::error::{CommError, Result};
 use std::sync::Arc;
 
@@ -16,37 +16,6 @@ pub(super) struct Inherited {
     pub profile: Option<Arc<crate::fabric::file::TopoFile>>,
     pub model: Option<crate::schedule::cost::CostModel>,
     pub measured_at_start: bool,
-}
-
-impl PeerInfo {
-    /// The same record listening on `ports` (one per NIC, in order).
-    fn with_ports(&self, rank: usize, ports: &[u16]) -> Result<PeerInfo> {
-        let swap = |addr: &str, port: u16| -> Result<String> {
-            let (ip, _) = addr
-                .rsplit_once(':')
-                .ok_or_else(|| CommError::invalid(format!("bad address {addr:?}")))?;
-            Ok(format!("{ip}:{port}"))
-        };
-        let nics = self.nic_addrs().len();
-        if ports.len() != nics {
-            return Err(CommError::invalid(format!(
-                "rank {rank} of the split listens on {} ports for {nics} NICs",
-                ports.len()
-            )));
-        }
-        let mut p = self.clone();
-        p.rank = rank;
-        p.addr = swap(&self.addr, ports[0])?;
-        if !p.addrs.is_empty() {
-            p.addrs = self
-                .addrs
-                .iter()
-                .zip(ports)
-                .map(|(a, &port)| swap(a, port))
-                .collect::<Result<_>>()?;
-        }
-        Ok(p)
-    }
 }
 
 impl Bootstrap {
@@ -89,15 +58,10 @@ impl Bootstrap {
             )));
         }
         let table = &parent.shared.peers;
-        let infos = members
-            .iter()
-            .zip(ports)
-            .enumerate()
-            .map(|(i, (&m, p))| table[m].with_ports(i, p))
-            .collect::<Result<Vec<_>>>()?;
+        let infos = table.subset(members, ports).map_err(CommError::invalid)?;
         // Offsets to the new rank 0's clock: ours minus its, errors added.
         let (mine, zero) = (clocks[self.rank], clocks[0]);
-        let same_host = table[members[0]].host == table[members[self.rank]].host;
+        let same_host = table.same_host(members[0], members[self.rank]);
         let clock = if same_host {
             ClockOffset::SAME_HOST
         } else {
@@ -126,8 +90,13 @@ impl Comm {
     /// members' hosts.
     pub(super) fn inherit(&mut self, from: Inherited) -> Result<()> {
         let ordered = from.profile.as_ref().map(|file| {
-            let topo = crate::schedule::Topology::from_hosts(&self.hosts);
-            super::order::choose_by(topo, &self.hosts, file, "the parent's start-up profile")
+            let peers = &self.shared.peers;
+            super::order::choose_by(
+                peers.topology(),
+                &|r| peers.host(r),
+                file,
+                "the parent's start-up profile",
+            )
         });
         let shared = self.exclusive("inheriting the parent's measurements")?;
         shared.clock = from.clock;

@@ -49,11 +49,9 @@ pub(super) struct Shared {
     pub(super) job: String,
     pub(super) rank: usize,
     pub(super) nranks: usize,
-    /// Every rank's host identity, process id and first listener address
-    /// (`ip:port`), from bootstrap.
-    pub(super) hosts: Arc<[String]>,
-    /// The whole peer table, which a split hands its children.
-    pub(super) peers: Arc<[super::PeerInfo]>,
+    /// Every rank's record from bootstrap (host, process id, addresses),
+    /// which a split hands its children.
+    pub(super) peers: Arc<super::PeerTable>,
     /// The start-up profile's measurements, when one ran or was cached: a
     /// split orders its rings by them instead of measuring again.
     pub(super) profile: Option<Arc<crate::fabric::file::TopoFile>>,

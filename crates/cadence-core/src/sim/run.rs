@@ -56,7 +56,8 @@ impl Cluster {
                 } else {
                     "the start-up profile"
                 };
-                let (t, choice, fabric) = choose_by(model.topo.clone(), &names, file, source);
+                let (t, choice, fabric) =
+                    choose_by(model.topo.clone(), &|r| names[r].as_str(), file, source);
                 (t, choice, fabric)
             }
             _ => {
