@@ -82,6 +82,10 @@ impl StoreClient {
     fn open(&self, deadline: Instant, log: Option<&str>) -> Result<TcpStream, StoreError> {
         let started = Instant::now();
         let mut next_notice = started + WAIT_NOTICE;
+        // Every rank but the server's may start first: look again soon,
+        // then less often (a thousand ranks each trying every 2 ms would
+        // be a storm of refused connections).
+        let mut pause = Duration::from_millis(2);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let attempt = TcpStream::connect_timeout(
@@ -145,7 +149,8 @@ impl StoreClient {
                             next_notice += WAIT_NOTICE;
                         }
                     }
-                    std::thread::sleep(Duration::from_millis(50));
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
                 }
             }
         }

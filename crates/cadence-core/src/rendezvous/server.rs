@@ -9,17 +9,21 @@
 //! variable, so a `set` wakes only those who wait for it.
 
 use super::wire::{self, key_of, Op, ReadError, Status, GREETING};
+use crate::transport::poll_fds;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// A connection thread's stack: it parses small messages and waits.
 const CONN_STACK: usize = 128 << 10;
-/// How often the acceptor looks whether the server is stopping.
-const ACCEPT_POLL: Duration = Duration::from_millis(100);
+/// How long the acceptor pauses after an error accept(2) may repeat (out
+/// of file descriptors).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
 /// How often an idle connection's thread does.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// How long the rest of a request may take once its first byte came.
@@ -42,6 +46,9 @@ struct State {
 pub struct StoreServer {
     addr: SocketAddr,
     state: Arc<State>,
+    /// Rung when the server stops: the acceptor sleeps until a connection
+    /// or this (every rank's first request waits on the accept).
+    stop_bell: UnixStream,
     acceptor: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -64,12 +71,14 @@ impl StoreServer {
         let addr = listener.local_addr()?;
         let state = Arc::new(State::default());
         let st = state.clone();
+        let (stop_bell, stop_rx) = UnixStream::pair()?;
         let acceptor = std::thread::Builder::new()
             .name("cadence-store".into())
-            .spawn(move || accept_loop(listener, st))?;
+            .spawn(move || accept_loop(listener, stop_rx, st))?;
         Ok(StoreServer {
             addr,
             state,
+            stop_bell,
             acceptor: Some(acceptor),
         })
     }
@@ -84,6 +93,7 @@ impl Drop for StoreServer {
     fn drop(&mut self) {
         // Connection threads see it within IDLE_CHECK; waiters when woken.
         self.state.stopping.store(true, Ordering::SeqCst);
+        let _ = (&self.stop_bell).write_all(&[1]);
         for cv in self.state.table.lock().unwrap().waiting.values() {
             cv.notify_all();
         }
@@ -93,8 +103,15 @@ impl Drop for StoreServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, state: Arc<State>) {
+fn accept_loop(listener: TcpListener, stop_rx: UnixStream, state: Arc<State>) {
     while !state.stopping.load(Ordering::SeqCst) {
+        let mut fds = [listener.as_raw_fd(), stop_rx.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // Until a connection or the stop; an hour is only a backstop.
+        poll_fds(&mut fds, Duration::from_secs(3600));
         match listener.accept() {
             Ok((sock, _)) => {
                 let _ = sock.set_nonblocking(false);
@@ -110,8 +127,8 @@ fn accept_loop(listener: TcpListener, state: Arc<State>) {
                     continue;
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
-            Err(_) => std::thread::sleep(ACCEPT_POLL),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => std::thread::sleep(ACCEPT_PAUSE),
         }
     }
 }
