@@ -147,13 +147,18 @@ def run_ranks(backend: str, ranks: int, hosts: int, timeout: float, nofile: int 
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                               text=True, preexec_fn=limit_files(nofile)))
             outs, errs = [], []
-            for p in procs:
+            for r, p in enumerate(procs):
                 try:
                     o, e = p.communicate(timeout=timeout + 60)
                 except subprocess.TimeoutExpired:
                     p.kill()
                     o, e = p.communicate()
                 outs.append(o)
+                if r == 0 and "CADENCE_DEBUG" in os.environ:
+                    # Rank 0's own account (CADENCE_DEBUG=INFO: where set-up's time went).
+                    for line in e.splitlines():
+                        if "set-up took" in line or "WARN" in line:
+                            print(f"  {line}", file=sys.stderr)
                 if p.returncode != 0:
                     errs.append(f"rank exited {p.returncode}: {e.strip()[-600:]}")
             if errs:

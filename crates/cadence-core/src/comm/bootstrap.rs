@@ -78,6 +78,8 @@ pub struct Bootstrap {
     cfg: Config,
     secret: JobSecret,
     warn: Option<Box<dyn FnMut(String) + Send + Sync>>,
+    /// How long the peer-table exchange took (for the set-up's INFO line).
+    exchanged_in: Option<Duration>,
 }
 
 impl Bootstrap {
@@ -159,6 +161,7 @@ impl Bootstrap {
             cfg,
             secret,
             warn: None,
+            exchanged_in: None,
         })
     }
 
@@ -199,8 +202,10 @@ impl Bootstrap {
 
     /// [`Bootstrap::join`], waiting up to `wait` for the other ranks to
     /// join (a store's own timeout may exceed the operations' deadline).
-    pub fn join_within(self, store: &dyn Store, prefix: &str, wait: Duration) -> Result<Comm> {
+    pub fn join_within(mut self, store: &dyn Store, prefix: &str, wait: Duration) -> Result<Comm> {
+        let started = Instant::now();
         let table = self.exchange_within(store, prefix, wait)?;
+        self.exchanged_in = Some(started.elapsed());
         self.connect_table(table)
     }
 
@@ -282,6 +287,7 @@ impl Bootstrap {
         inherited: Option<Inherited>,
     ) -> Result<Comm> {
         let (rank, n) = (self.rank, self.nranks);
+        let mut phases = Phases::new(self.exchanged_in);
         let mut sink = self.warn.take();
         // Set-up errors, with the rank to blame when one is (`blaming`).
         let blaming = |m: String, culprit: Option<usize>| {
@@ -425,6 +431,7 @@ impl Bootstrap {
             maker = Some(Box::new(lazy) as Box<dyn LinkMaker>);
         }
 
+        phases.end("links");
         let mut engine = Engine::new(rank, n, links, inbox);
         engine.maker = maker;
         // Ranks that compete for this machine's cores, whatever host they
@@ -438,6 +445,7 @@ impl Bootstrap {
         // Everyone has mapped everyone's inbox once a barrier completes; then
         // the names can go, so a crash later leaves nothing in /dev/shm.
         comm.run(OpRequest::barrier())?;
+        phases.end("barrier");
         let inner = comm.shared.inner.lock().unwrap();
         if let Some(inbox) = &inner.engine.inbox {
             inbox.region.unlink();
@@ -447,13 +455,58 @@ impl Bootstrap {
             Some(from) => comm.inherit(from)?,
             None => {
                 comm.measure_clock()?;
+                phases.end("clock");
                 comm.order_from_profile()?;
+                phases.end("profile");
                 comm.calibrate()?;
+                phases.end("calibration");
             }
+        }
+        if rank == 0 && debug >= DebugLevel::Info {
+            stderr_line!("cadence rank 0 INFO: set-up took {}", phases.summary());
         }
         comm.reset_totals();
         comm.announce_selection();
         comm.start_path_keeper();
         Ok(comm)
+    }
+}
+
+/// The set-up's stages and how long each took, for rank 0's INFO line (an
+/// operator whose job starts slowly sees where the time went).
+struct Phases {
+    at: Instant,
+    took: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn new(exchanged_in: Option<Duration>) -> Phases {
+        Phases {
+            at: Instant::now(),
+            took: exchanged_in
+                .map(|d| ("peer table", d))
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    fn end(&mut self, stage: &'static str) {
+        let now = Instant::now();
+        self.took.push((stage, now - self.at));
+        self.at = now;
+    }
+
+    fn summary(&self) -> String {
+        let total: Duration = self.took.iter().map(|t| t.1).sum();
+        let parts: Vec<String> = self
+            .took
+            .iter()
+            .map(|(stage, d)| format!("{stage} {:.1}", d.as_secs_f64() * 1e3))
+            .collect();
+        format!(
+            "{:.1} ms: {} (ms)",
+            total.as_secs_f64() * 1e3,
+            parts.join(", ")
+        )
     }
 }
