@@ -232,6 +232,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_default_ring_order_given_again_is_the_default() {
+        let t = Topology::from_hosts(&["b", "a", "b", "a"]);
+        let same = t.clone().with_order(vec![0, 2, 1, 3]).unwrap();
+        assert!(same.is_default_order());
+        assert_eq!(same, t);
+        let other = t.clone().with_order(vec![1, 3, 0, 2]).unwrap();
+        assert!(!other.is_default_order());
+        assert_eq!(other.ring_order(), vec![1, 3, 0, 2]);
+        assert_eq!(other.host_order(), vec![1, 0]);
+        assert_eq!(other.chain_from(3), vec![3, 1, 0, 2]);
+        assert_eq!((other.leader(1), other.local_rank(3)), (1, 1));
+    }
+
+    #[test]
     fn hosts_are_numbered_by_their_lowest_rank() {
         let t = Topology::from_hosts(&["b", "a", "b", "a", "c"]);
         assert_eq!(t.nhosts(), 3);

@@ -642,6 +642,26 @@ mod tests {
     }
 
     #[test]
+    fn an_acceptor_by_rule_admits_what_the_rule_admits() {
+        let k = secret(1);
+        // Ranks 1..4, two streams each, as links made on first use admit.
+        let rule = |(rank, stream): StreamKey| (1..4).contains(&rank) && stream < 2;
+        for (rank, stream, admitted) in [(1, 0, true), (3, 1, true), (4, 0, false), (2, 2, false)] {
+            let mut s = Acceptor::new(&k, ID, 0, Expected::Admitted(&rule), [7; 32]);
+            let (_, hello) = Connector::new(&k, ID, rank, stream, 0, [9; 32]);
+            let got = s.feed(&hello);
+            if admitted {
+                assert!(matches!(got, Ok(Step::Send(_))), "{rank}/{stream}: {got:?}");
+            } else {
+                assert!(
+                    matches!(got, Err(Reject::Unexpected { .. })),
+                    "{rank}/{stream}: {got:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn byte_at_a_time_is_the_same() {
         let k = secret(1);
         let expected = [(1, 0)];
