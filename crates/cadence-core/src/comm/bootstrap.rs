@@ -11,7 +11,7 @@ use super::links::{connect_streams, tcp_link, LinkCtx, Unreachable};
 use super::split::Inherited;
 use super::{Comm, OpRequest, PeerInfo, PeerTable};
 use crate::config::{Config, ConnectMode, DebugLevel};
-use crate::engine::{Engine, LinkMaker};
+use crate::engine::{Engine, LinkMaker, Links};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::rendezvous::Store;
 use crate::transport::handshake::JobSecret;
@@ -330,7 +330,7 @@ impl Bootstrap {
             .iter()
             .position(|&r| r == rank)
             .expect("self is local");
-        let mut links: Vec<Option<Link>> = (0..n).map(|_| None).collect();
+        let mut links = Links::new(n);
 
         // Shared memory with same-host peers.
         let inbox = if local.len() > 1 {
@@ -343,9 +343,10 @@ impl Bootstrap {
                 }
                 let (region, pid) = open_peer_inbox(&inbox_path(&self.comm_id, peer), deadline)
                     .map_err(|e| blaming(format!("rank {peer}: {e}"), Some(peer)))?;
-                links[peer] = Some(Link::shm(ShmLink::new(
-                    peer, &inbox, region, pid, my_local, li,
-                )));
+                let link = Link::shm(ShmLink::new(peer, &inbox, region, pid, my_local, li));
+                links
+                    .insert(peer, link)
+                    .map_err(|_| fail(format!("two links to rank {peer}")))?;
             }
             Some(inbox)
         } else {
@@ -412,7 +413,9 @@ impl Bootstrap {
                     .collect();
                 let why = unreachable.remove(&peer).unwrap_or_default();
                 let link = tcp_link(&ctx, peer, socks, &why, &mut warn)?;
-                links[peer] = Some(Link::tcp(link));
+                links
+                    .insert(peer, Link::tcp(link))
+                    .map_err(|_| fail(format!("two links to rank {peer}")))?;
             }
         } else {
             // Links on first use (`lazy.rs`): the listeners stay open.

@@ -49,7 +49,7 @@ impl Shared {
     pub(super) fn inject_garbage(&self, peer: usize) -> Result<()> {
         let mut inner = self.inner.lock().unwrap();
         match inner.engine.links.get_mut(peer) {
-            Some(Some(Link::Tcp(t))) => t
+            Some(Link::Tcp(t)) => t
                 .inject_garbage()
                 .map_err(|e| CommError::invalid(format!("inject: {e}"))),
             _ => Err(CommError::invalid(format!("no TCP link to rank {peer}"))),

@@ -352,7 +352,7 @@ fn match_any_source(
         if recvs.iter().any(|(p, j)| *p == peer && !j.done) {
             continue;
         }
-        let Some(link) = engine.links[peer].as_mut() else {
+        let Some(link) = engine.links.get_mut(peer) else {
             continue;
         };
         let Some(h) = link.peek_header()? else {

@@ -28,12 +28,12 @@ impl Engine {
                 seq: my_seq,
                 chain: chain.clone(),
             };
-            for l in self.links.iter_mut().flatten() {
+            for l in self.links.iter_mut() {
                 l.post_stall(&notice);
             }
             wait.published = chain.clone();
         } else {
-            for l in self.links.iter_mut().flatten() {
+            for l in self.links.iter_mut() {
                 l.flush_control();
             }
         }
@@ -68,7 +68,6 @@ impl Engine {
             let notice = self
                 .links
                 .get(r as usize)
-                .and_then(|l| l.as_ref())
                 .and_then(|l| l.read_stall())
                 .filter(|n| n.seq == my_seq && n.chain.first() == Some(&r));
             if let Some(n) = notice {
@@ -145,7 +144,6 @@ impl Engine {
                 let peer_state = self
                     .links
                     .get(peer)
-                    .and_then(|l| l.as_ref())
                     .filter(|_| collective)
                     .and_then(|l| l.describe_peer_progress(peer, seq))
                     .map(|s| format!("; {s}"))

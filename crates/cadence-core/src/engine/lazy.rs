@@ -33,12 +33,12 @@ impl Engine {
         }
         for (peer, made) in maker.take_ready() {
             let link = made?;
-            if self.links[peer].is_some() {
+            self.multipath |= link.multipath();
+            let stats = link.stats().clone();
+            if self.links.insert(peer, link).is_err() {
                 return Err(ErrorKind::Internal(format!("a second link to rank {peer}")));
             }
-            self.multipath |= link.multipath();
-            self.counters.lock().unwrap().push(link.stats().clone());
-            self.links[peer] = Some(link);
+            self.counters.lock().unwrap().push(stats);
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ mod diagnosis;
 mod evidence;
 mod folds;
 mod lazy;
+mod links;
 mod lookahead;
 mod lowered;
 mod memory;
@@ -28,6 +29,7 @@ mod wait;
 pub use context::{Cancel, InterruptCheck, OpCtx};
 pub use evidence::{Evidence, Moment};
 pub use lazy::LinkMaker;
+pub use links::Links;
 pub use memory::Buffers;
 pub use tuning::{
     INTERRUPT_EVERY, SNAPSHOT_AFTER, SNAPSHOT_EVERY, STAMP_AFTER_IDLE, STAMP_AFTER_IDLE_SHARED,
@@ -37,7 +39,7 @@ pub use wait::{Wait, WaitStats};
 use crate::error::{CommError, ErrorKind};
 use crate::schedule::Algo;
 use crate::transport::shm::Inbox;
-use crate::transport::{AbortNotice, Link, LinkCounters, RecvJob, SendJob};
+use crate::transport::{AbortNotice, LinkCounters, RecvJob, SendJob};
 use crate::types::CollKind;
 use evidence::{stamp_moved, Recording};
 use phases::Jobs;
@@ -111,7 +113,7 @@ impl Marks {
 pub struct Engine {
     pub rank: usize,
     pub nranks: usize,
-    pub links: Vec<Option<Link>>,
+    pub links: Links,
     /// Makes links on first use (`CADENCE_CONNECT=lazy`), else None: every
     /// link exists from the start.
     pub maker: Option<Box<dyn LinkMaker>>,
@@ -184,14 +186,9 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(
-        rank: usize,
-        nranks: usize,
-        links: Vec<Option<Link>>,
-        inbox: Option<Inbox>,
-    ) -> Engine {
-        let multipath = links.iter().flatten().any(Link::multipath);
-        let counters = links.iter().flatten().map(|l| l.stats().clone()).collect();
+    pub fn new(rank: usize, nranks: usize, links: Links, inbox: Option<Inbox>) -> Engine {
+        let multipath = links.iter().any(|(_, l)| l.multipath());
+        let counters = links.iter().map(|(_, l)| l.stats().clone()).collect();
         Engine {
             rank,
             nranks,
@@ -248,7 +245,7 @@ impl Engine {
         }
         self.last_maintain = now;
         let mut moved = false;
-        for l in self.links.iter_mut().flatten() {
+        for l in self.links.iter_mut() {
             moved |= l.maintain()?;
         }
         Ok(moved)
@@ -363,7 +360,7 @@ impl Engine {
                 *pending = true;
                 continue;
             }
-            let Some(link) = self.links[*peer].as_mut() else {
+            let Some(link) = self.links.get_mut(*peer) else {
                 self.want_link(*peer)?;
                 self.mark(*peer, Marks::BUSY_TX);
                 *pending = true;
@@ -388,7 +385,7 @@ impl Engine {
                 *pending = true;
                 continue;
             }
-            let Some(link) = self.links[*peer].as_mut() else {
+            let Some(link) = self.links.get_mut(*peer) else {
                 self.want_link(*peer)?;
                 self.mark(*peer, Marks::BUSY_RX);
                 *pending = true;
@@ -431,7 +428,7 @@ impl Engine {
         // that made one is about to use it).
         let _ = self.install_ready_links();
         let notice = AbortNotice::from_error(&err.kind, self.rank);
-        for l in self.links.iter_mut().flatten() {
+        for l in self.links.iter_mut() {
             l.send_abort(&notice);
         }
     }

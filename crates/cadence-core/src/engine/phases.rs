@@ -150,7 +150,7 @@ impl Engine {
             if self.mark(peer, Marks::CHARGED) {
                 continue;
             }
-            if let Some(l) = self.links[peer].as_ref() {
+            if let Some(l) = self.links.get(peer) {
                 l.stats().busy_ns.add(busy);
             }
         }

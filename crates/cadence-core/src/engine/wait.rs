@@ -220,7 +220,7 @@ impl Engine {
             .map(|(p, _)| *p)
             .chain(sends.iter().filter(|(_, j)| j.active()).map(|(p, _)| *p));
         for peer in waiting_on {
-            if let Some(l) = self.links[peer].as_mut() {
+            if let Some(l) = self.links.get_mut(peer) {
                 l.check_alive()?;
             }
         }
@@ -259,10 +259,7 @@ impl Engine {
             if done || self.mark(peer, bit) || held {
                 continue;
             }
-            match self.links[peer]
-                .as_ref()
-                .map(|l| l.wait_on(is_send, started))
-            {
+            match self.links.get(peer).map(|l| l.wait_on(is_send, started)) {
                 Some(WaitOn::Poll(fds)) => self.pollfds.extend(fds),
                 Some(WaitOn::Doorbell) => self.doorbell_waits.push((peer, is_send)),
                 // Its link is being made: look again soon.
@@ -271,8 +268,8 @@ impl Engine {
         }
         if self.multipath {
             // Chunks a link writes on its own wake us too.
-            for (peer, l) in self.links.iter().enumerate() {
-                if let (Some(l), false) = (l, self.marked(peer, Marks::BUSY_TX)) {
+            for (peer, l) in self.links.iter() {
+                if !self.marked(peer, Marks::BUSY_TX) {
                     self.pollfds.extend(l.background_wait());
                 }
             }
@@ -328,7 +325,7 @@ impl Engine {
     fn doorbell_ready(&self) -> bool {
         self.doorbell_waits
             .iter()
-            .any(|&(p, is_send)| self.links[p].as_ref().is_some_and(|l| l.ready(is_send)))
+            .any(|&(p, is_send)| self.links.get(p).is_some_and(|l| l.ready(is_send)))
     }
 }
 
@@ -366,7 +363,7 @@ mod tests {
 
     #[test]
     fn the_spin_budget_follows_what_the_yields_showed() {
-        let mut e = Engine::new(0, 1, vec![None], None);
+        let mut e = Engine::new(0, 1, crate::engine::Links::new(1), None);
         e.set_local_ranks(1);
         assert_eq!(e.spin_budget, SPIN);
         // A peer on our core answered after a yield handed it the core.
@@ -388,7 +385,7 @@ mod tests {
 
     #[test]
     fn a_fixed_spin_budget_does_not_adapt() {
-        let mut e = Engine::new(0, 1, vec![None], None);
+        let mut e = Engine::new(0, 1, crate::engine::Links::new(1), None);
         e.override_wait(Some(Duration::from_micros(50)), None);
         e.set_local_ranks(1);
         assert_eq!(ended(&mut e, 80, true, false), Duration::from_micros(50));
@@ -408,7 +405,7 @@ mod tests {
 
     #[test]
     fn with_more_ranks_than_cores_nothing_spins() {
-        let mut e = Engine::new(0, 1, vec![None], None);
+        let mut e = Engine::new(0, 1, crate::engine::Links::new(1), None);
         e.set_local_ranks(100_000);
         assert_eq!(e.spin_budget, Duration::ZERO);
         assert_eq!(ended(&mut e, 0, false, false), Duration::ZERO);
@@ -418,7 +415,7 @@ mod tests {
     #[test]
     fn with_more_ranks_than_cores_small_rooted_calls_yield_longer() {
         use CollKind::*;
-        let mut e = Engine::new(0, 1, vec![None], None);
+        let mut e = Engine::new(0, 1, crate::engine::Links::new(1), None);
         e.set_local_ranks(100_000);
         for coll in [Broadcast, Reduce, Gather, Scatter] {
             assert_eq!(e.yield_budget(coll, 64), YIELD, "{coll}");
