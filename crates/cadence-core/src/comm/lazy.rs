@@ -18,6 +18,7 @@ use crate::error::ErrorKind;
 use crate::transport::handshake::Expected;
 use crate::transport::tcp_setup::{accept_each, Stop};
 use crate::transport::Link;
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -37,7 +38,9 @@ enum PeerState {
 
 /// What the engine's thread and the background threads share.
 struct Shared {
-    states: Mutex<Vec<PeerState>>,
+    /// By peer; absent is [`PeerState::None`] (kept for the peers a link
+    /// was asked for or came from: a rank uses few of the job's).
+    states: Mutex<HashMap<usize, PeerState>>,
     /// Links (or failures) for the engine to take.
     ready: Mutex<Vec<(usize, Result<Link, ErrorKind>)>>,
     any_ready: AtomicBool,
@@ -64,7 +67,7 @@ pub struct LazyLinks {
     ctx: Arc<LinkCtx>,
     shared: Arc<Shared>,
     /// Peers asked for (by the engine's thread only).
-    asked: Vec<bool>,
+    asked: HashSet<usize>,
     timeout: Duration,
     acceptor: Option<std::thread::JoinHandle<()>>,
 }
@@ -77,7 +80,6 @@ impl LazyLinks {
         listeners: Vec<TcpListener>,
         timeout: Duration,
     ) -> std::io::Result<LazyLinks> {
-        let n = ctx.infos.len();
         let ctx = Arc::new(ctx);
         let (bell, bell_rx) = UnixStream::pair()?;
         bell.set_nonblocking(true)?;
@@ -85,7 +87,7 @@ impl LazyLinks {
         let (stop_bell, stop_rx) = UnixStream::pair()?;
         stop_bell.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
-            states: Mutex::new(vec![PeerState::None; n]),
+            states: Mutex::new(HashMap::new()),
             ready: Mutex::new(Vec::new()),
             any_ready: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -102,7 +104,7 @@ impl LazyLinks {
         Ok(LazyLinks {
             ctx,
             shared,
-            asked: vec![false; n],
+            asked: HashSet::new(),
             timeout,
             acceptor: Some(acceptor),
         })
@@ -140,12 +142,12 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>) {
     let mut deliver = |(peer, s): (usize, usize), sock: TcpStream| {
         let keep = {
             let mut st = shared.states.lock().unwrap();
-            let keep = match st[peer] {
-                PeerState::None | PeerState::Accepted => true,
-                PeerState::Connecting => peer > ctx.rank,
+            let keep = match st.get(&peer) {
+                None | Some(PeerState::None | PeerState::Accepted) => true,
+                Some(PeerState::Connecting) => peer > ctx.rank,
             };
             if keep {
-                st[peer] = PeerState::Accepted;
+                st.insert(peer, PeerState::Accepted);
             }
             keep
         };
@@ -207,15 +209,16 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>) {
 
 impl LinkMaker for LazyLinks {
     fn request(&mut self, peer: usize) {
-        if std::mem::replace(&mut self.asked[peer], true) {
+        if !self.asked.insert(peer) {
             return;
         }
         {
             let mut st = self.shared.states.lock().unwrap();
-            if st[peer] != PeerState::None {
+            let state = st.entry(peer).or_insert(PeerState::None);
+            if *state != PeerState::None {
                 return;
             }
-            st[peer] = PeerState::Connecting;
+            *state = PeerState::Connecting;
         }
         let (ctx, shared, timeout) = (self.ctx.clone(), self.shared.clone(), self.timeout);
         let spawned = std::thread::Builder::new()
@@ -261,7 +264,7 @@ impl LinkMaker for LazyLinks {
         while matches!((&self.shared.bell_rx).read(&mut drain), Ok(n) if n > 0) {}
         let out = std::mem::take(&mut *self.shared.ready.lock().unwrap());
         for (p, _) in &out {
-            self.asked[*p] = true;
+            self.asked.insert(*p);
         }
         out
     }
