@@ -162,8 +162,12 @@ pub fn allgather(
     // Records of ranks r-len+1..=r, oldest first, encoded.
     let mut known: Vec<u8> = Vec::new();
     own.encode(&mut known);
+    // Room for every record at once (a rank's is about as long as any):
+    // the table grows in place, not by a copy a step.
+    known.reserve(known.len() * n + known.len() * n / 4);
     // Where each record of `known` starts.
-    let mut starts: Vec<usize> = vec![0];
+    let mut starts: Vec<usize> = Vec::with_capacity(n);
+    starts.push(0);
     let mut early: Vec<(usize, TcpStream)> = Vec::new();
     let mut result = Ok(());
     for k in 0..steps {
@@ -189,13 +193,9 @@ pub fn allgather(
         match step {
             Ok(((records, their_starts), next)) => {
                 let shift = records.len();
-                let mut grown = records;
-                grown.extend_from_slice(&known);
-                known = grown;
-                starts = their_starts
-                    .into_iter()
-                    .chain(starts.iter().map(|s| s + shift))
-                    .collect();
+                known.splice(0..0, records);
+                starts.iter_mut().for_each(|s| *s += shift);
+                starts.splice(0..0, their_starts);
                 target = next;
             }
             Err(e) => {
