@@ -8,7 +8,7 @@
 use super::peer_info::{Fields, PeerInfo};
 use crate::schedule::Topology;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// Every rank's record, by rank.
@@ -39,8 +39,9 @@ struct Sites {
     /// (machine, tuning, topo) as strings, each combination once: ranks of
     /// one job share one.
     files: Vec<[u32; 3]>,
-    /// Addresses, one per NIC, each list once.
-    ips: Vec<Box<[IpAddr]>>,
+    /// Addresses, one per NIC, each list once; as socket addresses of port
+    /// 0, so that an IPv6 address keeps its scope (a link-local one).
+    ips: Vec<Box<[SocketAddr]>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,7 +76,7 @@ impl PeerTable {
             .text(self.sites.files[self.site(r).files as usize][which])
     }
 
-    fn ips(&self, r: usize) -> &[IpAddr] {
+    fn ips(&self, r: usize) -> &[SocketAddr] {
         &self.sites.ips[self.site(r).ips as usize]
     }
 
@@ -120,7 +121,9 @@ impl PeerTable {
     /// Where rank `r` listens on its NIC `k`.
     pub fn nic_addr(&self, r: usize, k: usize) -> SocketAddr {
         let row = self.ranks[r];
-        SocketAddr::new(self.ips(r)[k], self.ports[row.ports as usize + k])
+        let mut a = self.ips(r)[k];
+        a.set_port(self.ports[row.ports as usize + k]);
+        a
     }
 
     /// Where rank `r` listens, one address per NIC, in its NICs' order.
@@ -143,7 +146,7 @@ impl PeerTable {
 
     /// Whether rank `r` listens on loopback addresses only.
     pub fn on_loopback(&self, r: usize) -> bool {
-        self.ips(r).iter().all(IpAddr::is_loopback)
+        self.ips(r).iter().all(|a| a.ip().is_loopback())
     }
 
     /// Rank `r`'s record, as it published it.
@@ -215,7 +218,7 @@ pub(super) struct Builder<'a> {
     ports: Vec<u16>,
     strings: HashMap<&'a str, u32>,
     files: HashMap<[u32; 3], u32>,
-    ips: HashMap<Box<[IpAddr]>, u32>,
+    ips: HashMap<Box<[SocketAddr]>, u32>,
     /// A host's ranks share a site unless they listen on different
     /// addresses or loaded different files.
     sites_by: HashMap<Site, u32>,
@@ -251,7 +254,7 @@ impl<'a> Builder<'a> {
         })
     }
 
-    fn intern_ips(&mut self, ips: &[IpAddr]) -> u32 {
+    fn intern_ips(&mut self, ips: &[SocketAddr]) -> u32 {
         if let Some(&i) = self.ips.get(ips) {
             return i;
         }
@@ -288,14 +291,16 @@ impl<'a> Builder<'a> {
         }
         let [host, machine, tuning, topo] = strings.map(|s| self.intern(s));
         let first_port = self.ports.len();
-        let mut ips: Vec<IpAddr> = Vec::with_capacity(addrs.len());
+        let mut ips: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
         for a in addrs {
             let a: SocketAddr = a
                 .as_ref()
                 .parse()
                 .map_err(|_| format!("rank {rank} listens at a bad address {:?}", a.as_ref()))?;
-            ips.push(a.ip());
             self.ports.push(a.port());
+            let mut at = a;
+            at.set_port(0);
+            ips.push(at);
         }
         if ips.is_empty() {
             return Err(format!("rank {rank} listens nowhere"));
@@ -363,18 +368,24 @@ mod tests {
             record(3, "b", &["[fd00::2]:5001"]),
             // Same host name, another address: a site of its own.
             record(4, "b", &["10.9.0.2:5002"]),
+            // A link-local address keeps its scope.
+            record(5, "c", &["[fe80::1%2]:5003"]),
         ];
         let t = PeerTable::from_records(&records).unwrap();
-        assert_eq!(t.len(), 5);
+        assert_eq!(t.len(), 6);
         for (r, p) in records.iter().enumerate() {
             assert_eq!(
                 serde_json::to_string(&t.record(r)).unwrap(),
                 serde_json::to_string(p).unwrap()
             );
         }
-        assert_eq!(t.sites.sites.len(), 3);
-        assert_eq!(t.sites.ends.len(), 5, "a, boot, empty, topo, b");
-        assert_eq!((t.sites.files.len(), t.sites.ips.len()), (1, 3));
+        assert_eq!(t.sites.sites.len(), 4);
+        assert_eq!(t.sites.ends.len(), 6, "a, boot, empty, topo, b, c");
+        assert_eq!((t.sites.files.len(), t.sites.ips.len()), (1, 4));
+        match t.nic_addr(5, 0) {
+            SocketAddr::V6(a) => assert_eq!((a.scope_id(), a.port()), (2, 5003)),
+            other => panic!("{other}"),
+        }
         assert!(t.same_host(2, 4) && !t.same_host(1, 2));
         assert_eq!(t.paths_between(0, 1), 2);
         assert_eq!(t.paths_between(0, 2), 1);
@@ -388,7 +399,7 @@ mod tests {
         assert_eq!((child.host(1), child.pid(1)), ("a", 100));
         assert!(t.subset(&[0], &[vec![1]]).is_err(), "ports for each NIC");
         assert!(
-            t.subset(&[5], &[vec![1]]).is_err(),
+            t.subset(&[6], &[vec![1]]).is_err(),
             "a member not in the parent"
         );
     }
