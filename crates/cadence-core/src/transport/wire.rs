@@ -237,14 +237,44 @@ impl AbortNotice {
     }
 
     /// The error a receiver raises, given the signature of its own call.
+    /// Of a mismatch it judges only what it can: when its call is the
+    /// blamed side's, the detector is the odd one out; when it is the
+    /// detector's, or neither (the receiver is still at an earlier call,
+    /// which a notice overtakes), the detector's blame stands.
     pub fn into_error(self, my_sig: u64) -> ErrorKind {
         let origin = match self.mismatch {
-            Some((_, detector, detector_sig)) if detector_sig != my_sig => detector,
+            Some((blamed_sig, detector, detector_sig))
+                if blamed_sig == my_sig && detector_sig != my_sig =>
+            {
+                detector
+            }
             _ => self.origin,
         };
         ErrorKind::Aborted {
             origin,
             detail: self.detail,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_third_rank_judges_a_mismatch_only_from_the_same_call() {
+        // Rank 0 (call A) found rank 1 (call B) differs, and blames it.
+        let notice = || AbortNotice {
+            origin: 1,
+            detail: "rank 0 reported: mismatch with rank 1".into(),
+            mismatch: Some((0xB, 0, 0xA)),
+        };
+        let origin = |my_sig| match notice().into_error(my_sig) {
+            ErrorKind::Aborted { origin, .. } => origin,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(origin(0xA), 1, "called as the detector did: rank 1 is odd");
+        assert_eq!(origin(0xB), 0, "called as rank 1 did: the detector is odd");
+        assert_eq!(origin(0xC), 1, "still at an earlier call: the blame stands");
     }
 }
