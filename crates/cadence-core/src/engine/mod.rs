@@ -343,6 +343,8 @@ impl Engine {
         Ok((progressed, pending))
     }
 
+    /// [`Engine::progress_round`]'s pass, marking each peer whose first
+    /// transfer it met (the caller clears the marks, error or not).
     fn progress_marked(
         &mut self,
         sends: &mut [(usize, SendJob)],
