@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PeerState {
-    None,
     /// This rank asked first: its connecting thread runs.
     Connecting,
     /// The peer's streams are being (or were) kept.
@@ -38,8 +37,8 @@ enum PeerState {
 
 /// What the engine's thread and the background threads share.
 struct Shared {
-    /// By peer; absent is [`PeerState::None`] (kept for the peers a link
-    /// was asked for or came from: a rank uses few of the job's).
+    /// By peer, for the peers a link was asked for or came from (a rank
+    /// uses few of the job's); absent: neither yet.
     states: Mutex<HashMap<usize, PeerState>>,
     /// Links (or failures) for the engine to take.
     ready: Mutex<Vec<(usize, Result<Link, ErrorKind>)>>,
@@ -143,7 +142,7 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>) {
         let keep = {
             let mut st = shared.states.lock().unwrap();
             let keep = match st.get(&peer) {
-                None | Some(PeerState::None | PeerState::Accepted) => true,
+                None | Some(PeerState::Accepted) => true,
                 Some(PeerState::Connecting) => peer > ctx.rank,
             };
             if keep {
@@ -214,11 +213,10 @@ impl LinkMaker for LazyLinks {
         }
         {
             let mut st = self.shared.states.lock().unwrap();
-            let state = st.entry(peer).or_insert(PeerState::None);
-            if *state != PeerState::None {
+            if st.contains_key(&peer) {
                 return;
             }
-            *state = PeerState::Connecting;
+            st.insert(peer, PeerState::Connecting);
         }
         let (ctx, shared, timeout) = (self.ctx.clone(), self.shared.clone(), self.timeout);
         let spawned = std::thread::Builder::new()
