@@ -45,7 +45,7 @@ use evidence::{stamp_moved, Recording};
 use phases::Jobs;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tuning::{MAINTAIN_EVERY, NAP, NAP_MIXED, SPIN, YIELD, YIELD_HANDED_MIN};
+use tuning::{MAINTAIN_EVERY, NAP, NAP_MIXED, SPIN, YIELD};
 
 /// Whether a call's messages would rather stream through the shared-memory
 /// ring than go by single copy (`process_vm_readv`: the receiver's core
@@ -153,8 +153,6 @@ pub struct Engine {
     /// ... and the spin budget this rank's recent waits earned, at most
     /// `spin` (see `wait.rs`; fixed when `CADENCE_SPIN_US` is set).
     spin_budget: Duration,
-    /// How long a yield takes that handed the core over (`YIELD_HANDED_MIN`).
-    yield_handed_min: Duration,
     /// How long one idle sleep lasts (`NAP`), and one on the doorbell while
     /// sockets are pending too (`NAP_MIXED`); longer when ranks crowd the
     /// cores (`NAP_RANKS_PER_CORE`).
@@ -212,7 +210,6 @@ impl Engine {
             may_stream: true,
             op_stream: false,
             spin_budget: SPIN,
-            yield_handed_min: YIELD_HANDED_MIN,
             nap: NAP,
             nap_mixed: NAP_MIXED,
             wait_override: (None, None),

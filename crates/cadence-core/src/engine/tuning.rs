@@ -29,10 +29,6 @@ pub(super) const YIELD_ROOTED_OVERSUBSCRIBED: Duration = YIELD;
 /// early leaves the core to a rank with work.
 pub(super) const ROOTED_SMALL: u64 = 32 << 10;
 
-/// A yield that takes at least this long (or three times what a yield alone
-/// took at start-up, where that is longer) handed the core to another task:
-/// alone on its core `sched_yield` returns in well under a microsecond.
-pub(super) const YIELD_HANDED_MIN: Duration = Duration::from_micros(2);
 /// A yield that takes this long lost the core for a scheduler slice to a
 /// task that is not a peer (a peer hands it back as soon as it waits).
 pub(super) const YIELD_LOST_MIN: Duration = Duration::from_micros(500);

@@ -16,8 +16,8 @@
 
 use super::tuning::{
     LIVENESS_EVERY, NAP, NAP_MAX, NAP_MIXED, NAP_NO_INBOX, NAP_RANKS_PER_CORE, ROOTED_SMALL, SPIN,
-    SPIN_OVERSUBSCRIBED, SPIN_REGROW, STREAM_RANKS_PER_CORE, YIELD, YIELD_HANDED_MIN,
-    YIELD_LOST_MIN, YIELD_OVERSUBSCRIBED, YIELD_ROOTED_OVERSUBSCRIBED,
+    SPIN_OVERSUBSCRIBED, SPIN_REGROW, STREAM_RANKS_PER_CORE, YIELD, YIELD_LOST_MIN,
+    YIELD_OVERSUBSCRIBED, YIELD_ROOTED_OVERSUBSCRIBED,
 };
 use super::{Engine, Marks, Moving, OpCtx, INTERRUPT_EVERY};
 use crate::error::ErrorKind;
@@ -41,7 +41,7 @@ pub struct WaitStats {
     pub longest_idle_us: u64,
     /// Waits that ended after a yield handed this rank's core to another
     /// task for a moment: a peer that shares the core (see
-    /// `YIELD_HANDED_MIN`). Each cut the spin budget to nothing.
+    /// [`yield_core`]). Each cut the spin budget to nothing.
     pub shared_core_waits: u64,
 }
 
@@ -56,7 +56,7 @@ pub struct Wait {
     pub(super) published: Vec<u32>,
     last_interrupt_check: Instant,
     /// In this idle stretch, a yield handed the core to another task for a
-    /// moment, or lost it for a slice (see `YIELD_HANDED_MIN`).
+    /// moment, or lost it for a slice (see [`yield_core`]).
     handed: bool,
     lost: bool,
 }
@@ -116,7 +116,6 @@ impl Engine {
         self.yield_for = self.wait_override.1.unwrap_or(yield_for);
         self.yield_rooted = self.wait_override.1.unwrap_or(yield_rooted);
         self.spin_budget = self.spin;
-        self.yield_handed_min = YIELD_HANDED_MIN.max(yield_alone() * 3);
         (self.nap, self.nap_mixed) = naps_for(local, cores);
     }
 
@@ -186,10 +185,8 @@ impl Engine {
         if waited < spin {
             std::hint::spin_loop();
         } else if waited < yield_for {
-            let t = Instant::now();
-            std::thread::yield_now();
-            let took = t.elapsed();
-            wait.handed |= took >= self.yield_handed_min;
+            let (switched, took) = yield_core();
+            wait.handed |= switched && took < YIELD_LOST_MIN;
             wait.lost |= took >= YIELD_LOST_MIN;
         } else {
             if let Some(why) = self.cancel.reason() {
@@ -336,17 +333,28 @@ fn naps_for(local: usize, cores: usize) -> (Duration, Duration) {
     ((NAP * crowd).min(NAP_MAX), (NAP_MIXED * crowd).min(NAP))
 }
 
-/// How long `sched_yield` takes here with nobody else wanting the core: the
-/// least of a few (~10 µs in all, once per communicator).
-fn yield_alone() -> Duration {
-    (0..16)
-        .map(|_| {
-            let t = Instant::now();
-            std::thread::yield_now();
-            t.elapsed()
-        })
-        .min()
-        .unwrap_or_default()
+/// Yields the core: whether the scheduler ran another task meanwhile, and
+/// how long the yield took. A `sched_yield` that switched counts as one of
+/// the thread's involuntary context switches; alone on its core it counts
+/// none. (Timing the yield alone took a loaded machine's slow yields for
+/// hand-overs, or missed them when the start-up yields were slow.)
+fn yield_core() -> (bool, Duration) {
+    let before = involuntary_switches();
+    let t = Instant::now();
+    std::thread::yield_now();
+    let took = t.elapsed();
+    (involuntary_switches() != before, took)
+}
+
+/// This thread's involuntary context switches so far.
+fn involuntary_switches() -> i64 {
+    // SAFETY: rusage is plain integers and timevals; all-zero is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes the struct we own; RUSAGE_THREAD cannot fail
+    // on Linux with a valid pointer (on failure the count stays 0: no
+    // hand-over seen).
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    u.ru_nivcsw as i64
 }
 
 #[cfg(test)]
