@@ -37,7 +37,10 @@ fn differing_files(
         t.rsplit_once('#').map_or("", |x| x.1)
     }
     let first = field(table, 0);
-    let other = (1..table.len()).find(|&r| hash_of(field(table, r)) != hash_of(first))?;
+    // Ranks that share rank 0's files share its text: compared by index.
+    let other = (1..table.len())
+        .filter(|&r| !table.same_files(r, 0))
+        .find(|&r| hash_of(field(table, r)) != hash_of(first))?;
     // "" is none; "#how" none, with how the ranks order otherwise.
     let name = |t: &str| match t.strip_prefix('#') {
         _ if t.is_empty() => format!("no {what}"),

@@ -211,12 +211,13 @@ pub fn allgather(
     if let Err(e) = acceptor.join().expect("the exchange's acceptor panicked") {
         return Err(ctx.fail(e.detail, e.culprit));
     }
-    // `known` now holds ranks r-n+1..=r, each checked once on its way.
+    // `known` now holds ranks r-n+1..=r, each read (and checked) here.
     let mut b = known.as_slice();
     let mut table = Builder::new(n);
     for i in 0..n {
         let expect = (r + 1 + i) % n;
-        let p = Fields::read(&mut b).map_err(|m| ctx.fail(m, None))?;
+        let p = Fields::read(&mut b)
+            .map_err(|m| ctx.fail(format!("the record of rank {expect}: {m}"), Some(expect)))?;
         if p.rank != expect {
             return Err(ctx.fail(
                 format!(
@@ -226,9 +227,7 @@ pub fn allgather(
                 None,
             ));
         }
-        table
-            .add_fields(&p)
-            .map_err(|m| ctx.fail(m, Some(expect)))?;
+        table.add_fields(p).map_err(|m| ctx.fail(m, Some(expect)))?;
     }
     table.finish().map_err(|m| ctx.fail(m, None))
 }

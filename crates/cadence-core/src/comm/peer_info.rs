@@ -89,11 +89,29 @@ impl PeerInfo {
         })
     }
 
-    /// Checks one record at the front of `b` and steps over it, allocating
-    /// nothing: the exchange checks every record it passes on (n per rank
-    /// in all), and builds the table once, at the end.
+    /// Steps over one record at the front of `b`, checking only that its
+    /// parts fit: the exchange finds where each record it passes on starts
+    /// (n per rank in all), and reads each once, when it builds the table.
     pub fn skip(b: &mut &[u8]) -> Result<(), String> {
-        Fields::read(b).map(|_| ())
+        fn take(b: &mut &[u8], n: usize) -> Result<(), String> {
+            if b.len() < n {
+                return Err("a peer record cut short".into());
+            }
+            *b = &b[n..];
+            Ok(())
+        }
+        fn string(b: &mut &[u8]) -> Result<(), String> {
+            let n = b.get(..2).ok_or("a peer record cut short")?;
+            let n = u16::from_le_bytes([n[0], n[1]]) as usize;
+            take(b, 2 + n)
+        }
+        take(b, 8)?; // rank, pid
+        for _ in 0..5 {
+            string(b)?; // host, machine, tuning, topo, addr
+        }
+        let naddrs = *b.first().ok_or("a peer record cut short")?;
+        take(b, 1)?;
+        (0..naddrs).try_for_each(|_| string(b))
     }
 }
 

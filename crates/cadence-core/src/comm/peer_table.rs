@@ -99,6 +99,12 @@ impl PeerTable {
         files[self.site(a).files as usize][0] == files[self.site(b).files as usize][0]
     }
 
+    /// Whether ranks `a` and `b` have the same machine, tuning table and
+    /// topology file (one comparison, not three of text).
+    pub fn same_files(&self, a: usize, b: usize) -> bool {
+        self.site(a).files == self.site(b).files
+    }
+
     /// The tuning table rank `r` loaded (`path#hash`, empty for none).
     pub fn tuning(&self, r: usize) -> &str {
         self.file(r, 1)
@@ -222,6 +228,12 @@ pub(super) struct Builder<'a> {
     /// A host's ranks share a site unless they listen on different
     /// addresses or loaded different files.
     sites_by: HashMap<Site, u32>,
+    /// The last record added and its site: records come in rank order and
+    /// a host's ranks are mostly neighbours, so most records repeat the
+    /// last one's site, which is then found by comparing text, without
+    /// hashing or parsing (every rank builds the whole table: at a few
+    /// thousand ranks this was most of the exchange's CPU time).
+    last: Option<(Fields<'a>, u32)>,
 }
 
 impl<'a> Builder<'a> {
@@ -234,6 +246,7 @@ impl<'a> Builder<'a> {
             files: HashMap::new(),
             ips: HashMap::new(),
             sites_by: HashMap::new(),
+            last: None,
         }
     }
 
@@ -265,30 +278,49 @@ impl<'a> Builder<'a> {
     }
 
     /// Adds the record read from the exchange.
-    pub fn add_fields(&mut self, f: &Fields<'a>) -> Result<(), String> {
+    pub fn add_fields(&mut self, f: Fields<'a>) -> Result<(), String> {
+        if let Some((last, site)) = &self.last {
+            if same_site(last, &f) {
+                let site = *site;
+                self.check_free(f.rank)?;
+                let first = self.ports.len() as u32;
+                let ports = f.nic_addrs().iter().filter_map(|a| split_port(a));
+                self.ports.extend(ports.map(|(_, port)| port));
+                self.rows[f.rank] = Some(Row {
+                    site,
+                    pid: f.pid,
+                    ports: first,
+                });
+                return Ok(());
+            }
+        }
         let addrs = f.nic_addrs();
-        self.add(f.rank, f.pid, [f.host, f.machine, f.tuning, f.topo], addrs)
+        let site = self.add(f.rank, f.pid, [f.host, f.machine, f.tuning, f.topo], addrs)?;
+        self.last = Some((f, site));
+        Ok(())
+    }
+
+    fn check_free(&self, rank: usize) -> Result<(), String> {
+        match self.rows.get(rank) {
+            None => Err(format!(
+                "a record of rank {rank} in a table of {}",
+                self.rows.len()
+            )),
+            Some(Some(_)) => Err(format!("two records of rank {rank}")),
+            Some(None) => Ok(()),
+        }
     }
 
     /// Adds rank `rank`'s record: its strings (host, machine, tuning, topo)
-    /// and its addresses, one per NIC.
+    /// and its addresses, one per NIC; returns its site.
     fn add<S: AsRef<str>>(
         &mut self,
         rank: usize,
         pid: u32,
         strings: [&'a str; 4],
         addrs: &[S],
-    ) -> Result<(), String> {
-        match self.rows.get(rank) {
-            None => {
-                return Err(format!(
-                    "a record of rank {rank} in a table of {}",
-                    self.rows.len()
-                ))
-            }
-            Some(Some(_)) => return Err(format!("two records of rank {rank}")),
-            Some(None) => {}
-        }
+    ) -> Result<u32, String> {
+        self.check_free(rank)?;
         let [host, machine, tuning, topo] = strings.map(|s| self.intern(s));
         let first_port = self.ports.len();
         let mut ips: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
@@ -320,7 +352,7 @@ impl<'a> Builder<'a> {
             pid,
             ports: first_port as u32,
         });
-        Ok(())
+        Ok(site)
     }
 
     pub fn finish(self) -> Result<PeerTable, String> {
@@ -336,6 +368,26 @@ impl<'a> Builder<'a> {
             ports: self.ports,
         })
     }
+}
+
+/// Whether `f` has `last`'s site: the same strings, and addresses that
+/// differ at most in their ports (each a valid one).
+fn same_site(last: &Fields<'_>, f: &Fields<'_>) -> bool {
+    let (was, now) = (last.nic_addrs(), f.nic_addrs());
+    last.host == f.host
+        && last.machine == f.machine
+        && last.tuning == f.tuning
+        && last.topo == f.topo
+        && was.len() == now.len()
+        && was.iter().zip(now).all(|(a, b)| {
+            matches!((a.rsplit_once(':'), split_port(b)), (Some((ip_a, _)), Some((ip_b, _))) if ip_a == ip_b)
+        })
+}
+
+/// "ip:port" or "[ip%scope]:port" as the text of its address and its port.
+fn split_port(a: &str) -> Option<(&str, u16)> {
+    let (ip, port) = a.rsplit_once(':')?;
+    Some((ip, port.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -402,6 +454,49 @@ mod tests {
             t.subset(&[6], &[vec![1]]).is_err(),
             "a member not in the parent"
         );
+    }
+
+    /// The table as the exchange builds it: from encoded records.
+    fn from_wire(records: &[PeerInfo]) -> Result<PeerTable, String> {
+        let mut bytes = Vec::new();
+        records.iter().for_each(|p| p.encode(&mut bytes));
+        let mut b = bytes.as_slice();
+        let mut t = Builder::new(records.len());
+        for _ in records {
+            t.add_fields(Fields::read(&mut b)?)?;
+        }
+        t.finish()
+    }
+
+    #[test]
+    fn records_that_repeat_the_last_site_share_it_and_others_do_not() {
+        let records = vec![
+            record(0, "a", &["10.0.0.1:4000", "10.1.0.1:4001"]),
+            record(1, "a", &["10.0.0.1:4002", "10.1.0.1:4003"]),
+            // The same host, one NIC's address another: a site of its own.
+            record(2, "a", &["10.0.0.1:4004", "10.1.0.9:4005"]),
+            record(3, "b", &["[fe80::1%2]:5000"]),
+            record(4, "b", &["[fe80::1%2]:5001"]),
+            // Back to the first site, not right after it.
+            record(5, "a", &["10.0.0.1:4006", "10.1.0.1:4007"]),
+        ];
+        let t = from_wire(&records).unwrap();
+        for (r, p) in records.iter().enumerate() {
+            assert_eq!(
+                serde_json::to_string(&t.record(r)).unwrap(),
+                serde_json::to_string(p).unwrap()
+            );
+        }
+        assert_eq!(t.sites.sites.len(), 3);
+        assert_eq!(t.ranks[5].site, t.ranks[0].site);
+        assert_eq!(t.ranks[1].site, t.ranks[0].site);
+        assert_ne!(t.ranks[2].site, t.ranks[0].site);
+        let mut bad = records.clone();
+        bad[1].addrs[1] = "10.1.0.1:70000".into();
+        assert!(from_wire(&bad).is_err(), "a bad port after a good record");
+        let mut twice = records[..2].to_vec();
+        twice[1].rank = 0;
+        assert!(from_wire(&twice).is_err(), "rank 0 twice");
     }
 
     #[test]

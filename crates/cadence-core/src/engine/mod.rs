@@ -45,7 +45,7 @@ use evidence::{stamp_moved, Recording};
 use phases::Jobs;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tuning::{MAINTAIN_EVERY, NAP, NAP_MIXED, SPIN, YIELD};
+use tuning::{LIVENESS_EVERY, MAINTAIN_EVERY, NAP, NAP_MIXED, SPIN, YIELD};
 
 /// Whether a call's messages would rather stream through the shared-memory
 /// ring than go by single copy (`process_vm_readv`: the receiver's core
@@ -158,6 +158,9 @@ pub struct Engine {
     /// cores (`NAP_RANKS_PER_CORE`).
     nap: Duration,
     nap_mixed: Duration,
+    /// How often a long wait checks that same-host peers live
+    /// (`LIVENESS_EVERY`, less often on a crowded machine).
+    liveness_every: Duration,
     /// `CADENCE_SPIN_US` / `CADENCE_YIELD_US`, when set: fixed budgets that
     /// replace the policy (for measuring wait policies on a new machine).
     wait_override: (Option<Duration>, Option<Duration>),
@@ -212,6 +215,7 @@ impl Engine {
             spin_budget: SPIN,
             nap: NAP,
             nap_mixed: NAP_MIXED,
+            liveness_every: LIVENESS_EVERY,
             wait_override: (None, None),
             wait_stats: WaitStats::default(),
             stamp_messages: true,

@@ -53,7 +53,8 @@ pub(super) const NAP_MIXED: Duration = Duration::from_micros(200);
 pub(super) const NAP_NO_INBOX: Duration = Duration::from_micros(20);
 
 /// How often a long wait checks that same-host peers are still alive (a
-/// system call per peer).
+/// system call per peer and a read of /proc), scaled as the naps are when
+/// ranks crowd the cores (up to [`NAP_MAX`]).
 pub(super) const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// How often links with several paths get their background work done.
 pub(super) const MAINTAIN_EVERY: Duration = Duration::from_millis(1);

@@ -117,6 +117,7 @@ impl Engine {
         self.yield_rooted = self.wait_override.1.unwrap_or(yield_rooted);
         self.spin_budget = self.spin;
         (self.nap, self.nap_mixed) = naps_for(local, cores);
+        self.liveness_every = (LIVENESS_EVERY * crowd(local, cores)).min(NAP_MAX);
     }
 
     /// How long a wait of a `coll` call of `bytes` yields before it sleeps
@@ -172,7 +173,7 @@ impl Engine {
         if now > deadline {
             self.past_deadline(wait, sends, recvs, my_seq, now)?;
         }
-        if now.duration_since(wait.last_liveness) > LIVENESS_EVERY {
+        if now.duration_since(wait.last_liveness) > self.liveness_every {
             wait.last_liveness = now;
             self.check_peers_alive(sends, recvs)?;
         }
@@ -329,8 +330,14 @@ impl Engine {
 /// How long one idle sleep lasts with `local` ranks on `cores` cores, on
 /// one kind of wake-up and on both (see `NAP_RANKS_PER_CORE`).
 fn naps_for(local: usize, cores: usize) -> (Duration, Duration) {
-    let crowd = (local / (NAP_RANKS_PER_CORE * cores.max(1))).max(1) as u32;
+    let crowd = crowd(local, cores);
     ((NAP * crowd).min(NAP_MAX), (NAP_MIXED * crowd).min(NAP))
+}
+
+/// How many times [`NAP_RANKS_PER_CORE`] ranks a core has (at least 1): a
+/// wait's periodic checks come this many times less often.
+fn crowd(local: usize, cores: usize) -> u32 {
+    (local / (NAP_RANKS_PER_CORE * cores.max(1))).max(1) as u32
 }
 
 /// Yields the core: whether the scheduler ran another task meanwhile, and
