@@ -16,6 +16,7 @@ from cadence import fused as _fused
 from cadence._core import Bootstrap
 from cadence._rendezvous import env_int, host_identity, local_ip, store_from_env
 from cadence.diagnosis import live as _live
+from cadence.diagnosis import metrics as _metrics
 
 _init_counter = 0
 # The most NICs a rank listens on that a split passes on (CADENCE_SOCKET_IFNAME).
@@ -142,9 +143,7 @@ class Communicator:
         # Live diagnosis (CADENCE_DIAG_AFTER): a watchdog thread, off the data
         # path; `watching` is its Store set-up, done before the ranks connected.
         _live.watch(self, watching)
-        from cadence.diagnosis import metrics  # Prometheus: CADENCE_METRICS_PORT
-
-        metrics.track(self)
+        _metrics.track(self)  # Prometheus: CADENCE_METRICS_PORT
 
     def __repr__(self) -> str:
         return f"<cadence.Communicator {self.id} rank {self.rank}/{self.size}>"

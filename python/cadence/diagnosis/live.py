@@ -339,7 +339,22 @@ class Watchdog:
             w.slow_seen = int(client.add(w.key("slow"), 0))
         except Exception:  # noqa: BLE001 - a watchdog must never break init
             w.seen_round = 0
+        # The threads start here, while the set-up still waits for every
+        # rank: `Thread.start` waits until the new thread runs, which on a
+        # crowded host (64 ranks on 2 cores, each starting its own) took a
+        # rank 25 ms a thread after its peers were done and waiting for it.
+        self._start_threads()
         return w
+
+    def _start_threads(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="cadence-diagnosis",
+                                                daemon=True)
+                self._thread.start()
+                self._sentinel = threading.Thread(target=self._sentinel_loop,
+                                                  name="cadence-diagnosis-sentinel", daemon=True)
+                self._sentinel.start()
 
     def watch(self, comm, w: _Watched | None) -> None:
         """Starts watching `comm`, set up by `prepare` (None: off)."""
@@ -348,13 +363,7 @@ class Watchdog:
         w.comm = weakref.ref(comm)
         with self._lock:
             self._watched.append(w)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="cadence-diagnosis",
-                                                daemon=True)
-                self._thread.start()
-                self._sentinel = threading.Thread(target=self._sentinel_loop,
-                                                  name="cadence-diagnosis-sentinel", daemon=True)
-                self._sentinel.start()
+        self._start_threads()
 
     def unwatch(self, comm) -> None:
         with self._lock:

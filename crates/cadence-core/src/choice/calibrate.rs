@@ -231,7 +231,7 @@ pub fn loaded_scale(model: &CostModel, topo: &Topology, seconds: f64) -> f64 {
     0.5 * (lo + hi)
 }
 
-/// The measured fields of a model as bytes, for rank 0 to broadcast.
+/// The measured fields of a model as bytes, for rank 0 to share.
 pub const ENCODED_LEN: usize = 5 * 8;
 
 pub fn encode(m: &CostModel) -> [u8; ENCODED_LEN] {

@@ -5,7 +5,7 @@
 //! Link rates between hosts range from 1 to 400 Gbit/s, so a fixed size table
 //! cannot know where the ring starts beating recursive doubling; one quick
 //! measurement can. Rank 0 measures, the others wait (or echo), and rank 0
-//! broadcasts what it found, so every rank chooses with the same numbers
+//! shares what it found, so every rank chooses with the same numbers
 //! (ranks that chose differently would run different schedules and hang).
 //!
 //! At 1 Gbit/s this takes about 60 ms; at 10 Gbit/s and above, a few ms.
@@ -47,7 +47,7 @@ impl Comm {
     }
 }
 
-/// Measures (rank 0 times) and broadcasts rank 0's calibration.
+/// Measures (rank 0 times) and shares rank 0's calibration.
 fn shared(comm: &Comm) -> Result<Calibration> {
     let topo = comm.topology().clone();
     let defaults = CostModel::default();
@@ -55,10 +55,12 @@ fn shared(comm: &Comm) -> Result<Calibration> {
     // The model, then the loaded-α scale; the measured classes follow from
     // the topology, which every rank shares.
     let mut bytes = [0u8; procedure::ENCODED_LEN + 8];
-    let (model, scale) = bytes.split_at_mut(procedure::ENCODED_LEN);
-    model.copy_from_slice(&procedure::encode(&found.model));
-    scale.copy_from_slice(&found.loaded_scale.to_le_bytes());
-    comm.run(broadcast(&mut bytes))?;
+    if comm.rank() == 0 {
+        let (model, scale) = bytes.split_at_mut(procedure::ENCODED_LEN);
+        model.copy_from_slice(&procedure::encode(&found.model));
+        scale.copy_from_slice(&found.loaded_scale.to_le_bytes());
+    }
+    comm.run(from_rank0(&mut bytes))?;
     let (model, scale) = bytes.split_at(procedure::ENCODED_LEN);
     Ok(Calibration {
         model: procedure::decode(model.try_into().expect("encoded model"), &defaults),
@@ -165,6 +167,25 @@ fn probe_allreduce(data: &mut [u8]) -> OpRequest<'_> {
         RedOp::Sum,
         0,
         vec![data.len() / 4],
+    )
+    .with_algo(Some(Algo::RecursiveDoubling))
+    .inout(data)
+}
+
+/// Rank 0's `data` into everyone's, where every other rank's is zeros: a
+/// byte-wise max by recursive doubling, over the links the loaded round
+/// made. A broadcast's tree hands the bytes down log n hops one after
+/// another, and ranks that have them go on to their own work while the
+/// rest wait: with 64 ranks on 2 cores the last leaf had them 100 ms after
+/// the root (its parents scheduled late among busy ranks); here every rank
+/// finishes at the last exchange.
+fn from_rank0(data: &mut [u8]) -> OpRequest<'_> {
+    OpRequest::new(
+        CollKind::AllReduce,
+        DType::U8,
+        RedOp::Max,
+        0,
+        vec![data.len()],
     )
     .with_algo(Some(Algo::RecursiveDoubling))
     .inout(data)
