@@ -52,7 +52,15 @@ struct Dump<'a> {
     ops: Vec<DumpedOp<'a>>,
     links: Vec<LinkStats>,
     waits: Option<WaitStats>,
-    ring_order: &'a OrderChoice,
+    ring_order: RingOrder<'a>,
+}
+
+/// How the ring order was chosen, with the hosts in that order.
+#[derive(Serialize)]
+struct RingOrder<'a> {
+    hosts: Vec<String>,
+    #[serde(flatten)]
+    choice: &'a OrderChoice,
 }
 
 /// Who another rank is, as bootstrap learned it.
@@ -262,7 +270,10 @@ impl Shared {
             ops,
             links,
             waits,
-            ring_order: &self.auto.order,
+            ring_order: RingOrder {
+                hosts: super::order::ring_hosts(&self.auto.topo, &|r| self.peers.host(r)),
+                choice: &self.auto.order,
+            },
         }))
     }
 
@@ -438,7 +449,10 @@ mod tests {
             }],
             links: vec![link()],
             waits: Some(WaitStats::default()),
-            ring_order: &order,
+            ring_order: RingOrder {
+                hosts: vec!["h0".into()],
+                choice: &order,
+            },
         };
         let d: Value = serde_json::from_str(&to_json_text(&dump)).unwrap();
         // Every key, so that a rename or a lost field shows here first.

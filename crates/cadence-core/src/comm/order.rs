@@ -40,11 +40,12 @@ const START_SECONDS: f64 = 0.05;
 /// A cached start-up profile younger than this is used as is.
 pub const CACHE_FRESH: Duration = Duration::from_secs(24 * 3600);
 
-/// How the ring order was chosen (reported, not used for scheduling).
+/// How the ring order was chosen (reported, not used for scheduling). The
+/// hosts in ring order are the topology's ([`ring_hosts`]): a name a host
+/// kept here for the job's life would be one more allocation per host on
+/// every rank.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct OrderChoice {
-    /// The hosts in ring order, by name.
-    pub hosts: Vec<String>,
     /// `"default"`, the topology file's path, the cached profile's path, or
     /// `"profile at start-up"`.
     pub source: String,
@@ -62,16 +63,16 @@ pub struct OrderChoice {
 /// Rank r's host name, by rank.
 pub type HostNames<'a> = dyn Fn(usize) -> &'a str + 'a;
 
-fn names_of(t: &Topology, host_names: &HostNames) -> Vec<String> {
+/// The hosts in `t`'s ring order, by name.
+pub fn ring_hosts(t: &Topology, host_names: &HostNames) -> Vec<String> {
     t.host_order()
         .into_iter()
         .map(|h| host_names(t.leader(h)).to_string())
         .collect()
 }
 
-fn default_choice(topo: &Topology, host_names: &HostNames, why: String) -> OrderChoice {
+fn default_choice(why: String) -> OrderChoice {
     OrderChoice {
-        hosts: names_of(topo, host_names),
         source: "default".into(),
         why,
         ..OrderChoice::default()
@@ -98,18 +99,18 @@ pub fn choose(topo: Topology, host_names: &HostNames, src: &TopoSource) -> Chose
         TopoSource::Off => "hosts by lowest rank (CADENCE_TOPO_FILE=none)".to_string(),
         TopoSource::Profile { .. } => "hosts by lowest rank (no CADENCE_TOPO_FILE)".to_string(),
     };
-    let choice = default_choice(&topo, host_names, why);
+    let choice = default_choice(why);
     (topo, choice, None)
 }
 
 /// `topo` (in the default order) in the widest ring order by `file` (found
 /// in `source`, for the messages), when clearly wider than the default.
 pub fn choose_by(topo: Topology, host_names: &HostNames, file: &TopoFile, source: &str) -> Chosen {
-    let fabric = match file.fabric_for(&names_of(&topo, host_names)) {
+    let fabric = match file.fabric_for(&ring_hosts(&topo, host_names)) {
         Ok(f) => f,
         Err(e) => {
             let why = format!("hosts by lowest rank: {source}: {e}");
-            let choice = default_choice(&topo, host_names, why);
+            let choice = default_choice(why);
             return (topo, choice, None);
         }
     };
@@ -119,7 +120,7 @@ pub fn choose_by(topo: Topology, host_names: &HostNames, file: &TopoFile, source
             "hosts by lowest rank: {} host(s) leave nothing to order (rates from {source})",
             topo.nhosts()
         );
-        let choice = default_choice(&topo, host_names, why);
+        let choice = default_choice(why);
         return (topo, choice, Some(fabric));
     }
     let natural: Vec<usize> = (0..fabric.nhosts()).collect();
@@ -127,17 +128,13 @@ pub fn choose_by(topo: Topology, host_names: &HostNames, file: &TopoFile, source
     let (score, default_score) = (fabric.ring_score(&found), fabric.ring_score(&natural));
     let mbit = |x: f64| x * 8.0 / 1e6;
     if score < WIDER * default_score {
-        let mut choice = default_choice(
-            &topo,
-            host_names,
-            format!(
-                "hosts by lowest rank: {:.0} Mbit/s per flow by {source}, within {:.0} % of the \
+        let mut choice = default_choice(format!(
+            "hosts by lowest rank: {:.0} Mbit/s per flow by {source}, within {:.0} % of the \
                  widest ring ({:.0})",
-                mbit(default_score),
-                (WIDER - 1.0) * 100.0,
-                mbit(score)
-            ),
-        );
+            mbit(default_score),
+            (WIDER - 1.0) * 100.0,
+            mbit(score)
+        ));
         choice.score = Some(default_score);
         choice.default_score = Some(default_score);
         return (topo, choice, Some(fabric));
@@ -146,7 +143,6 @@ pub fn choose_by(topo: Topology, host_names: &HostNames, file: &TopoFile, source
         .with_host_order(&found)
         .expect("the path finder returns a permutation of the hosts");
     let choice = OrderChoice {
-        hosts: names_of(&ordered, host_names),
         source: source.to_string(),
         why: format!(
             "widest ring by {source}: {:.0} Mbit/s per flow with every edge busy, against {:.0} \
@@ -228,7 +224,7 @@ impl Comm {
             ));
             return Ok(());
         }
-        let hosts = names_of(&topo, &host_names);
+        let hosts = ring_hosts(&topo, &host_names);
         let cache = cache.as_ref().map(|dir| cache_file(dir, &hosts));
         // Rank 0 decides, for everyone: a fresh cached profile, or measure.
         let cached = match (&cache, self.rank()) {
@@ -367,8 +363,8 @@ mod tests {
         assert!(hosts == [0, 2, 1, 3] || hosts == [0, 2, 3, 1], "{why:?}");
         let ranks: Vec<usize> = hosts.iter().flat_map(|&h| [2 * h, 2 * h + 1]).collect();
         assert_eq!(t.ring_order(), ranks);
-        let names: Vec<&str> = hosts.iter().map(|&h| ["a", "b", "c", "d"][h]).collect();
-        assert_eq!(why.hosts, names);
+        let want: Vec<&str> = hosts.iter().map(|&h| ["a", "b", "c", "d"][h]).collect();
+        assert_eq!(ring_hosts(&t, &|r| names[r].as_str()), want);
         assert_eq!(why.score, Some(3.125e7));
         assert_eq!(why.default_score, Some(3.125e7 / 2.0));
         assert!(why.why.contains("2.00x"), "{}", why.why);

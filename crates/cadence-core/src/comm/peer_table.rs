@@ -18,15 +18,51 @@ pub struct PeerTable {
     /// What ranks share (in practice one per host), shared by a split's
     /// tables.
     sites: Arc<Sites>,
-    /// Each rank's listening port per NIC: `Row::ports` indexes it.
+    /// Each rank's listening port per NIC, in rank order.
     ports: Vec<u16>,
+    /// Where each rank's ports start in `ports`.
+    first_port: FirstPort,
 }
 
 #[derive(Clone, Copy)]
 struct Row {
     site: u32,
     pid: u32,
-    ports: u32,
+}
+
+/// Where rank r's ports start: r × the NICs every rank has (nothing kept
+/// per rank), or, where ranks have different numbers of NICs, kept.
+#[derive(Clone)]
+enum FirstPort {
+    Every(u32),
+    At(Vec<u32>),
+}
+
+impl FirstPort {
+    /// From each rank's number of ports, in rank order.
+    fn of(counts: impl Iterator<Item = usize> + Clone) -> FirstPort {
+        let mut all = counts.clone();
+        let k = all.next().unwrap_or(0);
+        if all.all(|c| c == k) {
+            return FirstPort::Every(k as u32);
+        }
+        let mut at = 0;
+        FirstPort::At(
+            counts
+                .map(|c| {
+                    at += c as u32;
+                    at - c as u32
+                })
+                .collect(),
+        )
+    }
+
+    fn of_rank(&self, r: usize) -> usize {
+        match self {
+            FirstPort::Every(k) => r * *k as usize,
+            FirstPort::At(at) => at[r] as usize,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -41,7 +77,10 @@ struct Sites {
     files: Vec<[u32; 3]>,
     /// Addresses, one per NIC, each list once; as socket addresses of port
     /// 0, so that an IPv6 address keeps its scope (a link-local one).
-    ips: Vec<Box<[SocketAddr]>>,
+    ips: Vec<SocketAddr>,
+    /// Where each list of `ips` ends (list i is `ips[ips_end[i - 1]..ips_end[i]]`):
+    /// one allocation for every host's, not one a host.
+    ips_end: Vec<u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,6 +91,15 @@ struct Site {
 }
 
 impl Sites {
+    fn ip_list(&self, i: u32) -> &[SocketAddr] {
+        let start = if i == 0 {
+            0
+        } else {
+            self.ips_end[i as usize - 1]
+        };
+        &self.ips[start as usize..self.ips_end[i as usize] as usize]
+    }
+
     fn text(&self, i: u32) -> &str {
         let start = if i == 0 { 0 } else { self.ends[i as usize - 1] };
         &self.text[start as usize..self.ends[i as usize] as usize]
@@ -77,7 +125,7 @@ impl PeerTable {
     }
 
     fn ips(&self, r: usize) -> &[SocketAddr] {
-        &self.sites.ips[self.site(r).ips as usize]
+        self.sites.ip_list(self.site(r).ips)
     }
 
     /// Rank `r`'s host identity (`CADENCE_HOST`): same host, shared memory.
@@ -126,9 +174,8 @@ impl PeerTable {
 
     /// Where rank `r` listens on its NIC `k`.
     pub fn nic_addr(&self, r: usize, k: usize) -> SocketAddr {
-        let row = self.ranks[r];
         let mut a = self.ips(r)[k];
-        a.set_port(self.ports[row.ports as usize + k]);
+        a.set_port(self.ports[self.first_port.of_rank(r) + k]);
         a
     }
 
@@ -188,11 +235,8 @@ impl PeerTable {
     /// The table of a split: the parent's ranks `members` (in the child's
     /// rank order), each now listening on `ports[i]` (one per NIC).
     pub fn subset(&self, members: &[usize], ports: &[Vec<u16>]) -> Result<PeerTable, String> {
-        let mut t = PeerTable {
-            ranks: Vec::with_capacity(members.len()),
-            sites: self.sites.clone(),
-            ports: Vec::with_capacity(members.len()),
-        };
+        let mut ranks = Vec::with_capacity(members.len());
+        let mut all = Vec::with_capacity(members.len());
         for (i, (&m, p)) in members.iter().zip(ports).enumerate() {
             if m >= self.len() {
                 return Err(format!(
@@ -206,20 +250,23 @@ impl PeerTable {
                     self.nics(m)
                 ));
             }
-            t.ranks.push(Row {
-                site: self.ranks[m].site,
-                pid: self.ranks[m].pid,
-                ports: t.ports.len() as u32,
-            });
-            t.ports.extend_from_slice(p);
+            ranks.push(self.ranks[m]);
+            all.extend_from_slice(p);
         }
-        Ok(t)
+        Ok(PeerTable {
+            ranks,
+            sites: self.sites.clone(),
+            ports: all,
+            first_port: FirstPort::of(ports.iter().map(Vec::len)),
+        })
     }
 }
 
 /// Builds a [`PeerTable`] from records in any order, each read once.
 pub(super) struct Builder<'a> {
-    rows: Vec<Option<Row>>,
+    /// Each rank's row and where its ports start in `ports` (records
+    /// arrive in any order).
+    rows: Vec<Option<(Row, u32)>>,
     sites: Sites,
     ports: Vec<u16>,
     strings: HashMap<&'a str, u32>,
@@ -271,8 +318,9 @@ impl<'a> Builder<'a> {
         if let Some(&i) = self.ips.get(ips) {
             return i;
         }
-        self.sites.ips.push(ips.into());
-        let i = self.sites.ips.len() as u32 - 1;
+        self.sites.ips.extend_from_slice(ips);
+        self.sites.ips_end.push(self.sites.ips.len() as u32);
+        let i = self.sites.ips_end.len() as u32 - 1;
         self.ips.insert(ips.into(), i);
         i
     }
@@ -286,11 +334,7 @@ impl<'a> Builder<'a> {
                 let first = self.ports.len() as u32;
                 let ports = f.nic_addrs().iter().filter_map(|a| split_port(a));
                 self.ports.extend(ports.map(|(_, port)| port));
-                self.rows[f.rank] = Some(Row {
-                    site,
-                    pid: f.pid,
-                    ports: first,
-                });
+                self.rows[f.rank] = Some((Row { site, pid: f.pid }, first));
                 return Ok(());
             }
         }
@@ -347,25 +391,30 @@ impl<'a> Builder<'a> {
             sites.push(site);
             sites.len() as u32 - 1
         });
-        self.rows[rank] = Some(Row {
-            site,
-            pid,
-            ports: first_port as u32,
-        });
+        self.rows[rank] = Some((Row { site, pid }, first_port as u32));
         Ok(site)
     }
 
     pub fn finish(self) -> Result<PeerTable, String> {
-        let ranks = self
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(r, row)| row.ok_or_else(|| format!("no record of rank {r}")))
-            .collect::<Result<_, _>>()?;
+        let mut ranks = Vec::with_capacity(self.rows.len());
+        let mut ports = Vec::with_capacity(self.ports.len());
+        let nics = |row: &Row| {
+            self.sites
+                .ip_list(self.sites.sites[row.site as usize].ips)
+                .len()
+        };
+        for (r, placed) in self.rows.iter().enumerate() {
+            let (row, first) = placed.ok_or_else(|| format!("no record of rank {r}"))?;
+            let first = first as usize;
+            ports.extend_from_slice(&self.ports[first..first + nics(&row)]);
+            ranks.push(row);
+        }
+        let first_port = FirstPort::of(ranks.iter().map(nics));
         Ok(PeerTable {
             ranks,
             sites: Arc::new(self.sites),
-            ports: self.ports,
+            ports,
+            first_port,
         })
     }
 }
@@ -433,7 +482,7 @@ mod tests {
         }
         assert_eq!(t.sites.sites.len(), 4);
         assert_eq!(t.sites.ends.len(), 6, "a, boot, empty, topo, b, c");
-        assert_eq!((t.sites.files.len(), t.sites.ips.len()), (1, 4));
+        assert_eq!((t.sites.files.len(), t.sites.ips_end.len()), (1, 4));
         match t.nic_addr(5, 0) {
             SocketAddr::V6(a) => assert_eq!((a.scope_id(), a.port()), (2, 5003)),
             other => panic!("{other}"),
@@ -491,6 +540,20 @@ mod tests {
         assert_eq!(t.ranks[5].site, t.ranks[0].site);
         assert_eq!(t.ranks[1].site, t.ranks[0].site);
         assert_ne!(t.ranks[2].site, t.ranks[0].site);
+        assert!(
+            matches!(t.first_port, FirstPort::At(_)),
+            "two NICs, then one"
+        );
+        let mut pair = records[3..5].to_vec();
+        pair.iter_mut().enumerate().for_each(|(r, p)| p.rank = r);
+        let one = from_wire(&pair).unwrap();
+        assert!(matches!(one.first_port, FirstPort::Every(1)));
+        assert_eq!(one.nic_addr(1, 0).port(), 5001);
+        let child = t.subset(&[4, 0], &[vec![9], vec![7, 8]]).unwrap();
+        assert_eq!(
+            (child.nic_addr(0, 0).port(), child.nic_addr(1, 1).port()),
+            (9, 8)
+        );
         let mut bad = records.clone();
         bad[1].addrs[1] = "10.1.0.1:70000".into();
         assert!(from_wire(&bad).is_err(), "a bad port after a good record");

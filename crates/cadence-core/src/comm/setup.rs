@@ -133,12 +133,12 @@ impl Comm {
             for line in choice::table_lines(&s.cfg.algo, &s.auto, path.as_deref()) {
                 stderr_line!("cadence rank {} INFO: {line}", s.rank);
             }
-            let o = &s.auto.order;
+            let hosts = super::order::ring_hosts(&s.auto.topo, &|r| s.peers.host(r));
             stderr_line!(
                 "cadence rank {} INFO: ring order {}: {}",
                 s.rank,
-                o.hosts.join(" -> "),
-                o.why
+                hosts.join(" -> "),
+                s.auto.order.why
             );
         }
     }

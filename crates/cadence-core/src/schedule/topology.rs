@@ -22,13 +22,18 @@
 use std::collections::HashMap;
 
 /// Kept in 4-byte rank numbers, as every rank of a job holds one for the
-/// job's life (with the default ring order, 8 bytes a rank in all).
+/// job's life: when each host's ranks are consecutive (as launchers place
+/// them) and rings go in the default order, only where each host starts;
+/// otherwise 8 or 12 bytes a rank.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Topology {
-    host_of: Vec<u32>,
+    /// Each rank's host; None when each host's ranks are consecutive (then
+    /// `starts` says it).
+    host_of: Option<Vec<u32>>,
     /// Every rank, host after host (by lowest rank), each host's ranks
-    /// ascending: the default ring order.
-    by_host: Vec<u32>,
+    /// ascending: the default ring order. None when that is 0, 1, …, n − 1
+    /// (each host's ranks consecutive, as launchers place them).
+    by_host: Option<Vec<u32>>,
     /// Where each host's ranks start in `by_host`, and its end.
     starts: Vec<u32>,
     /// The ring order (see the module comment) when not the default: a
@@ -74,6 +79,12 @@ impl Topology {
             by_host[next[h as usize] as usize] = r as u32;
             next[h as usize] += 1;
         }
+        let consecutive = by_host.iter().enumerate().all(|(i, &r)| r as usize == i);
+        let (host_of, by_host) = if consecutive {
+            (None, None)
+        } else {
+            (Some(host_of), Some(by_host))
+        };
         Topology {
             host_of,
             by_host,
@@ -96,10 +107,7 @@ impl Topology {
         if order.len() != n {
             return Err(format!("ring order {order:?} does not list all {n} ranks"));
         }
-        let default = order
-            .iter()
-            .zip(&self.by_host)
-            .all(|(&a, &b)| a == b as usize);
+        let default = order.iter().enumerate().all(|(i, &r)| r == self.by_host(i));
         self.order = (!default).then(|| order.into_iter().map(|r| r as u32).collect());
         Ok(self)
     }
@@ -120,7 +128,7 @@ impl Topology {
     }
 
     pub fn nranks(&self) -> usize {
-        self.host_of.len()
+        *self.starts.last().expect("starts ends with the rank count") as usize
     }
 
     pub fn nhosts(&self) -> usize {
@@ -128,12 +136,23 @@ impl Topology {
     }
 
     pub fn host_of(&self, rank: usize) -> usize {
-        self.host_of[rank] as usize
+        match &self.host_of {
+            Some(h) => h[rank] as usize,
+            None => {
+                assert!(rank < self.nranks(), "rank {rank} of {}", self.nranks());
+                self.starts.partition_point(|&s| s as usize <= rank) - 1
+            }
+        }
+    }
+
+    /// The i-th rank of the default ring order.
+    fn by_host(&self, i: usize) -> usize {
+        self.by_host.as_ref().map_or(i, |b| b[i] as usize)
     }
 
     fn members(&self, h: usize) -> impl Iterator<Item = usize> + '_ {
         let (a, b) = (self.starts[h] as usize, self.starts[h + 1] as usize);
-        self.by_host[a..b].iter().map(|&r| r as usize)
+        (a..b).map(|i| self.by_host(i))
     }
 
     fn host_size(&self, h: usize) -> usize {
@@ -147,7 +166,7 @@ impl Topology {
 
     /// The lowest rank of host `h`.
     pub fn leader(&self, h: usize) -> usize {
-        self.by_host[self.starts[h] as usize] as usize
+        self.by_host(self.starts[h] as usize)
     }
 
     pub fn local_rank(&self, rank: usize) -> usize {
@@ -176,21 +195,24 @@ impl Topology {
             .unwrap_or(0)
     }
 
-    fn order(&self) -> &[u32] {
-        self.order.as_deref().unwrap_or(&self.by_host)
+    /// The i-th rank of the ring order.
+    fn ring_at(&self, i: usize) -> usize {
+        match &self.order {
+            Some(o) => o[i] as usize,
+            None => self.by_host(i),
+        }
     }
 
     /// See the module comment.
     pub fn ring_order(&self) -> Vec<usize> {
-        self.order().iter().map(|&r| r as usize).collect()
+        (0..self.nranks()).map(|i| self.ring_at(i)).collect()
     }
 
     /// The hosts in the order the ring order first reaches them.
     pub fn host_order(&self) -> Vec<usize> {
         let mut seen = vec![false; self.nhosts()];
-        self.order()
-            .iter()
-            .map(|&r| self.host_of(r as usize))
+        (0..self.nranks())
+            .map(|i| self.host_of(self.ring_at(i)))
             .filter(|&h| !std::mem::replace(&mut seen[h], true))
             .collect()
     }
@@ -206,7 +228,7 @@ impl Topology {
     pub fn column(&self, local: usize) -> Vec<usize> {
         self.host_order()
             .into_iter()
-            .map(|h| self.by_host[self.starts[h] as usize + local] as usize)
+            .map(|h| self.by_host(self.starts[h] as usize + local))
             .collect()
     }
 
@@ -216,9 +238,8 @@ impl Topology {
     /// wrapping around).
     pub fn chain_from(&self, root: usize) -> Vec<usize> {
         let n = self.nranks();
-        let order = self.order();
-        let at = order.iter().position(|&r| r as usize == root).unwrap_or(0);
-        let rotated = (0..n).map(|i| order[(at + i) % n] as usize);
+        let at = (0..n).position(|i| self.ring_at(i) == root).unwrap_or(0);
+        let rotated = (0..n).map(|i| self.ring_at((at + i) % n));
         let home = self.host_of(root);
         let (mut chain, away): (Vec<usize>, Vec<usize>) =
             rotated.partition(|&r| self.host_of(r) == home);
@@ -230,6 +251,30 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn consecutive_hosts_keep_no_default_order_and_answer_alike() {
+        let together = Topology::from_hosts(&[0, 0, 0, 1, 1, 2]);
+        let apart = Topology::from_hosts(&[0, 1, 0, 2, 1, 0]);
+        assert!(together.by_host.is_none() && apart.by_host.is_some());
+        assert!(together.host_of.is_none() && apart.host_of.is_some());
+        let hosts = |t: &Topology| (0..6).map(|r| t.host_of(r)).collect::<Vec<_>>();
+        assert_eq!(
+            (hosts(&together), hosts(&apart)),
+            (vec![0, 0, 0, 1, 1, 2], vec![0, 1, 0, 2, 1, 0])
+        );
+        assert_eq!((together.nranks(), together.nhosts()), (6, 3));
+        assert_eq!(together.ring_order(), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(apart.ring_order(), [0, 2, 5, 1, 4, 3]);
+        assert_eq!(
+            (together.ranks_on(1), apart.ranks_on(0)),
+            (vec![3, 4], vec![0, 2, 5])
+        );
+        assert_eq!((together.leader(2), apart.leader(2)), (5, 3));
+        assert_eq!(together.chain_from(4), [4, 3, 5, 0, 1, 2]);
+        assert_eq!(apart.chain_from(4), [4, 1, 3, 0, 2, 5]);
+        assert_eq!(Topology::from_hosts(&[0, 0, 1, 1]).column(1), [1, 3]);
+    }
 
     #[test]
     fn the_default_ring_order_given_again_is_the_default() {
