@@ -3,7 +3,7 @@
 //! its life (a split takes its members' rows), so what ranks of one host
 //! share is kept once: the host's name, its machine, the files its ranks
 //! loaded and its NIC addresses form a *site*; a rank keeps only its site,
-//! its process id and its listening ports.
+//! its process id and its listening ports (8 bytes and 2 a NIC).
 
 use super::peer_info::{Fields, PeerInfo};
 use crate::schedule::Topology;
