@@ -186,9 +186,16 @@ impl Engine {
         if waited < spin {
             std::hint::spin_loop();
         } else if waited < yield_for {
-            let (switched, took) = yield_core();
-            wait.handed |= switched && took < YIELD_LOST_MIN;
-            wait.lost |= took >= YIELD_LOST_MIN;
+            // What a yield showed matters only to a spin budget that adapts
+            // (ranks with a core each); where ranks crowd the cores there is
+            // no spin, and the two system calls would slow every yield.
+            if self.spin.is_zero() || self.wait_override.0.is_some() {
+                std::thread::yield_now();
+            } else {
+                let (switched, took) = yield_core();
+                wait.handed |= switched && took < YIELD_LOST_MIN;
+                wait.lost |= took >= YIELD_LOST_MIN;
+            }
         } else {
             if let Some(why) = self.cancel.reason() {
                 return Err(why);
