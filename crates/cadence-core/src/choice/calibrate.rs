@@ -21,7 +21,7 @@
 //! - **α under load**: a ping-pong while the other ranks sleep measures an α
 //!   well below what a phase costs when every rank is busy. So every rank
 //!   then runs a tiny allreduce by recursive doubling, [`LOADED_REPS`] times
-//!   from a barrier, and both α's are scaled by the one factor that makes
+//!   back to back after a barrier, and both α's are scaled by the one factor that makes
 //!   the model's estimate of that schedule equal rank 0's median time
 //!   ([`fit_loaded_alpha`]).
 
@@ -63,8 +63,9 @@ pub enum Round {
         warmup: usize,
         reps: usize,
     },
-    /// Every rank: a barrier, then an allreduce of `elems` float32 by
-    /// recursive doubling, timed from the barrier's end.
+    /// Every rank: a barrier, then allreduces of `elems` float32 by
+    /// recursive doubling back to back, each timed from the end of the one
+    /// before (or of the barrier).
     Loaded {
         elems: usize,
         warmup: usize,
