@@ -83,6 +83,12 @@ struct Sites {
     ips_end: Vec<u32>,
 }
 
+/// Item `i` of a list kept end to end, by where each item ends.
+fn item(ends: &[u32], i: u32) -> std::ops::Range<usize> {
+    let start = if i == 0 { 0 } else { ends[i as usize - 1] };
+    start as usize..ends[i as usize] as usize
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Site {
     host: u32,
@@ -92,17 +98,11 @@ struct Site {
 
 impl Sites {
     fn ip_list(&self, i: u32) -> &[SocketAddr] {
-        let start = if i == 0 {
-            0
-        } else {
-            self.ips_end[i as usize - 1]
-        };
-        &self.ips[start as usize..self.ips_end[i as usize] as usize]
+        &self.ips[item(&self.ips_end, i)]
     }
 
     fn text(&self, i: u32) -> &str {
-        let start = if i == 0 { 0 } else { self.ends[i as usize - 1] };
-        &self.text[start as usize..self.ends[i as usize] as usize]
+        &self.text[item(&self.ends, i)]
     }
 }
 
@@ -278,8 +278,7 @@ pub(super) struct Builder<'a> {
     /// The last record added and its site: records come in rank order and
     /// a host's ranks are mostly neighbours, so most records repeat the
     /// last one's site, which is then found by comparing text, without
-    /// hashing or parsing (every rank builds the whole table: at a few
-    /// thousand ranks this was most of the exchange's CPU time).
+    /// hashing or parsing an address (every rank builds the whole table).
     last: Option<(Fields<'a>, u32)>,
 }
 
