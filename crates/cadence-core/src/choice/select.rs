@@ -100,7 +100,19 @@ impl Auto {
         allowed(def).then_some((def, Why::Default))
     }
 
-    /// The algorithm the model says is fastest, among the allowed ones.
+    /// The algorithm the model says is fastest, among the allowed ones
+    /// (the first of [`schedule::algos_for`]'s order among equal
+    /// estimates).
+    ///
+    /// An estimate needs every rank's schedule, O(n²) work for a ring (n
+    /// ranks, 2(n − 1) phases each): 3 ms at 64 ranks, a second at 1,024.
+    /// So each candidate is first bounded from below by a few ranks'
+    /// schedules ([`sample_ranks`]; an estimate over some ranks never
+    /// exceeds the one over all, [`CostModel::estimate_on`]), candidates
+    /// are priced in the order of their bounds, and one whose bound
+    /// exceeds the best estimate so far cannot win and is never built
+    /// for every rank. The choice is the one pricing every candidate
+    /// would make.
     pub fn cheapest(
         &self,
         m: &CostModel,
@@ -108,21 +120,63 @@ impl Auto {
         es: usize,
         allowed: &impl Fn(Algo) -> bool,
     ) -> Option<Algo> {
-        let n = self.topo.nranks();
-        schedule::algos_for(args.kind)
+        let topo = &self.topo;
+        let fabric = self.fabric.as_deref();
+        let estimate = |ranks: &mut dyn Iterator<Item = usize>, a: Algo| {
+            let schedules: Result<Vec<_>, _> = ranks
+                .map(|r| schedule::build_on(args, r, topo, a))
+                .collect();
+            schedules.ok().map(|s| m.estimate_on(&s, topo, fabric, es))
+        };
+        let candidates = schedule::algos_for(args.kind)
             .iter()
             .copied()
-            .filter(|&a| allowed(a))
-            .filter_map(|a| {
-                let all: Result<Vec<_>, _> = (0..n)
-                    .map(|r| schedule::build_on(args, r, &self.topo, a))
-                    .collect();
-                all.ok()
-                    .map(|s| (m.estimate_on(&s, &self.topo, self.fabric.as_deref(), es), a))
-            })
-            .min_by(|x, y| x.0.total_cmp(&y.0))
-            .map(|(_, a)| a)
+            .enumerate()
+            .filter(|&(_, a)| allowed(a));
+        // (bound, place in algos_for, algorithm); a candidate whose sample
+        // cannot be built cannot be built for every rank either.
+        let mut bounded: Vec<(f64, usize, Algo)> = if m.bounds_hold() {
+            let sample = sample_ranks(topo);
+            candidates
+                .filter_map(|(i, a)| Some((estimate(&mut sample.iter().copied(), a)?, i, a)))
+                .collect()
+        } else {
+            candidates.map(|(i, a)| (0.0, i, a)).collect()
+        };
+        bounded.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        let mut best: Option<(f64, usize, Algo)> = None;
+        for (bound, i, a) in bounded {
+            if best.is_some_and(|(e, _, _)| bound > e) {
+                break;
+            }
+            let Some(e) = estimate(&mut (0..topo.nranks()), a) else {
+                continue;
+            };
+            let better = |(be, bi, _): (f64, usize, Algo)| {
+                e.total_cmp(&be).then(i.cmp(&bi)) == std::cmp::Ordering::Less
+            };
+            if best.is_none_or(better) {
+                best = Some((e, i, a));
+            }
+        }
+        best.map(|(_, _, a)| a)
     }
+}
+
+/// The ranks whose schedules bound a candidate's estimate from below in
+/// [`Auto::cheapest`]: rank 0 (the root of trees), the last rank of its
+/// host (the one whose ring neighbour is on another host) and the last
+/// rank. The bound is only as good as the slowest rank among them.
+fn sample_ranks(topo: &Topology) -> Vec<usize> {
+    let n = topo.nranks();
+    let home = topo.host_of(0);
+    let edge = (1..n)
+        .find(|&r| topo.host_of(r) != home)
+        .map_or(0, |r| r - 1);
+    let mut ranks = vec![0, edge, n.saturating_sub(1)];
+    ranks.dedup();
+    ranks.retain(|&r| r < n);
+    ranks
 }
 
 /// Chooses the algorithm for a call (see [`AlgoOverride`] for the order of
@@ -190,6 +244,7 @@ pub fn select_algo(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::LinkCost;
     use crate::types::CollKind;
 
     fn ar(count: usize) -> CollArgs {
@@ -367,5 +422,161 @@ mod tests {
         let m = CostModel::default();
         let cheapest = auto.cheapest(&m, &ar(16 << 20), 4, &|_| true).unwrap();
         assert_eq!(a, cheapest);
+    }
+
+    /// Pricing every allowed candidate for every rank: the choice
+    /// [`Auto::cheapest`] must make.
+    fn priced_in_full(auto: &Auto, m: &CostModel, args: &CollArgs, es: usize) -> Option<Algo> {
+        let n = auto.topo.nranks();
+        schedule::algos_for(args.kind)
+            .iter()
+            .copied()
+            .filter(|&a| schedule::applicable_on(args, &auto.topo, a))
+            .filter_map(|a| {
+                let all: Result<Vec<_>, _> = (0..n)
+                    .map(|r| schedule::build_on(args, r, &auto.topo, a))
+                    .collect();
+                all.ok().map(|s| {
+                    let e = m.estimate_on(&s, &auto.topo, auto.fabric.as_deref(), es);
+                    (e, a)
+                })
+            })
+            .min_by(|x, y| x.0.total_cmp(&y.0))
+            .map(|(_, a)| a)
+    }
+
+    #[test]
+    fn bounding_candidates_chooses_as_pricing_every_rank_does() {
+        use crate::fabric::pathfind::Fabric;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |below: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % below.max(1) as u64) as usize
+        };
+        let kinds = [
+            CollKind::AllReduce,
+            CollKind::Reduce,
+            CollKind::Broadcast,
+            CollKind::AllGather,
+            CollKind::ReduceScatter,
+            CollKind::AllToAll,
+        ];
+        let mut pruned = 0;
+        for case in 0..240 {
+            let n = 2 + next(63);
+            let per = 1 + next(8);
+            // Hosts of `per` consecutive ranks, or ranks dealt out.
+            let hosts: Vec<usize> = if case % 3 == 2 {
+                (0..n).map(|_| next(n.div_ceil(per))).collect()
+            } else {
+                (0..n).map(|r| r / per).collect()
+            };
+            let topo = Topology::from_hosts(&hosts);
+            let nh = topo.nhosts();
+            let fabric = (case % 4 == 3 && nh > 1).then(|| {
+                let ngroups = 1 + next(nh.min(3));
+                let group_of: Vec<usize> = (0..nh).map(|h| h % ngroups).collect();
+                let rate = (0..nh)
+                    .map(|a| {
+                        (0..nh)
+                            .map(|b| {
+                                if a == b {
+                                    0.0
+                                } else {
+                                    1e8 * (1 + next(20)) as f64
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let mut cap = |_| 1e8 * (1 + next(10)) as f64;
+                let group_out = (0..ngroups).map(&mut cap).collect();
+                let group_in = (0..ngroups).map(&mut cap).collect();
+                Fabric {
+                    rate,
+                    group_of,
+                    group_out,
+                    group_in,
+                }
+            });
+            let scale = |x: f64, k: usize| x * (1 + k) as f64 / 4.0;
+            let d = CostModel::default();
+            let m = CostModel {
+                shm: LinkCost {
+                    alpha: scale(d.shm.alpha, next(200)),
+                    beta: scale(d.shm.beta, next(16)),
+                },
+                tcp: LinkCost {
+                    alpha: scale(d.tcp.alpha, next(40)),
+                    beta: scale(d.tcp.beta, next(16)),
+                },
+                gamma: scale(d.gamma, next(16)),
+                incast: scale(d.incast, next(8)),
+                tcp_serial: scale(d.tcp_serial, next(5)).min(1.0),
+            };
+            let auto = Auto {
+                topo,
+                order: Default::default(),
+                fabric: fabric.map(std::sync::Arc::new),
+                tuned: None,
+                model: Some(m),
+                measured_at_start: true,
+            };
+            let kind = kinds[case % kinds.len()];
+            // Sizes from 0 to 16 MiB a block, odd ones among them.
+            let size = |next: &mut dyn FnMut(usize) -> usize| match next(4) {
+                0 => next(3),
+                1 => next(1 << 10),
+                2 => next(1 << 16) | 1,
+                _ => next(1 << 22),
+            };
+            let counts: Vec<usize> = match kind {
+                CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast => {
+                    vec![size(&mut next)]
+                }
+                CollKind::AllToAll => {
+                    let block = size(&mut next) >> 6;
+                    vec![block; n * n]
+                }
+                _ => (0..n).map(|_| size(&mut next) >> 4).collect(),
+            };
+            let args = CollArgs {
+                kind,
+                root: next(n),
+                counts,
+            };
+            let es = [1, 2, 4, 8][next(4)];
+            let chosen = auto.cheapest(&m, &args, es, &|a| {
+                schedule::applicable_on(&args, &auto.topo, a)
+            });
+            let full = priced_in_full(&auto, &m, &args, es);
+            assert_eq!(
+                chosen,
+                full,
+                "case {case}: {kind} of {:?}.. on {n} ranks, hosts {hosts:?}",
+                &args.counts[..args.counts.len().min(4)]
+            );
+            // Count the cases where bounds spared some candidate's full
+            // pricing (so the test sees the pruning, not only its absence).
+            let sample = sample_ranks(&auto.topo);
+            let bounds = schedule::algos_for(kind).iter().filter(|&&a| {
+                let s: Result<Vec<_>, _> = sample
+                    .iter()
+                    .map(|&r| schedule::build_on(&args, r, &auto.topo, a))
+                    .collect();
+                let chosen_full: Vec<_> = (0..n)
+                    .map(|r| schedule::build_on(&args, r, &auto.topo, full.unwrap()).unwrap())
+                    .collect();
+                let best = m.estimate_on(&chosen_full, &auto.topo, auto.fabric.as_deref(), es);
+                s.is_ok_and(|s| m.estimate_on(&s, &auto.topo, auto.fabric.as_deref(), es) > best)
+            });
+            pruned += usize::from(bounds.count() > 0);
+        }
+        assert!(
+            pruned > 120,
+            "bounds spared pricing in only {pruned} of 240 cases"
+        );
     }
 }

@@ -148,6 +148,12 @@ impl CostModel {
     /// [`CostModel::estimate`] on a measured `fabric` (see the module's
     /// comment); `None`: one TCP class for every host pair. A fabric that
     /// does not have `topo`'s hosts is ignored.
+    ///
+    /// Given the schedules of only some ranks (each knows its rank), it is
+    /// a lower bound of the estimate over all of them: a host's shared
+    /// bytes and senders are summed over fewer ranks, and the slowest rank
+    /// is looked for among fewer (every parameter at least 0: see
+    /// [`CostModel::bounds_hold`]).
     pub fn estimate_on(
         &self,
         schedules: &[Schedule],
@@ -164,22 +170,36 @@ impl CostModel {
             .map(|s| phase_loads(s, topo, net, elem_size))
             .collect();
         let nphases = loads.iter().map(Vec::len).max().unwrap_or(0);
+        // The hosts of the given ranks, numbered densely (`slot`), so a few
+        // ranks' bound costs their hosts, not every host.
+        let mut slot = vec![u32::MAX; topo.nhosts()];
+        let mut nslots = 0;
+        let host_slots: Vec<usize> = schedules
+            .iter()
+            .map(|s| {
+                let h = topo.host_of(s.rank);
+                if slot[h] == u32::MAX {
+                    slot[h] = nslots as u32;
+                    nslots += 1;
+                }
+                slot[h] as usize
+            })
+            .collect();
         // Per host and phase index: TCP bytes out of and into the host.
-        let mut host_out = vec![vec![0usize; nphases]; topo.nhosts()];
-        let mut host_in = vec![vec![0usize; nphases]; topo.nhosts()];
-        let mut host_from = vec![vec![0u64; nphases]; topo.nhosts()];
+        let mut host_out = vec![vec![0usize; nphases]; nslots];
+        let mut host_in = vec![vec![0usize; nphases]; nslots];
+        let mut host_from = vec![vec![0u64; nphases]; nslots];
         // Per group and phase: bytes leaving and entering the group.
         let ngroups = net.map_or(0, |n| n.fabric.group_out.len());
         let mut group_out = vec![vec![0usize; nphases]; ngroups];
         let mut group_in = vec![vec![0usize; nphases]; ngroups];
-        for (r, phases) in loads.iter().enumerate() {
-            let h = topo.host_of(r);
+        for ((phases, s), &hs) in loads.iter().zip(schedules).zip(&host_slots) {
             for (i, p) in phases.iter().enumerate() {
-                host_out[h][i] += p.tcp_out;
-                host_in[h][i] += p.tcp_in;
-                host_from[h][i] |= p.tcp_from;
+                host_out[hs][i] += p.tcp_out;
+                host_in[hs][i] += p.tcp_in;
+                host_from[hs][i] |= p.tcp_from;
                 if let Some(n) = net {
-                    let g = n.fabric.group_of[h];
+                    let g = n.fabric.group_of[topo.host_of(s.rank)];
                     group_out[g][i] += p.cross_out;
                     group_in[g][i] += p.cross_in;
                 }
@@ -187,9 +207,10 @@ impl CostModel {
         }
         loads
             .iter()
-            .enumerate()
-            .map(|(r, phases)| {
-                let h = topo.host_of(r);
+            .zip(schedules)
+            .zip(&host_slots)
+            .map(|((phases, s), &hs)| {
+                let h = topo.host_of(s.rank);
                 phases
                     .iter()
                     .enumerate()
@@ -199,19 +220,19 @@ impl CostModel {
                         let shm =
                             p.shm_msgs as f64 * self.shm.alpha + p.shm_bytes as f64 * self.shm.beta;
                         let tcp = if p.tcp_out + p.tcp_in > 0 {
-                            let k = host_from[h][i].count_ones().max(1) as f64;
+                            let k = host_from[hs][i].count_ones().max(1) as f64;
                             let incast = 1.0 + self.incast * (k - 1.0);
                             let msgs = p.tcp_msgs_out.max(p.tcp_msgs_in).max(1) as f64;
                             let alpha = self.tcp.alpha * (1.0 + self.tcp_serial * (msgs - 1.0));
                             let wire = match net {
                                 None => {
-                                    let bytes = host_out[h][i].max(host_in[h][i]);
+                                    let bytes = host_out[hs][i].max(host_in[hs][i]);
                                     bytes as f64 * self.tcp.beta * incast
                                 }
                                 Some(n) => {
                                     let g = n.fabric.group_of[h];
-                                    let nic = Network::secs(host_out[h][i], n.nic_out[h])
-                                        .max(Network::secs(host_in[h][i], n.nic_in[h]));
+                                    let nic = Network::secs(host_out[hs][i], n.nic_out[h])
+                                        .max(Network::secs(host_in[hs][i], n.nic_in[h]));
                                     let shared =
                                         Network::secs(group_out[g][i], n.fabric.group_out[g]).max(
                                             Network::secs(group_in[g][i], n.fabric.group_in[g]),
@@ -228,6 +249,25 @@ impl CostModel {
                     .sum::<f64>()
             })
             .fold(0.0, f64::max)
+    }
+}
+
+impl CostModel {
+    /// Whether an estimate over some ranks' schedules bounds the estimate
+    /// over all of them from below: every term grows with a host's summed
+    /// bytes and senders only while no parameter is negative.
+    pub fn bounds_hold(&self) -> bool {
+        [
+            self.shm.alpha,
+            self.shm.beta,
+            self.tcp.alpha,
+            self.tcp.beta,
+            self.gamma,
+            self.incast,
+            self.tcp_serial,
+        ]
+        .iter()
+        .all(|&v| v >= 0.0)
     }
 }
 
