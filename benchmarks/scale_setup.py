@@ -52,6 +52,7 @@ else:
     mpi4py.rc.initialize = False
     from mpi4py import MPI
 ready = time.time()
+cpu0 = time.process_time()
 if backend == "cadence":
     comm = cadence.init(timeout=float(os.environ["SCALE_TIMEOUT"]))
     rank, size = comm.rank, comm.size
@@ -66,6 +67,7 @@ else:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
 done = time.time()
+init_cpu = time.process_time() - cpu0
 fds = len(os.listdir("/proc/self/fd"))
 rss = 0
 with open("/proc/self/status") as f:
@@ -84,7 +86,7 @@ else:
     x = y
 ok = bool((x == size * (size + 1) / 2).all())
 print(json.dumps({"rank": rank, "ready": ready, "done": done, "fds": fds, "rss_kib": rss,
-                  "ok": ok, "import_s": ready - t_start}), flush=True)
+                  "ok": ok, "import_s": ready - t_start, "init_cpu_s": init_cpu}), flush=True)
 if backend == "gloo":
     dist.destroy_process_group()
 elif backend == "mpi":
@@ -178,7 +180,8 @@ def summary(backend: str, rows: list[dict]) -> dict:
     return {"backend": backend, "ranks": len(rows), "setup_s": setup,
             "fds_median": statistics.median(fds), "fds_max": max(fds),
             "rss_mib_median": statistics.median(rss), "ok": all(r["ok"] for r in rows),
-            "import_s_max": max(r["import_s"] for r in rows)}
+            "import_s_max": max(r["import_s"] for r in rows),
+            "init_cpu_ms_median": 1e3 * statistics.median(r["init_cpu_s"] for r in rows)}
 
 
 def main() -> int:
@@ -217,6 +220,7 @@ def main() -> int:
                 results.append(s)
                 print(f"{b:8s} set-up {s['setup_s']:6.2f} s | fds/rank median {s['fds_median']:.0f}"
                       f" max {s['fds_max']} | RSS/rank {s['rss_mib_median']:.0f} MiB | "
+                      f"init CPU/rank {s['init_cpu_ms_median']:.1f} ms | "
                       f"allreduce {'ok' if s['ok'] else 'WRONG'} | run {s['wall_s']:.0f} s",
                       flush=True)
     finally:
