@@ -83,6 +83,24 @@ def test_split():
         assert v["local"] == ((r % 2, 2) if r < 4 else (0, 1))  # two ranks per host
 
 
+def _split_keys(comm):
+    sub = comm.split(color=comm.rank % 2)
+    sub.allreduce(np.ones(3))
+    store = comm._store
+    diag = ("round", "slow")
+    return {"world": [store.check([f"{comm._prefix}/diag/{k}"]) for k in diag],
+            "split": [store.check([f"{sub._prefix}/diag/{k}"]) for k in diag]}
+
+
+def test_a_split_makes_no_store_round_trip():
+    # The world's watchdog reads its counters from the store (a job before
+    # may have left some under its name); a split's name carries its
+    # parent's id, new with every job, so it has none to read.
+    res = assert_all_ok(run_ranks(_split_keys, 3))
+    for v in res.values():
+        assert v == {"world": [True, True], "split": [False, False]}, v
+
+
 def _bad_args(comm):
     errs = []
 

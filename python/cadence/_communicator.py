@@ -343,7 +343,9 @@ class Communicator:
             (r for r in range(self.size) if color >= 0 and table[r, 0] == color),
             key=lambda r: (int(table[r, 1]), r),
         )
-        prefix = f"{self._prefix}/split{self._nsplit}/c{int(color)}"
+        # Named after this communicator's id (new with every job), so no
+        # earlier job's watchdog counters can sit under it.
+        prefix = f"{self._prefix}/{self.id}/split{self._nsplit}/c{int(color)}"
         # Every member derives the same secret and id; strangers who only
         # watch the store see neither.
         secret = hmac.digest(self._secret, prefix.encode(), "sha256")
@@ -369,7 +371,7 @@ class Communicator:
         clocks = [(int(rows[m, -2]), int(rows[m, -1])) for m in members]
         served = members.index(self._store_rank) if self._store_rank in members else None
         watching = _live.prepare(self._store, prefix, members.index(self.rank), len(members),
-                                 self._timeout, served)
+                                 self._timeout, served, fresh=True)
         core = boot.connect_split(self._c, members, ports, clocks)
         return Communicator(core, self._store, prefix, self._timeout, self._toward, secret,
                             watching, served)

@@ -307,7 +307,7 @@ class Watchdog:
         self.cpu_s = 0.0
 
     def prepare(self, store, prefix: str, rank: int, size: int, timeout: float,
-                store_rank: int | None = None) -> _Watched | None:
+                store_rank: int | None = None, fresh: bool = False) -> _Watched | None:
         """The Store work of watching a communicator that is being set up:
         its client connection and the counters it starts from. Called
         before the ranks' set-up ends (its closing barrier), so that however
@@ -315,7 +315,11 @@ class Watchdog:
         connection) no rank reaches its first operation that much after its
         peers, whose deadline runs meanwhile: a first allreduce once timed
         out that way, every peer blaming rank 0 for a message it had not
-        yet had the chance to send. None when the watchdog is off."""
+        yet had the chance to send. None when the watchdog is off.
+
+        `fresh`: no process ever used `prefix` before (a split's, named
+        after its parent's id), so its counters are 0 without asking the
+        store: a split makes no store round trip."""
         after = diag_after(timeout)
         if after is None:
             return None
@@ -335,8 +339,9 @@ class Watchdog:
         if w.window:
             w.win_published = w.win_judged = int(time.time() // w.window)
         try:
-            w.seen_round = int(client.add(w.key("round"), 0))
-            w.slow_seen = int(client.add(w.key("slow"), 0))
+            if not fresh:
+                w.seen_round = int(client.add(w.key("round"), 0))
+                w.slow_seen = int(client.add(w.key("slow"), 0))
         except Exception:  # noqa: BLE001 - a watchdog must never break init
             w.seen_round = 0
         # The threads start here, while the set-up still waits for every
@@ -777,12 +782,13 @@ def add_listener(fn) -> None:
 
 
 def prepare(store, prefix: str, rank: int, size: int, timeout: float,
-            store_rank: int | None = None) -> _Watched | None:
+            store_rank: int | None = None, fresh: bool = False) -> _Watched | None:
     """What watching the communicator being set up under `prefix` needs from
     the Store, done while the set-up still waits for every rank (see
     `Watchdog.prepare`); hand the result to `watch`. `store_rank`: the rank
-    that serves the Store in its own process, if one does."""
-    return _watchdog.prepare(store, prefix, rank, size, timeout, store_rank)
+    that serves the Store in its own process, if one does; `fresh`: the
+    prefix was never used before (nothing to read from the Store)."""
+    return _watchdog.prepare(store, prefix, rank, size, timeout, store_rank, fresh)
 
 
 def watch(comm, prepared: _Watched | None) -> None:
