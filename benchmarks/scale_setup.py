@@ -193,6 +193,9 @@ def main() -> int:
     ap.add_argument("--nofile", type=int, default=None,
                     help="start every rank under ulimit -n NOFILE (soft and hard)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--settle", type=float, default=5.0,
+                    help="seconds to wait before each run: the previous run's 64 torch "
+                         "processes take the machine a while to tear down")
     ap.add_argument("--json", help="write every run's summary here")
     args = ap.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -208,6 +211,8 @@ def main() -> int:
                 if b == "mpi" and not shutil.which("mpirun"):
                     print("mpi: mpirun not found, skipped")
                     continue
+                if results:
+                    time.sleep(args.settle)
                 t = time.time()
                 try:
                     s = summary(b, run_ranks(b, args.ranks, args.hosts, args.timeout,

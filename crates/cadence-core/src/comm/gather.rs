@@ -16,6 +16,7 @@
 //! stream numbers of their own (`GATHER_STREAM + k`), on a listener that
 //! closes when the exchange ends.
 
+use super::exchange_buf::{ExchangeBuf, Received};
 use super::peer_info::Fields;
 use super::peer_table::Builder;
 use super::{PeerInfo, PeerTable};
@@ -159,23 +160,32 @@ pub fn allgather(
             )
         })?;
 
-    // Records of ranks r-len+1..=r, oldest first, encoded.
-    let mut known: Vec<u8> = Vec::new();
-    own.encode(&mut known);
-    // Room for every record at once (a rank's is about as long as any):
-    // the table grows in place, not by a copy a step.
-    known.reserve(known.len() * n + known.len() * n / 4);
-    // Where each record of `known` starts.
-    let mut starts: Vec<usize> = Vec::with_capacity(n);
-    starts.push(0);
+    // Records of ranks r-count+1..=r, oldest first, encoded.
+    let mut mine = Vec::new();
+    own.encode(&mut mine);
+    let no_room =
+        |e: std::io::Error| ctx.fail(format!("no memory for the peer records: {e}"), None);
+    // Room for every record at once (a rank's is about as long as any).
+    let mut known =
+        ExchangeBuf::with_capacity(mine.len() * n + mine.len() * n / 4).map_err(no_room)?;
+    known
+        .front(mine.len())
+        .map_err(no_room)?
+        .copy_from_slice(&mine);
+    known.claim(mine.len());
+    let mut count = 1;
     let mut early: Vec<(usize, TcpStream)> = Vec::new();
     let mut result = Ok(());
     for k in 0..steps {
         let d = 1usize << k;
         let to = (r + d) % n;
-        // What the receiver lacks: at the last step fewer than d records.
+        // What the receiver lacks: at the last step fewer than d records,
+        // the newest of the `count` this rank has.
         let send_n = d.min(n - d);
-        let tail = &known[starts[starts.len() - send_n]..];
+        let mut tail = known.bytes();
+        for _ in send_n..count {
+            PeerInfo::skip(&mut tail).map_err(|m| ctx.fail(m, None))?;
+        }
         let step = std::thread::scope(|s| {
             let out = s.spawn(|| send_step(ctx, target, to, k, tail));
             let got = recv_step(
@@ -185,17 +195,17 @@ pub fn allgather(
                 k,
                 from(k),
                 to_addr_reply(target),
-                d.min(n - d),
+                send_n,
             );
             let reply = out.join().expect("the exchange's sender panicked");
             Ok::<_, CommError>((got?, reply?))
         });
         match step {
-            Ok(((records, their_starts), next)) => {
-                let shift = records.len();
-                known.splice(0..0, records);
-                starts.iter_mut().for_each(|s| *s += shift);
-                starts.splice(0..0, their_starts);
+            Ok((records, next)) => {
+                let front = known.front(records.len()).map_err(no_room)?;
+                front.copy_from_slice(&records);
+                known.claim(records.len());
+                count += send_n;
                 target = next;
             }
             Err(e) => {
@@ -212,7 +222,7 @@ pub fn allgather(
         return Err(ctx.fail(e.detail, e.culprit));
     }
     // `known` now holds ranks r-n+1..=r, each read (and checked) here.
-    let mut b = known.as_slice();
+    let mut b = known.bytes();
     let mut table = Builder::new(n);
     for i in 0..n {
         let expect = (r + 1 + i) % n;
@@ -257,7 +267,8 @@ fn write_block(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
     s.write_all(b)
 }
 
-fn read_block(s: &mut TcpStream, limit: usize) -> std::io::Result<Vec<u8>> {
+/// A block's length, from its prefix; at most `limit`.
+fn read_len(s: &mut TcpStream, limit: usize) -> std::io::Result<usize> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
@@ -267,7 +278,11 @@ fn read_block(s: &mut TcpStream, limit: usize) -> std::io::Result<Vec<u8>> {
             format!("a block of {len} bytes (at most {limit})"),
         ));
     }
-    let mut b = vec![0u8; len];
+    Ok(len)
+}
+
+fn read_block(s: &mut TcpStream, limit: usize) -> std::io::Result<Vec<u8>> {
+    let mut b = vec![0u8; read_len(s, limit)?];
     s.read_exact(&mut b)?;
     Ok(b)
 }
@@ -313,8 +328,8 @@ fn send_step(
 }
 
 /// Step k, receiving side: waits for rank `from`'s connection, answers
-/// with `reply` (the address it sends to next), reads its records; returns
-/// them with where each starts.
+/// with `reply` (the address it sends to next), reads its `records`
+/// records (each checked to be one).
 #[allow(clippy::too_many_arguments)]
 fn recv_step(
     ctx: &GatherCtx,
@@ -324,7 +339,7 @@ fn recv_step(
     from: usize,
     reply: Vec<u8>,
     records: usize,
-) -> Result<(Vec<u8>, Vec<usize>)> {
+) -> Result<Received> {
     let started = Instant::now();
     let mut s = loop {
         if let Some(i) = early.iter().position(|(j, _)| *j == k) {
@@ -361,11 +376,10 @@ fn recv_step(
     s.set_write_timeout(Some(left)).map_err(io)?;
     write_block(&mut s, &reply).map_err(io)?;
     // A record is a few hundred bytes at most.
-    let block = read_block(&mut s, records * 4096 + 4096).map_err(io)?;
-    let mut b = block.as_slice();
-    let mut starts = Vec::with_capacity(records);
+    let len = read_len(&mut s, records * 4096 + 4096).map_err(io)?;
+    let block = Received::read(&mut s, len).map_err(io)?;
+    let mut b = &block[..];
     for _ in 0..records {
-        starts.push(block.len() - b.len());
         PeerInfo::skip(&mut b).map_err(|m| ctx.fail(format!("rank {from}: {m}"), Some(from)))?;
     }
     if !b.is_empty() {
@@ -374,5 +388,5 @@ fn recv_step(
             Some(from),
         ));
     }
-    Ok((block, starts))
+    Ok(block)
 }

@@ -25,6 +25,7 @@ mod bootstrap;
 mod calibrate;
 mod clock;
 mod dump;
+mod exchange_buf;
 mod execute;
 mod failure;
 mod gather;
