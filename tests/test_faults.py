@@ -168,9 +168,13 @@ def test_slow_set_up_on_one_rank_does_not_fail_the_first_operation():
 def _garbage(comm):
     import cadence
 
-    if comm.rank == 0:
-        comm._inject_garbage(1)
     try:
+        # Not before the peer has left `init`: the last message of set-up
+        # may still be on its way to it (on the link's other stream), and
+        # the garbage would fail its set-up instead.
+        comm.barrier()
+        if comm.rank == 0:
+            comm._inject_garbage(1)
         # Rank 0 may finish the first one (its peer's data arrived before the
         # garbage was read); the peer's abort reaches it in the second.
         comm.allreduce(np.ones(100, dtype=np.float32))

@@ -115,6 +115,27 @@ fn strangers_and_garbage_do_not_hurt_the_store() {
 }
 
 #[test]
+fn an_idle_client_is_let_go_as_soon_as_the_server_stops() {
+    // Its connection's thread sleeps on its socket and the stop bell (it
+    // used to wake every second to look, a thousand wake-ups a second on
+    // rank 0 of a job of a thousand ranks).
+    let s = server();
+    let mut idle = TcpStream::connect(s.addr()).unwrap();
+    idle.write_all(b"cadence-store/1\n").unwrap();
+    idle.read_exact(&mut [0u8; 16]).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let t = Instant::now();
+    drop(s);
+    idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(idle.read(&mut [0u8; 1]).unwrap(), 0, "closed");
+    assert!(
+        t.elapsed() < Duration::from_millis(300),
+        "let go after {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
 fn a_client_waits_for_a_server_that_comes_late_and_names_one_that_never_comes() {
     // Find a free port, then serve on it only after the client started.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

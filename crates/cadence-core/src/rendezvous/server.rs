@@ -24,8 +24,9 @@ const CONN_STACK: usize = 128 << 10;
 /// How long the acceptor pauses after an error accept(2) may repeat (out
 /// of file descriptors).
 const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
-/// How often an idle connection's thread does.
-const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// How long an idle connection's thread sleeps at most: it wakes for a
+/// request or the server's stop, so this is only a backstop.
+const IDLE_BACKSTOP: Duration = Duration::from_secs(3600);
 /// How long the rest of a request may take once its first byte came.
 const REQUEST_READ: Duration = Duration::from_secs(30);
 
@@ -36,10 +37,14 @@ struct Table {
     waiting: HashMap<String, Arc<Condvar>>,
 }
 
-#[derive(Default)]
 struct State {
     table: Mutex<Table>,
     stopping: AtomicBool,
+    /// Readable once the server stops (the stop bell's other end, never
+    /// read): the acceptor and every idle connection sleep in poll(2) on
+    /// it beside their own socket, so nothing wakes a thousand clients'
+    /// threads while they are idle.
+    stopped: UnixStream,
 }
 
 /// A running store server; dropping it stops it and closes its clients.
@@ -69,12 +74,16 @@ impl StoreServer {
         let listener: TcpListener = sock.into();
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(State::default());
+        let (stop_bell, stopped) = UnixStream::pair()?;
+        let state = Arc::new(State {
+            table: Mutex::default(),
+            stopping: AtomicBool::new(false),
+            stopped,
+        });
         let st = state.clone();
-        let (stop_bell, stop_rx) = UnixStream::pair()?;
         let acceptor = std::thread::Builder::new()
             .name("cadence-store".into())
-            .spawn(move || accept_loop(listener, stop_rx, st))?;
+            .spawn(move || accept_loop(listener, st))?;
         Ok(StoreServer {
             addr,
             state,
@@ -91,7 +100,7 @@ impl StoreServer {
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
-        // Connection threads see it within IDLE_CHECK; waiters when woken.
+        // Idle connection threads see the bell; waiters when woken.
         self.state.stopping.store(true, Ordering::SeqCst);
         let _ = (&self.stop_bell).write_all(&[1]);
         for cv in self.state.table.lock().unwrap().waiting.values() {
@@ -103,9 +112,9 @@ impl Drop for StoreServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, stop_rx: UnixStream, state: Arc<State>) {
+fn accept_loop(listener: TcpListener, state: Arc<State>) {
     while !state.stopping.load(Ordering::SeqCst) {
-        let mut fds = [listener.as_raw_fd(), stop_rx.as_raw_fd()].map(|fd| libc::pollfd {
+        let mut fds = [listener.as_raw_fd(), state.stopped.as_raw_fd()].map(|fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
@@ -144,29 +153,30 @@ fn serve(mut sock: TcpStream, state: &State) {
     if sock.write_all(GREETING).is_err() {
         return;
     }
+    let _ = sock.set_read_timeout(Some(REQUEST_READ));
     loop {
-        // Between requests, wake now and then to see whether the server
-        // stops (one fd per client: no copy is kept to shut it down).
+        // Between requests, sleep until the client's next one (or its
+        // close) or the server's stop.
         let mut head = [0u8; 5];
-        let _ = sock.set_read_timeout(Some(IDLE_CHECK));
         loop {
-            match sock.read(&mut head[..1]) {
-                Ok(1) => break,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) && !state.stopping.load(Ordering::SeqCst) => {}
-                _ => return,
+            let mut fds = [sock.as_raw_fd(), state.stopped.as_raw_fd()].map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            poll_fds(&mut fds, IDLE_BACKSTOP);
+            if state.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if fds[0].revents != 0 {
+                break;
             }
         }
-        if state.stopping.load(Ordering::SeqCst) {
-            return;
+        // The request follows at once.
+        match sock.read(&mut head[..1]) {
+            Ok(1) => {}
+            _ => return,
         }
-        // The rest of a request follows at once.
-        let _ = sock.set_read_timeout(Some(REQUEST_READ));
         if sock.read_exact(&mut head[1..]).is_err() {
             return;
         }
