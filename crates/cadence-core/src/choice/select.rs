@@ -455,14 +455,11 @@ mod tests {
             seed ^= seed << 17;
             (seed % below.max(1) as u64) as usize
         };
-        let kinds = [
-            CollKind::AllReduce,
-            CollKind::Reduce,
-            CollKind::Broadcast,
-            CollKind::AllGather,
-            CollKind::ReduceScatter,
-            CollKind::AllToAll,
-        ];
+        // The collectives with a choice to make.
+        let kinds: Vec<CollKind> = CollKind::ALL
+            .into_iter()
+            .filter(|&k| schedule::algos_for(k).len() > 1)
+            .collect();
         let mut pruned = 0;
         for case in 0..240 {
             let n = 2 + next(63);
