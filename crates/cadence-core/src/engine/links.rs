@@ -1,16 +1,17 @@
-//! The engine's links, by peer. A job of n ranks gives each rank a slot per
-//! peer, but a rank links to few of them (its same-host peers and the
-//! partners of its algorithms, made on first use): so a slot is a 4-byte
-//! index into a dense list of the links that exist, and walking the links
-//! (upkeep, aborts, stall notices) costs what the rank uses, not n.
+//! The engine's links, by peer. A job of n ranks gives each rank n − 1
+//! peers, but a rank links to few of them (its same-host peers and the
+//! partners of its algorithms, made on first use): so the links sit in a
+//! dense list, found by a peer through a short index sorted by peer (a
+//! binary search over the links that exist: nothing kept per rank of the
+//! job), and walking them (upkeep, aborts, stall notices) costs what the
+//! rank uses, not n.
 
 use crate::transport::Link;
 
-/// No link in this slot.
-const NONE: u32 = u32::MAX;
-
 pub struct Links {
-    slot: Vec<u32>,
+    nranks: usize,
+    /// (peer, place in `links`), sorted by peer.
+    index: Vec<(u32, u32)>,
     links: Vec<(usize, Link)>,
 }
 
@@ -18,36 +19,42 @@ impl Links {
     /// No link yet, to any of `nranks` ranks.
     pub fn new(nranks: usize) -> Links {
         Links {
-            slot: vec![NONE; nranks],
+            nranks,
+            index: Vec::new(),
             links: Vec::new(),
         }
     }
 
+    fn place(&self, peer: usize) -> Result<usize, usize> {
+        let peer = u32::try_from(peer).unwrap_or(u32::MAX);
+        self.index.binary_search_by_key(&peer, |e| e.0)
+    }
+
     /// The link to `peer`, if there is one.
     pub fn get(&self, peer: usize) -> Option<&Link> {
-        match self.slot.get(peer) {
-            Some(&i) if i != NONE => Some(&self.links[i as usize].1),
-            _ => None,
-        }
+        let at = self.place(peer).ok()?;
+        Some(&self.links[self.index[at].1 as usize].1)
     }
 
     pub fn get_mut(&mut self, peer: usize) -> Option<&mut Link> {
-        match self.slot.get(peer) {
-            Some(&i) if i != NONE => Some(&mut self.links[i as usize].1),
-            _ => None,
-        }
+        let at = self.place(peer).ok()?;
+        Some(&mut self.links[self.index[at].1 as usize].1)
     }
 
     /// Adds the link to `peer`; hands it back when `peer` has one already
     /// (or is not a rank of the job).
     pub fn insert(&mut self, peer: usize, link: Link) -> Result<(), Link> {
-        match self.slot.get(peer) {
-            Some(&NONE) => {
-                self.slot[peer] = self.links.len() as u32;
+        if peer >= self.nranks {
+            return Err(link);
+        }
+        match self.place(peer) {
+            Ok(_) => Err(link),
+            Err(at) => {
+                self.index
+                    .insert(at, (peer as u32, self.links.len() as u32));
                 self.links.push((peer, link));
                 Ok(())
             }
-            _ => Err(link),
         }
     }
 
