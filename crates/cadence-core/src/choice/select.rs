@@ -107,12 +107,12 @@ impl Auto {
     /// An estimate needs every rank's schedule, O(n²) work for a ring (n
     /// ranks, 2(n − 1) phases each; docs/benchmarks.md, "Set-up at
     /// scale", has what it cost). So each candidate is first bounded from
-    /// below by a few ranks' schedules ([`sample_ranks`]; an estimate over some ranks never
-    /// exceeds the one over all, [`CostModel::estimate_on`]), candidates
-    /// are priced in the order of their bounds, and one whose bound
-    /// exceeds the best estimate so far cannot win and is never built
-    /// for every rank. The choice is the one pricing every candidate
-    /// would make.
+    /// below by a few ranks' schedules ([`sample_ranks`]; an estimate
+    /// over some ranks never exceeds the one over all,
+    /// [`CostModel::estimate_on`]), candidates are priced in the order of
+    /// their bounds, and one whose bound exceeds the best estimate so far
+    /// cannot win and is never built for every rank. The choice is the
+    /// one pricing every candidate would make.
     pub fn cheapest(
         &self,
         m: &CostModel,
