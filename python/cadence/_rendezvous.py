@@ -58,9 +58,9 @@ def socket_interfaces(spec: str) -> list[str]:
 
 def resolve(host: str) -> str:
     """The IPv4 address of `host`. An ASCII name is handed over as bytes: a
-    str makes the socket module import the idna codec first, 2-3 ms of CPU,
-    most of what a rank's `init` did in Python (64 ranks on 2 cores wait
-    for each other's)."""
+    str makes the socket module import the idna codec first, the larger
+    part of a rank's `init` in Python (docs/benchmarks.md, "Set-up at
+    scale"), and ranks crowding a host's cores wait for each other's."""
     try:
         name: str | bytes = host.encode("ascii")
     except UnicodeEncodeError:

@@ -19,8 +19,8 @@ on.
 from __future__ import annotations
 
 import json
-import socket
 
+from cadence._rendezvous import resolve
 from cadence.diagnosis import reach
 from cadence.diagnosis.verdict import VerdictClass, ranks_text
 
@@ -37,7 +37,7 @@ def store_host(store, peers: list[dict]) -> str | None:
     if not host:
         return None
     try:
-        ip = socket.gethostbyname(host)
+        ip = resolve(host)
     except OSError:
         return None
     for p in peers:

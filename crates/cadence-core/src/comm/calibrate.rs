@@ -128,10 +128,9 @@ fn run_round(comm: &Comm, round: &Round) -> Result<Vec<f64>> {
             // allreduce before every rank has entered it), as a barrier
             // would leave them, at half the cost (a barrier before each
             // was half of the round, ~50 ms of a 64-process start-up on
-            // two cores).
-            // Only rank 0 keeps its times: the model is rank 0's, and
-            // fitting the loaded α (every rank's schedule, estimated again
-            // and again) is wasted work on the others.
+            // two cores). Only rank 0 keeps its times: the model is rank
+            // 0's, and fitting the loaded α (every rank's schedule,
+            // estimated again and again) would be wasted on the others.
             let mut x = vec![0u8; elems * 4];
             comm.run(OpRequest::barrier())?;
             for i in 0..warmup + reps {

@@ -24,9 +24,9 @@ const CONN_STACK: usize = 128 << 10;
 /// How long the acceptor pauses after an error accept(2) may repeat (out
 /// of file descriptors).
 const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
-/// How long an idle connection's thread sleeps at most: it wakes for a
-/// request or the server's stop, so this is only a backstop.
-const IDLE_BACKSTOP: Duration = Duration::from_secs(3600);
+/// How long a thread sleeps at most in [`State::sleep_on`]: it wakes for
+/// its socket or the server's stop, so this is only a backstop.
+const SLEEP_BACKSTOP: Duration = Duration::from_secs(3600);
 /// How long the rest of a request may take once its first byte came.
 const REQUEST_READ: Duration = Duration::from_secs(30);
 
@@ -45,6 +45,20 @@ struct State {
     /// it beside their own socket, so nothing wakes a thousand clients'
     /// threads while they are idle.
     stopped: UnixStream,
+}
+
+impl State {
+    /// Sleeps until `fd` is readable or the server stops; whether either
+    /// happened (false: the backstop, or a signal).
+    fn sleep_on(&self, fd: std::os::fd::RawFd) -> bool {
+        let mut fds = [fd, self.stopped.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        poll_fds(&mut fds, SLEEP_BACKSTOP);
+        fds.iter().any(|p| p.revents != 0)
+    }
 }
 
 /// A running store server; dropping it stops it and closes its clients.
@@ -114,13 +128,8 @@ impl Drop for StoreServer {
 
 fn accept_loop(listener: TcpListener, state: Arc<State>) {
     while !state.stopping.load(Ordering::SeqCst) {
-        let mut fds = [listener.as_raw_fd(), state.stopped.as_raw_fd()].map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        // Until a connection or the stop; an hour is only a backstop.
-        poll_fds(&mut fds, Duration::from_secs(3600));
+        // Until a connection or the stop.
+        state.sleep_on(listener.as_raw_fd());
         match listener.accept() {
             Ok((sock, _)) => {
                 let _ = sock.set_nonblocking(false);
@@ -158,19 +167,9 @@ fn serve(mut sock: TcpStream, state: &State) {
         // Between requests, sleep until the client's next one (or its
         // close) or the server's stop.
         let mut head = [0u8; 5];
-        loop {
-            let mut fds = [sock.as_raw_fd(), state.stopped.as_raw_fd()].map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-            poll_fds(&mut fds, IDLE_BACKSTOP);
-            if state.stopping.load(Ordering::SeqCst) {
-                return;
-            }
-            if fds[0].revents != 0 {
-                break;
-            }
+        while !state.sleep_on(sock.as_raw_fd()) {}
+        if state.stopping.load(Ordering::SeqCst) {
+            return;
         }
         // The request follows at once.
         match sock.read(&mut head[..1]) {

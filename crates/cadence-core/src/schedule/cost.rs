@@ -139,6 +139,23 @@ impl<'f> Network<'f> {
 }
 
 impl CostModel {
+    /// Whether an estimate over some ranks' schedules bounds the estimate
+    /// over all of them from below: every term grows with a host's summed
+    /// bytes and senders only while no parameter is negative.
+    pub fn bounds_hold(&self) -> bool {
+        [
+            self.shm.alpha,
+            self.shm.beta,
+            self.tcp.alpha,
+            self.tcp.beta,
+            self.gamma,
+            self.incast,
+            self.tcp_serial,
+        ]
+        .iter()
+        .all(|&v| v >= 0.0)
+    }
+
     /// Estimated seconds for one call, given every rank's schedule (in rank
     /// order) on `topo`, with elements of `elem_size` bytes.
     pub fn estimate(&self, schedules: &[Schedule], topo: &Topology, elem_size: usize) -> f64 {
@@ -249,25 +266,6 @@ impl CostModel {
                     .sum::<f64>()
             })
             .fold(0.0, f64::max)
-    }
-}
-
-impl CostModel {
-    /// Whether an estimate over some ranks' schedules bounds the estimate
-    /// over all of them from below: every term grows with a host's summed
-    /// bytes and senders only while no parameter is negative.
-    pub fn bounds_hold(&self) -> bool {
-        [
-            self.shm.alpha,
-            self.shm.beta,
-            self.tcp.alpha,
-            self.tcp.beta,
-            self.gamma,
-            self.incast,
-            self.tcp_serial,
-        ]
-        .iter()
-        .all(|&v| v >= 0.0)
     }
 }
 
