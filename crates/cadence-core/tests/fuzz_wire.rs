@@ -15,8 +15,7 @@
 mod common;
 
 use cadence_core::transport::handshake::{
-    Acceptor, Connector, JobSecret, Reject, Step, CHALLENGE_BYTES, HELLO_BYTES, PROOF_BYTES,
-    WELCOME_BYTES,
+    Acceptor, Connector, JobSecret, Reject, ReplayGuard, Step, ANSWER_BYTES, HELLO_BYTES,
 };
 use cadence_core::transport::tcp::{TcpHeader, TcpLink, CHUNK_BYTES, TCP_HEADER_BYTES};
 use cadence_core::transport::{
@@ -34,32 +33,18 @@ use std::time::{Duration, Instant};
 const ID: &str = "fuzz-comm";
 const EXPECTED: [(usize, usize); 2] = [(1, 0), (1, 1)];
 
-fn legit_client_bytes(secret: &JobSecret, server_nonce: [u8; 32]) -> (Vec<u8>, Vec<u8>) {
-    let mut s = Acceptor::new(secret, ID, 0, &EXPECTED, server_nonce);
-    let (mut c, hello) = Connector::new(secret, ID, 1, 1, 0, [3; 32]);
-    let Ok(Step::Send(ch)) = s.feed(&hello) else {
-        unreachable!()
-    };
-    let Ok(Step::Send(proof)) = c.feed(&ch) else {
-        unreachable!()
-    };
-    (hello, proof)
+fn legit_hello(secret: &JobSecret) -> Vec<u8> {
+    Connector::new(secret, ID, 1, 1, 0, [3; 32]).1
 }
 
+/// The server's WELCOME (keep) to the legitimate HELLO.
 fn legit_server_bytes(secret: &JobSecret) -> Vec<u8> {
-    let mut s = Acceptor::new(secret, ID, 0, &EXPECTED, [4; 32]);
-    let (mut c, hello) = Connector::new(secret, ID, 1, 1, 0, [3; 32]);
-    let Ok(Step::Send(mut ch)) = s.feed(&hello) else {
+    let mut s = Acceptor::new(secret, ID, 0, &EXPECTED);
+    let Ok(Step::Verified { .. }) = s.feed(&legit_hello(secret), &mut ReplayGuard::default())
+    else {
         unreachable!()
     };
-    let Ok(Step::Send(proof)) = c.feed(&ch) else {
-        unreachable!()
-    };
-    let Ok(Step::Done { send, .. }) = s.feed(&proof) else {
-        unreachable!()
-    };
-    ch.extend_from_slice(&send);
-    ch
+    s.welcome(true).unwrap()
 }
 
 #[derive(Clone, Debug)]
@@ -99,36 +84,29 @@ fn mutate(mut b: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
 }
 
 /// Feeds `input` to a server machine the way the socket loop sees a client:
-/// `input[..turn]` arrives before the server answers, the rest after; each
-/// read takes at most `wants() + 1` bytes (sized by `chunks`). Returns the
-/// final step or rejection.
+/// each read takes at most `wants() + 1` bytes (sized by `chunks`), and
+/// bytes after a verified HELLO (the client must wait for the answer) are
+/// fed too. Returns the final step or rejection.
 fn feed_server(
     m: &mut Acceptor,
     input: &[u8],
-    turn: usize,
     chunks: &[usize],
+    seen: &mut ReplayGuard,
 ) -> Result<Step, Reject> {
-    let turn = turn.min(input.len());
     let mut last = Ok(Step::NeedMore);
-    let mut i = 0;
-    for part in [&input[..turn], &input[turn..]] {
-        let mut off = 0;
-        while off < part.len() {
-            let n = chunks
-                .get(i)
-                .copied()
-                .unwrap_or(usize::MAX)
-                .clamp(1, m.wants() + 1)
-                .min(part.len() - off);
-            i += 1;
-            last = m.feed(&part[off..off + n]);
-            off += n;
-            match &last {
-                Err(_) => return last,
-                // Bytes after the proof, before our welcome: refused.
-                Ok(Step::Done { .. }) if off < part.len() => return m.feed(&part[off..]),
-                _ => {}
-            }
+    let (mut off, mut i) = (0, 0);
+    while off < input.len() {
+        let n = chunks
+            .get(i)
+            .copied()
+            .unwrap_or(usize::MAX)
+            .clamp(1, m.wants() + 1)
+            .min(input.len() - off);
+        i += 1;
+        last = m.feed(&input[off..off + n], seen);
+        off += n;
+        if last.is_err() {
+            break;
         }
     }
     last
@@ -141,44 +119,39 @@ proptest! {
     fn handshake_server_survives_random_bytes(
         input in prop::collection::vec(any::<u8>(), 0..400),
         chunks in prop::collection::vec(1usize..100, 0..20),
-        turn in any::<usize>(),
     ) {
         let k = JobSecret::new(&[1; 32]).unwrap();
-        let mut m = Acceptor::new(&k, ID, 0, &EXPECTED, [4; 32]);
-        let r = feed_server(&mut m, &input, turn, &chunks);
-        prop_assert!(!matches!(r, Ok(Step::Done { .. })), "{:?}", r);
+        let mut m = Acceptor::new(&k, ID, 0, &EXPECTED);
+        let r = feed_server(&mut m, &input, &chunks, &mut ReplayGuard::default());
+        prop_assert!(!matches!(r, Ok(Step::Verified { .. })), "{:?}", r);
     }
 
-    /// Sound: only the exact legitimate transcript succeeds, and never
-    /// against another server nonce (a replay). Complete: it succeeds when
-    /// the client waits its turn.
+    /// Sound: only the exact legitimate HELLO is verified, and never twice
+    /// by one listener (a replay). Complete: it is verified in any chunks.
     #[test]
-    fn handshake_server_accepts_only_the_exact_transcript(
+    fn handshake_server_accepts_only_the_exact_hello_once(
         muts in prop::collection::vec(mutation(), 0..4),
         chunks in prop::collection::vec(1usize..100, 0..20),
         secret_byte in prop_oneof![Just(1u8), any::<u8>()],
-        turn in prop_oneof![Just(HELLO_BYTES), any::<usize>()],
     ) {
         let k = JobSecret::new(&[1; 32]).unwrap();
         let client_k = JobSecret::new(&[secret_byte; 32]).unwrap();
-        let (hello, proof) = legit_client_bytes(&client_k, [4; 32]);
-        let legit: Vec<u8> = [hello, proof].concat();
+        let legit = legit_hello(&client_k);
         let input = mutate(legit.clone(), &muts);
-        let mut m = Acceptor::new(&k, ID, 0, &EXPECTED, [4; 32]);
-        let r = feed_server(&mut m, &input, turn, &chunks);
-        let done = matches!(r, Ok(Step::Done { .. }));
+        let mut seen = ReplayGuard::default();
+        let mut m = Acceptor::new(&k, ID, 0, &EXPECTED);
+        let r = feed_server(&mut m, &input, &chunks, &mut seen);
+        let verified = matches!(r, Ok(Step::Verified { .. }));
         let exact = input == legit && secret_byte == 1;
-        prop_assert!(!done || exact, "{:?}", r);
-        prop_assert!(done || !(exact && turn == HELLO_BYTES), "{:?}", r);
-        // A different server nonce (a new connection) refuses even the
-        // exact transcript: a replay.
-        let mut m = Acceptor::new(&k, ID, 0, &EXPECTED, [5; 32]);
-        let r = feed_server(&mut m, &input, turn, &chunks);
-        prop_assert!(!matches!(r, Ok(Step::Done { .. })), "{:?}", r);
+        prop_assert_eq!(verified, exact, "{:?}", r);
+        // The same bytes again, to the same listener: a replay.
+        let mut m = Acceptor::new(&k, ID, 0, &EXPECTED);
+        let r = feed_server(&mut m, &input, &chunks, &mut seen);
+        prop_assert!(!matches!(r, Ok(Step::Verified { .. })), "{:?}", r);
     }
 
     #[test]
-    fn handshake_client_accepts_only_the_exact_answers(
+    fn handshake_client_accepts_only_the_exact_answer(
         muts in prop::collection::vec(mutation(), 0..4),
         random in prop::collection::vec(any::<u8>(), 0..200),
         use_random in any::<bool>(),
@@ -186,7 +159,7 @@ proptest! {
     ) {
         let k = JobSecret::new(&[1; 32]).unwrap();
         let legit = legit_server_bytes(&k);
-        prop_assert_eq!(legit.len(), CHALLENGE_BYTES + WELCOME_BYTES);
+        prop_assert_eq!(legit.len(), ANSWER_BYTES);
         let input = if use_random { random } else { mutate(legit.clone(), &muts) };
         let (mut c, _) = Connector::new(&k, ID, 1, 1, 0, [3; 32]);
         let mut last = Ok(Step::NeedMore);
@@ -215,10 +188,7 @@ proptest! {
 fn handshake_message_sizes_are_stable() {
     // The wire format: changing a size is a protocol change (bump
     // HANDSHAKE_VERSION).
-    assert_eq!(
-        (HELLO_BYTES, CHALLENGE_BYTES, PROOF_BYTES, WELCOME_BYTES),
-        (88, 80, 40, 8)
-    );
+    assert_eq!((HELLO_BYTES, ANSWER_BYTES), (120, 48));
 }
 
 // ------------------------------------------------------------------- frames

@@ -142,6 +142,7 @@ pub fn allgather(
                 Expected::These(&exp),
                 deadline,
                 &mut warn,
+                &mut |_| true,
                 &mut |(_, s), sock| {
                     let _ = tx.send((s - GATHER_STREAM, sock));
                 },
@@ -296,7 +297,8 @@ fn send_step(
     k: usize,
     block: &[u8],
 ) -> Result<SocketAddr> {
-    let mut s = connect(
+    // The exchange's listener keeps every member's stream.
+    let (mut s, _) = connect(
         addr,
         None,
         ctx.secret,

@@ -1,18 +1,23 @@
 //! Links to other hosts made on first use (`CADENCE_CONNECT=lazy`, the
-//! default): the engine asks for a link when a transfer first needs the
-//! peer (`engine/lazy.rs`); a thread connects its streams while every other
-//! link's traffic moves, and an acceptor thread takes the links peers make
-//! to this rank, for the communicator's life.
+//! default): the engine asks for a link when a send first needs the peer
+//! (`engine/lazy.rs`) and moves the link's [`Flight`] from its own loop,
+//! without blocking, while every other link's traffic moves: the streams
+//! dial at once and the link is up after one handshake round trip. A
+//! stream the flight could not make (a listener not up yet, a path down)
+//! is made the patient way on a thread of its own. An acceptor thread
+//! takes the links peers make to this rank, for the communicator's life.
 //!
 //! Both ends may start at once. Each side keeps one state per peer, under
 //! one lock with its acceptor: none → connecting (it asked first) or
-//! accepted (the peer's streams came first). After the handshake the
-//! listener answers each stream with one byte: keep, or drop when it is
-//! itself connecting and its rank is the higher. So exactly the higher
-//! rank's link survives a race, on both sides, and a rank whose streams
-//! were dropped waits for the peer's, which its acceptor keeps.
+//! accepted (the peer's streams came first). The listener's WELCOME says
+//! for each stream: keep, or drop when it is itself connecting and its
+//! rank is the higher. So exactly the higher rank's link survives a race,
+//! on both sides, and a rank whose streams were dropped waits for the
+//! peer's, which its acceptor keeps. A link's streams send their HELLOs in
+//! one flight and read their answers after (`links.rs`): one handshake
+//! round trip for the whole link.
 
-use super::links::{connect_streams_deciding, tcp_link, LinkCtx, DROP, KEEP};
+use super::links::{patiently, tcp_link, Flight, Landed, LinkCtx};
 use crate::engine::LinkMaker;
 use crate::error::ErrorKind;
 use crate::transport::handshake::Expected;
@@ -67,6 +72,8 @@ pub struct LazyLinks {
     shared: Arc<Shared>,
     /// Peers asked for (by the engine's thread only).
     asked: HashSet<usize>,
+    /// Links on their way, moved by the engine's thread.
+    flights: Vec<Flight>,
     timeout: Duration,
     acceptor: Option<std::thread::JoinHandle<()>>,
 }
@@ -104,6 +111,7 @@ impl LazyLinks {
             ctx,
             shared,
             asked: HashSet::new(),
+            flights: Vec::new(),
             timeout,
             acceptor: Some(acceptor),
         })
@@ -138,27 +146,21 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>) {
     // Accepts for the communicator's life; each stream is judged as it
     // completes its handshake.
     let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
-    let mut deliver = |(peer, s): (usize, usize), sock: TcpStream| {
-        let keep = {
-            let mut st = shared.states.lock().unwrap();
-            let keep = match st.get(&peer) {
-                None | Some(PeerState::Accepted) => true,
-                Some(PeerState::Connecting) => peer > ctx.rank,
-            };
-            if keep {
-                st.insert(peer, PeerState::Accepted);
-            }
-            keep
+    // Whether the peer's streams are kept: yes unless this rank is making
+    // its own link to the peer and its rank is the higher.
+    let mut keep = |(peer, _): (usize, usize)| {
+        let mut st = shared.states.lock().unwrap();
+        let keep = match st.get(&peer) {
+            None | Some(PeerState::Accepted) => true,
+            Some(PeerState::Connecting) => peer > ctx.rank,
         };
-        let answered = sock
-            .set_nonblocking(false)
-            .and_then(|_| sock.set_write_timeout(Some(Duration::from_secs(5))))
-            .and_then(|_| (&sock).write_all(&[if keep { KEEP } else { DROP }]))
-            .and_then(|_| sock.set_write_timeout(None));
-        if !keep {
-            return;
+        if keep {
+            st.insert(peer, PeerState::Accepted);
         }
-        if let Err(e) = answered {
+        keep
+    };
+    let mut deliver = |(peer, s): (usize, usize), sock: TcpStream| {
+        if let Err(e) = sock.set_nonblocking(false) {
             shared.deliver(
                 peer,
                 Err(ErrorKind::PeerClosed {
@@ -199,6 +201,7 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>) {
         Expected::Admitted(&admits),
         far,
         &mut warn,
+        &mut keep,
         &mut deliver,
         Some(stop),
     ) {
@@ -206,18 +209,10 @@ fn accept_loop(ctx: &LinkCtx, shared: &Shared, listeners: Vec<TcpListener>) {
     }
 }
 
-impl LinkMaker for LazyLinks {
-    fn request(&mut self, peer: usize) {
-        if !self.asked.insert(peer) {
-            return;
-        }
-        {
-            let mut st = self.shared.states.lock().unwrap();
-            if st.contains_key(&peer) {
-                return;
-            }
-            st.insert(peer, PeerState::Connecting);
-        }
+impl LazyLinks {
+    /// Makes the streams a flight could not on a thread of its own: it
+    /// retries until the listener is up, or tries the other paths.
+    fn finish_patiently(&mut self, peer: usize, socks: Vec<Option<std::net::TcpStream>>) {
         let (ctx, shared, timeout) = (self.ctx.clone(), self.shared.clone(), self.timeout);
         let spawned = std::thread::Builder::new()
             .name("cadence-connect".into())
@@ -225,7 +220,7 @@ impl LinkMaker for LazyLinks {
             .spawn(move || {
                 let mut warn = |m: String| warn_line(&ctx, m);
                 let deadline = Instant::now() + timeout;
-                match connect_streams_deciding(&ctx, peer, deadline, &mut warn, true) {
+                match patiently(&ctx, peer, socks, deadline, &mut warn) {
                     Ok(Some((socks, unreachable))) => {
                         let made = tcp_link(&ctx, peer, socks, &unreachable, &mut warn)
                             .map(Link::tcp)
@@ -245,6 +240,57 @@ impl LinkMaker for LazyLinks {
                     culprit: None,
                 }),
             );
+        }
+    }
+}
+
+impl LinkMaker for LazyLinks {
+    fn request(&mut self, peer: usize) {
+        if !self.asked.insert(peer) {
+            return;
+        }
+        {
+            let mut st = self.shared.states.lock().unwrap();
+            if st.contains_key(&peer) {
+                return;
+            }
+            st.insert(peer, PeerState::Connecting);
+        }
+        let deadline = Instant::now() + self.timeout;
+        self.flights.push(Flight::start(&self.ctx, peer, deadline));
+    }
+
+    fn in_flight(&self) -> bool {
+        !self.flights.is_empty()
+    }
+
+    fn flight_fds(&self, out: &mut Vec<libc::pollfd>) {
+        for f in &self.flights {
+            out.extend(f.fds());
+        }
+    }
+
+    fn advance(&mut self) {
+        let mut i = 0;
+        while i < self.flights.len() {
+            let Some(landed) = self.flights[i].advance() else {
+                i += 1;
+                continue;
+            };
+            let peer = self.flights.swap_remove(i).peer();
+            match landed {
+                // The peer keeps its own link: the acceptor delivers it.
+                Landed::Dropped => {}
+                Landed::Streams(socks) if socks.iter().all(Option::is_some) => {
+                    let mut warn = |m: String| warn_line(&self.ctx, m);
+                    let socks = socks.into_iter().flatten().collect();
+                    let made = tcp_link(&self.ctx, peer, socks, &[], &mut warn)
+                        .map(Link::tcp)
+                        .map_err(|e| e.kind);
+                    self.shared.deliver(peer, made);
+                }
+                Landed::Streams(socks) => self.finish_patiently(peer, socks),
+            }
         }
     }
 

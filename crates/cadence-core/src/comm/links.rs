@@ -7,8 +7,9 @@ use super::PeerTable;
 use crate::config::DebugLevel;
 use crate::error::{CommError, ErrorKind, Result};
 use crate::transport::handshake::JobSecret;
+use crate::transport::tcp::poll_fds;
 use crate::transport::tcp::TcpLink;
-use crate::transport::tcp_setup::connect;
+use crate::transport::tcp_setup::{connect, Dial};
 use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +19,10 @@ use std::time::{Duration, Instant};
 /// another (at start-up; the listener may still be coming up, so a refused
 /// connection is tried again until then).
 const PATH_CONNECT: Duration = Duration::from_secs(10);
+/// How long a stream's TCP connect may take in a link's [`Flight`] before
+/// the stream goes the patient way ([`patiently`]): a listener that is up
+/// accepts in a round trip.
+const FIRST_TRY: Duration = Duration::from_secs(1);
 
 /// What making a link to any peer needs to know; shared by the threads
 /// that make links on first use.
@@ -67,72 +72,177 @@ pub fn connect_streams(
     deadline: Instant,
     warn: &mut dyn FnMut(String),
 ) -> Result<(Vec<TcpStream>, Unreachable)> {
-    connect_streams_deciding(ctx, peer, deadline, warn, false)
-        .map(|made| made.expect("no decision asked"))
+    connect_streams_deciding(ctx, peer, deadline, warn)?.ok_or_else(|| {
+        blame(
+            ctx,
+            format!("rank {peer} dropped this rank's streams at set-up"),
+            Some(peer),
+        )
+    })
 }
 
-/// After its handshake, a stream made on first use reads one byte from the
-/// listener: [`KEEP`], or [`DROP`] when the peer had begun its own link to
-/// this rank and its rank is the higher (`lazy.rs`).
-pub const KEEP: u8 = 1;
-pub const DROP: u8 = 0;
-
-/// [`connect_streams`]; with `decided`, each stream then reads the peer's
-/// decision, and None means the peer keeps its own link instead.
+/// [`connect_streams`], where the listener may answer that it keeps its
+/// own link to this rank instead (links made on first use, `lazy.rs`):
+/// then `None`. One [`Flight`], waited for, then [`patiently`].
 pub fn connect_streams_deciding(
     ctx: &LinkCtx,
     peer: usize,
     deadline: Instant,
     warn: &mut dyn FnMut(String),
-    decided: bool,
+) -> Result<Option<(Vec<TcpStream>, Unreachable)>> {
+    match Flight::start(ctx, peer, deadline).wait(deadline) {
+        Landed::Dropped => Ok(None),
+        Landed::Streams(socks) => patiently(ctx, peer, socks, deadline, warn),
+    }
+}
+
+/// A link's streams on their way at once: each on its own path, its HELLO
+/// out as soon as its connect is up, so the whole link waits for one
+/// handshake round trip. Nothing here blocks: the engine moves the flights
+/// of links made on first use from its own loop (`lazy.rs`).
+pub struct Flight {
+    peer: usize,
+    /// By stream: under way, or done (kept), or failed (`None` in both
+    /// `dials` and `socks`: left for [`patiently`]).
+    dials: Vec<Option<Dial>>,
+    socks: Vec<Option<TcpStream>>,
+    dropped: bool,
+    deadline: Instant,
+}
+
+/// How a flight ended.
+pub enum Landed {
+    /// The listener keeps its own link to this rank.
+    Dropped,
+    /// By stream: made, or `None` where it failed (a listener not up yet, a
+    /// path down): for [`patiently`].
+    Streams(Vec<Option<TcpStream>>),
+}
+
+impl Flight {
+    pub fn start(ctx: &LinkCtx, peer: usize, deadline: Instant) -> Flight {
+        let npaths = ctx.paths_to(peer);
+        let nstreams = ctx.streams_to(peer);
+        // A path that fails a stream at once takes no more of them.
+        let mut path_failed = vec![false; npaths];
+        let mut dials = Vec::with_capacity(nstreams);
+        for s in 0..nstreams {
+            let path = s % npaths;
+            let dial = (!path_failed[path])
+                .then(|| {
+                    let from = (npaths > 1).then(|| ctx.my_ips[path]);
+                    let addr = ctx.infos.nic_addr(peer, path);
+                    let (secret, id) = (&ctx.secret, &ctx.comm_id);
+                    Dial::start(addr, from, secret, id, ctx.rank, s, peer, FIRST_TRY).ok()
+                })
+                .flatten();
+            path_failed[path] |= dial.is_none();
+            dials.push(dial);
+        }
+        Flight {
+            peer,
+            socks: (0..nstreams).map(|_| None).collect(),
+            dials,
+            dropped: false,
+            deadline,
+        }
+    }
+
+    pub fn peer(&self) -> usize {
+        self.peer
+    }
+
+    /// What to poll while the flight is under way.
+    pub fn fds(&self) -> impl Iterator<Item = libc::pollfd> + '_ {
+        self.dials.iter().flatten().map(|d| libc::pollfd {
+            fd: d.fd(),
+            events: d.events(),
+            revents: 0,
+        })
+    }
+
+    /// Moves every stream on without blocking; `Some` once the flight has
+    /// landed. A HELLO that is out waits for its answer until the deadline:
+    /// given up sooner, the listener could hold the stream while this rank
+    /// makes another.
+    pub fn advance(&mut self) -> Option<Landed> {
+        let late = Instant::now() > self.deadline;
+        for (slot, sock) in self.dials.iter_mut().zip(self.socks.iter_mut()) {
+            let Some(dial) = slot else { continue };
+            match dial.advance() {
+                Ok(None) if !late => {}
+                Ok(Some(keep)) => {
+                    self.dropped |= !keep;
+                    *sock = slot.take().and_then(|d| d.into_stream().ok());
+                }
+                Ok(None) | Err(_) => *slot = None,
+            }
+        }
+        if self.dials.iter().any(Option::is_some) {
+            return None;
+        }
+        Some(if self.dropped {
+            Landed::Dropped
+        } else {
+            Landed::Streams(std::mem::take(&mut self.socks))
+        })
+    }
+
+    /// Blocks until the flight has landed.
+    pub fn wait(mut self, deadline: Instant) -> Landed {
+        loop {
+            if let Some(landed) = self.advance() {
+                return landed;
+            }
+            let mut fds: Vec<libc::pollfd> = self.fds().collect();
+            let left = deadline.saturating_duration_since(Instant::now());
+            poll_fds(&mut fds, left.clamp(Duration::from_micros(100), FIRST_TRY));
+        }
+    }
+}
+
+/// The patient way, for the streams a [`Flight`] did not make (`None` in
+/// `socks`): each retried until its path's time is up (the listener may
+/// not be up yet), then on the other paths; a path that does not connect
+/// is reported in the second value. `None`: the listener keeps its own
+/// link to this rank instead.
+pub fn patiently(
+    ctx: &LinkCtx,
+    peer: usize,
+    mut socks: Vec<Option<TcpStream>>,
+    deadline: Instant,
+    warn: &mut dyn FnMut(String),
 ) -> Result<Option<(Vec<TcpStream>, Unreachable)>> {
     let npaths = ctx.paths_to(peer);
+    let from = |path: usize| (npaths > 1).then(|| ctx.my_ips[path]);
+    // The time one stream may take on one path.
+    let until = || {
+        if npaths > 1 {
+            deadline.min(Instant::now() + PATH_CONNECT)
+        } else {
+            deadline
+        }
+    };
     let mut failed: Unreachable = Vec::new();
-    let mut v = Vec::new();
-    for s in 0..ctx.streams_to(peer) {
+    for (s, slot) in socks.iter_mut().enumerate() {
+        if slot.is_some() {
+            continue;
+        }
         // Its own path first, then (with several) the others, each tried
         // once per peer.
-        let mut sock = None;
         for path in (0..npaths).map(|k| (s + k) % npaths) {
             if failed.iter().any(|(p, _)| *p == path) {
                 continue;
             }
             let addr = ctx.infos.nic_addr(peer, path);
-            // From this rank's NIC of the same rail (with one NIC, the
-            // kernel's choice).
-            let from = (npaths > 1).then(|| ctx.my_ips[path]);
-            let until = if npaths > 1 {
-                deadline.min(Instant::now() + PATH_CONNECT)
-            } else {
-                deadline
-            };
-            let via = from.map(|ip| format!(" from {ip}")).unwrap_or_default();
-            match connect(
-                addr,
-                from,
-                &ctx.secret,
-                &ctx.comm_id,
-                ctx.rank,
-                s,
-                peer,
-                until,
-            ) {
-                Ok(c) if decided => match read_decision(&c, deadline) {
-                    Ok(KEEP) => {
-                        sock = Some(c);
-                        break;
-                    }
-                    Ok(_) => return Ok(None),
-                    Err(e) => {
-                        return Err(blame(
-                            ctx,
-                            format!("connecting to rank {peer} at {addr}: {e}"),
-                            Some(peer),
-                        ))
-                    }
-                },
-                Ok(c) => {
-                    sock = Some(c);
+            let via = from(path)
+                .map(|ip| format!(" from {ip}"))
+                .unwrap_or_default();
+            let (secret, id) = (&ctx.secret, &ctx.comm_id);
+            match connect(addr, from(path), secret, id, ctx.rank, s, peer, until()) {
+                Ok((_, false)) => return Ok(None),
+                Ok((sock, true)) => {
+                    *slot = Some(sock);
                     break;
                 }
                 Err(e) if npaths > 1 => {
@@ -151,7 +261,7 @@ pub fn connect_streams_deciding(
                 }
             }
         }
-        let Some(sock) = sock else {
+        if slot.is_none() {
             let tried: Vec<String> = failed
                 .iter()
                 .map(|(p, why)| format!("{} ({why})", ctx.infos.nic_addr(peer, *p)))
@@ -161,20 +271,13 @@ pub fn connect_streams_deciding(
                 format!("no path to rank {peer} connects: {}", tried.join("; ")),
                 Some(peer),
             ));
-        };
-        v.push(sock);
+        }
     }
+    let v = socks
+        .into_iter()
+        .map(|s| s.expect("every stream in"))
+        .collect();
     Ok(Some((v, failed)))
-}
-
-fn read_decision(mut s: &TcpStream, deadline: Instant) -> std::io::Result<u8> {
-    use std::io::Read;
-    let left = deadline.saturating_duration_since(Instant::now());
-    s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-    let mut b = [0u8; 1];
-    s.read_exact(&mut b)?;
-    s.set_read_timeout(None)?;
-    Ok(b[0])
 }
 
 /// The link to `peer` over its connected streams (in stream order), with

@@ -22,8 +22,19 @@ impl Engine {
         now: Instant,
     ) -> Result<(), ErrorKind> {
         let stalled_at = *wait.stalled_at.get_or_insert(now);
+        // A receive waits for the sender to make the link; stuck, it asks
+        // for one itself, so that stall notices travel between the two (the
+        // peer may wait on a third rank: the chain must say so).
+        if let Some(m) = self.maker.as_mut() {
+            for (peer, _) in recvs.iter().filter(|(_, j)| j.active()) {
+                if self.links.get(*peer).is_none() {
+                    m.request(*peer);
+                }
+            }
+        }
         let chain = self.wait_chain(sends, recvs, my_seq);
-        if chain != wait.published {
+        // Published again when a link came up since: its peer has not heard.
+        if chain != wait.published || self.links.len() != wait.published_to {
             let notice = StallNotice {
                 seq: my_seq,
                 chain: chain.clone(),
@@ -32,6 +43,7 @@ impl Engine {
                 l.post_stall(&notice);
             }
             wait.published = chain.clone();
+            wait.published_to = self.links.len();
         } else {
             for l in self.links.iter_mut() {
                 l.flush_control();

@@ -18,6 +18,14 @@ pub trait LinkMaker: Send {
     /// A file descriptor that polls readable when links are ready, so an
     /// idle engine waiting for one sleeps until then.
     fn wake_fd(&self) -> std::os::fd::RawFd;
+    /// Whether links are on their way that the engine's loop moves
+    /// ([`LinkMaker::advance`]).
+    fn in_flight(&self) -> bool;
+    /// Moves the links on their way, without blocking; a link that comes
+    /// up is ready to take.
+    fn advance(&mut self);
+    /// What an idle engine polls for the links on their way.
+    fn flight_fds(&self, out: &mut Vec<libc::pollfd>);
 }
 
 impl Engine {
@@ -28,6 +36,9 @@ impl Engine {
         let Some(maker) = self.maker.as_mut() else {
             return Ok(());
         };
+        if maker.in_flight() {
+            maker.advance();
+        }
         if !maker.has_ready() {
             return Ok(());
         }
@@ -43,7 +54,20 @@ impl Engine {
         Ok(())
     }
 
-    /// A transfer needs `peer` and there is no link yet: asks for one (the
+    /// A receive from `peer` and no link yet: the sender makes it, as it
+    /// must send first (the receive waits; others move). Asking here too
+    /// would race the sender's link on every first message, and one of the
+    /// two would be made for nothing. Fails when links are never made here.
+    pub(super) fn await_link(&mut self, peer: usize) -> Result<(), ErrorKind> {
+        match self.maker {
+            Some(_) if peer != self.rank => Ok(()),
+            _ => Err(ErrorKind::Internal(format!(
+                "schedule/engine invariant: no link to rank {peer}"
+            ))),
+        }
+    }
+
+    /// A send to `peer` and there is no link yet: asks for one (the
     /// transfer waits; others move). Fails when links are never made here.
     pub(super) fn want_link(&mut self, peer: usize) -> Result<(), ErrorKind> {
         match self.maker.as_mut() {

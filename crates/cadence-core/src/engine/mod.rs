@@ -389,7 +389,7 @@ impl Engine {
                 continue;
             }
             let Some(link) = self.links.get_mut(*peer) else {
-                self.want_link(*peer)?;
+                self.await_link(*peer)?;
                 self.mark(*peer, Marks::BUSY_RX);
                 *pending = true;
                 continue;

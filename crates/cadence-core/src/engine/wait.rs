@@ -52,13 +52,18 @@ pub struct Wait {
     last_liveness: Instant,
     /// When the deadline passed; the grace period for diagnosis runs from here.
     pub(super) stalled_at: Option<Instant>,
-    /// The wait-for chain this rank last published.
+    /// The wait-for chain this rank last published, and to how many links.
     pub(super) published: Vec<u32>,
+    pub(super) published_to: usize,
     last_interrupt_check: Instant,
     /// In this idle stretch, a yield handed the core to another task for a
     /// moment, or lost it for a slice (see [`yield_core`]).
     handed: bool,
     lost: bool,
+    /// In this idle stretch, whether every transfer that could move waits
+    /// for its link to be made, and the number of links when that was
+    /// asked (asked again once a link came up).
+    links_only: Option<(bool, usize)>,
 }
 
 impl Wait {
@@ -71,9 +76,11 @@ impl Wait {
             last_liveness: now,
             stalled_at: None,
             published: Vec::new(),
+            published_to: 0,
             last_interrupt_check: now,
             handed: false,
             lost: false,
+            links_only: None,
         }
     }
     /// Something moved: the next idle stretch starts spinning again.
@@ -81,6 +88,7 @@ impl Wait {
         self.idle_since = None;
         self.handed = false;
         self.lost = false;
+        self.links_only = None;
     }
 }
 
@@ -178,7 +186,21 @@ impl Engine {
             self.check_peers_alive(sends, recvs)?;
         }
         let waited = now.duration_since(since);
-        let (spin, yield_for) = if ctx.unwatched() {
+        // A wait for links being made, and for nothing else, sleeps at
+        // once: the threads making them need the cores a spin would take,
+        // and nothing can move before a link's handshake round trip.
+        let nlinks = self.links.len();
+        let links_only = match wait.links_only {
+            Some((only, n)) if n == nlinks => only,
+            _ => {
+                let only = self.waits_for_links_only(sends, recvs);
+                wait.links_only = Some((only, nlinks));
+                only
+            }
+        };
+        let (spin, yield_for) = if links_only {
+            (Duration::ZERO, Duration::ZERO)
+        } else if ctx.unwatched() {
             (SPIN_OVERSUBSCRIBED, YIELD_OVERSUBSCRIBED)
         } else {
             (self.spin_budget, self.op_yield)
@@ -211,6 +233,21 @@ impl Engine {
             self.idle_wait(sends, recvs);
         }
         Ok(())
+    }
+
+    /// Whether every transfer that could move (each peer's first unfinished
+    /// one, not held) waits for a link being made, and one does.
+    fn waits_for_links_only(&self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]) -> bool {
+        if self.maker.is_none() {
+            return false;
+        }
+        let mut heads = sends
+            .iter()
+            .map(|(p, j)| (*p, j.done, j.held))
+            .chain(recvs.iter().map(|(p, j)| (*p, j.done, j.held)))
+            .filter(|&(_, done, held)| !done && !held)
+            .peekable();
+        heads.peek().is_some() && heads.all(|(p, _, _)| self.links.get(p).is_none())
     }
 
     /// Fails if a peer with an active transfer is known to be gone.
@@ -282,14 +319,16 @@ impl Engine {
         self.unmark(sends, recvs, Marks::BUSY_TX | Marks::BUSY_RX);
         let sockets_pending = !self.pollfds.is_empty();
         if connecting {
-            // Sleep until a link comes up (or data on the others); the
-            // threads making links ring the maker's descriptor.
+            // Sleep until a link comes up (or data on the others): the
+            // streams of links on their way, and the maker's descriptor,
+            // which the threads making or accepting links ring.
             if let Some(m) = &self.maker {
                 self.pollfds.push(libc::pollfd {
                     fd: m.wake_fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 });
+                m.flight_fds(&mut self.pollfds);
             }
             poll_fds(&mut self.pollfds, self.nap);
             return;

@@ -5,52 +5,58 @@
 //! - **job secret**: 32 random bytes that rank 0 of a communicator makes and
 //!   shares through the Store ([`JobSecret`]). It never travels on a cadence
 //!   connection; it only keys the MACs below.
-//! - **client**: the side that connects (the higher rank); **server**: the
-//!   side that accepts (the lower rank).
-//! - **nonce**: 32 fresh random bytes each side picks per connection, so a
-//!   recorded handshake proves nothing on a later connection.
-//! - **tag**: HMAC-SHA256 under the job secret over a direction label and the
-//!   connection's *binding* — (communicator id, client rank, stream, server
-//!   rank, client nonce, server nonce).
+//! - **client**: the side that connects; **server**: the side that accepts.
+//! - **nonce**: 32 fresh random bytes the client picks per connection.
+//! - **binding**: (communicator id, version, client rank, stream, server
+//!   rank, client nonce).
+//! - **tag**: HMAC-SHA256 under the job secret over a direction label and
+//!   the binding (the server's also over its answer).
 //!
-//! The protocol is lock-step; each side sends one message, then waits:
+//! One round trip: the client proves itself in its first message, so a
+//! link's streams all connect in one flight and the first message to a new
+//! peer waits for one handshake round trip, not two per stream:
 //!
 //! ```text
 //! client                                              server
 //!   HELLO     comm id, rank, stream, server rank,
-//!             client nonce                        ─▶  right magic/version/
-//!                                                     communicator, expected rank
-//!                                                 ◀─  CHALLENGE  server nonce,
-//!                                                     server tag  (the server
-//!   checks the server tag: the listener knows the         knows the secret, and
-//!   secret and answered *this* hello)                     answers this hello now)
-//!   PROOF     client tag  (the client knows the   ─▶  checks the client tag:
-//!             secret, and answers *this* challenge)   a member, not a replay
-//!                                                 ◀─  WELCOME
+//!             client nonce, client tag            ─▶  right magic/version/
+//!                                                     communicator, expected
+//!                                                     rank, the client tag, a
+//!                                                     nonce never seen before
+//!                                                 ◀─  WELCOME  keep or drop,
+//!   checks the server tag: the listener knows the         server tag
+//!   secret and answered *this* hello                  (or REFUSE  why)
 //! ```
 //!
-//! The two tags use different labels, so neither side's tag can be reflected
-//! back as the other's. Nothing here does I/O: [`Acceptor`] and [`Connector`]
-//! take the bytes that arrived and say what to send, so they are tested and
-//! fuzzed in one process; `transport::setup` drives them over sockets.
+//! Freshness: without a server nonce, what stops a recorded HELLO from
+//! being replayed on a new connection is the server's memory of the client
+//! nonces it accepted ([`ReplayGuard`], one per listener's life: a new
+//! communicator has a new id, so a new binding). The two tags use
+//! different labels, so neither side's tag can be reflected back as the
+//! other's; the server's covers its keep/drop answer. A listener that does
+//! not know the secret learns a client tag it can only spend once, at the
+//! one listener it names. Nothing here does I/O: [`Acceptor`] and
+//! [`Connector`] take the bytes that arrived and say what to send, so they
+//! are tested and fuzzed in one process; `transport::setup` drives them
+//! over sockets.
 
 use super::MAGIC;
 use bytemuck::{Pod, Zeroable};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+use std::collections::HashSet;
 use std::fmt;
 
-pub const HANDSHAKE_VERSION: u32 = 2;
+pub const HANDSHAKE_VERSION: u32 = 3;
 pub const NONCE_BYTES: usize = 32;
 pub const TAG_BYTES: usize = 32;
 
 const KIND_HELLO: u32 = 1;
-const KIND_CHALLENGE: u32 = 2;
-const KIND_PROOF: u32 = 3;
 const KIND_WELCOME: u32 = 4;
+const KIND_REFUSE: u32 = 5;
 
-const LABEL_SERVER: &[u8] = b"cadence handshake v2: server";
-const LABEL_CLIENT: &[u8] = b"cadence handshake v2: client";
+const LABEL_SERVER: &[u8] = b"cadence handshake v3: server";
+const LABEL_CLIENT: &[u8] = b"cadence handshake v3: client";
 
 /// (peer rank, stream index) of a connection.
 pub type StreamKey = (usize, usize);
@@ -143,7 +149,7 @@ pub fn comm_id_bytes(id: &str) -> [u8; 32] {
     out
 }
 
-/// Client → server, first.
+/// Client → server: who it is, and its proof.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub struct Hello {
@@ -156,41 +162,25 @@ pub struct Hello {
     pub server_rank: u32,
     pub comm_id: [u8; 32],
     pub nonce: [u8; NONCE_BYTES],
+    pub tag: [u8; TAG_BYTES],
 }
 
-/// Server → client.
+/// Server → client: WELCOME (`word`: 1 keep, 0 drop: the server keeps its
+/// own link to the client instead, see `comm/lazy.rs`; `tag`: the server's)
+/// or REFUSE (`word`: a [`Reject`] code; `tag` zero). One size, so the
+/// client reads exactly one answer and frames follow.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-pub struct Challenge {
+pub struct Answer {
     pub magic: u32,
     pub kind: u32,
     pub version: u32,
-    pub server_rank: u32,
-    pub nonce: [u8; NONCE_BYTES],
+    pub word: u32,
     pub tag: [u8; TAG_BYTES],
-}
-
-/// Client → server, second.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub struct Proof {
-    pub magic: u32,
-    pub kind: u32,
-    pub tag: [u8; TAG_BYTES],
-}
-
-/// Server → client: accepted.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub struct Welcome {
-    pub magic: u32,
-    pub kind: u32,
 }
 
 pub const HELLO_BYTES: usize = std::mem::size_of::<Hello>();
-pub const CHALLENGE_BYTES: usize = std::mem::size_of::<Challenge>();
-pub const PROOF_BYTES: usize = std::mem::size_of::<Proof>();
-pub const WELCOME_BYTES: usize = std::mem::size_of::<Welcome>();
+pub const ANSWER_BYTES: usize = std::mem::size_of::<Answer>();
 
 /// Why a handshake failed. The `Display` text completes "dropped connection
 /// from ADDR: ..." (server) or "rank R at ADDR ..." (client).
@@ -206,12 +196,66 @@ pub enum Reject {
     WrongRank { meant: u32, me: u32 },
     #[error("unexpected rank {rank} stream {stream}")]
     Unexpected { rank: u32, stream: u32 },
-    #[error("failed to prove membership of the job (wrong job secret, or a replayed handshake)")]
+    #[error("failed to prove membership of the job (wrong job secret, or a forged handshake)")]
     BadProof,
+    #[error("replayed a handshake this listener already accepted")]
+    Replayed,
     #[error("sent {extra} bytes beyond its handshake message")]
     Oversize { extra: usize },
     #[error("handshake already finished")]
     Finished,
+    /// What a client hears when the server refused it (the server's reason).
+    #[error("the listener refused this rank's handshake: {0}")]
+    Refused(String),
+}
+
+impl Reject {
+    /// What a REFUSE carries: why, as a code a client of this version can
+    /// name (0: a reason this client cannot tell apart).
+    fn code(&self) -> u32 {
+        match self {
+            Reject::Version { .. } => 1,
+            Reject::OtherComm(_) => 2,
+            Reject::WrongRank { .. } => 3,
+            Reject::Unexpected { .. } => 4,
+            Reject::BadProof => 5,
+            Reject::Replayed => 6,
+            _ => 0,
+        }
+    }
+
+    fn explain(code: u32) -> &'static str {
+        match code {
+            1 => "it speaks another handshake version (a different cadence version)",
+            2 => "it belongs to another communicator (a stale address)",
+            3 => "it is not the rank this rank meant to reach (a stale address)",
+            4 => "it does not expect this rank's stream",
+            5 => {
+                "this rank failed to prove membership (a different job secret: \
+                  another job's process, or a stale address)"
+            }
+            6 => "it saw this handshake's nonce before",
+            _ => "no reason given",
+        }
+    }
+
+    /// The REFUSE a server sends before it closes, for rejections of a
+    /// well-formed HELLO (garbage and strangers that say nothing get only
+    /// the close). A client that is a member learns at once why it is not
+    /// let in; anybody else learns nothing a close would not tell.
+    pub fn refusal(&self) -> Option<Vec<u8>> {
+        let code = self.code();
+        (code != 0).then(|| {
+            bytemuck::bytes_of(&Answer {
+                magic: MAGIC,
+                kind: KIND_REFUSE,
+                version: HANDSHAKE_VERSION,
+                word: code,
+                tag: [0; TAG_BYTES],
+            })
+            .to_vec()
+        })
+    }
 }
 
 fn hex_prefix(b: &[u8]) -> String {
@@ -234,17 +278,19 @@ fn hex_prefix(b: &[u8]) -> String {
 }
 
 /// The connection's binding, MACed by both sides under their own label.
+#[derive(Clone, Copy)]
 struct Binding {
     comm_id: [u8; 32],
     client: u32,
     stream: u32,
     server: u32,
-    client_nonce: [u8; NONCE_BYTES],
-    server_nonce: [u8; NONCE_BYTES],
+    nonce: [u8; NONCE_BYTES],
 }
 
 impl Binding {
-    fn mac(&self, secret: &JobSecret, label: &[u8]) -> Hmac<Sha256> {
+    /// `answer`: the server's keep word (its tag covers it); none for the
+    /// client's.
+    fn mac(&self, secret: &JobSecret, label: &[u8], answer: Option<u32>) -> Hmac<Sha256> {
         let mut m = secret.mac();
         m.update(label);
         m.update(&self.comm_id);
@@ -252,16 +298,34 @@ impl Binding {
         m.update(&self.client.to_le_bytes());
         m.update(&self.stream.to_le_bytes());
         m.update(&self.server.to_le_bytes());
-        m.update(&self.client_nonce);
-        m.update(&self.server_nonce);
+        m.update(&self.nonce);
+        if let Some(w) = answer {
+            m.update(&w.to_le_bytes());
+        }
         m
     }
-    fn tag(&self, secret: &JobSecret, label: &[u8]) -> [u8; TAG_BYTES] {
-        self.mac(secret, label).finalize().into_bytes().into()
+    fn tag(&self, secret: &JobSecret, label: &[u8], answer: Option<u32>) -> [u8; TAG_BYTES] {
+        self.mac(secret, label, answer)
+            .finalize()
+            .into_bytes()
+            .into()
     }
     /// Constant-time comparison (the `hmac` crate's).
-    fn verify(&self, secret: &JobSecret, label: &[u8], tag: &[u8]) -> bool {
-        self.mac(secret, label).verify_slice(tag).is_ok()
+    fn verify(&self, secret: &JobSecret, label: &[u8], answer: Option<u32>, tag: &[u8]) -> bool {
+        self.mac(secret, label, answer).verify_slice(tag).is_ok()
+    }
+}
+
+/// The client nonces a listener accepted, for its life: a recorded HELLO
+/// is refused on any later connection. Grows by one entry per accepted
+/// connection (the links a rank's peers make to it), never with the job.
+#[derive(Default)]
+pub struct ReplayGuard(HashSet<[u8; NONCE_BYTES]>);
+
+impl ReplayGuard {
+    /// Whether `nonce` is new (and remembers it).
+    pub fn fresh(&mut self, nonce: &[u8; NONCE_BYTES]) -> bool {
+        self.0.insert(*nonce)
     }
 }
 
@@ -270,11 +334,12 @@ impl Binding {
 pub enum Step {
     /// The current message is incomplete: feed more bytes.
     NeedMore,
-    /// Send these bytes, then feed the peer's answer.
-    Send(Vec<u8>),
-    /// The handshake succeeded with peer `key`; send `send` (possibly
-    /// empty), after which the connection carries frames.
-    Done { key: StreamKey, send: Vec<u8> },
+    /// Server: the client proved itself as `key`, with a nonce the server
+    /// has not seen ([`ReplayGuard`]); answer with [`Acceptor::welcome`].
+    Verified { key: StreamKey },
+    /// Client: the server proved itself and keeps the connection (`keep`)
+    /// or drops it for its own; frames follow.
+    Done { key: StreamKey, keep: bool },
 }
 
 /// Collects one fixed-size message; checks the leading magic and kind as
@@ -290,9 +355,9 @@ impl Incoming {
         }
     }
 
-    /// Takes bytes towards a `size`-byte message of `kind`. Returns the whole
-    /// message once complete.
-    fn take(&mut self, data: &[u8], size: usize, kind: u32) -> Result<Option<Vec<u8>>, Reject> {
+    /// Takes bytes towards a `size`-byte message of one of `kinds`. Returns
+    /// the whole message once complete.
+    fn take(&mut self, data: &[u8], size: usize, kinds: &[u32]) -> Result<Option<Vec<u8>>, Reject> {
         let want = size - self.buf.len();
         self.buf.extend_from_slice(&data[..data.len().min(want)]);
         let b = &self.buf;
@@ -300,7 +365,7 @@ impl Incoming {
         if b.len() >= 4 && word(0) != MAGIC {
             return Err(Reject::Garbage(hex_prefix(b)));
         }
-        if b.len() >= 8 && word(4) != kind {
+        if b.len() >= 8 && !kinds.contains(&word(4)) {
             return Err(Reject::Garbage(hex_prefix(b)));
         }
         if data.len() > want {
@@ -313,10 +378,7 @@ impl Incoming {
         if b.len() < size {
             return Ok(None);
         }
-        Ok(Some(std::mem::replace(
-            &mut self.buf,
-            Vec::with_capacity(HELLO_BYTES),
-        )))
+        Ok(Some(std::mem::take(&mut self.buf)))
     }
 
     fn len(&self) -> usize {
@@ -326,7 +388,7 @@ impl Incoming {
 
 enum AcceptState {
     AwaitHello,
-    AwaitProof(Binding),
+    Verified(Binding),
     Done,
     Failed(Reject),
 }
@@ -337,27 +399,22 @@ pub struct Acceptor<'a> {
     comm_id: [u8; 32],
     my_rank: u32,
     expected: Expected<'a>,
-    nonce: [u8; NONCE_BYTES],
     incoming: Incoming,
     state: AcceptState,
 }
 
 impl<'a> Acceptor<'a> {
-    /// `nonce` must be fresh for every connection ([`fresh_nonce`]); it is an
-    /// argument so tests are deterministic.
     pub fn new(
         secret: &'a JobSecret,
         comm_id: &str,
         my_rank: usize,
         expected: impl Into<Expected<'a>>,
-        nonce: [u8; NONCE_BYTES],
     ) -> Acceptor<'a> {
         Acceptor {
             secret,
             comm_id: comm_id_bytes(comm_id),
             my_rank: my_rank as u32,
             expected: expected.into(),
-            nonce,
             incoming: Incoming::new(),
             state: AcceptState::AwaitHello,
         }
@@ -368,7 +425,6 @@ impl<'a> Acceptor<'a> {
     pub fn wants(&self) -> usize {
         match self.state {
             AcceptState::AwaitHello => HELLO_BYTES - self.incoming.len(),
-            AcceptState::AwaitProof(_) => PROOF_BYTES - self.incoming.len(),
             _ => 0,
         }
     }
@@ -379,22 +435,28 @@ impl<'a> Acceptor<'a> {
         self.incoming.len()
     }
 
-    /// Feeds bytes from the client. A rejection is final: later calls return
-    /// it again.
-    pub fn feed(&mut self, data: &[u8]) -> Result<Step, Reject> {
-        let r = self.step(data);
+    /// Feeds bytes from the client; `seen` holds the nonces this listener
+    /// accepted. A rejection is final: later calls return it again.
+    pub fn feed(&mut self, data: &[u8], seen: &mut ReplayGuard) -> Result<Step, Reject> {
+        let r = self.step(data, seen);
         if let Err(e) = &r {
             self.state = AcceptState::Failed(e.clone());
         }
         r
     }
 
-    fn step(&mut self, data: &[u8]) -> Result<Step, Reject> {
+    fn step(&mut self, data: &[u8], seen: &mut ReplayGuard) -> Result<Step, Reject> {
         match &self.state {
             AcceptState::Failed(e) => Err(e.clone()),
-            AcceptState::Done => Err(Reject::Finished),
+            AcceptState::Verified(_) | AcceptState::Done if data.is_empty() => {
+                Err(Reject::Finished)
+            }
+            // The client waits for the answer before sending more.
+            AcceptState::Verified(_) | AcceptState::Done => {
+                Err(Reject::Oversize { extra: data.len() })
+            }
             AcceptState::AwaitHello => {
-                let Some(msg) = self.incoming.take(data, HELLO_BYTES, KIND_HELLO)? else {
+                let Some(msg) = self.incoming.take(data, HELLO_BYTES, &[KIND_HELLO])? else {
                     return Ok(Step::NeedMore);
                 };
                 let h: Hello = bytemuck::pod_read_unaligned(&msg);
@@ -427,102 +489,101 @@ impl<'a> Acceptor<'a> {
                     client: h.rank,
                     stream: h.stream,
                     server: self.my_rank,
-                    client_nonce: h.nonce,
-                    server_nonce: self.nonce,
+                    nonce: h.nonce,
                 };
-                let c = Challenge {
-                    magic: MAGIC,
-                    kind: KIND_CHALLENGE,
-                    version: HANDSHAKE_VERSION,
-                    server_rank: self.my_rank,
-                    nonce: self.nonce,
-                    tag: b.tag(self.secret, LABEL_SERVER),
-                };
-                self.state = AcceptState::AwaitProof(b);
-                Ok(Step::Send(bytemuck::bytes_of(&c).to_vec()))
-            }
-            AcceptState::AwaitProof(b) => {
-                let Some(msg) = self.incoming.take(data, PROOF_BYTES, KIND_PROOF)? else {
-                    return Ok(Step::NeedMore);
-                };
-                let p: Proof = bytemuck::pod_read_unaligned(&msg);
-                if !b.verify(self.secret, LABEL_CLIENT, &p.tag) {
+                if !b.verify(self.secret, LABEL_CLIENT, None, &h.tag) {
                     return Err(Reject::BadProof);
                 }
-                let key = (b.client as usize, b.stream as usize);
-                self.state = AcceptState::Done;
-                let w = Welcome {
-                    magic: MAGIC,
-                    kind: KIND_WELCOME,
-                };
-                Ok(Step::Done {
-                    key,
-                    send: bytemuck::bytes_of(&w).to_vec(),
+                // Only after the tag: strangers cannot fill the guard.
+                if !seen.fresh(&h.nonce) {
+                    return Err(Reject::Replayed);
+                }
+                self.state = AcceptState::Verified(b);
+                Ok(Step::Verified {
+                    key: (h.rank as usize, h.stream as usize),
                 })
             }
         }
     }
+
+    /// The WELCOME for a verified client: `keep` the connection, or drop it
+    /// (the server keeps its own link to the client instead). Once only.
+    pub fn welcome(&mut self, keep: bool) -> Result<Vec<u8>, Reject> {
+        let AcceptState::Verified(b) = self.state else {
+            return Err(Reject::Finished);
+        };
+        self.state = AcceptState::Done;
+        let word = u32::from(keep);
+        Ok(bytemuck::bytes_of(&Answer {
+            magic: MAGIC,
+            kind: KIND_WELCOME,
+            version: HANDSHAKE_VERSION,
+            word,
+            tag: b.tag(self.secret, LABEL_SERVER, Some(word)),
+        })
+        .to_vec())
+    }
 }
 
 enum ConnectState {
-    AwaitChallenge,
-    AwaitWelcome,
+    AwaitAnswer,
     Done,
     Failed(Reject),
 }
 
-/// The client side of one connection.
-pub struct Connector<'a> {
-    secret: &'a JobSecret,
-    comm_id: [u8; 32],
-    my_rank: u32,
-    stream: u32,
-    server_rank: u32,
-    nonce: [u8; NONCE_BYTES],
+/// The client side of one connection. Owns a copy of the secret, so a
+/// connection under way can outlive the caller's borrow (links made on
+/// first use are driven by the engine's loop).
+pub struct Connector {
+    secret: JobSecret,
+    binding: Binding,
     incoming: Incoming,
     state: ConnectState,
 }
 
-impl<'a> Connector<'a> {
+impl Connector {
     /// Returns the machine and the HELLO to send first. `nonce` must be
     /// fresh for every connection ([`fresh_nonce`]).
     pub fn new(
-        secret: &'a JobSecret,
+        secret: &JobSecret,
         comm_id: &str,
         my_rank: usize,
         stream: usize,
         server_rank: usize,
         nonce: [u8; NONCE_BYTES],
-    ) -> (Connector<'a>, Vec<u8>) {
-        let c = Connector {
-            secret,
+    ) -> (Connector, Vec<u8>) {
+        let binding = Binding {
             comm_id: comm_id_bytes(comm_id),
-            my_rank: my_rank as u32,
+            client: my_rank as u32,
             stream: stream as u32,
-            server_rank: server_rank as u32,
+            server: server_rank as u32,
             nonce,
-            incoming: Incoming::new(),
-            state: ConnectState::AwaitChallenge,
         };
         let h = Hello {
             magic: MAGIC,
             kind: KIND_HELLO,
             version: HANDSHAKE_VERSION,
-            rank: c.my_rank,
-            stream: c.stream,
-            server_rank: c.server_rank,
-            comm_id: c.comm_id,
+            rank: binding.client,
+            stream: binding.stream,
+            server_rank: binding.server,
+            comm_id: binding.comm_id,
             nonce,
+            tag: binding.tag(secret, LABEL_CLIENT, None),
+        };
+        let c = Connector {
+            secret: secret.clone(),
+            binding,
+            incoming: Incoming::new(),
+            state: ConnectState::AwaitAnswer,
         };
         (c, bytemuck::bytes_of(&h).to_vec())
     }
 
-    /// Bytes still missing from the message being received. The socket
-    /// driver reads exactly this many: after WELCOME come frames.
+    /// Bytes still missing from the answer. The socket driver reads exactly
+    /// this many: after WELCOME come frames.
     pub fn wants(&self) -> usize {
         match self.state {
-            ConnectState::AwaitChallenge => CHALLENGE_BYTES - self.incoming.len(),
-            ConnectState::AwaitWelcome => WELCOME_BYTES - self.incoming.len(),
+            ConnectState::AwaitAnswer => ANSWER_BYTES - self.incoming.len(),
             _ => 0,
         }
     }
@@ -540,54 +601,32 @@ impl<'a> Connector<'a> {
         match &self.state {
             ConnectState::Failed(e) => Err(e.clone()),
             ConnectState::Done => Err(Reject::Finished),
-            ConnectState::AwaitChallenge => {
-                let Some(msg) = self.incoming.take(data, CHALLENGE_BYTES, KIND_CHALLENGE)? else {
+            ConnectState::AwaitAnswer => {
+                let kinds = [KIND_WELCOME, KIND_REFUSE];
+                let Some(msg) = self.incoming.take(data, ANSWER_BYTES, &kinds)? else {
                     return Ok(Step::NeedMore);
                 };
-                let c: Challenge = bytemuck::pod_read_unaligned(&msg);
-                if c.version != HANDSHAKE_VERSION {
+                let a: Answer = bytemuck::pod_read_unaligned(&msg);
+                if a.kind == KIND_REFUSE {
+                    return Err(Reject::Refused(Reject::explain(a.word).into()));
+                }
+                if a.version != HANDSHAKE_VERSION {
                     return Err(Reject::Version {
-                        theirs: c.version,
+                        theirs: a.version,
                         ours: HANDSHAKE_VERSION,
                     });
                 }
-                if c.server_rank != self.server_rank {
-                    return Err(Reject::WrongRank {
-                        meant: self.server_rank,
-                        me: c.server_rank,
-                    });
-                }
-                let b = Binding {
-                    comm_id: self.comm_id,
-                    client: self.my_rank,
-                    stream: self.stream,
-                    server: self.server_rank,
-                    client_nonce: self.nonce,
-                    server_nonce: c.nonce,
-                };
-                if !b.verify(self.secret, LABEL_SERVER, &c.tag) {
-                    return Err(Reject::BadProof);
-                }
-                let p = Proof {
-                    magic: MAGIC,
-                    kind: KIND_PROOF,
-                    tag: b.tag(self.secret, LABEL_CLIENT),
-                };
-                self.state = ConnectState::AwaitWelcome;
-                Ok(Step::Send(bytemuck::bytes_of(&p).to_vec()))
-            }
-            ConnectState::AwaitWelcome => {
-                if self
-                    .incoming
-                    .take(data, WELCOME_BYTES, KIND_WELCOME)?
-                    .is_none()
+                if a.word > 1
+                    || !self
+                        .binding
+                        .verify(&self.secret, LABEL_SERVER, Some(a.word), &a.tag)
                 {
-                    return Ok(Step::NeedMore);
+                    return Err(Reject::BadProof);
                 }
                 self.state = ConnectState::Done;
                 Ok(Step::Done {
-                    key: (self.server_rank as usize, self.stream as usize),
-                    send: Vec::new(),
+                    key: (self.binding.server as usize, self.binding.stream as usize),
+                    keep: a.word == 1,
                 })
             }
         }
@@ -605,7 +644,7 @@ mod tests {
     }
 
     /// Runs a whole handshake in memory; returns (server result, client
-    /// result, every client byte sent).
+    /// result, the HELLO).
     fn run(
         server_secret: &JobSecret,
         client_secret: &JobSecret,
@@ -613,32 +652,55 @@ mod tests {
         client_id: &str,
     ) -> (Result<Step, Reject>, Result<Step, Reject>, Vec<u8>) {
         let expected = [(1, 0)];
-        let mut s = Acceptor::new(server_secret, server_id, 0, &expected, [7; 32]);
+        let mut s = Acceptor::new(server_secret, server_id, 0, &expected);
         let (mut c, hello) = Connector::new(client_secret, client_id, 1, 0, 0, [9; 32]);
-        let mut transcript = hello.clone();
-        let challenge = match s.feed(&hello) {
-            Ok(Step::Send(b)) => b,
-            other => return (other, Ok(Step::NeedMore), transcript),
+        let sv = s.feed(&hello, &mut ReplayGuard::default());
+        let answer = match &sv {
+            Ok(Step::Verified { .. }) => s.welcome(true).unwrap(),
+            Err(r) => match r.refusal() {
+                Some(b) => b,
+                None => return (sv, Ok(Step::NeedMore), hello),
+            },
+            _ => return (sv, Ok(Step::NeedMore), hello),
         };
-        let proof = match c.feed(&challenge) {
-            Ok(Step::Send(b)) => b,
-            other => return (Ok(Step::NeedMore), other, transcript),
-        };
-        transcript.extend_from_slice(&proof);
-        let sv = s.feed(&proof);
-        let welcome = match &sv {
-            Ok(Step::Done { send, .. }) => send.clone(),
-            _ => return (sv, Ok(Step::NeedMore), transcript),
-        };
-        (sv, c.feed(&welcome), transcript)
+        (sv, c.feed(&answer), hello)
     }
 
     #[test]
-    fn good_pair_completes_both_ways() {
+    fn good_pair_completes_both_ways_in_one_round_trip() {
         let k = secret(1);
         let (s, c, _) = run(&k, &k, ID, ID);
-        assert!(matches!(s, Ok(Step::Done { key: (1, 0), .. })), "{s:?}");
-        assert!(matches!(c, Ok(Step::Done { key: (0, 0), .. })), "{c:?}");
+        assert_eq!(s, Ok(Step::Verified { key: (1, 0) }));
+        assert_eq!(
+            c,
+            Ok(Step::Done {
+                key: (0, 0),
+                keep: true
+            })
+        );
+    }
+
+    #[test]
+    fn the_servers_drop_reaches_the_client_and_is_covered_by_its_tag() {
+        let k = secret(1);
+        let expected = [(1, 0)];
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
+        let (mut c, hello) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
+        s.feed(&hello, &mut ReplayGuard::default()).unwrap();
+        let drop = s.welcome(false).unwrap();
+        assert_eq!(
+            c.feed(&drop),
+            Ok(Step::Done {
+                key: (0, 0),
+                keep: false
+            })
+        );
+        assert_eq!(s.welcome(true), Err(Reject::Finished), "once only");
+        // Flipped to keep on the way: the tag no longer matches.
+        let mut flipped: Answer = bytemuck::pod_read_unaligned(&drop);
+        flipped.word = 1;
+        let (mut c, _) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
+        assert_eq!(c.feed(bytemuck::bytes_of(&flipped)), Err(Reject::BadProof));
     }
 
     #[test]
@@ -647,11 +709,14 @@ mod tests {
         // Ranks 1..4, two streams each, as links made on first use admit.
         let rule = |(rank, stream): StreamKey| (1..4).contains(&rank) && stream < 2;
         for (rank, stream, admitted) in [(1, 0, true), (3, 1, true), (4, 0, false), (2, 2, false)] {
-            let mut s = Acceptor::new(&k, ID, 0, Expected::Admitted(&rule), [7; 32]);
+            let mut s = Acceptor::new(&k, ID, 0, Expected::Admitted(&rule));
             let (_, hello) = Connector::new(&k, ID, rank, stream, 0, [9; 32]);
-            let got = s.feed(&hello);
+            let got = s.feed(&hello, &mut ReplayGuard::default());
             if admitted {
-                assert!(matches!(got, Ok(Step::Send(_))), "{rank}/{stream}: {got:?}");
+                assert!(
+                    matches!(got, Ok(Step::Verified { .. })),
+                    "{rank}/{stream}: {got:?}"
+                );
             } else {
                 assert!(
                     matches!(got, Err(Reject::Unexpected { .. })),
@@ -665,107 +730,122 @@ mod tests {
     fn byte_at_a_time_is_the_same() {
         let k = secret(1);
         let expected = [(1, 0)];
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
         let (mut c, hello) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
+        let mut seen = ReplayGuard::default();
         let mut last = Step::NeedMore;
         for b in &hello {
-            last = s.feed(std::slice::from_ref(b)).unwrap();
+            last = s.feed(std::slice::from_ref(b), &mut seen).unwrap();
         }
-        let Step::Send(ch) = std::mem::replace(&mut last, Step::NeedMore) else {
-            panic!()
-        };
-        for b in &ch {
+        assert_eq!(last, Step::Verified { key: (1, 0) });
+        for b in &s.welcome(true).unwrap() {
             last = c.feed(std::slice::from_ref(b)).unwrap();
         }
-        let Step::Send(pr) = std::mem::replace(&mut last, Step::NeedMore) else {
-            panic!()
-        };
-        for b in &pr {
-            last = s.feed(std::slice::from_ref(b)).unwrap();
-        }
-        assert!(matches!(last, Step::Done { key: (1, 0), .. }));
+        assert_eq!(
+            last,
+            Step::Done {
+                key: (0, 0),
+                keep: true
+            }
+        );
     }
 
     #[test]
-    fn wrong_secret_is_refused_by_both_sides() {
-        // The client checks the server's tag first, so it refuses to answer.
-        let (_, c, _) = run(&secret(1), &secret(2), ID, ID);
-        assert_eq!(c, Err(Reject::BadProof));
-        // A client that answers anyway (it never saw a valid server tag) is
-        // refused by the server.
+    fn wrong_secret_is_refused_by_both_sides_and_the_client_hears_why() {
+        // The server refuses a client that does not know its secret.
+        let (s, c, _) = run(&secret(1), &secret(2), ID, ID);
+        assert_eq!(s, Err(Reject::BadProof));
+        assert!(
+            matches!(&c, Err(Reject::Refused(why)) if why.contains("failed to prove")),
+            "{c:?}"
+        );
+        // A listener that does not know the client's secret cannot make a
+        // welcome it accepts.
         let (k_server, k_client) = (secret(1), secret(2));
-        let expected = [(1, 0)];
-        let mut s = Acceptor::new(&k_server, ID, 0, &expected, [7; 32]);
-        let (_, hello) = Connector::new(&k_client, ID, 1, 0, 0, [9; 32]);
-        let Ok(Step::Send(ch)) = s.feed(&hello) else {
-            panic!()
-        };
-        let ch: Challenge = bytemuck::pod_read_unaligned(&ch);
+        let (mut c, hello) = Connector::new(&k_client, ID, 1, 0, 0, [9; 32]);
+        let h: Hello = bytemuck::pod_read_unaligned(&hello);
         let forged = Binding {
-            comm_id: comm_id_bytes(ID),
+            comm_id: h.comm_id,
             client: 1,
             stream: 0,
             server: 0,
-            client_nonce: [9; 32],
-            server_nonce: ch.nonce,
-        }
-        .tag(&k_client, LABEL_CLIENT);
-        let p = Proof {
-            magic: MAGIC,
-            kind: KIND_PROOF,
-            tag: forged,
+            nonce: h.nonce,
         };
-        assert_eq!(s.feed(bytemuck::bytes_of(&p)), Err(Reject::BadProof));
+        let a = Answer {
+            magic: MAGIC,
+            kind: KIND_WELCOME,
+            version: HANDSHAKE_VERSION,
+            word: 1,
+            tag: forged.tag(&k_server, LABEL_SERVER, Some(1)),
+        };
+        assert_eq!(c.feed(bytemuck::bytes_of(&a)), Err(Reject::BadProof));
     }
 
     #[test]
     fn other_communicator_is_refused() {
         let k = secret(1);
-        let (s, _, _) = run(&k, &k, ID, "job-b");
+        let (s, c, _) = run(&k, &k, ID, "job-b");
         assert_eq!(s, Err(Reject::OtherComm("job-b".into())));
+        assert!(matches!(c, Err(Reject::Refused(_))), "{c:?}");
     }
 
     #[test]
-    fn replayed_client_transcript_fails_against_a_new_nonce() {
-        let k = secret(1);
-        let (_, c, transcript) = run(&k, &k, ID, ID);
-        assert!(matches!(c, Ok(Step::Done { .. })));
-        let expected = [(1, 0)];
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [8; 32]);
-        assert!(matches!(
-            s.feed(&transcript[..HELLO_BYTES]),
-            Ok(Step::Send(_))
-        ));
-        assert_eq!(s.feed(&transcript[HELLO_BYTES..]), Err(Reject::BadProof));
-    }
-
-    #[test]
-    fn reflected_server_tag_is_not_a_client_proof() {
+    fn a_replayed_hello_is_refused_and_a_moved_nonce_breaks_the_tag() {
         let k = secret(1);
         let expected = [(1, 0)];
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
         let (_, hello) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
-        let Ok(Step::Send(ch)) = s.feed(&hello) else {
-            panic!()
-        };
-        let ch: Challenge = bytemuck::pod_read_unaligned(&ch);
-        let p = Proof {
-            magic: MAGIC,
-            kind: KIND_PROOF,
-            tag: ch.tag,
-        };
-        assert_eq!(s.feed(bytemuck::bytes_of(&p)), Err(Reject::BadProof));
+        let mut seen = ReplayGuard::default();
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
+        assert!(matches!(
+            s.feed(&hello, &mut seen),
+            Ok(Step::Verified { .. })
+        ));
+        // The same bytes on a new connection to the same listener.
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
+        assert_eq!(s.feed(&hello, &mut seen), Err(Reject::Replayed));
+        // A new nonce under the recorded tag.
+        let mut h: Hello = bytemuck::pod_read_unaligned(&hello);
+        h.nonce[0] ^= 1;
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
+        assert_eq!(
+            s.feed(bytemuck::bytes_of(&h), &mut seen),
+            Err(Reject::BadProof)
+        );
+        // A forged hello does not take a nonce from the guard.
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
+        let (_, fresh) = Connector::new(&k, ID, 1, 0, 0, h.nonce);
+        assert!(matches!(
+            s.feed(&fresh, &mut seen),
+            Ok(Step::Verified { .. })
+        ));
+    }
+
+    #[test]
+    fn reflected_client_tag_is_not_a_server_welcome() {
+        let k = secret(1);
+        let (mut c, hello) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
+        let h: Hello = bytemuck::pod_read_unaligned(&hello);
+        for word in [0, 1] {
+            let a = Answer {
+                magic: MAGIC,
+                kind: KIND_WELCOME,
+                version: HANDSHAKE_VERSION,
+                word,
+                tag: h.tag,
+            };
+            assert_eq!(c.feed(bytemuck::bytes_of(&a)), Err(Reject::BadProof));
+            c = Connector::new(&k, ID, 1, 0, 0, [9; 32]).0;
+        }
     }
 
     #[test]
     fn replayed_server_answer_fails_against_a_new_client_nonce() {
         let k = secret(1);
         let expected = [(1, 0)];
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
         let (_, hello) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
-        let Ok(Step::Send(old)) = s.feed(&hello) else {
-            panic!()
-        };
+        s.feed(&hello, &mut ReplayGuard::default()).unwrap();
+        let old = s.welcome(true).unwrap();
         let (mut c, _) = Connector::new(&k, ID, 1, 0, 0, [10; 32]);
         assert_eq!(c.feed(&old), Err(Reject::BadProof));
     }
@@ -774,51 +854,69 @@ mod tests {
     fn unexpected_rank_stream_and_wrong_server_are_refused() {
         let k = secret(1);
         let expected = [(1, 0)];
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
+        let mut seen = ReplayGuard::default();
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
         let (_, hello) = Connector::new(&k, ID, 1, 3, 0, [9; 32]);
         assert_eq!(
-            s.feed(&hello),
+            s.feed(&hello, &mut seen),
             Err(Reject::Unexpected { rank: 1, stream: 3 })
         );
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
         let (_, hello) = Connector::new(&k, ID, 1, 0, 5, [9; 32]);
-        assert_eq!(s.feed(&hello), Err(Reject::WrongRank { meant: 5, me: 0 }));
+        assert_eq!(
+            s.feed(&hello, &mut seen),
+            Err(Reject::WrongRank { meant: 5, me: 0 })
+        );
     }
 
     #[test]
     fn garbage_is_refused_as_soon_as_the_magic_is_wrong() {
         let k = secret(1);
         let expected = [(1, 0)];
+        let mut seen = ReplayGuard::default();
         for junk in [&b"GET / HTTP/1.1\r\n"[..], &[0u8; 4], &[0xff; 5]] {
-            let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
-            assert!(matches!(s.feed(junk), Err(Reject::Garbage(_))), "{junk:?}");
+            let mut s = Acceptor::new(&k, ID, 0, &expected);
+            let r = s.feed(junk, &mut seen);
+            assert!(matches!(r, Err(Reject::Garbage(_))), "{junk:?}");
+            assert_eq!(r.unwrap_err().refusal(), None, "garbage gets no answer");
             // Final.
-            assert!(matches!(s.feed(&[]), Err(Reject::Garbage(_))));
+            assert!(matches!(s.feed(&[], &mut seen), Err(Reject::Garbage(_))));
         }
         // Right magic, wrong message kind.
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
         let mut b = MAGIC.to_le_bytes().to_vec();
-        b.extend_from_slice(&KIND_PROOF.to_le_bytes());
-        assert!(matches!(s.feed(&b), Err(Reject::Garbage(_))));
+        b.extend_from_slice(&KIND_WELCOME.to_le_bytes());
+        assert!(matches!(s.feed(&b, &mut seen), Err(Reject::Garbage(_))));
     }
 
     #[test]
     fn truncated_input_waits_and_old_versions_are_named() {
         let k = secret(1);
         let expected = [(1, 0)];
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
+        let mut seen = ReplayGuard::default();
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
         let (_, hello) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
-        assert_eq!(s.feed(&hello[..HELLO_BYTES - 1]), Ok(Step::NeedMore));
+        assert_eq!(
+            s.feed(&hello[..HELLO_BYTES - 1], &mut seen),
+            Ok(Step::NeedMore)
+        );
         assert_eq!(s.wants(), 1);
         let mut old: Hello = bytemuck::pod_read_unaligned(&hello);
-        old.version = 1;
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
+        old.version = 2;
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
+        let r = s.feed(bytemuck::bytes_of(&old), &mut seen);
         assert_eq!(
-            s.feed(bytemuck::bytes_of(&old)),
+            r,
             Err(Reject::Version {
-                theirs: 1,
+                theirs: 2,
                 ours: HANDSHAKE_VERSION
             })
+        );
+        let (mut c, _) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
+        let told = c.feed(&r.unwrap_err().refusal().unwrap());
+        assert!(
+            matches!(&told, Err(Reject::Refused(why)) if why.contains("version")),
+            "{told:?}"
         );
     }
 
@@ -826,25 +924,26 @@ mod tests {
     fn oversize_input_is_refused() {
         let k = secret(1);
         let expected = [(1, 0)];
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
+        let mut seen = ReplayGuard::default();
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
         let (mut c, mut hello) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
         hello.extend_from_slice(&[0; 100]);
-        assert_eq!(s.feed(&hello), Err(Reject::Oversize { extra: 100 }));
-        let mut big = vec![0u8; CHALLENGE_BYTES + 1];
+        assert_eq!(
+            s.feed(&hello, &mut seen),
+            Err(Reject::Oversize { extra: 100 })
+        );
+        let mut big = vec![0u8; ANSWER_BYTES + 1];
         big[..4].copy_from_slice(&MAGIC.to_le_bytes());
-        big[4..8].copy_from_slice(&KIND_CHALLENGE.to_le_bytes());
+        big[4..8].copy_from_slice(&KIND_WELCOME.to_le_bytes());
         assert_eq!(c.feed(&big), Err(Reject::Oversize { extra: 1 }));
-        // After the handshake nothing more is accepted.
-        let mut s = Acceptor::new(&k, ID, 0, &expected, [7; 32]);
-        let (mut c, hello) = Connector::new(&k, ID, 1, 0, 0, [9; 32]);
-        let Ok(Step::Send(ch)) = s.feed(&hello) else {
-            panic!()
-        };
-        let Ok(Step::Send(pr)) = c.feed(&ch) else {
-            panic!()
-        };
-        assert!(matches!(s.feed(&pr), Ok(Step::Done { .. })));
-        assert_eq!(s.feed(&[0]), Err(Reject::Finished));
+        // After the hello nothing more is accepted before the answer.
+        let mut s = Acceptor::new(&k, ID, 0, &expected);
+        let (_, hello) = Connector::new(&k, ID, 1, 0, 0, [8; 32]);
+        assert!(matches!(
+            s.feed(&hello, &mut seen),
+            Ok(Step::Verified { .. })
+        ));
+        assert_eq!(s.feed(&[0], &mut seen), Err(Reject::Oversize { extra: 1 }));
     }
 
     #[test]

@@ -51,6 +51,7 @@
 //! - `socket.rs`: socket options and the other kernel calls (all `unsafe`).
 //! - `setup.rs`: connecting and authenticating the streams.
 
+mod dial;
 mod frame;
 mod multipath;
 mod multipath_io;

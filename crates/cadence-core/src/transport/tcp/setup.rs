@@ -2,17 +2,17 @@
 //! machines of `transport/handshake.rs`. Reached as `transport::tcp_setup`
 //! as well.
 //!
-//! - [`connect`] (the higher rank) is a blocking loop: connect, HELLO,
-//!   CHALLENGE, PROOF, WELCOME, each read bounded by the bootstrap deadline.
-//! - [`accept_all`] (the lower rank) accepts without blocking and drives every
+//! - [`connect`] (the client) is a blocking loop over one [`Dial`]
+//!   (`dial.rs`: connect, HELLO, the answer, WELCOME or REFUSE), retried
+//!   until the listener is up, bounded by the bootstrap deadline.
+//! - [`accept_all`] (the server) accepts without blocking and drives every
 //!   half-open handshake at once, each with its own [`HANDSHAKE_TIMEOUT`], so
 //!   a stranger that connects and says nothing (or says garbage) costs the
 //!   job nothing: members keep getting through around it.
 
+pub use super::dial::{Attempt, Connected, Dial};
 use super::socket::poll_fds;
-use crate::transport::handshake::{
-    fresh_nonce, Acceptor, Connector, Expected, JobSecret, Reject, Step, StreamKey,
-};
+use crate::transport::handshake::{Acceptor, Expected, JobSecret, ReplayGuard, Step, StreamKey};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -47,7 +47,7 @@ impl SetupFailure {
 
 /// Connects to a peer's listener (retrying until it listens and until the
 /// handshake completes) and proves this rank's membership. Fails at once if
-/// the listener cannot prove its own.
+/// the listener cannot prove its own or refuses this rank's.
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     addr: SocketAddr,
@@ -58,7 +58,7 @@ pub fn connect(
     stream: usize,
     peer_rank: usize,
     deadline: Instant,
-) -> io::Result<TcpStream> {
+) -> io::Result<Connected> {
     let mut last = String::new();
     // Between handshake attempts the listener refused: it may refuse again
     // (its log says why), so do not hammer it.
@@ -76,131 +76,29 @@ pub fn connect(
                 format!("connecting to {addr} timed out{why}"),
             ));
         }
-        let sock = match connect_from(addr, from, left.min(Duration::from_secs(5))) {
-            Ok(s) => s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut
-                ) =>
-            {
-                last = e.to_string();
+        let within = left.min(Duration::from_secs(5));
+        let dial = match Dial::start(
+            addr, from, secret, comm_id, my_rank, stream, peer_rank, within,
+        ) {
+            Ok(d) => d,
+            Err(Attempt::Retry(why)) => {
+                last = why;
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
-            Err(e) => return Err(e),
+            Err(Attempt::Fatal(e)) => return Err(e),
         };
-        sock.set_nodelay(true)?;
-        match client_handshake(&sock, secret, comm_id, my_rank, stream, peer_rank, deadline) {
-            Ok(()) => return Ok(sock),
+        match dial.wait(deadline) {
+            Ok(c) => return Ok(c),
             // The listener dropped us before deciding (e.g. it held us past
-            // its handshake timeout while busy): try again. Its log says why
-            // if it refused us.
+            // its handshake timeout while busy), or was not up yet: try
+            // again. Its log says why if it refused us.
             Err(Attempt::Retry(why)) => {
                 last = why;
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
             Err(Attempt::Fatal(e)) => return Err(e),
-        }
-    }
-}
-
-/// A TCP connection to `addr`, from the local address `from` when given
-/// (the NIC of a path: a multi-rail host has a route to each rail through
-/// its NIC, and binding makes the source address that NIC's as well).
-fn connect_from(
-    addr: SocketAddr,
-    from: Option<IpAddr>,
-    timeout: Duration,
-) -> io::Result<TcpStream> {
-    let Some(ip) = from else {
-        return TcpStream::connect_timeout(&addr, timeout);
-    };
-    let sock = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
-    sock.bind(&SocketAddr::new(ip, 0).into())?;
-    sock.connect_timeout(&addr.into(), timeout)?;
-    Ok(sock.into())
-}
-
-enum Attempt {
-    Retry(String),
-    Fatal(io::Error),
-}
-
-fn client_handshake(
-    mut sock: &TcpStream,
-    secret: &JobSecret,
-    comm_id: &str,
-    my_rank: usize,
-    stream: usize,
-    peer_rank: usize,
-    deadline: Instant,
-) -> Result<(), Attempt> {
-    let fatal = |kind, m: String| Attempt::Fatal(io::Error::new(kind, m));
-    let retry_io = |e: io::Error| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => fatal(
-            io::ErrorKind::TimedOut,
-            format!("rank {peer_rank} did not complete the handshake in time"),
-        ),
-        _ => Attempt::Retry(format!("handshake interrupted: {e}")),
-    };
-    let nonce = fresh_nonce().map_err(|e| fatal(io::ErrorKind::Other, e))?;
-    let (mut m, hello) = Connector::new(secret, comm_id, my_rank, stream, peer_rank, nonce);
-    let until_deadline = || {
-        Some(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
-        )
-    };
-    sock.set_write_timeout(until_deadline()).map_err(retry_io)?;
-    sock.write_all(&hello).map_err(retry_io)?;
-    let mut buf = [0u8; 128];
-    loop {
-        // Exactly what the machine wants: after WELCOME come frames.
-        let want = m.wants().min(buf.len());
-        sock.set_read_timeout(until_deadline()).map_err(retry_io)?;
-        let n = match sock.read(&mut buf[..want]) {
-            Ok(0) => {
-                return Err(Attempt::Retry(format!(
-                    "rank {peer_rank} closed the connection during the handshake"
-                )))
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(retry_io(e)),
-        };
-        match m.feed(&buf[..n]) {
-            Ok(Step::NeedMore) => {}
-            Ok(Step::Send(b)) => {
-                sock.set_write_timeout(until_deadline()).map_err(retry_io)?;
-                sock.write_all(&b).map_err(retry_io)?;
-            }
-            Ok(Step::Done { .. }) => {
-                let _ = sock.set_read_timeout(None);
-                let _ = sock.set_write_timeout(None);
-                return Ok(());
-            }
-            Err(r @ Reject::BadProof) => {
-                return Err(fatal(
-                    io::ErrorKind::PermissionDenied,
-                    format!(
-                        "the listener failed to prove it belongs to this job \
-                         (a different job secret: another job's process, or a stale address): {r}"
-                    ),
-                ))
-            }
-            Err(r) => {
-                return Err(fatal(
-                    io::ErrorKind::InvalidData,
-                    format!("bad handshake answer: {r}"),
-                ))
-            }
         }
     }
 }
@@ -214,8 +112,9 @@ struct Pending<'a> {
     out: Vec<u8>,
     out_done: usize,
     /// Set once the client proved itself; the connection is handed over once
-    /// WELCOME is out.
+    /// WELCOME is out (when kept).
     key: Option<StreamKey>,
+    keep: bool,
     expires: Instant,
 }
 
@@ -262,6 +161,7 @@ pub fn accept_all(
         Expected::These(expected),
         deadline,
         warn,
+        &mut |_| true,
         &mut |k, s| out.push((k, s)),
         None,
     )?;
@@ -283,7 +183,9 @@ pub struct Stop<'a> {
 /// handshake completes (the peer-table exchange answers each while later
 /// ones are still to come); ends early, without error, on `stop` (links
 /// made on first use accept what `expected` admits for the communicator's
-/// life, until `stop`).
+/// life, until `stop`). `keep` decides, for each member that proved itself,
+/// whether its stream is kept (delivered) or dropped: its WELCOME says
+/// which (links made on first use drop the loser of a race).
 #[allow(clippy::too_many_arguments)]
 pub fn accept_each(
     listeners: &[TcpListener],
@@ -293,11 +195,13 @@ pub fn accept_each(
     expected: Expected<'_>,
     deadline: Instant,
     warn: &mut dyn FnMut(String),
+    keep: &mut dyn FnMut(StreamKey) -> bool,
     deliver: &mut dyn FnMut(StreamKey, TcpStream),
     stop: Option<Stop<'_>>,
 ) -> Result<(), SetupFailure> {
     let mut got: Vec<StreamKey> = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
+    let mut seen = ReplayGuard::default();
     let mut rejected = Rejections { warn, count: 0 };
     for listener in listeners {
         listener
@@ -389,7 +293,7 @@ pub fn accept_each(
         let now = Instant::now();
         let mut i = 0;
         while i < pending.len() {
-            match drive(&mut pending[i], &mut buf, &got) {
+            match drive(&mut pending[i], &mut buf, &got, &mut seen, keep) {
                 Ok(false) if now < pending[i].expires => i += 1,
                 Ok(false) => {
                     let p = pending.swap_remove(i);
@@ -406,6 +310,8 @@ pub fn accept_each(
                     };
                     rejected.drop_conn(p.from, &why);
                 }
+                // Dropped for the peer's own link: told so, closed.
+                Ok(true) if !pending[i].keep => drop(pending.swap_remove(i)),
                 Ok(true) => {
                     let p = pending.swap_remove(i);
                     let _ = p.sock.set_nodelay(true);
@@ -459,14 +365,14 @@ fn accept_new<'a>(
                     rejected.drop_conn(from, &format!("socket: {e}"));
                     continue;
                 }
-                let nonce = fresh_nonce().map_err(SetupFailure::new)?;
                 pending.push(Pending {
                     sock,
                     from,
-                    machine: Acceptor::new(secret, comm_id, my_rank, expected, nonce),
+                    machine: Acceptor::new(secret, comm_id, my_rank, expected),
                     out: Vec::new(),
                     out_done: 0,
                     key: None,
+                    keep: false,
                     expires: Instant::now() + HANDSHAKE_TIMEOUT,
                 });
             }
@@ -490,8 +396,14 @@ fn accept_new<'a>(
 
 /// Moves one handshake forward without blocking: `Ok(true)` when it is done
 /// and its WELCOME is sent, `Ok(false)` while under way, `Err(reason)` to
-/// drop it.
-fn drive(p: &mut Pending, buf: &mut [u8], got: &[StreamKey]) -> Result<bool, String> {
+/// drop it (a member refused is told why first, best effort).
+fn drive(
+    p: &mut Pending,
+    buf: &mut [u8],
+    got: &[StreamKey],
+    seen: &mut ReplayGuard,
+    keep: &mut dyn FnMut(StreamKey) -> bool,
+) -> Result<bool, String> {
     loop {
         // Send what is queued first: the client waits for it.
         while p.out_done < p.out.len() {
@@ -519,13 +431,9 @@ fn drive(p: &mut Pending, buf: &mut [u8], got: &[StreamKey]) -> Result<bool, Str
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("handshake interrupted: {e}")),
         };
-        match p.machine.feed(&buf[..n]) {
+        match p.machine.feed(&buf[..n], seen) {
             Ok(Step::NeedMore) => {}
-            Ok(Step::Send(b)) => {
-                p.out = b;
-                p.out_done = 0;
-            }
-            Ok(Step::Done { key, send }) => {
+            Ok(Step::Verified { key }) => {
                 if got.contains(&key) {
                     // Only a holder of the secret gets here: a member that
                     // connected twice (a bug), never a stranger.
@@ -534,11 +442,19 @@ fn drive(p: &mut Pending, buf: &mut [u8], got: &[StreamKey]) -> Result<bool, Str
                         key.0, key.1
                     ));
                 }
+                p.keep = keep(key);
                 p.key = Some(key);
-                p.out = send;
+                p.out = p.machine.welcome(p.keep).map_err(|r| r.to_string())?;
                 p.out_done = 0;
             }
-            Err(r) => return Err(r.to_string()),
+            Ok(Step::Done { .. }) => unreachable!("a server is verified, never done"),
+            Err(r) => {
+                if let Some(b) = r.refusal() {
+                    // One try: a full send buffer is a peer not listening.
+                    let _ = p.sock.write(&b);
+                }
+                return Err(r.to_string());
+            }
         }
     }
 }
