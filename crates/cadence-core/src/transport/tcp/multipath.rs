@@ -339,6 +339,19 @@ impl Multipath {
         }
     }
 
+    /// Whether the link is at rest: every stream's queue empty at the last
+    /// reading with nothing written since, nothing to send again, and no
+    /// path down that could come back. Then a check has nothing to find,
+    /// and reading every stream's queue (a system call each) is skipped:
+    /// a rank's upkeep grows with the links that carry something, not
+    /// with all it holds.
+    pub fn at_rest(&mut self, now: Instant) -> bool {
+        let quiet = self.resend.is_empty()
+            && self.paths.iter().all(|p| p.up || p.dead)
+            && self.rate.iter().all(|r| r.queued == 0);
+        quiet && self.rate.iter_mut().all(|r| r.rest(now))
+    }
+
     /// Whether stream `s` holds bytes and has delivered none for the
     /// timeout.
     fn stalled(&self, s: usize, now: Instant) -> bool {

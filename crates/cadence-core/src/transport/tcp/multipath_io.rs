@@ -48,7 +48,7 @@ impl TcpLink {
             return Ok(false);
         }
         let now = Instant::now();
-        if self.multipath.check_due(now) {
+        if self.multipath.check_due(now) && !self.multipath.at_rest(now) {
             self.sample_rates_at(now);
             // TCP_INFO only for the streams that have stopped delivering.
             let acks: Vec<_> = self

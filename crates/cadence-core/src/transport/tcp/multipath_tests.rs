@@ -370,3 +370,45 @@ fn the_chunk_being_written_on_a_failed_path_goes_again_too() {
     assert_eq!((c.hdr.msg, c.hdr.off), (3, 2 * CHUNK as u64));
     assert_eq!(c.data, vec![7; CHUNK]);
 }
+
+#[test]
+fn a_link_at_rest_is_not_read_and_a_write_after_a_long_rest_is_no_stall() {
+    let t0 = Instant::now();
+    let mut mp = Multipath::new(4, 2, 2, t0);
+    mp.configure(
+        Duration::from_secs(2),
+        "node9",
+        vec!["a".into(), "b".into()],
+    );
+    assert!(mp.at_rest(t0), "nothing written yet");
+    let mut kernel = Kernel::new(&[100e6, 100e6]);
+    let mut msg = 0;
+    let (_, t) = drive(&mut mp, &mut kernel, t0, 20, &mut msg);
+    assert!(!mp.at_rest(t), "bytes queued: the link must be read");
+    // The queues drain and a reading says so: at rest.
+    let t = t + 100 * MS;
+    kernel.run(100 * MS);
+    kernel.report(&mut mp, t);
+    assert!(mp.at_rest(t));
+    // Ten seconds at rest, no reading meanwhile (the check skips them), and
+    // nothing from the peer either (nothing to acknowledge): a chunk
+    // written then is not taken for a stream silent for 10 s.
+    let quiet_since = t;
+    let t = t + Duration::from_secs(10);
+    assert!(mp.at_rest(t));
+    kernel.write(&mut mp, 1, chunk_header(msg, 0));
+    assert!(!mp.at_rest(t), "written since the last reading");
+    let events = check(&mut mp, t + MS, |_| silent_since(quiet_since, t + MS)).unwrap();
+    assert!(events.is_empty(), "{events:?}");
+    assert!(mp.stream_up(1));
+    // A path down (waiting to come back) keeps the link checked.
+    let t = t + Duration::from_secs(3);
+    let events = check(&mut mp, t, |_| silent_since(t - Duration::from_secs(3), t)).unwrap();
+    assert!(
+        matches!(events[..], [PathEvent::Down { path: 1, .. }]),
+        "{events:?}"
+    );
+    kernel.queued[1] = 0;
+    mp.on_queue(0, 0, t);
+    assert!(!mp.at_rest(t), "path 1 may come back: still checked");
+}

@@ -78,6 +78,17 @@ impl TxRate {
         }
     }
 
+    /// Nothing written since a reading found the queue empty: the stream
+    /// is idle, and counts as making progress (what a reading would say).
+    pub fn rest(&mut self, now: Instant) -> bool {
+        if self.queued > 0 {
+            return false;
+        }
+        self.progress_at = now;
+        self.progress_mark = self.written;
+        true
+    }
+
     /// Bytes the peer's kernel has acknowledged, as last read.
     pub fn acked(&self) -> u64 {
         self.written - self.queued
