@@ -89,7 +89,8 @@ def _ranks_work(comm, base):
 
 def test_every_rank_serves_its_totals():
     base = _free_ports(NRANKS)
-    env = {"CADENCE_METRICS_PORT": str(base), "CADENCE_METRICS_ADDR": ADDR}
+    env = {"CADENCE_METRICS_PORT": str(base), "CADENCE_METRICS_ADDR": ADDR,
+           "CADENCE_METRICS_PEERS": "1"}
     res = run_ranks(_ranks_work, NRANKS, env=env, args=(base,), timeout=120)
     bad = {r: v for r, v in res.items() if v[0] != "ok"}
     assert not bad, bad
@@ -136,6 +137,13 @@ def test_every_rank_serves_its_totals():
         assert _get(s, "cadence_peer_busy_seconds_total", **peer, peer=nxt) > 0
         assert _get(s, "cadence_peer_rate_bytes_per_second", **lab, peer=nxt) > 0
         assert _get(s, "cadence_peer_messages_total", **peer, peer=nxt, direction="send") >= 28
+        # The per-host series sum the links to the host's ranks (all on
+        # hostA here: the two links, one sending, one receiving).
+        host = {**lab, "peer_host": "hostA", "transport": "shm"}
+        assert _get(s, "cadence_host_links", **host) == 2
+        assert _get(s, "cadence_host_bytes_total", **host, direction="send") == sent
+        assert _get(s, "cadence_host_bytes_total", **host, direction="recv") == got
+        assert _get(s, "cadence_host_busy_seconds_total", **host) > 0
         # What r sent to r+1, r+1 received from r, byte for byte.
         back = scraped[nxt]
         assert _get(back, "cadence_peer_bytes_total", comm=comm, rank=nxt, peer=r,
@@ -161,6 +169,38 @@ def test_every_rank_serves_its_totals():
         slow = 1 if r == 1 else 0
         assert _get(later, "cadence_verdict", **lab, **{"class": "comm_slow"}) == slow
         assert _get(later, "cadence_verdict", **lab, **{"class": "healthy"}) == 1 - slow
+
+
+def _hosts_only(comm, base):
+    """Two emulated hosts; a ring allreduce, then a scrape of this rank (on
+    its host's ports: base + 2 × host + local rank)."""
+    x = np.ones(1000, dtype=np.float32)
+    comm.allreduce(x, algo="ring")
+    comm.barrier()
+    text = _scrape(base + 2 * (comm.rank // 2) + comm.local_rank)
+    comm.barrier()
+    return {"id": comm.id, "text": text}
+
+
+def test_link_series_are_per_peer_host_unless_peers_are_asked_for():
+    """By default a rank's link series grow with the hosts it talks to, not
+    with its peers: 4 ranks as 2 hosts, no series names a peer rank."""
+    base = _free_ports(4)
+    env = {"CADENCE_METRICS_ADDR": ADDR}
+    res = run_ranks(_hosts_only, 4, transport="mixed", env=env, args=(base,), timeout=120,
+                    rank_env=lambda r: {"CADENCE_METRICS_PORT": str(base + 2 * (r // 2))})
+    assert all(v[0] == "ok" for v in res.values()), res
+    for r, (_, out) in res.items():
+        s = _samples(out["text"])
+        assert not [k for k in s if dict(k[1]).get("peer") is not None], r
+        mine, other = ("host0", "host1") if r < 2 else ("host1", "host0")
+        lab = {"comm": out["id"], "rank": r}
+        assert _get(s, "cadence_host_links", **lab, peer_host=mine, transport="shm") == 1
+        tcp = _get(s, "cadence_host_links", **lab, peer_host=other, transport="tcp")
+        assert tcp >= 1, tcp
+        moved = sum(_get(s, "cadence_host_bytes_total", **lab, peer_host=h, direction=d)
+                    for h in (mine, other) for d in ("send", "recv"))
+        assert moved > 0
 
 
 def _idle(comm):

@@ -11,6 +11,10 @@ communicator's native totals (`metrics()`: a lock the operations take for a
 few adds, and the links' counters) — nothing runs on the collective path in
 Python. Metrics and labels: docs/diagnosis.md, "Metrics (Prometheus)".
 
+Link series are per peer host and path by default (a rank's series grow
+with the hosts it talks to, not with the job); `CADENCE_METRICS_PEERS=1`
+adds one series per peer rank and path as well.
+
 Without the variable nothing is started and prometheus_client is not
 imported; `register(registry)` adds the collector to a registry an
 application serves itself. The live watcher reports verdicts through
@@ -29,6 +33,7 @@ from cadence.diagnosis.verdict import VerdictClass
 
 PORT_VAR = "CADENCE_METRICS_PORT"
 ADDR_VAR = "CADENCE_METRICS_ADDR"
+PEERS_VAR = "CADENCE_METRICS_PEERS"
 DEFAULT_ADDR = "0.0.0.0"
 PACKAGE = "prometheus_client"
 
@@ -149,6 +154,34 @@ def _live() -> list:
         return list(_comms)
 
 
+def _per_peer() -> bool:
+    """Whether series per peer rank are asked for (CADENCE_METRICS_PEERS)."""
+    return os.environ.get(PEERS_VAR, "").strip() not in ("", "0")
+
+
+def _by_host(links: list) -> tuple[dict, dict]:
+    """The links' totals summed per (peer host, transport), and their paths'
+    per (peer host, path): what the default series show."""
+    hosts: dict = {}
+    paths: dict = {}
+    for link in links:
+        h = hosts.setdefault((link["peer_host"], link["transport"]),
+                             {"links": 0, "bytes_sent": 0, "bytes_recv": 0, "msgs_sent": 0,
+                              "msgs_recv": 0, "busy_ns": 0})
+        h["links"] += 1
+        for k in ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv", "busy_ns"):
+            h[k] += link[k]
+        for k, path in enumerate(link.get("paths", [])):
+            p = paths.setdefault((link["peer_host"], k),
+                                 {"bytes_sent": 0, "bytes_recv": 0, "rate_bps": 0, "down": 0,
+                                  "downs": 0, "resent_bytes": 0})
+            for key in ("bytes_sent", "bytes_recv", "rate_bps", "resent_bytes"):
+                p[key] += path.get(key, 0)
+            p["downs"] += path.get("downs", 0)
+            p["down"] += 0 if path.get("up", True) else 1
+    return hosts, paths
+
+
 class Collector:
     """Reads every live communicator's totals at scrape time."""
 
@@ -161,6 +194,10 @@ class Collector:
         from prometheus_client.utils import floatToGoString
 
         fam = _families()
+        per_peer = _per_peer()
+        if not per_peer:
+            for name in _PEER_FAMILIES:
+                del fam[name]
         for comm in _live():
             try:
                 m = snapshot(comm)
@@ -179,7 +216,24 @@ class Collector:
                     buckets.append((floatToGoString(bound_ns / 1e9), cumulative))
                 buckets.append(("+Inf", c["ok"]))
                 fam["seconds"].add_metric(kind, buckets, c["duration_ns"] / 1e9)
-            for link in m["links"]:
+            hosts, paths = _by_host(m["links"])
+            for (peer_host, tr), h in hosts.items():
+                at = [*base, peer_host]
+                fam["host_links"].add_metric([*at, tr], h["links"])
+                fam["host_bytes"].add_metric([*at, "send", tr], h["bytes_sent"])
+                fam["host_bytes"].add_metric([*at, "recv", tr], h["bytes_recv"])
+                fam["host_msgs"].add_metric([*at, "send", tr], h["msgs_sent"])
+                fam["host_msgs"].add_metric([*at, "recv", tr], h["msgs_recv"])
+                fam["host_busy"].add_metric([*at, tr], h["busy_ns"] / 1e9)
+            for (peer_host, k), p in paths.items():
+                at = [*base, peer_host, str(k)]
+                fam["host_path_bytes"].add_metric([*at, "send"], p["bytes_sent"])
+                fam["host_path_bytes"].add_metric([*at, "recv"], p["bytes_recv"])
+                fam["host_path_rate"].add_metric(at, p["rate_bps"])
+                fam["host_path_down"].add_metric(at, p["down"])
+                fam["host_path_downs"].add_metric(at, p["downs"])
+                fam["host_path_resent"].add_metric(at, p["resent_bytes"])
+            for link in m["links"] if per_peer else ():
                 peer = [*base, str(link["peer"]), link["peer_host"]]
                 tr = link["transport"]
                 fam["peer_bytes"].add_metric([*peer, "send", tr], link["bytes_sent"])
@@ -209,6 +263,11 @@ class Collector:
         yield from fam.values()
 
 
+# The series per peer rank (CADENCE_METRICS_PEERS=1).
+_PEER_FAMILIES = ("peer_bytes", "peer_msgs", "peer_busy", "peer_rate", "path_bytes", "path_rate",
+                  "path_up", "path_downs", "path_resent")
+
+
 def _families() -> dict:
     from prometheus_client.core import (
         CounterMetricFamily,
@@ -219,6 +278,7 @@ def _families() -> dict:
 
     base = ["comm", "rank", "host"]
     peer = [*base, "peer", "peer_host"]
+    host = [*base, "peer_host"]
     return {
         "info": InfoMetricFamily(
             "cadence_communicator", "A live communicator of this process", labels=base),
@@ -231,6 +291,35 @@ def _families() -> dict:
         "seconds": HistogramMetricFamily(
             "cadence_operation_seconds", "Duration of completed operations (start to end), "
             "by collective", labels=[*base, "collective"]),
+        "host_links": GaugeMetricFamily(
+            "cadence_host_links", "Links this rank holds to ranks of a peer host",
+            labels=[*host, "transport"]),
+        "host_bytes": CounterMetricFamily(
+            "cadence_host_bytes", "Bytes moved on the links to a peer host's ranks (payload), "
+            "by direction", labels=[*host, "direction", "transport"]),
+        "host_msgs": CounterMetricFamily(
+            "cadence_host_messages", "Messages completed on the links to a peer host's ranks, "
+            "by direction", labels=[*host, "direction", "transport"]),
+        "host_busy": CounterMetricFamily(
+            "cadence_host_busy_seconds", "Time the links to a peer host's ranks had a transfer "
+            "pending, summed over the links", labels=[*host, "transport"]),
+        "host_path_bytes": CounterMetricFamily(
+            "cadence_host_path_bytes", "Bytes moved on path k (local NIC k to the peer's NIC k) "
+            "of the TCP links to a peer host's ranks, by direction",
+            labels=[*host, "path", "direction"]),
+        "host_path_rate": GaugeMetricFamily(
+            "cadence_host_path_rate_bytes_per_second", "Delivery rate of path k of the TCP "
+            "links to a peer host's ranks as the senders measure it, summed over the links "
+            "(0 until measured)", labels=[*host, "path"]),
+        "host_path_down": GaugeMetricFamily(
+            "cadence_host_path_down_links", "TCP links to a peer host's ranks whose path k is "
+            "down (failed over to their other paths)", labels=[*host, "path"]),
+        "host_path_downs": CounterMetricFamily(
+            "cadence_host_path_downs", "Times path k of a TCP link to a peer host's ranks went "
+            "down", labels=[*host, "path"]),
+        "host_path_resent": CounterMetricFamily(
+            "cadence_host_path_resent_bytes", "Payload bytes sent again on other paths because "
+            "path k of a link to a peer host's ranks went down", labels=[*host, "path"]),
         "peer_bytes": CounterMetricFamily(
             "cadence_peer_bytes", "Bytes moved on the link to a peer (payload), by direction",
             labels=[*peer, "direction", "transport"]),
