@@ -244,3 +244,51 @@ fn a_rank_that_never_joins_is_named_by_its_predecessor() {
         }
     }
 }
+
+fn threads_of_this_process() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Threads:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn one_thread_serves_every_client_and_a_write_wakes_every_waiter() {
+    // A thread per connection held thousands of threads on rank 0 of a job
+    // of thousands of ranks. (Other tests of this binary run meanwhile and
+    // start threads of their own: the bound leaves them room.)
+    let s = server();
+    let before = threads_of_this_process();
+    let clients: Vec<StoreClient> = (0..200).map(|_| client(&s)).collect();
+    for (i, c) in clients.iter().enumerate() {
+        c.set(&format!("k{i}"), &[i as u8]).unwrap();
+    }
+    for (i, c) in clients.iter().enumerate() {
+        let j = (i + 1) % clients.len();
+        assert_eq!(c.get(&format!("k{j}"), Duration::ZERO).unwrap(), [j as u8]);
+    }
+    let grew = threads_of_this_process().saturating_sub(before);
+    assert!(grew < 50, "200 clients took {grew} threads");
+    // Fifty clients park on one key; one write answers them all, and a
+    // client parked on two keys is answered once both are there.
+    let clients = Arc::new(clients);
+    let waiters: Vec<_> = (0..50)
+        .map(|i| {
+            let cs = clients.clone();
+            std::thread::spawn(move || cs[i].get("go", Duration::from_secs(10)))
+        })
+        .collect();
+    let both = {
+        let cs = clients.clone();
+        std::thread::spawn(move || cs[60].wait(&["go", "later"], Duration::from_secs(10)))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    clients[100].set("go", b"now").unwrap();
+    for w in waiters {
+        assert_eq!(w.join().unwrap().unwrap(), b"now");
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(!both.is_finished(), "answered before its second key");
+    clients[101].set("later", b"").unwrap();
+    both.join().unwrap().unwrap();
+}

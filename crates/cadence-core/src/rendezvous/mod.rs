@@ -16,6 +16,7 @@
 mod client;
 mod memory;
 mod server;
+mod table;
 mod wire;
 
 pub use client::StoreClient;

@@ -1,74 +1,47 @@
 //! [`StoreServer`]: the rendezvous root's key-value store, served by one
-//! rank's process (rank 0 at `MASTER_ADDR:MASTER_PORT`) on threads of its
-//! own.
+//! rank's process (rank 0 at `MASTER_ADDR:MASTER_PORT`) on one thread of
+//! its own.
 //!
-//! One thread per client connection: a client holds one connection for
-//! the job's life and mostly waits, so a thread blocked in `read` (small
-//! stack) is the simplest server that never lets one slow client hold up
-//! another. A request waiting for a key parks on that key's condition
-//! variable, so a `set` wakes only those who wait for it.
+//! One thread for every client: it sleeps in poll(2) on the listener, the
+//! stop bell and every connection, reads what arrived, answers what is
+//! whole (`table.rs`), and parks a `get` whose key is missing until a write
+//! of that key or its deadline. A client holds one connection for the
+//! job's life and mostly waits, so a thread per connection (as before)
+//! held thousands of threads on rank 0 of a job of thousands of ranks; a
+//! loop holds a buffer each. No client can hold up another: nothing here
+//! blocks, a stranger that says nothing is let go after
+//! [`GREETING_READ`], and one that breaks the protocol is answered and
+//! closed.
 
-use super::wire::{self, key_of, Op, ReadError, Status, GREETING};
+use super::table::{Outcome, Table};
+use super::wire::{self, parse_request, Op, Status, GREETING};
 use crate::transport::poll_fds;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// A connection thread's stack: it parses small messages and waits.
-const CONN_STACK: usize = 128 << 10;
-/// How long the acceptor pauses after an error accept(2) may repeat (out
-/// of file descriptors).
+/// How long the loop stops accepting after an error accept(2) may repeat
+/// (out of file descriptors).
 const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
-/// How long a thread sleeps at most in [`State::sleep_on`]: it wakes for
-/// its socket or the server's stop, so this is only a backstop.
+/// How long the loop sleeps at most: it wakes for its sockets, the stop
+/// and the next deadline, so this is only a backstop.
 const SLEEP_BACKSTOP: Duration = Duration::from_secs(3600);
+/// How long a new connection may take to greet.
+const GREETING_READ: Duration = Duration::from_secs(10);
 /// How long the rest of a request may take once its first byte came.
 const REQUEST_READ: Duration = Duration::from_secs(30);
-
-#[derive(Default)]
-struct Table {
-    values: HashMap<String, Vec<u8>>,
-    /// Keys someone waits for, each with the condition its waiters park on.
-    waiting: HashMap<String, Arc<Condvar>>,
-}
-
-struct State {
-    table: Mutex<Table>,
-    stopping: AtomicBool,
-    /// Readable once the server stops (the stop bell's other end, never
-    /// read): the acceptor and every idle connection sleep in poll(2) on
-    /// it beside their own socket, so nothing wakes a thousand clients'
-    /// threads while they are idle.
-    stopped: UnixStream,
-}
-
-impl State {
-    /// Sleeps until `fd` is readable or the server stops; whether either
-    /// happened (false: the backstop, or a signal).
-    fn sleep_on(&self, fd: std::os::fd::RawFd) -> bool {
-        let mut fds = [fd, self.stopped.as_raw_fd()].map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        poll_fds(&mut fds, SLEEP_BACKSTOP);
-        fds.iter().any(|p| p.revents != 0)
-    }
-}
+/// What one read takes at most.
+const READ_CHUNK: usize = 64 << 10;
 
 /// A running store server; dropping it stops it and closes its clients.
 pub struct StoreServer {
     addr: SocketAddr,
-    state: Arc<State>,
-    /// Rung when the server stops: the acceptor sleeps until a connection
-    /// or this (every rank's first request waits on the accept).
+    /// Rung when the server stops: the loop sleeps on its other end.
     stop_bell: UnixStream,
-    acceptor: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl StoreServer {
@@ -89,20 +62,13 @@ impl StoreServer {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let (stop_bell, stopped) = UnixStream::pair()?;
-        let state = Arc::new(State {
-            table: Mutex::default(),
-            stopping: AtomicBool::new(false),
-            stopped,
-        });
-        let st = state.clone();
-        let acceptor = std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("cadence-store".into())
-            .spawn(move || accept_loop(listener, st))?;
+            .spawn(move || Server::new(listener, stopped).run())?;
         Ok(StoreServer {
             addr,
-            state,
             stop_bell,
-            acceptor: Some(acceptor),
+            thread: Some(thread),
         })
     }
 
@@ -114,210 +80,369 @@ impl StoreServer {
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
-        // Idle connection threads see the bell; waiters when woken.
-        self.state.stopping.store(true, Ordering::SeqCst);
         let _ = (&self.stop_bell).write_all(&[1]);
-        for cv in self.state.table.lock().unwrap().waiting.values() {
-            cv.notify_all();
-        }
-        if let Some(a) = self.acceptor.take() {
-            let _ = a.join();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
 
-fn accept_loop(listener: TcpListener, state: Arc<State>) {
-    while !state.stopping.load(Ordering::SeqCst) {
-        // Until a connection or the stop.
-        state.sleep_on(listener.as_raw_fd());
-        match listener.accept() {
-            Ok((sock, _)) => {
-                let _ = sock.set_nonblocking(false);
-                let _ = sock.set_nodelay(true);
-                let st = state.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("cadence-store-conn".into())
-                    .stack_size(CONN_STACK)
-                    .spawn(move || serve(sock, &st));
-                if spawned.is_err() {
-                    // Out of threads: the client sees its connection close
-                    // and says so; the server goes on.
-                    continue;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => std::thread::sleep(ACCEPT_PAUSE),
+/// A `get` or `wait` parked on a missing key.
+struct Parked {
+    op: Op,
+    fields: Vec<Vec<u8>>,
+    key: String,
+    deadline: Instant,
+}
+
+/// One client's connection.
+struct Conn {
+    sock: TcpStream,
+    /// What arrived and is not yet a whole message.
+    inbuf: Vec<u8>,
+    /// What is to be sent, and how much of it is.
+    out: Vec<u8>,
+    sent: usize,
+    greeted: bool,
+    /// When what is being read must be whole (the greeting; a request
+    /// once its first byte came); `None` between requests.
+    read_by: Option<Instant>,
+    parked: Option<Parked>,
+    /// Refused: closed once the answer is out.
+    closing: bool,
+}
+
+impl Conn {
+    fn new(sock: TcpStream, now: Instant) -> Conn {
+        Conn {
+            sock,
+            inbuf: Vec::new(),
+            out: Vec::new(),
+            sent: 0,
+            greeted: false,
+            read_by: Some(now + GREETING_READ),
+            parked: None,
+            closing: false,
         }
+    }
+
+    fn answer(&mut self, status: Status, fields: &[Vec<u8>]) {
+        let refs: Vec<&[u8]> = fields.iter().map(Vec::as_slice).collect();
+        wire::write_message(&mut self.out, &[status as u8], &refs).expect("into memory");
+    }
+
+    fn refuse(&mut self, why: &str) {
+        self.answer(Status::Refused, &[why.as_bytes().to_vec()]);
+        self.closing = true;
+    }
+
+    /// Writes what it can of `out`; false when the connection is gone.
+    fn flush(&mut self) -> bool {
+        while self.sent < self.out.len() {
+            match (&self.sock).write(&self.out[self.sent..]) {
+                Ok(0) => return false,
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        self.out.clear();
+        self.sent = 0;
+        true
+    }
+
+    /// Reads what arrived; false when the client closed or failed.
+    fn fill(&mut self, now: Instant) -> bool {
+        let was_empty = self.inbuf.is_empty();
+        let mut buf = [0u8; READ_CHUNK];
+        loop {
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => return false,
+                Ok(n) => self.inbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        if was_empty && !self.inbuf.is_empty() && self.read_by.is_none() {
+            self.read_by = Some(now + REQUEST_READ);
+        }
+        true
+    }
+
+    fn idle(&self) -> bool {
+        self.parked.is_none() && !self.closing
     }
 }
 
-/// Serves one client until it closes, or sends what is not the protocol.
-fn serve(mut sock: TcpStream, state: &State) {
-    let mut greet = [0u8; GREETING.len()];
-    // A stranger that sends nothing must not hold a thread for long.
-    let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
-    if sock.read_exact(&mut greet).is_err() || &greet != GREETING {
-        return;
-    }
-    if sock.write_all(GREETING).is_err() {
-        return;
-    }
-    let _ = sock.set_read_timeout(Some(REQUEST_READ));
-    loop {
-        // Between requests, sleep until the client's next one (or its
-        // close) or the server's stop.
-        let mut head = [0u8; 5];
-        while !state.sleep_on(sock.as_raw_fd()) {}
-        if state.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        // The request follows at once.
-        match sock.read(&mut head[..1]) {
-            Ok(1) => {}
-            _ => return,
-        }
-        if sock.read_exact(&mut head[1..]).is_err() {
-            return;
-        }
-        let timeout =
-            Duration::from_millis(u32::from_le_bytes(head[1..5].try_into().unwrap()) as u64);
-        let fields = match wire::read_fields(&mut sock) {
-            Ok(f) => f,
-            Err(ReadError::Io(_)) => return,
-            Err(ReadError::Bad(m)) => {
-                let _ = reply(&mut sock, Status::Refused, &[m.as_bytes()]);
-                return;
-            }
-        };
-        let Some(op) = Op::from_u8(head[0]) else {
-            let _ = reply(&mut sock, Status::Refused, &[b"unknown operation"]);
-            return;
-        };
-        let sent = match handle(state, op, &fields, timeout) {
-            Ok((status, out)) => {
-                let refs: Vec<&[u8]> = out.iter().map(Vec::as_slice).collect();
-                reply(&mut sock, status, &refs)
-            }
-            Err(m) => {
-                let _ = reply(&mut sock, Status::Refused, &[m.as_bytes()]);
-                return;
-            }
-        };
-        if sent.is_err() {
-            return;
-        }
-    }
+struct Server {
+    listener: TcpListener,
+    stopped: UnixStream,
+    table: Table,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    /// By key: the connections parked on it (some may have moved on or
+    /// gone: checked when woken).
+    waiting: HashMap<String, Vec<usize>>,
+    /// No accepting before this (after an accept error).
+    accept_after: Instant,
 }
 
-fn reply(sock: &mut TcpStream, status: Status, fields: &[&[u8]]) -> io::Result<()> {
-    wire::write_message(sock, &[status as u8], fields)
-}
+impl Server {
+    fn new(listener: TcpListener, stopped: UnixStream) -> Server {
+        Server {
+            listener,
+            stopped,
+            table: Table::default(),
+            conns: Vec::new(),
+            free: Vec::new(),
+            waiting: HashMap::new(),
+            accept_after: Instant::now(),
+        }
+    }
 
-type Answer = Result<(Status, Vec<Vec<u8>>), String>;
-
-fn handle(state: &State, op: Op, f: &[Vec<u8>], timeout: Duration) -> Answer {
-    let want = |n: usize| {
-        if f.len() == n {
-            Ok(())
-        } else {
-            Err(format!("{op:?} takes {n} fields, got {}", f.len()))
-        }
-    };
-    let ok = |v: Vec<Vec<u8>>| Ok((Status::Ok, v));
-    match op {
-        Op::Set => {
-            want(2)?;
-            let key = key_of(&f[0])?;
-            let mut t = state.table.lock().unwrap();
-            t.values.insert(key.clone(), f[1].clone());
-            if let Some(cv) = t.waiting.remove(&key) {
-                cv.notify_all();
-            }
-            ok(vec![])
-        }
-        Op::Get | Op::Wait => {
-            if f.is_empty() || (op == Op::Get && f.len() != 1) {
-                return Err(format!("{op:?} with {} keys", f.len()));
-            }
-            let keys = f.iter().map(|k| key_of(k)).collect::<Result<Vec<_>, _>>()?;
-            let deadline = Instant::now() + timeout;
-            let mut t = state.table.lock().unwrap();
-            for key in &keys {
-                while !t.values.contains_key(key) {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() || state.stopping.load(Ordering::SeqCst) {
-                        return Ok((Status::Timeout, vec![key.as_bytes().to_vec()]));
-                    }
-                    let cv = t.waiting.entry(key.clone()).or_default().clone();
-                    t = cv.wait_timeout(t, left).unwrap().0;
-                }
-            }
-            if op == Op::Get {
-                ok(vec![t.values[&keys[0]].clone()])
-            } else {
-                ok(vec![])
-            }
-        }
-        Op::Add => {
-            want(2)?;
-            let key = key_of(&f[0])?;
-            let delta = i64::from_le_bytes(
-                f[1].as_slice()
-                    .try_into()
-                    .map_err(|_| "Add takes an 8-byte delta".to_string())?,
-            );
-            let mut t = state.table.lock().unwrap();
-            // As torch's store: the counter is kept as decimal text.
-            let now = match t.values.get(&key) {
-                Some(v) => std::str::from_utf8(v)
-                    .ok()
-                    .and_then(|s| s.trim().parse::<i64>().ok())
-                    .ok_or_else(|| format!("Add on key {key:?}, which is not a number"))?,
-                None => 0,
-            }
-            .wrapping_add(delta);
-            t.values.insert(key.clone(), now.to_string().into_bytes());
-            if let Some(cv) = t.waiting.remove(&key) {
-                cv.notify_all();
-            }
-            ok(vec![now.to_le_bytes().to_vec()])
-        }
-        Op::Check => {
-            let keys = f.iter().map(|k| key_of(k)).collect::<Result<Vec<_>, _>>()?;
-            let t = state.table.lock().unwrap();
-            let all = keys.iter().all(|k| t.values.contains_key(k));
-            ok(vec![vec![all as u8]])
-        }
-        Op::CompareSet => {
-            want(3)?;
-            let key = key_of(&f[0])?;
-            let mut t = state.table.lock().unwrap();
-            // As torch's: a missing key matches an empty `expected`.
-            let current = t.values.get(&key).cloned();
-            let matches = match &current {
-                Some(v) => *v == f[1],
-                None => f[1].is_empty(),
+    fn run(mut self) {
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut at: Vec<usize> = Vec::new();
+        loop {
+            let now = Instant::now();
+            fds.clear();
+            at.clear();
+            let pollfd = |fd, events| libc::pollfd {
+                fd,
+                events,
+                revents: 0,
             };
-            if matches {
-                t.values.insert(key.clone(), f[2].clone());
-                if let Some(cv) = t.waiting.remove(&key) {
-                    cv.notify_all();
+            fds.push(pollfd(self.stopped.as_raw_fd(), libc::POLLIN));
+            if now >= self.accept_after {
+                fds.push(pollfd(self.listener.as_raw_fd(), libc::POLLIN));
+            }
+            let mut next = now + SLEEP_BACKSTOP;
+            for (i, c) in self.conns.iter().enumerate() {
+                let Some(c) = c else { continue };
+                let events = if c.sent < c.out.len() {
+                    libc::POLLOUT
+                } else if c.idle() {
+                    libc::POLLIN
+                } else {
+                    0
+                };
+                fds.push(pollfd(c.sock.as_raw_fd(), events));
+                at.push(i);
+                for t in [c.read_by, c.parked.as_ref().map(|p| p.deadline)]
+                    .into_iter()
+                    .flatten()
+                {
+                    next = next.min(t);
                 }
-                ok(vec![f[2].clone()])
-            } else {
-                ok(vec![current.unwrap_or_default()])
+            }
+            if now < self.accept_after {
+                next = next.min(self.accept_after);
+            }
+            poll_fds(
+                &mut fds,
+                next.saturating_duration_since(now)
+                    .max(Duration::from_millis(1)),
+            );
+            if fds[0].revents != 0 {
+                self.stop();
+                return;
+            }
+            let now = Instant::now();
+            if fds.len() > 1 && fds[1].fd == self.listener.as_raw_fd() && fds[1].revents != 0 {
+                self.accept(now);
+            }
+            let first_conn = fds.len() - at.len();
+            for (k, &i) in at.iter().enumerate() {
+                let revents = fds[first_conn + k].revents;
+                if revents != 0 {
+                    self.serve(i, revents, now);
+                }
+            }
+            self.expire(now);
+        }
+    }
+
+    fn accept(&mut self, now: Instant) {
+        loop {
+            match self.listener.accept() {
+                Ok((sock, _)) => {
+                    if sock.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    let _ = sock.set_nodelay(true);
+                    let conn = Some(Conn::new(sock, now));
+                    match self.free.pop() {
+                        Some(i) => self.conns[i] = conn,
+                        None => self.conns.push(conn),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.accept_after = now + ACCEPT_PAUSE;
+                    return;
+                }
             }
         }
-        Op::Delete => {
-            want(1)?;
-            let key = key_of(&f[0])?;
-            let gone = state.table.lock().unwrap().values.remove(&key).is_some();
-            ok(vec![vec![gone as u8]])
+    }
+
+    fn close(&mut self, i: usize) {
+        if self.conns[i].take().is_some() {
+            self.free.push(i);
         }
-        Op::NumKeys => {
-            want(0)?;
-            let n = state.table.lock().unwrap().values.len() as u64;
-            ok(vec![n.to_le_bytes().to_vec()])
+    }
+
+    /// Connection `i` is ready (`revents`): writes what waits, reads what
+    /// came, and answers every whole request.
+    fn serve(&mut self, i: usize, revents: libc::c_short, now: Instant) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        let broken = revents & (libc::POLLERR | libc::POLLHUP) != 0;
+        if (broken && !c.idle()) || (c.idle() && !c.fill(now)) {
+            return self.close(i);
+        }
+        self.answer_whole(i, now);
+    }
+
+    /// Writes what connection `i` has to send; closes it when that fails,
+    /// or when it was refused and the answer is out.
+    fn settle(&mut self, i: usize) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        if !c.flush() || (c.closing && c.out.is_empty()) {
+            self.close(i);
+        }
+    }
+
+    /// Answers the requests whole in connection `i`'s buffer, one after
+    /// another, until one parks or the buffer runs out.
+    fn answer_whole(&mut self, i: usize, now: Instant) {
+        loop {
+            let Some(c) = self.conns[i].as_mut() else {
+                return;
+            };
+            if !c.idle() {
+                break;
+            }
+            if !c.greeted {
+                if c.inbuf.len() < GREETING.len() {
+                    break;
+                }
+                if &c.inbuf[..GREETING.len()] != GREETING {
+                    // Not a store client: closed without a word.
+                    return self.close(i);
+                }
+                c.inbuf.drain(..GREETING.len());
+                c.greeted = true;
+                c.read_by = None;
+                c.out.extend_from_slice(GREETING);
+                continue;
+            }
+            let (req, used) = match parse_request(&c.inbuf) {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(why) => {
+                    c.refuse(&why);
+                    break;
+                }
+            };
+            c.inbuf.drain(..used);
+            c.read_by = (!c.inbuf.is_empty()).then(|| now + REQUEST_READ);
+            let Some(op) = Op::from_u8(req.op) else {
+                c.refuse("unknown operation");
+                break;
+            };
+            let deadline = now + Duration::from_millis(req.timeout_ms as u64);
+            self.request(i, op, req.fields, deadline, now);
+        }
+        self.settle(i);
+    }
+
+    /// Runs one request of connection `i`: answers it, or parks it on the
+    /// key it waits for (and wakes those parked on a key it wrote).
+    fn request(&mut self, i: usize, op: Op, fields: Vec<Vec<u8>>, deadline: Instant, now: Instant) {
+        let outcome = self.table.run(op, &fields);
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        match outcome {
+            Err(why) => c.refuse(&why),
+            Ok(Outcome::Reply {
+                status,
+                fields: out,
+                wrote,
+            }) => {
+                c.answer(status, &out);
+                if let Some(key) = wrote {
+                    self.wake(&key, now);
+                }
+            }
+            Ok(Outcome::WaitFor(key)) if now >= deadline => {
+                c.answer(Status::Timeout, &[key.into_bytes()]);
+            }
+            Ok(Outcome::WaitFor(key)) => {
+                self.waiting.entry(key.clone()).or_default().push(i);
+                c.parked = Some(Parked {
+                    op,
+                    fields,
+                    key,
+                    deadline,
+                });
+            }
+        }
+    }
+
+    /// `key` was written: every connection parked on it runs its request
+    /// again (answered, or parked on the next key it lacks), then goes on
+    /// with what else it sent.
+    fn wake(&mut self, key: &str, now: Instant) {
+        let Some(parked) = self.waiting.remove(key) else {
+            return;
+        };
+        for i in parked {
+            let Some(c) = self.conns[i].as_mut() else {
+                continue;
+            };
+            if c.parked.as_ref().is_none_or(|p| p.key != key) {
+                continue;
+            }
+            let p = c.parked.take().expect("parked");
+            self.request(i, p.op, p.fields, p.deadline, now);
+            self.answer_whole(i, now);
+        }
+    }
+
+    /// Times out parked requests past their deadline (naming the key) and
+    /// lets go of connections that did not finish a message in time.
+    fn expire(&mut self, now: Instant) {
+        for i in 0..self.conns.len() {
+            let Some(c) = self.conns[i].as_mut() else {
+                continue;
+            };
+            if c.read_by.is_some_and(|t| now >= t) && !c.closing {
+                self.close(i);
+                continue;
+            }
+            if c.parked.as_ref().is_some_and(|p| now >= p.deadline) {
+                let p = c.parked.take().expect("parked");
+                c.answer(Status::Timeout, &[p.key.into_bytes()]);
+                self.answer_whole(i, now);
+            }
+        }
+    }
+
+    /// The server stops: parked requests are told they timed out (best
+    /// effort), and every connection closes.
+    fn stop(&mut self) {
+        for c in self.conns.iter_mut().flatten() {
+            if let Some(p) = c.parked.take() {
+                c.answer(Status::Timeout, &[p.key.into_bytes()]);
+                c.flush();
+            }
         }
     }
 }

@@ -86,6 +86,57 @@ pub fn read_fields(r: &mut impl Read) -> Result<Vec<Vec<u8>>, ReadError> {
     Ok(out)
 }
 
+/// A request as it arrived: its operation byte, timeout and fields.
+pub struct Request {
+    pub op: u8,
+    pub timeout_ms: u32,
+    pub fields: Vec<Vec<u8>>,
+}
+
+/// Reads a request from the front of `buf` without blocking: `Ok(None)`
+/// while it is incomplete, else the request and the bytes it took. `Err`:
+/// it breaks the limits (the connection is then refused).
+pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, String> {
+    let word = |at: usize, n: usize| buf.get(at..at + n);
+    let Some(head) = word(0, 7) else {
+        return Ok(None);
+    };
+    let nfields = u16::from_le_bytes([head[5], head[6]]) as usize;
+    if nfields > MAX_FIELDS {
+        return Err(format!("{nfields} fields (at most {MAX_FIELDS})"));
+    }
+    // The lengths first: a field over the limit is refused before its
+    // bytes come.
+    let mut at = 7;
+    let mut spans = Vec::with_capacity(nfields);
+    for _ in 0..nfields {
+        let Some(len) = word(at, 4) else {
+            return Ok(None);
+        };
+        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+        if len > MAX_VALUE {
+            return Err(format!("a field of {len} bytes"));
+        }
+        spans.push((at + 4, len));
+        at += 4 + len;
+        if at > buf.len() {
+            // Not all of this field yet; its successors' lengths are
+            // behind it.
+            return Ok(None);
+        }
+    }
+    let fields = spans
+        .into_iter()
+        .map(|(from, len)| buf[from..from + len].to_vec())
+        .collect();
+    let request = Request {
+        op: head[0],
+        timeout_ms: u32::from_le_bytes([head[1], head[2], head[3], head[4]]),
+        fields,
+    };
+    Ok(Some((request, at)))
+}
+
 pub enum ReadError {
     Io(std::io::Error),
     Bad(String),
