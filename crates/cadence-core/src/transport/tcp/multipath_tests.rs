@@ -120,6 +120,18 @@ fn check(
     r.map(|()| events)
 }
 
+/// A link of two streams on two paths to rank 4 on "node9", down after 2 s
+/// without delivery.
+fn two_paths(t0: Instant) -> Multipath {
+    let mut mp = Multipath::new(4, 2, 2, t0);
+    mp.configure(
+        Duration::from_secs(2),
+        "node9",
+        vec!["a".into(), "b".into()],
+    );
+    mp
+}
+
 /// A peer that has answered nothing since `since`, with bytes out to it.
 fn silent_since(since: Instant, now: Instant) -> PeerAcks {
     PeerAcks {
@@ -163,12 +175,7 @@ fn an_unmeasured_stream_counts_as_the_fastest_and_ties_go_to_stream_0() {
 #[test]
 fn a_silent_path_fails_at_its_deadline_and_its_chunks_go_to_the_other() {
     let t0 = Instant::now();
-    let mut mp = Multipath::new(4, 2, 2, t0);
-    mp.configure(
-        Duration::from_secs(2),
-        "node9",
-        vec!["a".into(), "b".into()],
-    );
+    let mut mp = two_paths(t0);
     let mut kernel = Kernel::new(&[100e6, 100e6]);
     let mut msg = 0;
     let (taken, t_cut) = drive(&mut mp, &mut kernel, t0, 200, &mut msg);
@@ -374,12 +381,7 @@ fn the_chunk_being_written_on_a_failed_path_goes_again_too() {
 #[test]
 fn a_link_at_rest_is_not_read_and_a_write_after_a_long_rest_is_no_stall() {
     let t0 = Instant::now();
-    let mut mp = Multipath::new(4, 2, 2, t0);
-    mp.configure(
-        Duration::from_secs(2),
-        "node9",
-        vec!["a".into(), "b".into()],
-    );
+    let mut mp = two_paths(t0);
     assert!(mp.at_rest(t0), "nothing written yet");
     let mut kernel = Kernel::new(&[100e6, 100e6]);
     let mut msg = 0;
