@@ -42,6 +42,10 @@ impl Engine {
             for l in self.links.iter_mut() {
                 l.post_stall(&notice);
             }
+            if self.multipath {
+                // What the links could not write at once, upkeep writes.
+                self.links.stir_all();
+            }
             wait.published = chain.clone();
             wait.published_to = self.links.len();
         } else {

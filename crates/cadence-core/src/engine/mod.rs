@@ -39,7 +39,7 @@ pub use wait::{Wait, WaitStats};
 use crate::error::{CommError, ErrorKind};
 use crate::schedule::Algo;
 use crate::transport::shm::Inbox;
-use crate::transport::{AbortNotice, LinkCounters, RecvJob, SendJob};
+use crate::transport::{AbortNotice, Link, LinkCounters, RecvJob, SendJob};
 use crate::types::CollKind;
 use evidence::{stamp_moved, Recording};
 use phases::Jobs;
@@ -245,11 +245,17 @@ impl Engine {
             return Ok(false);
         }
         self.last_maintain = now;
-        let mut moved = false;
-        for l in self.links.iter_mut() {
-            moved |= l.maintain()?;
+        self.links.upkeep(Link::maintain)
+    }
+
+    /// The link to `peer` for a transfer that is about to move on it: with
+    /// several paths, it joins the links upkeep walks.
+    fn link_for_work(&mut self, peer: usize) -> Option<&mut Link> {
+        if self.multipath {
+            self.links.stir(peer)
+        } else {
+            self.links.get_mut(peer)
         }
-        Ok(moved)
     }
 
     /// Whether some link has several paths (see [`Engine::maintain_links`]).
@@ -363,7 +369,7 @@ impl Engine {
                 *pending = true;
                 continue;
             }
-            let Some(link) = self.links.get_mut(*peer) else {
+            let Some(link) = self.link_for_work(*peer) else {
                 self.want_link(*peer)?;
                 self.mark(*peer, Marks::BUSY_TX);
                 *pending = true;
@@ -388,7 +394,7 @@ impl Engine {
                 *pending = true;
                 continue;
             }
-            let Some(link) = self.links.get_mut(*peer) else {
+            let Some(link) = self.link_for_work(*peer) else {
                 self.await_link(*peer)?;
                 self.mark(*peer, Marks::BUSY_RX);
                 *pending = true;

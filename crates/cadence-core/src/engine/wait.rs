@@ -309,8 +309,9 @@ impl Engine {
             }
         }
         if self.multipath {
-            // Chunks a link writes on its own wake us too.
-            for (peer, l) in self.links.iter() {
+            // Chunks a link writes on its own wake us too (only a link that
+            // carried something since it was last at rest has any).
+            for (peer, l) in self.links.restless() {
                 if !self.marked(peer, Marks::BUSY_TX) {
                     self.pollfds.extend(l.background_wait());
                 }

@@ -150,6 +150,22 @@ impl Link {
             Link::Shm(_) => Ok(false),
         }
     }
+    /// Whether [`Link::maintain`] has nothing to do until the link next
+    /// carries something: nothing queued, nothing to send again, no path
+    /// waiting to come back (always, without several paths).
+    pub fn resting(&self) -> bool {
+        match self {
+            Link::Tcp(l) => l.resting(),
+            Link::Shm(_) => true,
+        }
+    }
+    /// The link is about to carry something after a rest, at `now` (see
+    /// [`tcp::TcpLink::wake`]).
+    pub fn wake(&mut self, now: std::time::Instant) {
+        if let Link::Tcp(l) = self {
+            l.wake(now);
+        }
+    }
     /// Writes what is left of queued control frames (stall notices), never
     /// blocking.
     pub fn flush_control(&mut self) {

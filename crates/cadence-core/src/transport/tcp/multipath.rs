@@ -346,10 +346,14 @@ impl Multipath {
     /// a rank's upkeep grows with the links that carry something, not
     /// with all it holds.
     pub fn at_rest(&mut self, now: Instant) -> bool {
-        let quiet = self.resend.is_empty()
+        self.quiet() && self.rate.iter_mut().all(|r| r.rest(now))
+    }
+
+    /// [`Multipath::at_rest`] without touching the streams' progress.
+    pub fn quiet(&self) -> bool {
+        self.resend.is_empty()
             && self.paths.iter().all(|p| p.up || p.dead)
-            && self.rate.iter().all(|r| r.queued == 0);
-        quiet && self.rate.iter_mut().all(|r| r.rest(now))
+            && self.rate.iter().all(|r| r.queued == 0)
     }
 
     /// Whether stream `s` holds bytes and has delivered none for the

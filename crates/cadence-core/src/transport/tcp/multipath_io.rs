@@ -76,6 +76,19 @@ impl TcpLink {
         Ok(moved)
     }
 
+    /// Whether [`TcpLink::maintain`] has nothing to do until the link next
+    /// carries something.
+    pub fn resting(&self) -> bool {
+        !self.multipath.on() || (self.multipath.quiet() && self.tx_ctl.is_empty() && self.tx_idle())
+    }
+
+    /// About to carry something after a rest (nobody looked at the link
+    /// meanwhile): its streams count as having made progress until `now`,
+    /// so that the rest is not taken for a stall.
+    pub fn wake(&mut self, now: Instant) {
+        self.multipath.at_rest(now);
+    }
+
     /// Streams the link's own writes wait on (see [`TcpLink::maintain`]).
     pub fn background_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
         let on = self.multipath.on();
