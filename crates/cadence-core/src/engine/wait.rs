@@ -187,8 +187,9 @@ impl Engine {
         }
         let waited = now.duration_since(since);
         // A wait for links being made, and for nothing else, sleeps at
-        // once: the threads making them need the cores a spin would take,
-        // and nothing can move before a link's handshake round trip.
+        // once (in poll(2) on the links' streams and the maker's bell): the
+        // listeners' threads answering the handshakes need the cores a spin
+        // would take, and nothing moves before a handshake round trip.
         let nlinks = self.links.len();
         let links_only = match wait.links_only {
             Some((only, n)) if n == nlinks => only,
@@ -235,8 +236,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether every transfer that could move (each peer's first unfinished
-    /// one, not held) waits for a link being made, and one does.
+    /// Whether every transfer that could move (unfinished, not held) waits
+    /// for a link being made, and one does.
     fn waits_for_links_only(&self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]) -> bool {
         if self.maker.is_none() {
             return false;
