@@ -617,7 +617,7 @@ fn sweep_part() {
 /// a TCP connect and the HELLO answered by a listener's accepting thread
 /// (median of 20).
 fn one_handshake_round_trip(secret: &JobSecret) -> Duration {
-    use cadence_core::transport::tcp_setup::{accept_all, connect};
+    use cadence_core::transport::tcp_setup::{accept_all, connect, Dialer};
     let mut took: Vec<Duration> = (0..20)
         .map(|i| {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -630,7 +630,12 @@ fn one_handshake_round_trip(secret: &JobSecret) -> Duration {
             // The listener's thread asleep in poll(2) first, as a rank's is.
             std::thread::sleep(Duration::from_millis(2));
             let t = Instant::now();
-            connect(addr, None, secret, "hs", 1, i, 0, deadline).unwrap();
+            let who = Dialer {
+                secret,
+                comm_id: "hs",
+                rank: 1,
+            };
+            connect(who, addr, None, i, 0, deadline).unwrap();
             let took = t.elapsed();
             assert_eq!(server.join().unwrap().unwrap(), 1);
             took

@@ -5,7 +5,7 @@
 
 use cadence_core::comm::{Bootstrap, Comm, OpRequest, PeerInfo};
 use cadence_core::transport::handshake::{fresh_nonce, Connector, ANSWER_BYTES, HELLO_BYTES};
-use cadence_core::transport::tcp_setup::connect;
+use cadence_core::transport::tcp_setup::{connect, Dialer};
 use cadence_core::{CollKind, Config, DType, JobSecret, RedOp};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -221,12 +221,22 @@ fn strangers_are_refused_without_delaying_set_up() {
     let other_job = thread::spawn(move || {
         let other = JobSecret::random().unwrap();
         let dl = Instant::now() + Duration::from_secs(3);
-        connect(addr0, None, &other, &id1, 1, 0, 0, dl).unwrap_err()
+        let who = Dialer {
+            secret: &other,
+            comm_id: &id1,
+            rank: 1,
+        };
+        connect(who, addr0, None, 0, 0, dl).unwrap_err()
     });
     let (id2, s2) = (format!("{id}-other"), secret.clone());
     let other_comm = thread::spawn(move || {
         let dl = Instant::now() + Duration::from_millis(600);
-        connect(addr0, None, &s2, &id2, 1, 0, 0, dl).unwrap_err()
+        let who = Dialer {
+            secret: &s2,
+            comm_id: &id2,
+            rank: 1,
+        };
+        connect(who, addr0, None, 0, 0, dl).unwrap_err()
     });
 
     let mut results: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();

@@ -23,7 +23,7 @@ use super::{PeerInfo, PeerTable};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::rendezvous::{Store, StoreError};
 use crate::transport::handshake::{Expected, JobSecret};
-use crate::transport::tcp_setup::{accept_each, connect};
+use crate::transport::tcp_setup::{accept_each, connect, Dialer};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
@@ -298,22 +298,18 @@ fn send_step(
     block: &[u8],
 ) -> Result<SocketAddr> {
     // The exchange's listener keeps every member's stream.
-    let (mut s, _) = connect(
-        addr,
-        None,
-        ctx.secret,
-        ctx.comm_id,
-        ctx.rank,
-        GATHER_STREAM + k,
-        to,
-        ctx.deadline,
-    )
-    .map_err(|e| {
-        ctx.fail(
-            format!("exchanging peer records with rank {to} at {addr}: {e}"),
-            Some(to),
-        )
-    })?;
+    let who = Dialer {
+        secret: ctx.secret,
+        comm_id: ctx.comm_id,
+        rank: ctx.rank,
+    };
+    let (mut s, _) =
+        connect(who, addr, None, GATHER_STREAM + k, to, ctx.deadline).map_err(|e| {
+            ctx.fail(
+                format!("exchanging peer records with rank {to} at {addr}: {e}"),
+                Some(to),
+            )
+        })?;
     let left = ctx
         .deadline
         .saturating_duration_since(Instant::now())

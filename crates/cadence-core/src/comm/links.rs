@@ -9,7 +9,7 @@ use crate::error::{CommError, ErrorKind, Result};
 use crate::transport::handshake::JobSecret;
 use crate::transport::tcp::poll_fds;
 use crate::transport::tcp::TcpLink;
-use crate::transport::tcp_setup::{connect, Dial};
+use crate::transport::tcp_setup::{connect, Dial, Dialer};
 use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +47,14 @@ pub fn blame(ctx: &LinkCtx, m: String, culprit: Option<usize>) -> CommError {
 }
 
 impl LinkCtx {
+    /// This rank, as it dials its peers.
+    pub fn dialer(&self) -> Dialer<'_> {
+        Dialer {
+            secret: &self.secret,
+            comm_id: &self.comm_id,
+            rank: self.rank,
+        }
+    }
     /// The paths between this rank and `peer` (NIC k to NIC k).
     pub fn paths_to(&self, peer: usize) -> usize {
         self.infos.paths_between(self.rank, peer)
@@ -132,8 +140,7 @@ impl Flight {
                 .then(|| {
                     let from = (npaths > 1).then(|| ctx.my_ips[path]);
                     let addr = ctx.infos.nic_addr(peer, path);
-                    let (secret, id) = (&ctx.secret, &ctx.comm_id);
-                    Dial::start(addr, from, secret, id, ctx.rank, s, peer, FIRST_TRY).ok()
+                    Dial::start(ctx.dialer(), addr, from, s, peer, FIRST_TRY).ok()
                 })
                 .flatten();
             path_failed[path] |= dial.is_none();
@@ -238,8 +245,7 @@ pub fn patiently(
             let via = from(path)
                 .map(|ip| format!(" from {ip}"))
                 .unwrap_or_default();
-            let (secret, id) = (&ctx.secret, &ctx.comm_id);
-            match connect(addr, from(path), secret, id, ctx.rank, s, peer, until()) {
+            match connect(ctx.dialer(), addr, from(path), s, peer, until()) {
                 Ok((_, false)) => return Ok(None),
                 Ok((sock, true)) => {
                     *slot = Some(sock);

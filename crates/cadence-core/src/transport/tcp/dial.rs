@@ -24,6 +24,15 @@ pub enum Attempt {
     Fatal(io::Error),
 }
 
+/// Who dials: this rank of a communicator, with the job's secret to prove
+/// its membership.
+#[derive(Clone, Copy)]
+pub struct Dialer<'a> {
+    pub secret: &'a JobSecret,
+    pub comm_id: &'a str,
+    pub rank: usize,
+}
+
 /// One stream's connect and handshake, moved on by [`Dial::advance`].
 pub struct Dial {
     sock: TcpStream,
@@ -39,18 +48,16 @@ pub struct Dial {
 }
 
 impl Dial {
-    /// Starts connecting to `addr` (from the local address `from` when
-    /// given: the NIC of a path; a multi-rail host has a route to each rail
-    /// through its NIC, and binding makes the source address that NIC's as
-    /// well) and sends the HELLO as soon as the connection is up (at once
-    /// on a loopback). The connect may take `connect_within`.
-    #[allow(clippy::too_many_arguments)]
+    /// Starts connecting stream `stream` of the link to `peer_rank` at
+    /// `addr` (from the local address `from` when given: the NIC of a path;
+    /// a multi-rail host has a route to each rail through its NIC, and
+    /// binding makes the source address that NIC's as well) and sends the
+    /// HELLO as soon as the connection is up (at once on a loopback). The
+    /// connect may take `connect_within`.
     pub fn start(
+        who: Dialer<'_>,
         addr: SocketAddr,
         from: Option<IpAddr>,
-        secret: &JobSecret,
-        comm_id: &str,
-        my_rank: usize,
         stream: usize,
         peer_rank: usize,
         connect_within: Duration,
@@ -73,7 +80,8 @@ impl Dial {
             Err(e) => return Err(refused_or_fatal(e)),
         };
         let nonce = fresh_nonce().map_err(|e| fatal(io::Error::other(e)))?;
-        let (machine, hello) = Connector::new(secret, comm_id, my_rank, stream, peer_rank, nonce);
+        let (machine, hello) =
+            Connector::new(who.secret, who.comm_id, who.rank, stream, peer_rank, nonce);
         let mut dial = Dial {
             sock: sock.into(),
             machine,

@@ -10,7 +10,7 @@
 //!   a stranger that connects and says nothing (or says garbage) costs the
 //!   job nothing: members keep getting through around it.
 
-pub use super::dial::{Attempt, Connected, Dial};
+pub use super::dial::{Attempt, Connected, Dial, Dialer};
 use super::socket::poll_fds;
 use crate::transport::handshake::{Acceptor, Expected, JobSecret, ReplayGuard, Step, StreamKey};
 use std::io::{self, Read, Write};
@@ -45,16 +45,14 @@ impl SetupFailure {
     }
 }
 
-/// Connects to a peer's listener (retrying until it listens and until the
-/// handshake completes) and proves this rank's membership. Fails at once if
-/// the listener cannot prove its own or refuses this rank's.
-#[allow(clippy::too_many_arguments)]
+/// Connects stream `stream` of the link to `peer_rank` at its listener
+/// `addr` (retrying until it listens and until the handshake completes) and
+/// proves `who`'s membership. Fails at once if the listener cannot prove
+/// its own or refuses this rank's.
 pub fn connect(
+    who: Dialer<'_>,
     addr: SocketAddr,
     from: Option<IpAddr>,
-    secret: &JobSecret,
-    comm_id: &str,
-    my_rank: usize,
     stream: usize,
     peer_rank: usize,
     deadline: Instant,
@@ -77,9 +75,7 @@ pub fn connect(
             ));
         }
         let within = left.min(Duration::from_secs(5));
-        let dial = match Dial::start(
-            addr, from, secret, comm_id, my_rank, stream, peer_rank, within,
-        ) {
+        let dial = match Dial::start(who, addr, from, stream, peer_rank, within) {
             Ok(d) => d,
             Err(Attempt::Retry(why)) => {
                 last = why;
