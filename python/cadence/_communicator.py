@@ -335,7 +335,10 @@ class Communicator:
         No store round trip: the members learn where each listens from an
         allgather over this communicator, take the rest from its peer
         table, and inherit its clock offsets, start-up profile and cost
-        model (comm/split.rs); links are made on first use."""
+        model (comm/split.rs). Its TCP links are its root's, shared
+        (connecting only to members the root never linked to), unless
+        CADENCE_SPLIT_LINKS=own: ranks must then call the communicators
+        that share links in the same order."""
         key = self.rank if key is None else int(key)
         table = self.allgather(np.array([int(color), key], dtype=np.int64))
         self._nsplit += 1

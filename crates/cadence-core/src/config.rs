@@ -58,6 +58,10 @@ pub struct Config {
     /// the default) or every one at set-up (`eager`: the full mesh, every
     /// link proven before the first operation).
     pub connect: ConnectMode,
+    /// Whether a split uses its root's TCP links (`CADENCE_SPLIT_LINKS`:
+    /// `share`, the default) or makes its own (`own`: for programs whose
+    /// ranks call the communicators in different orders).
+    pub share_split_links: bool,
     pub flight_recorder: usize,
     /// Messages kept in the flight recorder's message ring
     /// (`CADENCE_RECORD_MESSAGES`; 0: no per-message records).
@@ -171,6 +175,7 @@ impl Default for Config {
             shm: ShmConfig::default(),
             nstreams: 2,
             connect: ConnectMode::Lazy,
+            share_split_links: true,
             flight_recorder: 1024,
             record_messages: 4096,
             dump_dir: None,
@@ -282,6 +287,13 @@ impl Config {
         }
         if let Some(v) = get("CADENCE_NSTREAMS") {
             c.nstreams = num::<usize>("CADENCE_NSTREAMS", &v)?.clamp(1, 64);
+        }
+        if let Some(v) = get("CADENCE_SPLIT_LINKS") {
+            c.share_split_links = match v.trim().to_ascii_lowercase().as_str() {
+                "share" | "" => true,
+                "own" => false,
+                _ => return Err(format!("CADENCE_SPLIT_LINKS={v:?}: use share or own")),
+            };
         }
         if let Some(v) = get("CADENCE_CONNECT") {
             c.connect = match v.trim().to_ascii_lowercase().as_str() {

@@ -69,7 +69,12 @@ const ALLTOALL_MAX: usize = 128;
 struct RankFigures {
     store_ops: usize,
     links_after_init: usize,
+    /// The root's links before the split, and after its allreduce (the
+    /// split's are its root's: it adds only those its ring lacked).
+    links_before_split: usize,
     links_after: usize,
+    /// From the split's start to the end of its first allreduce (µs).
+    split_us: u64,
 }
 
 #[derive(Debug)]
@@ -208,6 +213,8 @@ fn config() -> Config {
         calibrate: false,
         topo: cadence_core::config::TopoSource::Off,
         debug: cadence_core::config::DebugLevel::Off,
+        // `CADENCE_SPLIT_LINKS=own` to compare splits with links of their own.
+        share_split_links: std::env::var("CADENCE_SPLIT_LINKS").as_deref() != Ok("own"),
         ..Config::default()
     }
 }
@@ -318,9 +325,11 @@ fn run_part(part: Part) -> Run {
                         }
                     }
                     comm.run(OpRequest::barrier()).unwrap();
+                    let before_split = comm.links_open();
                     // A split into GROUPS by rank mod GROUPS, as Python's
                     // `split` makes it: each rank's ports and clock offset go
                     // round by an allgather over the parent; no store.
+                    let split_t = Instant::now();
                     let color = r % GROUPS;
                     let members: Vec<usize> = (0..n).filter(|q| q % GROUPS == color).collect();
                     let me = members.iter().position(|&q| q == r).unwrap();
@@ -356,13 +365,16 @@ fn run_part(part: Part) -> Run {
                     let sub = b.connect_split(&comm, &members, &ports, &clocks).unwrap();
                     let mut x = vec![r as f64; 5];
                     f64_allreduce(&sub, Algo::Ring, &mut x);
+                    let split_us = split_t.elapsed().as_micros() as u64;
                     let want: f64 = members.iter().map(|&q| q as f64).sum();
                     assert_eq!(x[0], want, "rank {r} in group {color}");
                     sub.close();
                     figures.lock().unwrap()[r - lo] = RankFigures {
                         store_ops: mine.ops(),
                         links_after_init: after_init,
+                        links_before_split: before_split,
                         links_after: comm.links_open(),
+                        split_us,
                     };
                     // Every rank done before /dev/shm is measured, every
                     // part measured before any rank closes.
@@ -415,9 +427,12 @@ fn report(r: &Run) {
     let max = |f: fn(&RankFigures) -> usize| r.ranks.iter().map(f).max().unwrap_or(0);
     let mut after: Vec<usize> = r.ranks.iter().map(|f| f.links_after_init).collect();
     after.sort_unstable();
+    let mut split: Vec<u64> = r.ranks.iter().map(|f| f.split_us).collect();
+    split.sort_unstable();
     println!(
         "n={:5} ({} hosts x {}): set-up wall {:.2}s cpu {:.2}s | store ops/rank max {} | links \
-         after init median {} max {} (bound {}) | after the collectives max {} | fds/rank {:.1} \
+         after init median {} max {} (bound {}) | after the collectives max {}, of which the \
+         split's max {} | split and its first allreduce median {:.1} ms max {:.1} | fds/rank {:.1} \
          | RSS/rank {:.0} KiB (heap {:.0}) | /dev/shm/host after init {:.1} MiB, after the collectives {:.1} MiB",
         r.n,
         r.n / r.per_host,
@@ -429,6 +444,9 @@ fn report(r: &Run) {
         after[after.len() - 1],
         2 * ceil_log2(r.n) + 8,
         max(|f| f.links_after),
+        max(|f| f.links_after - f.links_before_split),
+        split[split.len() / 2] as f64 / 1e3,
+        split[split.len() - 1] as f64 / 1e3,
         r.fds_after_init as f64 / r.n as f64,
         r.rss_after_init_kib as f64 / r.n as f64,
         r.heap_after_init_kib as f64 / r.n as f64,
@@ -452,6 +470,9 @@ fn sixty_four_ranks_start_with_few_links_and_two_store_operations_each() {
             f.links_after_init < 63,
             "rank {rank} holds a full mesh: {f:?}"
         );
+        // The alltoall linked every pair: the split's ring, over its
+        // root's links, needs no new one.
+        assert_eq!(f.links_after, f.links_before_split, "rank {rank}: {f:?}");
     }
 }
 
@@ -548,6 +569,8 @@ fn run_processes(n: usize, per_host: usize, per_process: usize) -> Run {
                         store_ops: f[0] as usize,
                         links_after_init: f[1] as usize,
                         links_after: f[2] as usize,
+                        links_before_split: f[3] as usize,
+                        split_us: f[4] as u64,
                     })
                 }
                 _ => {}
@@ -607,8 +630,8 @@ fn sweep_part() {
     );
     for r in &run.ranks {
         println!(
-            "RANK {} {} {}",
-            r.store_ops, r.links_after_init, r.links_after
+            "RANK {} {} {} {} {}",
+            r.store_ops, r.links_after_init, r.links_after, r.links_before_split, r.split_us
         );
     }
 }

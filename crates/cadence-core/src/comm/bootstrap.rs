@@ -78,7 +78,7 @@ pub struct Bootstrap {
     pub info: PeerInfo,
     /// One per NIC, in the order of `info.addrs`.
     listeners: Vec<TcpListener>,
-    cfg: Config,
+    pub(super) cfg: Config,
     secret: JobSecret,
     warn: Option<Box<dyn FnMut(String) + Send + Sync>>,
     /// How long the peer-table exchange took (for the set-up's INFO line).
@@ -287,7 +287,7 @@ impl Bootstrap {
     pub(super) fn connect_inheriting(
         mut self,
         table: PeerTable,
-        inherited: Option<Inherited>,
+        mut inherited: Option<Inherited>,
     ) -> Result<Comm> {
         let (rank, n) = (self.rank, self.nranks);
         let mut phases = Phases::new(self.exchanged_in);
@@ -380,7 +380,11 @@ impl Bootstrap {
             None => {}
         };
         let mut maker = None;
-        if self.cfg.connect == ConnectMode::Eager {
+        // A split sharing its root's links makes none, and listens for none.
+        let share = inherited.as_mut().and_then(|i| i.share.take());
+        if share.is_some() {
+            drop(self.listeners);
+        } else if self.cfg.connect == ConnectMode::Eager {
             let mut streams: HashMap<usize, Vec<Option<std::net::TcpStream>>> = HashMap::new();
             let mut unreachable: HashMap<usize, Unreachable> = HashMap::new();
             for peer in (0..rank).filter(|p| !infos.same_host(*p, rank)) {
@@ -438,8 +442,10 @@ impl Bootstrap {
         }
 
         phases.end("links");
+        if let Some(m) = maker {
+            links.set_maker(m);
+        }
         let mut engine = Engine::new(rank, n, links, inbox);
-        engine.maker = maker;
         // Ranks that compete for this machine's cores, whatever host they
         // emulate.
         let on_machine = (0..n).filter(|&r| infos.same_machine(r, rank)).count();
@@ -448,6 +454,9 @@ impl Bootstrap {
         engine.diagnosis_grace =
             (self.cfg.timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
         let mut comm = Comm::from_parts(self.comm_id, self.job, rank, infos, engine, self.cfg);
+        if let Some(share) = share {
+            let _ = comm.shared.share.set(share);
+        }
         // Everyone has mapped everyone's inbox once a barrier completes; then
         // the names can go, so a crash later leaves nothing in /dev/shm.
         comm.run(OpRequest::barrier())?;

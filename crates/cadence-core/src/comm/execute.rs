@@ -4,6 +4,7 @@
 
 use super::p2p::is_any_source;
 use super::records::OpEvidence;
+use super::shared_links::Ticket;
 use super::{Inner, InterruptCheck, OpRequest, Shared};
 use crate::choice;
 use crate::config::DebugLevel;
@@ -132,12 +133,14 @@ impl Shared {
         Ok(args)
     }
 
-    /// Runs one operation; `enqueue_ns` is None when it was never queued.
+    /// Runs one operation; `enqueue_ns` is None when it was never queued;
+    /// `ticket`: its turn on links shared with other communicators.
     pub(super) fn execute(
         &self,
         req: OpRequest,
         enqueue_ns: Option<u64>,
         interrupted: Option<InterruptCheck>,
+        ticket: Option<Ticket>,
     ) -> Result<()> {
         let args = self
             .validate(&req)
@@ -174,23 +177,27 @@ impl Shared {
             started: Some(started),
         };
         let deadline = started + self.cfg.timeout;
-        let result = inner
-            .engine
-            .run_lowered(
-                &sched,
-                &lowering,
-                &meta,
-                req.op.elementwise(),
-                req.bufs,
-                deadline,
-                ctx,
-            )
-            .map_err(|k| self.err(k, Some((req.kind, meta.seq))));
-        if let Err(e) = &result {
-            if !matches!(e.kind, ErrorKind::InvalidArgument(_)) {
-                self.fail_locked(&mut inner, e);
+        let result = self.holding_links(&mut inner, ticket, deadline, |inner, lent| {
+            let result = lent
+                .and_then(|()| {
+                    inner.engine.run_lowered(
+                        &sched,
+                        &lowering,
+                        &meta,
+                        req.op.elementwise(),
+                        req.bufs,
+                        deadline,
+                        ctx,
+                    )
+                })
+                .map_err(|k| self.err(k, Some((req.kind, meta.seq))));
+            if let Err(e) = &result {
+                if !matches!(e.kind, ErrorKind::InvalidArgument(_)) {
+                    self.fail_locked(inner, e);
+                }
             }
-        }
+            result
+        });
         let finished = inner.engine.take_finished_at();
         drop(inner);
         self.record_end(id, &result, finished);
@@ -206,7 +213,8 @@ impl Shared {
     /// (source, destination) pair for a send or receive.
     fn number(&self, inner: &mut Inner, req: &OpRequest, args: &CollArgs, algo: Algo) -> OpMeta {
         if matches!(req.kind, CollKind::Send | CollKind::Recv) {
-            return inner.p2p.meta(self.rank, req);
+            let tag = inner.engine.comm_tag;
+            return inner.p2p.meta(self.rank, tag, req);
         }
         inner.coll_seq += 1;
         let redop = if req.kind.reduces() { req.op.code() } else { 0 };
@@ -227,6 +235,7 @@ impl Shared {
             seq: inner.coll_seq,
             sig: fnv1a(words),
             count: args.counts.iter().sum::<usize>() as u64,
+            comm: inner.engine.comm_tag,
         }
     }
 

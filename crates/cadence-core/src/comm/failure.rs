@@ -14,6 +14,9 @@ impl Shared {
     pub(super) fn fail_locked(&self, inner: &mut Inner, e: &CommError) {
         inner.failed = Some(e.clone());
         inner.engine.broadcast_abort(e);
+        if let Some(share) = self.share.get() {
+            share.fail(&self.id, e);
+        }
     }
 
     /// Prints a failed operation's error (`CADENCE_DEBUG` WARN and above).
@@ -38,21 +41,33 @@ impl Shared {
     /// See [`Comm::abort`](super::Comm::abort).
     pub(super) fn abort(&self, reason: &str) {
         self.cancel.set(ErrorKind::UserAbort(reason.to_string()));
+        // Its turn on shared links comes after the operations issued
+        // before (this communicator's give up at once, being cancelled):
+        // the abort then goes on every shared link too.
+        let ticket = self.ticket();
         let mut inner = self.inner.lock().unwrap();
         if inner.failed.is_none() {
-            let e = self.err(ErrorKind::UserAbort(reason.to_string()), None);
-            self.fail_locked(&mut inner, &e);
+            let deadline = std::time::Instant::now() + self.cfg.timeout;
+            self.holding_links(&mut inner, ticket, deadline, |inner, _| {
+                let e = self.err(ErrorKind::UserAbort(reason.to_string()), None);
+                self.fail_locked(inner, &e);
+            });
         }
     }
 
     /// See [`Comm::inject_garbage`](super::Comm::inject_garbage).
     pub(super) fn inject_garbage(&self, peer: usize) -> Result<()> {
+        let ticket = self.ticket();
         let mut inner = self.inner.lock().unwrap();
-        match inner.engine.links.get_mut(peer) {
-            Some(Link::Tcp(t)) => t
-                .inject_garbage()
-                .map_err(|e| CommError::invalid(format!("inject: {e}"))),
-            _ => Err(CommError::invalid(format!("no TCP link to rank {peer}"))),
-        }
+        let deadline = std::time::Instant::now() + self.cfg.timeout;
+        self.holding_links(&mut inner, ticket, deadline, |inner, lent| {
+            lent.map_err(|k| self.err(k, None))?;
+            match inner.engine.links.get_mut(peer) {
+                Some(Link::Tcp(t)) => t
+                    .inject_garbage()
+                    .map_err(|e| CommError::invalid(format!("inject: {e}"))),
+                _ => Err(CommError::invalid(format!("no TCP link to rank {peer}"))),
+            }
+        })
     }
 }

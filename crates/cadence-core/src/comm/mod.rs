@@ -42,6 +42,7 @@ mod progress;
 mod records;
 mod request;
 mod setup;
+mod shared_links;
 mod split;
 mod state;
 
@@ -96,7 +97,12 @@ impl Comm {
     /// How many links this rank holds now (shared memory and TCP): with
     /// links made on first use, those its operations needed so far.
     pub fn links_open(&self) -> usize {
-        self.shared.links.lock().unwrap().len()
+        let own = self.shared.links.lock().unwrap().len();
+        // A split's TCP links are its root's, counted in the root's list.
+        match self.shared.share.get() {
+            Some(s) if !s.is_root() => own + s.links.len(),
+            _ => own,
+        }
     }
     pub fn rank(&self) -> usize {
         self.shared.rank
@@ -181,7 +187,11 @@ impl Comm {
         // the point-to-point batch does.
         if self.shared.pending.load(Ordering::Acquire) == 0 && !is_any_source(&req) {
             // Inline: enqueued and started at once.
-            return self.shared.execute(req, None, interrupted).map(|_| None);
+            let ticket = self.shared.ticket();
+            return self
+                .shared
+                .execute(req, None, interrupted, ticket)
+                .map(|_| None);
         }
         // SAFETY: this function waits below until the operation finished, on
         // every path (an interrupt cancels it and still waits), so the

@@ -3,6 +3,7 @@
 //! deadlock behind one another. They run through the engine's one loop
 //! ([`Engine::drive`]); this file only decides which transfers exist.
 
+use super::shared_links::Share;
 use super::{fnv1a, recv_record, send_record, Inner, OpRequest, Shared, Task};
 use crate::engine::{Engine, Evidence, Moment, Moving, OpCtx, Turn};
 use crate::error::ErrorKind;
@@ -44,7 +45,7 @@ impl P2pSeqs {
 
     /// The wire identity of the next send to, or receive from, `req.root`;
     /// both sides describe the message as a send.
-    pub(super) fn meta(&mut self, rank: usize, req: &OpRequest) -> OpMeta {
+    pub(super) fn meta(&mut self, rank: usize, comm: u32, req: &OpRequest) -> OpMeta {
         let send = req.kind == CollKind::Send;
         let (src, dst, counter) = if send {
             (rank, req.root, self.sent.entry(req.root).or_default())
@@ -61,6 +62,7 @@ impl P2pSeqs {
             seq: *counter,
             sig: fnv1a([99, req.dtype.code() as u64, count, src as u64, dst as u64]),
             count,
+            comm,
         }
     }
 }
@@ -87,8 +89,29 @@ impl Shared {
     /// of `isend`/`irecv`) cannot deadlock behind one another. Sends and
     /// receives queued while the batch runs join it; the first queued
     /// collective ends the batch and is returned, to run after it.
-    pub(super) fn execute_p2p_batch(&self, first: Task, rx: &mpsc::Receiver<Task>) -> Option<Task> {
+    pub(super) fn execute_p2p_batch(
+        &self,
+        mut first: Task,
+        rx: &mpsc::Receiver<Task>,
+    ) -> Option<Task> {
         let mut guard = self.inner.lock().unwrap();
+        // On shared links the batch holds them from the first operation's
+        // turn, and takes in only operations issued right after it (each
+        // takes the turn on): one issued after an operation of another
+        // communicator ends the batch.
+        let share = self.share.get();
+        let mut held = first.ticket.take();
+        if let (Some(share), Some(t)) = (share, held.as_mut()) {
+            let deadline = Instant::now() + self.cfg.timeout;
+            if let Err(k) = share.lend(&mut guard.engine, t, deadline) {
+                let e = self.err(k, None);
+                self.fail_locked(&mut guard, &e);
+                drop(guard);
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+                first.done.finish(Err(e));
+                return None;
+            }
+        }
         let Inner {
             engine,
             p2p,
@@ -102,6 +125,7 @@ impl Shared {
         let mut stash: Option<Task> = None;
         let mut incoming = Some(first);
         let evidence = BatchEvidence { shared: self };
+        let tag = engine.comm_tag;
         let ctx = OpCtx {
             interrupt: None,
             watchers: Some(&self.watchers),
@@ -140,9 +164,21 @@ impl Shared {
                             Err(_) => break,
                         },
                     };
-                    if !is_p2p(&task.req) {
+                    let joins = match (&held, &task.ticket) {
+                        (Some(h), Some(t)) => Share::follows(h, t),
+                        // Queued before the links were shared, the batch
+                        // holds none: a later operation waits its turn.
+                        (None, Some(_)) => false,
+                        _ => true,
+                    };
+                    if !is_p2p(&task.req) || !joins {
                         stash = Some(task);
                         break;
+                    }
+                    let mut task = task;
+                    if let Some(mut t) = task.ticket.take() {
+                        Share::take_in(&mut t);
+                        held = Some(t);
                     }
                     let checked = self
                         .validate(&task.req)
@@ -159,7 +195,8 @@ impl Shared {
                     }
                     *op_seq += 1;
                     let id = *op_seq;
-                    let meta = (!is_any_source(&task.req)).then(|| p2p.meta(self.rank, &task.req));
+                    let meta =
+                        (!is_any_source(&task.req)).then(|| p2p.meta(self.rank, tag, &task.req));
                     let started = self.record_start(
                         id,
                         meta.as_ref(),
@@ -184,7 +221,7 @@ impl Shared {
                 for a in active.iter_mut().filter(|a| a.job.is_none()) {
                     if let Some(peer) = match_any_source(eng, p2p, self.rank, recvs)? {
                         a.task.req.root = peer;
-                        let meta = p2p.meta(self.rank, &a.task.req);
+                        let meta = p2p.meta(self.rank, tag, &a.task.req);
                         self.record_matched(a.id, &meta, peer);
                         a.seq = meta.seq;
                         a.job = Some(add_job(meta, a.id, &a.task.req, sends, recvs));
@@ -228,9 +265,15 @@ impl Shared {
                 }))
             },
         );
+        let give_back = |inner: &mut Inner| {
+            if let (Some(share), Some(t)) = (share, &held) {
+                share.give_back(&mut inner.engine, t);
+            }
+        };
         if let Err(k) = result {
             let e = self.err(k, None);
             self.fail_locked(&mut guard, &e);
+            give_back(&mut guard);
             drop(guard);
             for a in active.into_iter().filter(|a| !a.finished) {
                 let mut e = e.clone();
@@ -245,6 +288,8 @@ impl Shared {
                 a.task.done.finish(Err(e));
             }
             self.dump_on_error(&e);
+        } else {
+            give_back(&mut guard);
         }
         self.recorder.lock().unwrap().clear_live();
         stash
@@ -352,13 +397,17 @@ fn match_any_source(
         if recvs.iter().any(|(p, j)| *p == peer && !j.done) {
             continue;
         }
-        let Some(link) = engine.links.get_mut(peer) else {
-            continue;
+        let peeked = match engine.links.get_mut(peer) {
+            Some(link) => link.peek_header(),
+            None => continue,
         };
-        let Some(h) = link.peek_header()? else {
-            continue;
+        let h = match peeked {
+            Ok(Some(h)) => h,
+            Ok(None) => continue,
+            Err(e) => return Err(engine.links.own_error(peer, e)),
         };
         if h.frame == FRAME_DATA
+            && h.comm == engine.comm_tag
             && h.coll == CollKind::Send.code()
             && h.root as usize == rank
             && h.seq == seqs.received_from(peer) + 1

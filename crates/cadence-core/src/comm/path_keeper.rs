@@ -36,7 +36,20 @@ impl Comm {
                 let Ok(mut inner) = shared.inner.try_lock() else {
                     continue;
                 };
-                if let Err(e) = inner.engine.maintain_links() {
+                // Shared links: only while no operation holds or waits
+                // for them.
+                let lent = shared
+                    .share
+                    .get()
+                    .map(|s| (s, s.lend_if_idle(&mut inner.engine)));
+                let r = match &lent {
+                    Some((_, None)) => Ok(false),
+                    _ => inner.engine.maintain_links(),
+                };
+                if let Some((s, Some(t))) = &lent {
+                    s.give_back(&mut inner.engine, t);
+                }
+                if let Err(e) = r {
                     shared.cancel.set(e);
                     return;
                 }

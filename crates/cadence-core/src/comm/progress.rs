@@ -4,6 +4,7 @@
 //! [`Completion`] each.
 
 use super::p2p::{is_p2p, ANY_SOURCE};
+use super::shared_links::Ticket;
 use super::{OpRequest, Shared};
 use crate::error::{CommError, ErrorKind, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,6 +87,9 @@ pub(super) struct Task {
     pub(super) done: Arc<Completion>,
     /// When it was queued, on the recorder's clock.
     pub(super) enqueue_ns: u64,
+    /// Its place in this rank's order of operations, when the
+    /// communicator shares its links (`shared_links.rs`).
+    pub(super) ticket: Option<Ticket>,
 }
 
 /// The progress thread (once started) and the sending end of its queue.
@@ -119,6 +123,7 @@ impl ProgressThread {
             req,
             done: done.clone(),
             enqueue_ns,
+            ticket: shared.ticket(),
         };
         if running.as_ref().unwrap().0.send(task).is_err() {
             shared.pending.fetch_sub(1, Ordering::AcqRel);
@@ -148,7 +153,7 @@ fn serve(shared: &Shared, rx: &mpsc::Receiver<Task>) {
         if is_p2p(&task.req) {
             next = shared.execute_p2p_batch(task, rx);
         } else {
-            let r = shared.execute(task.req, Some(task.enqueue_ns), None);
+            let r = shared.execute(task.req, Some(task.enqueue_ns), None, task.ticket);
             shared.pending.fetch_sub(1, Ordering::AcqRel);
             task.done.finish(r);
         }

@@ -27,6 +27,7 @@ impl Comm {
         let nranks = peers.len();
         let cancel: Arc<Cancel> = Arc::default();
         engine.cancel = cancel.clone();
+        engine.comm_tag = crate::transport::comm_tag(&id);
         engine.stamp_messages = cfg.record_messages > 0;
         let recorder = Recorder::new(cfg.flight_recorder, cfg.record_messages);
         let links = engine.link_counters();
@@ -70,6 +71,7 @@ impl Comm {
                 auto,
                 chosen: Mutex::new(HashMap::new()),
                 choices: choice::ChoiceLog::default(),
+                share: std::sync::OnceLock::new(),
                 cfg,
             }),
             worker: ProgressThread::default(),

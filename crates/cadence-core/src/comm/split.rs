@@ -4,9 +4,14 @@
 //! makes anyway), links are made on first use, and what the parent
 //! measured at start-up is inherited: clock offsets (rebased on the new
 //! rank 0), the start-up profile (the ring order over the members' hosts)
-//! and the cost model. Nothing is measured again.
+//! and the cost model. Nothing is measured again. Unless
+//! `CADENCE_SPLIT_LINKS=own`, the split uses its root's TCP links
+//! (`shared_links.rs`): it connects to no member its root links to
+//! already, and listens for nothing.
 
+use super::shared_links::{Share, SharedLinks};
 use super::{Bootstrap, ClockOffset, Comm};
+use crate::engine::View;
 use crate::error::{CommError, Result};
 use std::sync::Arc;
 
@@ -16,6 +21,8 @@ pub(super) struct Inherited {
     pub profile: Option<Arc<crate::fabric::file::TopoFile>>,
     pub model: Option<crate::schedule::cost::CostModel>,
     pub measured_at_start: bool,
+    /// The root's TCP links, when the split shares them.
+    pub share: Option<Share>,
 }
 
 impl Bootstrap {
@@ -75,17 +82,45 @@ impl Bootstrap {
             parent.shared.auto.model,
             parent.shared.auto.measured_at_start,
         );
+        let share = self
+            .cfg
+            .share_split_links
+            .then(|| parent.share_links(members));
         let inherited = Inherited {
             clock,
             profile: parent.shared.profile.clone(),
             model,
             measured_at_start,
+            share,
         };
         self.connect_inheriting(infos, Some(inherited))
     }
 }
 
 impl Comm {
+    /// The sharing of this communicator's root's links by its split whose
+    /// members are this communicator's ranks `members`. The first split of
+    /// a root takes the root's TCP links out of its engine to share them.
+    fn share_links(&self, members: &[usize]) -> Share {
+        let mine = self.shared.share.get_or_init(|| {
+            let mut inner = self.shared.inner.lock().unwrap();
+            let counters = inner.engine.link_counters();
+            let pool = inner.engine.take_pool();
+            Share {
+                links: Arc::new(SharedLinks::new(pool, counters)),
+                view: Arc::new(View::Same),
+            }
+        });
+        let in_root: Vec<usize> = members
+            .iter()
+            .map(|&m| mine.view.root(m).expect("a member is a rank of the parent"))
+            .collect();
+        Share {
+            links: mine.links.clone(),
+            view: Arc::new(View::members(&in_root)),
+        }
+    }
+
     /// The end of a split's set-up: what the parent measured, for the
     /// members' hosts.
     pub(super) fn inherit(&mut self, from: Inherited) -> Result<()> {

@@ -2,6 +2,7 @@
 //! time holds.
 
 use super::p2p::P2pSeqs;
+use super::shared_links::{Share, Ticket};
 use super::ClockOffset;
 use crate::choice;
 use crate::config::Config;
@@ -13,7 +14,7 @@ use crate::transport::LinkCounters;
 use crate::types::CollKind;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// What one operation at a time may use: the engine (links, buffers),
 /// the numbering the peers expect, and the schedules built so far.
@@ -79,6 +80,9 @@ pub(super) struct Shared {
     pub(super) chosen: Mutex<HashMap<CollArgs, Vec<(ChoiceKey, Choice)>>>,
     /// Algorithm choices already announced (`CADENCE_DEBUG=INFO`).
     pub(super) choices: choice::ChoiceLog,
+    /// The root's TCP links, when this communicator shares them with its
+    /// splits (or is one): set by the first split that shares them.
+    pub(super) share: OnceLock<Share>,
 }
 
 /// Besides the call: its element size and the algorithm the caller asked for.
@@ -87,6 +91,12 @@ pub(super) type ChoiceKey = (usize, Option<Algo>);
 pub(super) type Choice = (Algo, choice::Why);
 
 impl Shared {
+    /// The next operation's place in this rank's order, when the links are
+    /// shared.
+    pub(super) fn ticket(&self) -> Option<Ticket> {
+        self.share.get().map(Share::ticket)
+    }
+
     /// An error of this rank and communicator (`op`: the operation's kind
     /// and sequence number, once it has one).
     pub(super) fn err(&self, kind: ErrorKind, op: Option<(CollKind, u64)>) -> CommError {

@@ -25,10 +25,10 @@ impl Engine {
         // A receive waits for the sender to make the link; stuck, it asks
         // for one itself, so that stall notices travel between the two (the
         // peer may wait on a third rank: the chain must say so).
-        if let Some(m) = self.maker.as_mut() {
+        if self.links.makes_links() {
             for (peer, _) in recvs.iter().filter(|(_, j)| j.active()) {
                 if self.links.get(*peer).is_none() {
-                    m.request(*peer);
+                    self.links.request(*peer);
                 }
             }
         }
@@ -37,11 +37,10 @@ impl Engine {
         if chain != wait.published || self.links.len() != wait.published_to {
             let notice = StallNotice {
                 seq: my_seq,
+                comm: self.comm_tag,
                 chain: chain.clone(),
             };
-            for l in self.links.iter_mut() {
-                l.post_stall(&notice);
-            }
+            self.links.post_stall(&notice);
             if self.multipath {
                 // What the links could not write at once, upkeep writes.
                 self.links.stir_all();
@@ -49,9 +48,7 @@ impl Engine {
             wait.published = chain.clone();
             wait.published_to = self.links.len();
         } else {
-            for l in self.links.iter_mut() {
-                l.flush_control();
-            }
+            self.links.flush_control();
         }
         if now.duration_since(stalled_at) > self.diagnosis_grace {
             return Err(self.timeout_error(sends, recvs, wait.t0, &chain));
@@ -83,8 +80,7 @@ impl Engine {
             chain.push(r);
             let notice = self
                 .links
-                .get(r as usize)
-                .and_then(|l| l.read_stall())
+                .read_stall(r as usize, self.comm_tag)
                 .filter(|n| n.seq == my_seq && n.chain.first() == Some(&r));
             if let Some(n) = notice {
                 for &next in &n.chain[1..] {

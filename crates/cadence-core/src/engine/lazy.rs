@@ -33,24 +33,8 @@ impl Engine {
     /// the shared list). A link that could not be made fails the operation
     /// that asked for it.
     pub(super) fn install_ready_links(&mut self) -> Result<(), ErrorKind> {
-        let Some(maker) = self.maker.as_mut() else {
-            return Ok(());
-        };
-        if maker.in_flight() {
-            maker.advance();
-        }
-        if !maker.has_ready() {
-            return Ok(());
-        }
-        for (peer, made) in maker.take_ready() {
-            let link = made?;
-            self.multipath |= link.multipath();
-            let stats = link.stats().clone();
-            if self.links.insert(peer, link).is_err() {
-                return Err(ErrorKind::Internal(format!("a second link to rank {peer}")));
-            }
-            self.counters.lock().unwrap().push(stats);
-        }
+        self.links.install_ready(&self.counters)?;
+        self.multipath = self.links.multipath();
         Ok(())
     }
 
@@ -59,8 +43,8 @@ impl Engine {
     /// would race the sender's link on every first message, and one of the
     /// two would be made for nothing. Fails when links are never made here.
     pub(super) fn await_link(&mut self, peer: usize) -> Result<(), ErrorKind> {
-        match self.maker {
-            Some(_) if peer != self.rank => Ok(()),
+        match self.links.makes_links() {
+            true if peer != self.rank => Ok(()),
             _ => Err(ErrorKind::Internal(format!(
                 "schedule/engine invariant: no link to rank {peer}"
             ))),
@@ -70,9 +54,9 @@ impl Engine {
     /// A send to `peer` and there is no link yet: asks for one (the
     /// transfer waits; others move). Fails when links are never made here.
     pub(super) fn want_link(&mut self, peer: usize) -> Result<(), ErrorKind> {
-        match self.maker.as_mut() {
-            Some(m) if peer != self.rank => {
-                m.request(peer);
+        match self.links.makes_links() {
+            true if peer != self.rank => {
+                self.links.request(peer);
                 Ok(())
             }
             _ => Err(ErrorKind::Internal(format!(

@@ -23,6 +23,7 @@ mod lookahead;
 mod lowered;
 mod memory;
 mod phases;
+mod pool;
 mod tuning;
 mod wait;
 
@@ -31,6 +32,7 @@ pub use evidence::{Evidence, Moment};
 pub use lazy::LinkMaker;
 pub use links::Links;
 pub use memory::Buffers;
+pub use pool::{Pool, View};
 pub use tuning::{
     INTERRUPT_EVERY, SNAPSHOT_AFTER, SNAPSHOT_EVERY, STAMP_AFTER_IDLE, STAMP_AFTER_IDLE_SHARED,
 };
@@ -114,9 +116,9 @@ pub struct Engine {
     pub rank: usize,
     pub nranks: usize,
     pub links: Links,
-    /// Makes links on first use (`CADENCE_CONNECT=lazy`), else None: every
-    /// link exists from the start.
-    pub maker: Option<Box<dyn LinkMaker>>,
+    /// The communicator's tag on the wire (`transport::comm_tag`): its data
+    /// frames and stall notices carry it.
+    pub comm_tag: u32,
     /// Every link's counters, shared with the communicator's dumps and
     /// metrics (links made on first use join the list).
     pub counters: Arc<Mutex<Vec<Arc<LinkCounters>>>>,
@@ -188,13 +190,13 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(rank: usize, nranks: usize, links: Links, inbox: Option<Inbox>) -> Engine {
-        let multipath = links.iter().any(|(_, l)| l.multipath());
+        let multipath = links.multipath();
         let counters = links.iter().map(|(_, l)| l.stats().clone()).collect();
         Engine {
             rank,
             nranks,
             links,
-            maker: None,
+            comm_tag: 0,
             counters: Arc::new(Mutex::new(counters)),
             inbox,
             scratch: Vec::new(),
@@ -375,7 +377,10 @@ impl Engine {
                 *pending = true;
                 continue;
             };
-            let moved = link.send_progress(job)?;
+            let moved = match link.send_progress(job) {
+                Ok(m) => m,
+                Err(e) => return Err(self.links.own_error(*peer, e)),
+            };
             if moved && self.stamping {
                 job.trace.stamp(Instant::now());
             }
@@ -400,7 +405,10 @@ impl Engine {
                 *pending = true;
                 continue;
             };
-            let moved = link.recv_progress(job)?;
+            let moved = match link.recv_progress(job) {
+                Ok(m) => m,
+                Err(e) => return Err(self.links.own_error(*peer, e)),
+            };
             if moved && self.stamping {
                 job.trace.stamp(Instant::now());
             }
@@ -437,9 +445,29 @@ impl Engine {
         // that made one is about to use it).
         let _ = self.install_ready_links();
         let notice = AbortNotice::from_error(&err.kind, self.rank);
-        for l in self.links.iter_mut() {
-            l.send_abort(&notice);
-        }
+        self.links.send_abort(&notice);
+    }
+
+    /// Lends the root's shared links to this engine for one operation
+    /// (`pool.rs`).
+    pub fn lend(&mut self, pool: Box<Pool>, view: Arc<View>) {
+        self.links.lend(pool, view);
+        self.multipath = self.links.multipath();
+    }
+
+    /// The shared links lent, back.
+    pub fn take_lent(&mut self) -> Option<Box<Pool>> {
+        let pool = self.links.take_lent();
+        self.multipath = self.links.multipath();
+        pool
+    }
+
+    /// This engine's TCP links and their maker, taken out to be shared
+    /// with the communicators split from this one.
+    pub fn take_pool(&mut self) -> Pool {
+        let pool = self.links.take_pool(self.counters.clone());
+        self.multipath = self.links.multipath();
+        pool
     }
 
     /// Every link's counters, shared: readable from any thread while the

@@ -239,7 +239,7 @@ impl Engine {
     /// Whether every transfer that could move (unfinished, not held) waits
     /// for a link being made, and one does.
     fn waits_for_links_only(&self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]) -> bool {
-        if self.maker.is_none() {
+        if !self.links.makes_links() {
             return false;
         }
         let mut heads = sends
@@ -264,7 +264,9 @@ impl Engine {
             .chain(sends.iter().filter(|(_, j)| j.active()).map(|(p, _)| *p));
         for peer in waiting_on {
             if let Some(l) = self.links.get_mut(peer) {
-                l.check_alive()?;
+                if let Err(e) = l.check_alive() {
+                    return Err(self.links.own_error(peer, e));
+                }
             }
         }
         Ok(())
@@ -313,7 +315,7 @@ impl Engine {
             // Chunks a link writes on its own wake us too (only a link that
             // carried something since it was last at rest has any).
             for (peer, l) in self.links.restless() {
-                if !self.marked(peer, Marks::BUSY_TX) {
+                if !peer.is_some_and(|p| self.marked(p, Marks::BUSY_TX)) {
                     self.pollfds.extend(l.background_wait());
                 }
             }
@@ -324,14 +326,7 @@ impl Engine {
             // Sleep until a link comes up (or data on the others): the
             // streams of links on their way, and the maker's descriptor,
             // which the threads making or accepting links ring.
-            if let Some(m) = &self.maker {
-                self.pollfds.push(libc::pollfd {
-                    fd: m.wake_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-                m.flight_fds(&mut self.pollfds);
-            }
+            self.links.maker_fds(&mut self.pollfds);
             poll_fds(&mut self.pollfds, self.nap);
             return;
         }

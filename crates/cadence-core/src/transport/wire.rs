@@ -32,9 +32,28 @@ pub const TRUNCATED: &str = " \u{2026}[truncated]";
 /// blames the end of the chain, not the innocent peer in the middle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StallNotice {
-    /// Sequence number of the operation the sender is stuck in.
+    /// Sequence number of the operation the sender is stuck in ...
     pub seq: u64,
+    /// ... and its communicator's tag ([`comm_tag`]): on links shared by
+    /// several communicators, a notice of another's operation is not about
+    /// the receiver's.
+    pub comm: u32,
     pub chain: Vec<u32>,
+}
+
+/// A communicator's tag on the wire, from its id (the same on every rank):
+/// every data frame and stall notice carries its communicator's, so that
+/// on links that several communicators share (a split's, lent by its
+/// root) a frame of another communicator is told apart from one of the
+/// call running.
+pub fn comm_tag(comm_id: &str) -> u32 {
+    // FNV-1a over the bytes, folded to 32 bits; never 0, so a frame built
+    // without a tag never matches.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in comm_id.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    ((h >> 32) as u32 ^ h as u32).max(1)
 }
 
 /// Leads every frame on every transport.
@@ -49,7 +68,9 @@ pub struct WireHeader {
     /// Root (or p2p peer) of the sender's operation; for ABORT frames the
     /// rank the failure is blamed on.
     pub root: u32,
-    pub _pad: u32,
+    /// The communicator's tag ([`comm_tag`]), on data frames and stall
+    /// notices.
+    pub comm: u32,
     /// Sequence number of the operation on its stream of operations
     /// (collectives, or p2p messages of one direction between two ranks).
     pub seq: u64,
@@ -75,6 +96,8 @@ pub struct OpMeta {
     pub seq: u64,
     pub sig: u64,
     pub count: u64,
+    /// The communicator's tag ([`comm_tag`]).
+    pub comm: u32,
 }
 
 impl OpMeta {
@@ -86,7 +109,7 @@ impl OpMeta {
             dtype: self.dtype.code(),
             redop: self.redop,
             root: self.root,
-            _pad: 0,
+            comm: self.comm,
             seq: self.seq,
             sig: self.sig,
             count: self.count,
@@ -133,6 +156,22 @@ impl OpMeta {
         want: impl FnOnce() -> String,
     ) -> Result<(), ErrorKind> {
         check_data_frame(h, peer)?;
+        if h.comm != self.comm {
+            return Err(ErrorKind::Mismatch {
+                peer,
+                ours: self.describe(),
+                theirs: format!(
+                    "{} of another communicator (tag {:#010x}, this one's {:#010x}): \
+                     the ranks call the communicators that share these links in \
+                     different orders",
+                    describe(h.coll, h.seq, h.count, h.dtype, h.redop, h.root),
+                    h.comm,
+                    self.comm
+                ),
+                our_sig: self.sig,
+                their_sig: h.sig,
+            });
+        }
         if h.seq != self.seq || h.sig != self.sig || !len_ok {
             let mut theirs = describe(h.coll, h.seq, h.count, h.dtype, h.redop, h.root);
             if h.seq == self.seq && h.sig == self.sig {

@@ -51,6 +51,7 @@ pub fn meta(dtype: DType, count: usize) -> OpMeta {
         seq: SEQ,
         sig: SIG,
         count: count as u64,
+        comm: 1,
     }
 }
 

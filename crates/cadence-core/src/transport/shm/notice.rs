@@ -195,7 +195,12 @@ pub(super) fn read_stall(inbox: &Region, slot: usize) -> Option<StallNotice> {
                 .load(Ordering::Relaxed)
         })
         .collect();
-    Some(StallNotice { seq, chain })
+    // An inbox serves one communicator: no tag is kept.
+    Some(StallNotice {
+        seq,
+        comm: 0,
+        chain,
+    })
 }
 
 #[cfg(test)]

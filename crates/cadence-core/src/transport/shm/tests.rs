@@ -83,6 +83,7 @@ fn meta(count: u64) -> OpMeta {
         seq: 7,
         sig: 42,
         count,
+        comm: 1,
     }
 }
 
@@ -96,6 +97,7 @@ fn many_local_ranks_post_stalls_and_move_data() {
     let (mut la, mut lb, _ia, _ib) = pair(&dir, 64, 63, 1);
     let notice = StallNotice {
         seq: 99,
+        comm: 0,
         chain: vec![63, 1, 5],
     };
     la.post_stall(&notice);

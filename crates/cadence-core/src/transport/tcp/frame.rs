@@ -74,6 +74,7 @@ pub(super) fn stall_frame(n: &StallNotice) -> Vec<u8> {
         magic: MAGIC,
         frame: FRAME_STALL,
         seq: n.seq,
+        comm: n.comm,
         len: payload.len() as u64,
         ..Default::default()
     });
@@ -163,7 +164,11 @@ pub(super) fn decode_control(c: ControlIn) -> Control {
                 .chunks_exact(4)
                 .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
-            Control::Stall(StallNotice { seq: h.seq, chain })
+            Control::Stall(StallNotice {
+                seq: h.seq,
+                comm: h.comm,
+                chain,
+            })
         }
     }
 }
@@ -188,6 +193,7 @@ mod tests {
     fn a_stall_notice_survives_the_wire() {
         let n = StallNotice {
             seq: 42,
+            comm: 0xc0ffee,
             chain: vec![3, 1, 7],
         };
         match receive(&stall_frame(&n)) {
