@@ -75,6 +75,9 @@ struct RankFigures {
     links_after: usize,
     /// From the split's start to the end of its first allreduce (µs).
     split_us: u64,
+    /// The links the split made: to members its root never linked to
+    /// (shared, the default), or every link it holds (`own`).
+    split_made: usize,
 }
 
 #[derive(Debug)]
@@ -368,6 +371,11 @@ fn run_part(part: Part) -> Run {
                     let split_us = split_t.elapsed().as_micros() as u64;
                     let want: f64 = members.iter().map(|&q| q as f64).sum();
                     assert_eq!(x[0], want, "rank {r} in group {color}");
+                    let split_made = if config().share_split_links {
+                        comm.links_open() - before_split
+                    } else {
+                        sub.links_open()
+                    };
                     sub.close();
                     figures.lock().unwrap()[r - lo] = RankFigures {
                         store_ops: mine.ops(),
@@ -375,6 +383,7 @@ fn run_part(part: Part) -> Run {
                         links_before_split: before_split,
                         links_after: comm.links_open(),
                         split_us,
+                        split_made,
                     };
                     // Every rank done before /dev/shm is measured, every
                     // part measured before any rank closes.
@@ -431,8 +440,8 @@ fn report(r: &Run) {
     split.sort_unstable();
     println!(
         "n={:5} ({} hosts x {}): set-up wall {:.2}s cpu {:.2}s | store ops/rank max {} | links \
-         after init median {} max {} (bound {}) | after the collectives max {}, of which the \
-         split's max {} | split and its first allreduce median {:.1} ms max {:.1} | fds/rank {:.1} \
+         after init median {} max {} (bound {}) | after the collectives max {} | the split \
+         made max {} | split and its first allreduce median {:.1} ms max {:.1} | fds/rank {:.1} \
          | RSS/rank {:.0} KiB (heap {:.0}) | /dev/shm/host after init {:.1} MiB, after the collectives {:.1} MiB",
         r.n,
         r.n / r.per_host,
@@ -444,7 +453,7 @@ fn report(r: &Run) {
         after[after.len() - 1],
         2 * ceil_log2(r.n) + 8,
         max(|f| f.links_after),
-        max(|f| f.links_after - f.links_before_split),
+        max(|f| f.split_made),
         split[split.len() / 2] as f64 / 1e3,
         split[split.len() - 1] as f64 / 1e3,
         r.fds_after_init as f64 / r.n as f64,
@@ -571,6 +580,7 @@ fn run_processes(n: usize, per_host: usize, per_process: usize) -> Run {
                         links_after: f[2] as usize,
                         links_before_split: f[3] as usize,
                         split_us: f[4] as u64,
+                        split_made: f[5] as usize,
                     })
                 }
                 _ => {}
@@ -630,8 +640,13 @@ fn sweep_part() {
     );
     for r in &run.ranks {
         println!(
-            "RANK {} {} {} {} {}",
-            r.store_ops, r.links_after_init, r.links_after, r.links_before_split, r.split_us
+            "RANK {} {} {} {} {} {}",
+            r.store_ops,
+            r.links_after_init,
+            r.links_after,
+            r.links_before_split,
+            r.split_us,
+            r.split_made
         );
     }
 }
