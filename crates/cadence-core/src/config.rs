@@ -399,6 +399,11 @@ mod tests {
         assert!(Config::from_lookup(env(&[("CADENCE_TIMEOUT", "abc")])).is_err());
         assert!(Config::from_lookup(env(&[("CADENCE_TIMEOUT", "-1")])).is_err());
         assert!(Config::from_lookup(env(&[("CADENCE_DEBUG", "LOUD")])).is_err());
+        let own = Config::from_lookup(env(&[("CADENCE_SPLIT_LINKS", "Own")])).unwrap();
+        assert!(!own.share_split_links);
+        assert!(Config::from_lookup(env(&[])).unwrap().share_split_links);
+        let e = Config::from_lookup(env(&[("CADENCE_SPLIT_LINKS", "mine")])).unwrap_err();
+        assert!(e.contains("share or own"), "{e}");
         let missing = Config::from_lookup(env(&[("CADENCE_TUNING_FILE", "/nonexistent/t.json")]));
         assert!(missing.unwrap_err().contains("/nonexistent/t.json"));
         let off = Config::from_lookup(env(&[("CADENCE_TUNING_FILE", "none"), ("HOME", "/")]));
