@@ -92,10 +92,12 @@ def main() -> int:
     res = json.loads(outs[0])
     mode = os.environ.get("CADENCE_SPLIT_LINKS", "share")
     print(f"{args.ranks} ranks as {args.hosts} hosts, CADENCE_SPLIT_LINKS={mode}: "
-          f"split {res['split_ms']:.1f} ms, fds gained a rank max {res['fds_gained_max']}")  # fmt: skip
+          f"split {res['split_ms']:.1f} ms, "
+          f"fds gained a rank max {res['fds_gained_max']}")  # fmt: skip
     for size, us in res["us"].items():
-        print(f"  {int(size):>8} B allreduce: world {us['world']:.1f} us, split {us['split']:.1f} us "
-              f"(split / world {us['split'] / us['world']:.2f})")  # fmt: skip
+        w, s = us["world"], us["split"]
+        print(f"  {int(size):>8} B allreduce: world {w:.1f} us, split {s:.1f} us "
+              f"(split / world {s / w:.2f})")  # fmt: skip
     return 0
 
 
