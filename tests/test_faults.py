@@ -96,6 +96,47 @@ def test_mismatched_arguments(what, transport):
     assert expect[what] in joined, joined
 
 
+def _alltoallv_disagreement(comm, what):
+    import cadence
+
+    # Rank 1 means to send rank 2 three elements (or none); rank 2 expects
+    # two. Each rank knows only its own counts: the message's length tells,
+    # or, when none comes, the next frame from rank 1 does.
+    n = comm.size
+    send = [2] * n
+    recv = [2] * n
+    if comm.rank == 1:
+        send[2] = 3 if what == "longer" else 0
+    x = np.ones(sum(send), dtype=np.float32)
+    comm.barrier()
+    t0 = time.monotonic()
+    try:
+        comm.alltoallv(x, send, recv)
+        # Rank 0 may finish its part before it hears: its next call fails.
+        comm.barrier()
+    except cadence.CommError as e:
+        return {"elapsed": time.monotonic() - t0, "msg": str(e), "culprit": e.culprit}
+    return {"elapsed": time.monotonic() - t0, "msg": "no error", "culprit": None}
+
+
+@pytest.mark.parametrize("what", ["longer", "missing"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_alltoallv_counts_that_disagree_name_the_pair(transport, what):
+    res = run_ranks(_alltoallv_disagreement, 3, transport=transport, args=(what,),
+                    op_timeout=OP_TIMEOUT, timeout=60)
+    for r in range(3):
+        status, v = res[r]
+        assert status == "ok", f"rank {r}: {v}"
+        assert v["culprit"] is not None, f"rank {r}: {v['msg']}"
+        assert v["elapsed"] < OP_TIMEOUT + SLACK, v
+    # The receiver blames the sender, and says what came and what it wanted.
+    msg = res[2][1]["msg"]
+    assert res[2][1]["culprit"] == 1, msg
+    assert "mismatch with rank 1" in msg, msg
+    if what == "longer":
+        assert "sent a 12-byte frame where" in msg and "8 bytes were expected" in msg, msg
+
+
 def _mismatch_large(comm):
     import cadence
 

@@ -203,14 +203,14 @@ pub fn default_algo(args: &CollArgs, nranks: usize, elem_size: usize) -> Algo {
         args.kind,
         Placement::OneHost,
         nranks,
-        coll_bytes(args, elem_size),
+        coll_bytes(args, nranks, elem_size),
     )
     .algo
 }
 
 /// The size-based choice on a topology.
 pub fn default_algo_on(args: &CollArgs, topo: &Topology, elem_size: usize) -> Algo {
-    let bytes = coll_bytes(args, elem_size);
+    let bytes = coll_bytes(args, topo.nranks(), elem_size);
     lookup(args.kind, Placement::of(topo), topo.nranks(), bytes).algo
 }
 

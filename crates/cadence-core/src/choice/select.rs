@@ -23,6 +23,10 @@ pub enum Why {
     Default,
     /// The size-based default was this excluded algorithm.
     AfterExclusion(Algo),
+    /// By where the ranks are only: the call's size is not the same on
+    /// every rank (an alltoall whose counts each rank knows only its own
+    /// of), so a choice by size could differ between them.
+    Placement,
 }
 
 impl fmt::Display for Why {
@@ -34,6 +38,7 @@ impl fmt::Display for Why {
             Why::Tuned => write!(f, "tuning table"),
             Why::Model => write!(f, "cost model"),
             Why::Default => write!(f, "default"),
+            Why::Placement => write!(f, "default for the placement (sizes differ by rank)"),
             Why::AfterExclusion(a) => write!(
                 f,
                 "default after exclusion (CADENCE_ALGO excludes the default {})",
@@ -44,10 +49,10 @@ impl fmt::Display for Why {
 }
 
 /// The size the size table and `CADENCE_ALGO` ranges speak of:
-/// bytes of the collective's full buffer (the sum of the counts).
-pub fn coll_bytes(args: &CollArgs, elem_size: usize) -> u64 {
-    let count: usize = args.counts.iter().sum();
-    (count as u64).saturating_mul(elem_size as u64)
+/// bytes of the collective's full buffer (every rank's blocks, on
+/// `nranks` ranks).
+pub fn coll_bytes(args: &CollArgs, nranks: usize, elem_size: usize) -> u64 {
+    (args.elements(nranks) as u64).saturating_mul(elem_size as u64)
 }
 
 /// How a communicator chooses when nothing forces a choice: its tuning
@@ -85,7 +90,7 @@ impl Auto {
         es: usize,
         allowed: impl Fn(Algo) -> bool,
     ) -> Option<(Algo, Why)> {
-        let bytes = coll_bytes(args, es);
+        let bytes = coll_bytes(args, self.topo.nranks(), es);
         if let Some(a) = self.tuned.as_ref().and_then(|t| t.lookup(args.kind, bytes)) {
             if allowed(a) {
                 return Some((a, Why::Tuned));
@@ -201,7 +206,10 @@ pub fn select_algo_on(
         }
         return Ok((a, Why::Caller));
     }
-    let bytes = coll_bytes(args, elem_size);
+    if args.own_alltoall(nranks).is_some() {
+        return by_placement(ov, args, auto, applicable);
+    }
+    let bytes = coll_bytes(args, nranks, elem_size);
     if let Some(r) = ov.range_for(kind, bytes) {
         if !applicable(r.algo) {
             return Err(format!(
@@ -227,6 +235,38 @@ pub fn select_algo_on(
         .find(|&a| allowed(a))
         .map(|a| (a, Why::AfterExclusion(def)))
         .ok_or_else(|| format!("CADENCE_ALGO excludes every algorithm for {kind}"))
+}
+
+/// The choice for a call whose size differs by rank (each rank knows only
+/// its own counts): the bare `CADENCE_ALGO` entries, then the size table's
+/// choice for the placement at size 0, the same on every rank; the tuning
+/// table, size ranges and the cost model, which go by size, are not asked.
+fn by_placement(
+    ov: &AlgoOverride,
+    args: &CollArgs,
+    auto: &Auto,
+    applicable: impl Fn(Algo) -> bool,
+) -> Result<(Algo, Why), String> {
+    let kind = args.kind;
+    if let Some(a) = ov.everywhere.iter().copied().find(|&a| applicable(a)) {
+        return Ok((a, Why::Everywhere));
+    }
+    let allowed = |a: Algo| !ov.is_excluded(kind, a) && applicable(a);
+    let same_everywhere = CollArgs {
+        kind,
+        root: args.root,
+        counts: vec![0; auto.topo.nranks()],
+    };
+    let def = super::defaults::default_algo_on(&same_everywhere, &auto.topo, 1);
+    if allowed(def) {
+        return Ok((def, Why::Placement));
+    }
+    schedule::algos_for(kind)
+        .iter()
+        .copied()
+        .find(|&a| allowed(a))
+        .map(|a| (a, Why::AfterExclusion(def)))
+        .ok_or_else(|| format!("CADENCE_ALGO excludes every algorithm for {kind} here"))
 }
 
 /// [`select_algo_on`] with the size table on one host.
@@ -257,6 +297,37 @@ mod tests {
 
     fn ov(s: &str) -> AlgoOverride {
         AlgoOverride::parse(s).unwrap()
+    }
+
+    #[test]
+    fn an_alltoall_of_own_counts_is_chosen_the_same_whatever_the_counts() {
+        // A range forcing bruck for every size would split the ranks (each
+        // judges its own size) and bruck cannot run on own counts anyway:
+        // the placement decides, alike on every rank.
+        let o = ov("alltoall:bruck:0-1G");
+        let own = |r: usize, each: usize| CollArgs::alltoallv(r, &[each; 4], &[each; 4]);
+        for (r, each) in [(0, 0), (1, 5), (2, 1 << 20), (3, 7)] {
+            assert_eq!(
+                select_algo(&o, &own(r, each), 4, 4, None).unwrap(),
+                (Algo::Direct, Why::Placement),
+                "rank {r}"
+            );
+        }
+        // The same counts as a matrix: the range applies.
+        let whole = CollArgs {
+            kind: CollKind::AllToAll,
+            root: 0,
+            counts: vec![5; 16],
+        };
+        assert_eq!(select_algo(&o, &whole, 4, 4, None).unwrap().0, Algo::Bruck);
+        // Bare entries and the caller still decide; bruck is refused.
+        let bare = ov("pairwise");
+        assert_eq!(
+            select_algo(&bare, &own(1, 5), 4, 4, None).unwrap(),
+            (Algo::Pairwise, Why::Everywhere)
+        );
+        let e = select_algo(&o, &own(1, 5), 4, 4, Some(Algo::Bruck)).unwrap_err();
+        assert!(e.contains("bruck does not apply"), "{e}");
     }
 
     #[test]

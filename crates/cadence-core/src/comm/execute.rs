@@ -47,14 +47,17 @@ impl Shared {
         // one, the cache is looked up by reference (no copy of the call's
         // counts); only a new call shape is copied in.
         let key = (es, req.algo);
-        let known = self.auto.model.and_then(|_| {
+        // An alltoall of one rank's own counts is chosen without the model:
+        // nothing to remember, and its counts change from call to call.
+        let cached = self.auto.model.is_some() && args.own_alltoall(self.nranks).is_none();
+        let known = cached.then_some(()).and_then(|_| {
             let chosen = self.chosen.lock().unwrap();
             let shapes = chosen.get(args)?;
             shapes.iter().find(|(k, _)| *k == key).map(|(_, c)| *c)
         });
         let (algo, why) = match known {
             Some(c) => c,
-            None if self.auto.model.is_none() => select()?,
+            None if !cached => select()?,
             None => {
                 let c = select()?;
                 let mut chosen = self.chosen.lock().unwrap();
@@ -66,7 +69,7 @@ impl Shared {
             }
         };
         if self.cfg.debug >= DebugLevel::Info && self.rank == 0 {
-            let bytes = choice::coll_bytes(args, es);
+            let bytes = choice::coll_bytes(args, self.nranks, es);
             if self.choices.first(req.kind, bytes, algo) {
                 let line = choice::choice_line(req.kind, bytes, self.nranks, algo, &why);
                 stderr_line!("cadence rank {} INFO: {line}", self.rank);
@@ -218,6 +221,11 @@ impl Shared {
         }
         inner.coll_seq += 1;
         let redop = if req.kind.reduces() { req.op.code() } else { 0 };
+        // Every rank's signature is of the same arguments, except an
+        // alltoall's own counts, which differ by rank: the receivers check
+        // each message's length against theirs instead.
+        let own = args.own_alltoall(self.nranks).is_some();
+        let counts = if own { &[][..] } else { &args.counts[..] };
         let words = [
             req.kind.code() as u64,
             req.dtype.code() as u64,
@@ -226,7 +234,8 @@ impl Shared {
             algo as u64,
         ]
         .into_iter()
-        .chain(args.counts.iter().map(|&c| c as u64));
+        .chain(own.then_some(self.nranks as u64))
+        .chain(counts.iter().map(|&c| c as u64));
         OpMeta {
             coll: req.kind,
             dtype: req.dtype,
@@ -234,7 +243,11 @@ impl Shared {
             root: req.root as u32,
             seq: inner.coll_seq,
             sig: fnv1a(words),
-            count: args.counts.iter().sum::<usize>() as u64,
+            // Of an alltoall of its own counts, what this rank sends.
+            count: match args.own_alltoall(self.nranks) {
+                Some((_, send, _)) => send.iter().sum::<usize>() as u64,
+                None => args.elements(self.nranks) as u64,
+            },
             comm: inner.engine.comm_tag,
         }
     }
@@ -275,25 +288,29 @@ impl Shared {
                     schedule::build_on(args, self.rank, &self.auto.topo, algo)
                         .map_err(|e| self.err(ErrorKind::InvalidArgument(e.to_string()), None))?,
                 );
-                if self.cfg.debug >= DebugLevel::Info {
+                if self.cfg.debug >= DebugLevel::Info && args.own_alltoall(n).is_none() {
                     stderr_line!(
                         "cadence rank {} INFO: {} of {} x {} over {n} ranks: algorithm {} ({} phases)",
                         self.rank,
                         req.kind,
-                        args.counts.iter().sum::<usize>(),
+                        args.elements(n),
                         req.dtype,
                         algo.name(),
                         s.phases.len()
                     );
                 }
-                if inner.schedules.len() >= SCHEDULE_CACHE_MAX {
-                    inner.schedules.clear();
+                // An alltoall of its own counts is built again for other
+                // counts (O(n) a call); only the last one is kept.
+                if args.own_alltoall(n).is_none() {
+                    if inner.schedules.len() >= SCHEDULE_CACHE_MAX {
+                        inner.schedules.clear();
+                    }
+                    inner
+                        .schedules
+                        .entry(args.clone())
+                        .or_default()
+                        .push((algo, s.clone()));
                 }
-                inner
-                    .schedules
-                    .entry(args.clone())
-                    .or_default()
-                    .push((algo, s.clone()));
                 s
             }
         };

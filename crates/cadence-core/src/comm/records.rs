@@ -25,7 +25,7 @@ impl Shared {
         enqueue_ns: Option<u64>,
     ) -> Instant {
         let es = req.dtype.size();
-        let count: usize = req.counts.iter().sum();
+        let count = crate::schedule::ir::elements(req.kind, &req.counts, self.nranks);
         let started = Instant::now();
         let mut rec = self.recorder.lock().unwrap();
         let now = rec.ns_at(started);

@@ -1,9 +1,9 @@
 //! All-to-all: pairwise and direct.
 //!
 //! Terms:
-//! - **send block** d of rank r: the `counts[r*n + d]` elements of r's Input
+//! - **send block** d of rank r: the `args.alltoall_block(r, d, n)` elements of r's Input
 //!   meant for rank d, at their displacement in Input.
-//! - **receive block** s of rank r: the `counts[s*n + r]` elements rank s
+//! - **receive block** s of rank r: the `args.alltoall_block(s, r, n)` elements rank s
 //!   sends to r, at their displacement in Output.
 //! - **round** k = 1 … n-1 (pairwise): rank r sends its send block r+k to rank
 //!   r+k and receives its receive block r-k from rank r-k. Every rank sends to
@@ -13,7 +13,7 @@
 //! posts all rounds at once in one phase: one latency, but n-1 concurrent
 //! messages per rank.
 
-use super::ir::{Buf, Span};
+use super::ir::{Buf, CollArgs, Span};
 use super::plan::Plan;
 
 /// The send and receive blocks of one rank.
@@ -25,10 +25,10 @@ struct Layout {
 }
 
 impl Layout {
-    fn new(counts: &[usize], r: usize, n: usize) -> Layout {
+    fn new(args: &CollArgs, r: usize, n: usize) -> Layout {
         Layout {
-            send: packed((0..n).map(|d| counts[r * n + d])),
-            recv: packed((0..n).map(|s| counts[s * n + r])),
+            send: packed((0..n).map(|d| args.alltoall_block(r, d, n))),
+            recv: packed((0..n).map(|s| args.alltoall_block(s, r, n))),
         }
     }
 
@@ -53,9 +53,9 @@ fn packed(lens: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
     .collect()
 }
 
-pub(crate) fn pairwise(plan: &mut Plan, counts: &[usize]) {
+pub(crate) fn pairwise(plan: &mut Plan, args: &CollArgs) {
     let (r, n) = (plan.rank, plan.nranks);
-    let layout = Layout::new(counts, r, n);
+    let layout = Layout::new(args, r, n);
     for k in 1..n {
         let (to, from) = ((r + k) % n, (r + n - k) % n);
         let mut phase = plan.phase();
@@ -68,9 +68,9 @@ pub(crate) fn pairwise(plan: &mut Plan, counts: &[usize]) {
     }
 }
 
-pub(crate) fn direct(plan: &mut Plan, counts: &[usize]) {
+pub(crate) fn direct(plan: &mut Plan, args: &CollArgs) {
     let (r, n) = (plan.rank, plan.nranks);
-    let layout = Layout::new(counts, r, n);
+    let layout = Layout::new(args, r, n);
     let mut phase = plan.phase();
     phase.copy(layout.send(r), layout.recv(r));
     for k in 1..n {

@@ -42,7 +42,7 @@
 //! ring, all-to-all sends each block once per set bit of its distance, about
 //! log2(n)/2 times the data: for small blocks, where latency dominates.
 
-use super::ir::{Buf, Span};
+use super::ir::{Buf, CollArgs, Span};
 use super::plan::{Blocks, Plan};
 
 /// The rounds' distances 1, 2, 4, … below n.
@@ -89,18 +89,19 @@ pub(crate) fn allgather(plan: &mut Plan, counts: &[usize]) {
     }
 }
 
-pub(crate) fn alltoall(plan: &mut Plan, counts: &[usize]) {
+pub(crate) fn alltoall(plan: &mut Plan, args: &CollArgs) {
     let (r, n) = (plan.rank, plan.nranks);
+    let block = |s: usize, d: usize| args.alltoall_block(s, d, n);
     // Offsets of rank q's receive blocks in its Output, by source.
     let recv_blocks =
-        |q: usize| Blocks::of_counts(&(0..n).map(|s| counts[s * n + q]).collect::<Vec<_>>());
-    let send = Blocks::of_counts(&counts[r * n..(r + 1) * n]);
+        |q: usize| Blocks::of_counts(&(0..n).map(|s| block(s, q)).collect::<Vec<_>>());
+    let send = Blocks::of_counts(&(0..n).map(|d| block(r, d)).collect::<Vec<_>>());
     let recv = recv_blocks(r);
     // The length of position j's block on rank h before the round at
     // distance d.
     let len_at = |h: usize, j: usize, d: usize| {
         let s = (h + j % d) % n;
-        counts[s * n + (s + n - j) % n]
+        block(s, (s + n - j) % n)
     };
     let rounds: Vec<usize> = distances(n).collect();
     // Per round: the positions that move, the final ones (below 2d) first.

@@ -240,7 +240,7 @@ impl Algo {
 /// | Broadcast      | `[count]`                         | unused                          | `count` (root's holds the data)       |
 /// | AllGather      | `counts[r]` per rank (`n`)        | `counts[r]`                     | `sum(counts)`, r's block at `displ[r]`|
 /// | ReduceScatter  | `counts[r]` per rank (`n`)        | `sum(counts)`                   | `counts[r]`                           |
-/// | AllToAll       | `n*n`, `counts[s*n+d]` = s→d      | blocks for d=0..n in order      | blocks from s=0..n in order           |
+/// | AllToAll       | `n*n`, `counts[s*n+d]` = s→d; or `n`: every rank sends `counts[d]` to d; or `2n+1`: one rank's own (see [`CollArgs::alltoallv`]) | blocks for d=0..n in order | blocks from s=0..n in order |
 /// | Gather         | `counts[r]` per rank (`n`)        | `counts[r]`                     | root: `sum(counts)`; others: unused   |
 /// | Scatter        | `counts[r]` per rank (`n`)        | root: `sum(counts)`; others: -  | `counts[r]`                           |
 /// | Barrier        | `[]`                              | -                               | -                                     |
@@ -258,6 +258,61 @@ pub struct CollArgs {
 }
 
 impl CollArgs {
+    /// The elements rank `s` sends to rank `d` in an alltoall of `nranks`
+    /// ranks: from the whole matrix, or from the one row every rank sends
+    /// (the form a uniform alltoall takes: O(n) a call, not O(n²)).
+    pub fn alltoall_block(&self, s: usize, d: usize, nranks: usize) -> usize {
+        if let Some((owner, send, recv)) = self.own_alltoall(nranks) {
+            debug_assert!(
+                s == owner || d == owner,
+                "only rank {owner}'s blocks are known"
+            );
+            return match (s == owner, d == owner) {
+                (true, _) => send[d],
+                (_, true) => recv[s],
+                _ => 0,
+            };
+        }
+        if self.counts.len() == nranks {
+            self.counts[d]
+        } else {
+            self.counts[s * nranks + d]
+        }
+    }
+
+    /// An alltoall whose counts only rank `rank` knows: `send[d]` elements
+    /// to each rank d, `recv[s]` from each rank s (alltoallv: nobody holds
+    /// the n × n matrix, O(n) a call). The ranks' counts are checked where
+    /// they meet: a message of another length than its receiver expects is
+    /// a mismatch naming the sender.
+    pub fn alltoallv(rank: usize, send: &[usize], recv: &[usize]) -> CollArgs {
+        let mut counts = Vec::with_capacity(send.len() + recv.len() + 1);
+        counts.extend_from_slice(send);
+        counts.extend_from_slice(recv);
+        counts.push(rank);
+        CollArgs {
+            kind: CollKind::AllToAll,
+            root: 0,
+            counts,
+        }
+    }
+
+    /// The rank and its send and receive counts, for the counts of
+    /// [`CollArgs::alltoallv`] (a length no other form has: 2n + 1).
+    pub fn own_alltoall(&self, nranks: usize) -> Option<(usize, &[usize], &[usize])> {
+        if self.kind != CollKind::AllToAll || self.counts.len() != 2 * nranks + 1 {
+            return None;
+        }
+        let (send, rest) = self.counts.split_at(nranks);
+        Some((rest[nranks], send, &rest[..nranks]))
+    }
+
+    /// Elements the whole call moves or reduces, over every rank's blocks
+    /// (what its size is judged by).
+    pub fn elements(&self, nranks: usize) -> usize {
+        elements(self.kind, &self.counts, nranks)
+    }
+
     /// Elements in rank `rank`'s Input and Output (see the table above).
     pub fn buffer_lens(&self, rank: usize, nranks: usize) -> (usize, usize) {
         let total: usize = self.counts.iter().sum();
@@ -268,8 +323,12 @@ impl CollArgs {
             CollKind::AllGather => (self.counts[rank], total),
             CollKind::ReduceScatter => (total, self.counts[rank]),
             CollKind::AllToAll => {
-                let sent = (0..nranks).map(|d| self.counts[rank * nranks + d]).sum();
-                let got = (0..nranks).map(|s| self.counts[s * nranks + rank]).sum();
+                let sent = (0..nranks)
+                    .map(|d| self.alltoall_block(rank, d, nranks))
+                    .sum();
+                let got = (0..nranks)
+                    .map(|s| self.alltoall_block(s, rank, nranks))
+                    .sum();
                 (sent, got)
             }
             CollKind::Gather => (self.counts[rank], if rank == self.root { total } else { 0 }),
@@ -278,6 +337,20 @@ impl CollArgs {
             CollKind::Send => (c0, 0),
             CollKind::Recv => (0, c0),
         }
+    }
+}
+
+/// [`CollArgs::elements`] of a call of `kind` with `counts`.
+///
+/// Of an alltoall that only one rank's counts describe, as if every rank
+/// sent what this one does (the whole is known to nobody).
+pub fn elements(kind: CollKind, counts: &[usize], nranks: usize) -> usize {
+    match kind {
+        CollKind::AllToAll if counts.len() == nranks => counts.iter().sum::<usize>() * nranks,
+        CollKind::AllToAll if counts.len() == 2 * nranks + 1 => {
+            counts[..nranks].iter().sum::<usize>() * nranks
+        }
+        _ => counts.iter().sum(),
     }
 }
 

@@ -74,6 +74,22 @@ pub enum ScheduleError {
     NotUniform { algo: Algo },
     #[error("{kind} at rank {rank}: the peer is the rank itself")]
     SelfPeer { kind: CollKind, rank: usize },
+    #[error(
+        "algorithm {} needs every rank's counts; an alltoall whose counts only each rank knows \
+         takes pairwise or direct",
+        .algo.name()
+    )]
+    NeedsEveryRanksCounts { algo: Algo },
+    #[error("alltoall counts of rank {owner} given to build rank {rank}'s schedule")]
+    NotItsCounts { owner: usize, rank: usize },
+    #[error(
+        "alltoall: rank {rank} sends itself {sends} elements but expects {expects} from itself"
+    )]
+    SelfBlock {
+        rank: usize,
+        sends: usize,
+        expects: usize,
+    },
 }
 
 fn algo_names(kind: &CollKind) -> String {
@@ -124,6 +140,9 @@ pub fn check_args(args: &CollArgs, nranks: usize) -> Result<(), ScheduleError> {
         CollKind::AllGather | CollKind::ReduceScatter | CollKind::Gather | CollKind::Scatter => {
             Some(nranks)
         }
+        // The whole matrix, the row every rank sends, or one rank's own.
+        CollKind::AllToAll if args.counts.len() == nranks => Some(nranks),
+        CollKind::AllToAll if args.own_alltoall(nranks).is_some() => Some(2 * nranks + 1),
         CollKind::AllToAll => nranks.checked_mul(nranks),
         CollKind::Barrier => Some(0),
     };
@@ -142,6 +161,21 @@ pub fn check_args(args: &CollArgs, nranks: usize) -> Result<(), ScheduleError> {
             nranks,
         });
     }
+    if let Some((owner, send, recv)) = args.own_alltoall(nranks) {
+        if owner >= nranks {
+            return Err(ScheduleError::RankOutOfRange {
+                rank: owner,
+                nranks,
+            });
+        }
+        if send[owner] != recv[owner] {
+            return Err(ScheduleError::SelfBlock {
+                rank: owner,
+                sends: send[owner],
+                expects: recv[owner],
+            });
+        }
+    }
     Ok(())
 }
 
@@ -152,7 +186,12 @@ fn check(args: &CollArgs, nranks: usize, algo: Algo) -> Result<(), ScheduleError
             algo,
         });
     }
-    check_args(args, nranks)
+    check_args(args, nranks)?;
+    // Bruck forwards other ranks' blocks: it needs their lengths.
+    if algo == Algo::Bruck && args.own_alltoall(nranks).is_some() {
+        return Err(ScheduleError::NeedsEveryRanksCounts { algo });
+    }
+    Ok(())
 }
 
 /// Whether [`build`] accepts `algo` for this call on `nranks` ranks (for
@@ -204,6 +243,11 @@ pub fn build_on(
     let kind = args.kind;
     if matches!(kind, CollKind::Send | CollKind::Recv) && args.root == rank {
         return Err(ScheduleError::SelfPeer { kind, rank });
+    }
+    if let Some((owner, _, _)) = args.own_alltoall(nranks) {
+        if owner != rank {
+            return Err(ScheduleError::NotItsCounts { owner, rank });
+        }
     }
     let mut plan = Plan::new(rank, nranks);
     let count = args.counts.first().copied().unwrap_or(0);
@@ -261,9 +305,9 @@ pub fn build_on(
         (CollKind::ReduceScatter, Algo::Hierarchical) => {
             hierarchical::reduce_scatter(&mut plan, topo, counts)
         }
-        (CollKind::AllToAll, Algo::Pairwise) => alltoall::pairwise(&mut plan, counts),
-        (CollKind::AllToAll, Algo::Direct) => alltoall::direct(&mut plan, counts),
-        (CollKind::AllToAll, Algo::Bruck) => bruck::alltoall(&mut plan, counts),
+        (CollKind::AllToAll, Algo::Pairwise) => alltoall::pairwise(&mut plan, args),
+        (CollKind::AllToAll, Algo::Direct) => alltoall::direct(&mut plan, args),
+        (CollKind::AllToAll, Algo::Bruck) => bruck::alltoall(&mut plan, args),
         (CollKind::Gather, Algo::Direct) => direct::gather(&mut plan, counts, root),
         (CollKind::Scatter, Algo::Direct) => direct::scatter(&mut plan, counts, root),
         (CollKind::Barrier, Algo::Dissemination) => barrier::dissemination(&mut plan),
@@ -368,6 +412,94 @@ mod tests {
              (it takes ring, recursive_doubling, direct, rabenseifner, \
              double_binary_tree, torus2d, torus2d_ring, hierarchical, one_shot)"
         );
+    }
+
+    #[test]
+    fn an_alltoall_of_one_row_is_the_matrix_of_that_row_everywhere() {
+        // Odd sizes and empty blocks, on rank counts that are not powers
+        // of two: every algorithm builds the same schedule from the row as
+        // from the matrix whose every row it is, and the buffers and the
+        // call's size agree.
+        for n in [1, 2, 3, 5, 6, 8] {
+            let row: Vec<usize> = (0..n).map(|d| (d * 7 + n) % 5).collect();
+            let short = args(CollKind::AllToAll, 0, row.clone());
+            let whole = args(CollKind::AllToAll, 0, row.repeat(n));
+            assert_eq!(short.elements(n), whole.elements(n));
+            assert!(check_args(&short, n).is_ok());
+            for r in 0..n {
+                assert_eq!(
+                    short.buffer_lens(r, n),
+                    whole.buffer_lens(r, n),
+                    "n {n} rank {r}"
+                );
+                for algo in algos_for(CollKind::AllToAll) {
+                    assert_eq!(
+                        build(&short, r, n, *algo),
+                        build(&whole, r, n, *algo),
+                        "n {n} rank {r} {}",
+                        algo.name()
+                    );
+                }
+            }
+        }
+        // A length that is neither n nor n² is refused.
+        let odd = args(CollKind::AllToAll, 0, vec![1; 5]);
+        assert!(check_args(&odd, 4).is_err());
+    }
+
+    #[test]
+    fn an_alltoall_of_one_ranks_own_counts_is_its_schedule_of_the_matrix() {
+        // Rank r knows its row and column only; the matrix is for comparison.
+        for n in [1, 2, 3, 5, 8] {
+            let m: Vec<usize> = (0..n * n).map(|i| (i * 7 + n) % 4).collect();
+            let whole = args(CollKind::AllToAll, 0, m.clone());
+            for r in 0..n {
+                let send: Vec<usize> = (0..n).map(|d| m[r * n + d]).collect();
+                let recv: Vec<usize> = (0..n).map(|s| m[s * n + r]).collect();
+                let own = CollArgs::alltoallv(r, &send, &recv);
+                assert_eq!(own.own_alltoall(n), Some((r, &send[..], &recv[..])));
+                assert_eq!(
+                    own.buffer_lens(r, n),
+                    whole.buffer_lens(r, n),
+                    "n {n} rank {r}"
+                );
+                for algo in [Algo::Pairwise, Algo::Direct] {
+                    assert_eq!(
+                        build(&own, r, n, algo),
+                        build(&whole, r, n, algo),
+                        "n {n} rank {r} {}",
+                        algo.name()
+                    );
+                }
+                if n > 1 {
+                    assert_eq!(
+                        build(&own, r, n, Algo::Bruck),
+                        Err(ScheduleError::NeedsEveryRanksCounts { algo: Algo::Bruck })
+                    );
+                    assert_eq!(
+                        build(&own, (r + 1) % n, n, Algo::Pairwise),
+                        Err(ScheduleError::NotItsCounts {
+                            owner: r,
+                            rank: (r + 1) % n
+                        })
+                    );
+                }
+            }
+        }
+        let mut bad = CollArgs::alltoallv(1, &[1, 2, 3], &[4, 5, 6]);
+        assert_eq!(
+            check_args(&bad, 3),
+            Err(ScheduleError::SelfBlock {
+                rank: 1,
+                sends: 2,
+                expects: 5
+            })
+        );
+        *bad.counts.last_mut().unwrap() = 3;
+        assert!(matches!(
+            check_args(&bad, 3),
+            Err(ScheduleError::RankOutOfRange { rank: 3, .. })
+        ));
     }
 
     #[test]

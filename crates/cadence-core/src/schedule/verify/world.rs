@@ -220,8 +220,8 @@ fn expected_output(args: &CollArgs, n: usize, r: usize) -> Option<Vec<Expect>> {
         CollKind::ReduceScatter => totals(displ(r), c[r]),
         CollKind::AllToAll => (0..n)
             .flat_map(|s| {
-                let off: usize = (0..r).map(|d| c[s * n + d]).sum();
-                (0..c[s * n + r]).map(move |j| Expect::Data {
+                let off: usize = (0..r).map(|d| args.alltoall_block(s, d, n)).sum();
+                (0..args.alltoall_block(s, r, n)).map(move |j| Expect::Data {
                     rank: s,
                     index: off + j,
                 })
