@@ -243,7 +243,8 @@ class Communicator:
         from what its receiver expects fails the call on both ranks with a
         mismatch naming the other (CommError), not corrupted data. Chosen
         by placement (pairwise across hosts, direct on one), not by size:
-        the size differs by rank."""
+        the size differs by rank. `algo="bruck"` needs every rank's counts:
+        they are exchanged first (O(size²) a call), as before."""
         send_counts = [int(c) for c in send_counts]
         recv_counts = [int(c) for c in recv_counts]
         if len(send_counts) != self.size or len(recv_counts) != self.size:
@@ -252,11 +253,29 @@ class Communicator:
             raise ValueError("alltoallv: counts cannot be negative")
         if out is None:
             out = _buffers.empty(x, (sum(recv_counts),))
-        # This rank's row and column of the count matrix, and whose they are
-        # (CollArgs::alltoallv in the core).
-        own = send_counts + recv_counts + [self.rank]
-        return self._run("alltoall", x, out, counts=own, algo=algo, async_op=async_op,
+        if algo == "bruck":
+            # Bruck forwards other ranks' blocks: it needs the whole matrix.
+            counts = self._count_matrix(send_counts, recv_counts)
+        else:
+            # This rank's row and column of the count matrix, and whose they
+            # are (CollArgs::alltoallv in the core).
+            counts = send_counts + recv_counts + [self.rank]
+        return self._run("alltoall", x, out, counts=counts, algo=algo, async_op=async_op,
                          result=out)
+
+    def _count_matrix(self, send_counts, recv_counts):
+        """Every rank's send counts, by an allgather (O(size²) a call), checked
+        against this rank's receive counts."""
+        matrix = np.empty((self.size, self.size), dtype=np.int64)
+        self.allgather(np.asarray(send_counts, dtype=np.int64), out=matrix)
+        column = [int(v) for v in matrix[:, self.rank]]
+        if column != recv_counts:
+            s = next(s for s in range(self.size) if column[s] != recv_counts[s])
+            raise ValueError(
+                f"alltoallv: rank {s} sends {column[s]} elements to rank {self.rank}, "
+                f"which expects {recv_counts[s]}"
+            )
+        return [int(v) for v in matrix.reshape(-1)]
 
     def gather(self, x, root=0, out=None, counts=None, algo=None, async_op=False):
         """Gathers every rank's `x` at `root` (shape (size, *x.shape), or flat

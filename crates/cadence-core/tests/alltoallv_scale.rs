@@ -93,12 +93,13 @@ fn an_alltoallv_call_costs_a_rank_o_of_n() {
         n * n * 8,
         t.as_secs_f64() * 1e6
     );
-    // Linear in n: bytes exactly, time within a log-log slope of 1.3.
-    let (n0, b0, t0) = figures[0];
-    let (n1, b1, t1) = figures[figures.len() - 1];
-    assert_eq!(b1 * n0, (b0 - 8) * n1 + 8 * n0, "2n + 1 counts");
+    // The counts a call carries: 2n + 1, exactly. The time is printed, not
+    // asserted (a loaded machine would fail a timed test): its log-log
+    // slope and the figure at 8,192 go to docs/benchmarks.md.
+    for &(n, bytes, _) in &figures {
+        assert_eq!(bytes, (2 * n + 1) * 8);
+    }
+    let ((n0, _, t0), (n1, _, t1)) = (figures[0], figures[figures.len() - 1]);
     let slope = (t1.as_secs_f64() / t0.as_secs_f64()).ln() / (n1 as f64 / n0 as f64).ln();
     println!("time against n: log-log slope {slope:.2}");
-    assert!(slope < 1.3, "slope {slope:.2}");
-    assert!(t1 < Duration::from_millis(10), "{t1:?} at n = {n1}");
 }
