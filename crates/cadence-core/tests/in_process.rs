@@ -34,35 +34,7 @@ fn world_with<T: Send + 'static>(
     cfg: Config,
     body: impl Fn(&Comm) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    let id = format!("t{}x{}", std::process::id(), rand_tag());
-    let secret = JobSecret::random().unwrap();
-    // Ranks meet through a store, as processes do: two operations each.
-    let store = Arc::new(MemoryStore::new());
-    let body = Arc::new(body);
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let (id, store, body, cfg, secret) = (
-                id.clone(),
-                store.clone(),
-                body.clone(),
-                cfg.clone(),
-                secret.clone(),
-            );
-            std::thread::spawn(move || {
-                let ip = "127.0.0.1".parse().unwrap();
-                let b = Bootstrap::new(&id, r, n, &host(r), ip, cfg, secret).unwrap();
-                let mine = store.handle();
-                let comm = b.join(&mine, "world").unwrap();
-                assert!(
-                    mine.ops() <= 2,
-                    "rank {r} made {} store operations",
-                    mine.ops()
-                );
-                body(&comm)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+    common::world(n, host, cfg, move |comm, _| body(comm))
 }
 
 fn rand_tag() -> u64 {

@@ -348,24 +348,8 @@ fn run_part(part: Part) -> Run {
                         secret,
                     )
                     .unwrap();
-                    let c = comm.clock_offset();
-                    let ports = b.ports();
-                    assert_eq!(ports.len(), 1);
-                    let row = [ports[0] as i64, c.offset_ns, c.error_ns as i64];
-                    let mut rows = vec![0i64; 3 * n];
-                    comm.run(
-                        OpRequest::new(CollKind::AllGather, DType::I64, RedOp::Sum, 0, vec![3; n])
-                            .input(bytemuck::cast_slice(&row))
-                            .output(bytemuck::cast_slice_mut(&mut rows)),
-                    )
-                    .unwrap();
-                    let ports: Vec<Vec<u16>> =
-                        members.iter().map(|&q| vec![rows[3 * q] as u16]).collect();
-                    let clocks: Vec<(i64, u64)> = members
-                        .iter()
-                        .map(|&q| (rows[3 * q + 1], rows[3 * q + 2] as u64))
-                        .collect();
-                    let sub = b.connect_split(&comm, &members, &ports, &clocks).unwrap();
+                    assert_eq!(b.ports().len(), 1);
+                    let sub = common::split_by_allgather(&comm, Some(b), &members).unwrap();
                     let mut x = vec![r as f64; 5];
                     f64_allreduce(&sub, Algo::Ring, &mut x);
                     let split_us = split_t.elapsed().as_micros() as u64;

@@ -3,96 +3,45 @@
 //! host of its own so that every link is TCP.
 
 use cadence_core::comm::{Bootstrap, Comm, OpRequest};
-use cadence_core::rendezvous::MemoryStore;
-use cadence_core::{CollKind, CommError, Config, DType, ErrorKind, JobSecret, RedOp};
-use std::sync::Arc;
+use cadence_core::{CollKind, CommError, Config, DType, ErrorKind, RedOp};
 use std::time::{Duration, Instant};
 
-/// What a rank's body gets: its communicator, and how to split it.
-struct Rank {
-    comm: Comm,
-    secret: JobSecret,
-    id: String,
+mod common;
+
+use common::Job;
+
+/// The split of the ranks `members` (in the new order; collective over
+/// every rank, as Python's `split` is: the ports and clocks go round by an
+/// allgather). None on a rank that is not a member.
+fn split(comm: &Comm, job: &Job, name: &str, members: &[usize]) -> Option<Comm> {
+    let r = comm.rank();
+    let me = members.iter().position(|&q| q == r);
+    let boot = me.map(|me| {
+        Bootstrap::new(
+            &format!("{}-{name}", job.id),
+            me,
+            members.len(),
+            &format!("h{r}"),
+            "127.0.0.1".parse().unwrap(),
+            comm.config().clone(),
+            job.secret.clone(),
+        )
+        .unwrap()
+    });
+    common::split_by_allgather(comm, boot, members)
 }
 
-impl Rank {
-    /// The split of the ranks `members` (in the new order; collective over
-    /// every rank, as Python's `split` is: the ports and clocks go round by
-    /// an allgather). None on a rank that is not a member.
-    fn split(&self, name: &str, members: &[usize]) -> Option<Comm> {
-        let (r, n) = (self.comm.rank(), self.comm.nranks());
-        let me = members.iter().position(|&q| q == r);
-        let boot = me.map(|me| {
-            Bootstrap::new(
-                &format!("{}-{name}", self.id),
-                me,
-                members.len(),
-                &format!("h{r}"),
-                "127.0.0.1".parse().unwrap(),
-                self.comm.config().clone(),
-                self.secret.clone(),
-            )
-            .unwrap()
-        });
-        let c = self.comm.clock_offset();
-        let port = boot.as_ref().map_or(0, |b| b.ports()[0] as i64);
-        let row = [port, c.offset_ns, c.error_ns as i64];
-        let mut rows = vec![0i64; 3 * n];
-        self.comm
-            .run(
-                OpRequest::new(CollKind::AllGather, DType::I64, RedOp::Sum, 0, vec![3; n])
-                    .input(bytemuck::cast_slice(&row))
-                    .output(bytemuck::cast_slice_mut(&mut rows)),
-            )
-            .unwrap();
-        let ports: Vec<Vec<u16>> = members.iter().map(|&q| vec![rows[3 * q] as u16]).collect();
-        let clocks: Vec<(i64, u64)> = members
-            .iter()
-            .map(|&q| (rows[3 * q + 1], rows[3 * q + 2] as u64))
-            .collect();
-        boot.map(|b| {
-            b.connect_split(&self.comm, members, &ports, &clocks)
-                .unwrap()
-        })
-    }
+/// Every rank on a host of its own.
+fn own_host(r: usize) -> String {
+    format!("h{r}")
 }
 
 fn world<T: Send + 'static>(
     n: usize,
     cfg: Config,
-    body: impl Fn(&Rank) -> T + Send + Sync + 'static,
+    body: impl Fn(&Comm, &Job) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    let id = format!("s{}x{}", std::process::id(), rand_tag());
-    let secret = JobSecret::random().unwrap();
-    let store = Arc::new(MemoryStore::new());
-    let body = Arc::new(body);
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let (id, store, body, cfg, secret) = (
-                id.clone(),
-                store.clone(),
-                body.clone(),
-                cfg.clone(),
-                secret.clone(),
-            );
-            std::thread::spawn(move || {
-                let ip = "127.0.0.1".parse().unwrap();
-                let b =
-                    Bootstrap::new(&id, r, n, &format!("h{r}"), ip, cfg, secret.clone()).unwrap();
-                let comm = b.join(&store.handle(), "world").unwrap();
-                body(&Rank { comm, secret, id })
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
-
-fn rand_tag() -> u64 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64
+    common::world(n, own_host, cfg, body)
 }
 
 fn config(secs: u64) -> Config {
@@ -121,14 +70,14 @@ fn a_split_uses_its_roots_links_and_makes_only_the_missing_ones() {
     // Eight ranks, eight hosts; the world's ring links every rank to its
     // neighbours. The split of the even ranks then needs 0-2, 2-4, ...:
     // links its root never made, made once, then used by the root too.
-    let out = world(8, config(20), |rk| {
-        let (comm, r) = (&rk.comm, rk.comm.rank());
+    let out = world(8, config(20), |comm, job| {
+        let r = comm.rank();
         let mut x = vec![r as f64 + 1.0; 1000];
         allreduce(comm, &mut x).unwrap();
         assert_eq!(x[0], sum_of(0..8));
         let before = comm.links_open();
         let evens: Vec<usize> = (0..8).step_by(2).collect();
-        let sub = rk.split("evens", &evens);
+        let sub = split(comm, job, "evens", &evens);
         let last_root_call = || {
             let mut x = vec![r as f64 + 1.0; 7];
             allreduce(comm, &mut x).unwrap();
@@ -178,10 +127,10 @@ fn operations_on_a_root_and_its_split_run_in_the_order_issued_even_queued() {
     // Every rank queues root, split, root, split operations on their
     // progress threads at once: each communicator's thread would race
     // the other's for the links; the order of issue holds them apart.
-    let out = world(4, config(20), |rk| {
-        let (comm, r) = (&rk.comm, rk.comm.rank());
+    let out = world(4, config(20), |comm, job| {
+        let r = comm.rank();
         let all: Vec<usize> = (0..4).rev().collect();
-        let sub = rk.split("rev", &all).unwrap();
+        let sub = split(comm, job, "rev", &all).unwrap();
         let mut bufs: Vec<Vec<f64>> = (0..6).map(|i| vec![(r + i) as f64; 257]).collect();
         let mut done = Vec::new();
         for (i, b) in bufs.iter_mut().enumerate() {
@@ -213,9 +162,9 @@ fn operations_on_a_root_and_its_split_run_in_the_order_issued_even_queued() {
 #[test]
 fn calling_a_root_and_its_split_in_different_orders_is_an_error_naming_both() {
     let start = Instant::now();
-    let out = world(2, config(4), |rk| {
-        let (comm, r) = (&rk.comm, rk.comm.rank());
-        let sub = rk.split("both", &[0, 1]).unwrap();
+    let out = world(2, config(4), |comm, job| {
+        let r = comm.rank();
+        let sub = split(comm, job, "both", &[0, 1]).unwrap();
         let mut x = vec![1.0; 16];
         // Rank 0: root then split; rank 1: split then root.
         let first = if r == 0 {
@@ -250,9 +199,9 @@ fn a_rank_aborting_a_split_fails_its_peers_root_operations() {
     // waits on rank 3 in a root collective: it must hear of it too, as
     // must the split's members in either communicator.
     let start = Instant::now();
-    let out = world(4, config(6), move |rk| {
-        let (comm, r) = (&rk.comm, rk.comm.rank());
-        let sub = rk.split("three", &[1, 2, 3]);
+    let out = world(4, config(6), move |comm, job| {
+        let r = comm.rank();
+        let sub = split(comm, job, "three", &[1, 2, 3]);
         let mut x = vec![1.0; 8];
         allreduce(comm, &mut x).unwrap();
         if r == 3 {

@@ -4,6 +4,7 @@
 use super::overrides::{AlgoOverride, AlgoRange};
 use super::tuned::Tuned;
 use crate::schedule::{self, Algo, CollArgs, CostModel, Topology};
+use crate::types::CollKind;
 use std::fmt;
 
 /// Why [`select_algo_on`] chose what it chose.
@@ -229,6 +230,15 @@ pub fn select_algo_on(
         return Ok(choice);
     }
     let def = super::defaults::default_algo_on(args, &auto.topo, elem_size);
+    after_exclusion(kind, def, allowed)
+}
+
+/// The first algorithm `allowed` when the default `def` was excluded.
+fn after_exclusion(
+    kind: CollKind,
+    def: Algo,
+    allowed: impl Fn(Algo) -> bool,
+) -> Result<(Algo, Why), String> {
     schedule::algos_for(kind)
         .iter()
         .copied()
@@ -261,12 +271,7 @@ fn by_placement(
     if allowed(def) {
         return Ok((def, Why::Placement));
     }
-    schedule::algos_for(kind)
-        .iter()
-        .copied()
-        .find(|&a| allowed(a))
-        .map(|a| (a, Why::AfterExclusion(def)))
-        .ok_or_else(|| format!("CADENCE_ALGO excludes every algorithm for {kind} here"))
+    after_exclusion(kind, def, allowed)
 }
 
 /// [`select_algo_on`] with the size table on one host.

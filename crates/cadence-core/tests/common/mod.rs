@@ -1,8 +1,8 @@
 //! Helpers the tests share: for the wire tests (`fuzz_wire.rs`,
 //! `failover.rs`) loopback socket pairs, a frame's operation metadata,
 //! waiting for a receiving link and proptest's case budget; for the
-//! communicator tests (`in_process.rs`, `scale.rs`) a configuration that
-//! measures nothing at start-up.
+//! communicator tests (`in_process.rs`, `scale.rs`, `split_links.rs`) a
+//! configuration that measures nothing at start-up and a job of threads.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use cadence_core::transport::tcp::{poll_fds, TcpLink};
@@ -22,6 +22,92 @@ pub fn measuring_nothing(timeout: Duration) -> cadence_core::Config {
         topo: cadence_core::config::TopoSource::Off,
         ..cadence_core::Config::default()
     }
+}
+
+/// What a rank of [`world`] gets besides its communicator: the job's
+/// secret and id, to make splits with.
+pub struct Job {
+    pub secret: cadence_core::JobSecret,
+    pub id: String,
+}
+
+/// Starts `n` ranks, one thread each, meeting through an in-memory store
+/// as processes do (each may make at most two store operations); rank r's
+/// host is `host(r)`. Returns each rank's result of `body`.
+pub fn world<T: Send + 'static>(
+    n: usize,
+    host: fn(usize) -> String,
+    cfg: cadence_core::Config,
+    body: impl Fn(&cadence_core::Comm, &Job) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let id = format!("t{}x{nanos}", std::process::id());
+    let secret = cadence_core::JobSecret::random().unwrap();
+    let store = std::sync::Arc::new(cadence_core::rendezvous::MemoryStore::new());
+    let body = std::sync::Arc::new(body);
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let (store, body, cfg) = (store.clone(), body.clone(), cfg.clone());
+            let job = Job {
+                secret: secret.clone(),
+                id: id.clone(),
+            };
+            std::thread::spawn(move || {
+                let ip = "127.0.0.1".parse().unwrap();
+                let b = cadence_core::Bootstrap::new(
+                    &job.id,
+                    r,
+                    n,
+                    &host(r),
+                    ip,
+                    cfg,
+                    job.secret.clone(),
+                )
+                .unwrap();
+                let mine = store.handle();
+                let comm = b.join(&mine, "world").unwrap();
+                assert!(
+                    mine.ops() <= 2,
+                    "rank {r} made {} store operations",
+                    mine.ops()
+                );
+                body(&comm, &job)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Ends a split as Python's `split` does: every rank of `comm` (members
+/// with their `boot`, the others with None) passes its listening port and
+/// clock offset round by an allgather over `comm`, and the members connect
+/// the split of `members` (in its rank order). None off the split.
+pub fn split_by_allgather(
+    comm: &cadence_core::Comm,
+    boot: Option<cadence_core::Bootstrap>,
+    members: &[usize],
+) -> Option<cadence_core::Comm> {
+    let n = comm.nranks();
+    let c = comm.clock_offset();
+    let port = boot.as_ref().map_or(0, |b| b.ports()[0] as i64);
+    let row = [port, c.offset_ns, c.error_ns as i64];
+    let mut rows = vec![0i64; 3 * n];
+    comm.run(
+        cadence_core::OpRequest::new(CollKind::AllGather, DType::I64, RedOp::Sum, 0, vec![3; n])
+            .input(bytemuck::cast_slice(&row))
+            .output(bytemuck::cast_slice_mut(&mut rows)),
+    )
+    .unwrap();
+    let ports: Vec<Vec<u16>> = members.iter().map(|&q| vec![rows[3 * q] as u16]).collect();
+    let clocks: Vec<(i64, u64)> = members
+        .iter()
+        .map(|&q| (rows[3 * q + 1], rows[3 * q + 2] as u64))
+        .collect();
+    boot.map(|b| b.connect_split(comm, members, &ports, &clocks).unwrap())
 }
 
 pub const SEQ: u64 = 5;
