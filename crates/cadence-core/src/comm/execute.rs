@@ -180,7 +180,7 @@ impl Shared {
             started: Some(started),
         };
         let deadline = started + self.cfg.timeout;
-        let result = self.holding_links(&mut inner, ticket, deadline, |inner, lent| {
+        let result = self.holding_links(&mut inner, ticket, deadline, true, |inner, lent| {
             let result = lent
                 .and_then(|()| {
                     inner.engine.run_lowered(

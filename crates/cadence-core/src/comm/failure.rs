@@ -48,7 +48,8 @@ impl Shared {
         let mut inner = self.inner.lock().unwrap();
         if inner.failed.is_none() {
             let deadline = std::time::Instant::now() + self.cfg.timeout;
-            self.holding_links(&mut inner, ticket, deadline, |inner, _| {
+            // Not cancellable: this abort is what cancelled the communicator.
+            self.holding_links(&mut inner, ticket, deadline, false, |inner, _| {
                 let e = self.err(ErrorKind::UserAbort(reason.to_string()), None);
                 self.fail_locked(inner, &e);
             });
@@ -60,7 +61,7 @@ impl Shared {
         let ticket = self.ticket();
         let mut inner = self.inner.lock().unwrap();
         let deadline = std::time::Instant::now() + self.cfg.timeout;
-        self.holding_links(&mut inner, ticket, deadline, |inner, lent| {
+        self.holding_links(&mut inner, ticket, deadline, true, |inner, lent| {
             lent.map_err(|k| self.err(k, None))?;
             match inner.engine.links.get_mut(peer) {
                 Some(Link::Tcp(t)) => t

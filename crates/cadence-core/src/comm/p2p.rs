@@ -103,7 +103,7 @@ impl Shared {
         let mut held = first.ticket.take();
         if let (Some(share), Some(t)) = (share, held.as_mut()) {
             let deadline = Instant::now() + self.cfg.timeout;
-            if let Err(k) = share.lend(&mut guard.engine, t, deadline) {
+            if let Err(k) = share.lend(&mut guard.engine, t, deadline, Some(&self.cancel)) {
                 let e = self.err(k, None);
                 self.fail_locked(&mut guard, &e);
                 drop(guard);

@@ -17,7 +17,7 @@
 //! and the peers were told (the abort goes on every shared link).
 
 use super::{Inner, Shared};
-use crate::engine::{Engine, Pool, View};
+use crate::engine::{Cancel, Engine, Pool, View, INTERRUPT_EVERY};
 use crate::error::ErrorKind;
 use crate::transport::LinkCounters;
 use std::collections::BTreeSet;
@@ -122,38 +122,36 @@ impl Share {
     }
 
     /// Waits for `ticket`'s turn (until `deadline`: the operations before
-    /// it have deadlines of their own, so only a stuck thread gets there)
-    /// and lends the links to `engine`. Fails when a communicator sharing
-    /// them failed.
+    /// it have deadlines of their own, so only a stuck thread gets there;
+    /// or until `cancel` says the caller gave up) and lends the links to
+    /// `engine`. Fails when a communicator sharing them failed.
     pub(super) fn lend(
         &self,
         engine: &mut Engine,
         ticket: &mut Ticket,
         deadline: Instant,
+        cancel: Option<&Cancel>,
     ) -> Result<(), ErrorKind> {
         ticket.used = true;
         let mut t = self.links.turns.lock().unwrap();
         while t.serving != ticket.number || t.pool.is_none() {
             let now = Instant::now();
-            if now >= deadline {
+            let gave_up = cancel.and_then(Cancel::reason);
+            if now >= deadline || gave_up.is_some() {
                 // Its turn will never be taken: later ones go on.
                 t.given_up.insert(ticket.number);
                 t.advance_past_given_up();
                 drop(t);
                 self.links.turn_changed.notify_all();
-                return Err(ErrorKind::Failed {
+                return Err(gave_up.unwrap_or_else(|| ErrorKind::Failed {
                     detail: "the links this communicator shares with its root were held \
                              past the deadline by an operation of another communicator"
                         .into(),
                     culprit: None,
-                });
+                }));
             }
-            t = self
-                .links
-                .turn_changed
-                .wait_timeout(t, deadline - now)
-                .unwrap()
-                .0;
+            let nap = (deadline - now).min(INTERRUPT_EVERY);
+            t = self.links.turn_changed.wait_timeout(t, nap).unwrap().0;
         }
         if let Some((comm, what, culprit)) = &t.failed {
             let e = ErrorKind::Failed {
@@ -239,19 +237,22 @@ impl Share {
 impl Shared {
     /// Runs `f` in `ticket`'s turn with the shared links lent to the
     /// engine, when this communicator shares them; `f` learns whether the
-    /// loan failed (a communicator sharing them failed, or the turn never
-    /// came) and decides what that means.
+    /// loan failed (a communicator sharing them failed, the turn never
+    /// came, or the communicator was cancelled while it waited, unless
+    /// `cancellable` is false) and decides what that means.
     pub(super) fn holding_links<R>(
         &self,
         inner: &mut Inner,
         mut ticket: Option<Ticket>,
         deadline: Instant,
+        cancellable: bool,
         f: impl FnOnce(&mut Inner, Result<(), ErrorKind>) -> R,
     ) -> R {
         let (Some(share), Some(t)) = (self.share.get(), ticket.as_mut()) else {
             return f(inner, Ok(()));
         };
-        let lent = share.lend(&mut inner.engine, t, deadline);
+        let cancel = cancellable.then_some(&*self.cancel);
+        let lent = share.lend(&mut inner.engine, t, deadline, cancel);
         let r = f(inner, lent);
         share.give_back(&mut inner.engine, t);
         r
@@ -289,7 +290,7 @@ mod tests {
                 let mut third = third;
                 let mut eng = Engine::new(0, 4, Links::new(4), None);
                 let deadline = Instant::now() + Duration::from_secs(5);
-                share.lend(&mut eng, &mut third, deadline).unwrap();
+                share.lend(&mut eng, &mut third, deadline, None).unwrap();
                 order.lock().unwrap().push(3);
                 share.give_back(&mut eng, &third);
             })
@@ -306,6 +307,7 @@ mod tests {
                 &mut eng,
                 &mut first,
                 Instant::now() + Duration::from_secs(5),
+                None,
             )
             .unwrap();
         order.lock().unwrap().push(1);
@@ -322,13 +324,47 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_communicator_stops_waiting_for_its_turn() {
+        let (share, mut eng) = share();
+        let mut held = share.ticket();
+        let mut waiting = share.ticket();
+        let far = Instant::now() + Duration::from_secs(30);
+        share.lend(&mut eng, &mut held, far, None).unwrap();
+        let cancel = Arc::new(Cancel::default());
+        let later = {
+            let (share, cancel) = (share.clone(), cancel.clone());
+            std::thread::spawn(move || {
+                let mut other = Engine::new(0, 4, Links::new(4), None);
+                let t = Instant::now();
+                let r = share.lend(&mut other, &mut waiting, far, Some(&cancel));
+                (r, t.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        cancel.set(ErrorKind::UserAbort("stop".into()));
+        let (r, took) = later.join().unwrap();
+        assert!(matches!(r, Err(ErrorKind::UserAbort(_))), "{r:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        // Its turn is skipped: the next ticket gets the links.
+        share.give_back(&mut eng, &held);
+        let mut next = share.ticket();
+        share.lend(&mut eng, &mut next, far, None).unwrap();
+        share.give_back(&mut eng, &next);
+    }
+
+    #[test]
     fn a_failure_fails_every_later_turn_and_a_stuck_turn_times_out() {
         let (share, mut eng) = share();
         let held = share.ticket();
         let mut waiting = share.ticket();
         let mut held = held;
         share
-            .lend(&mut eng, &mut held, Instant::now() + Duration::from_secs(1))
+            .lend(
+                &mut eng,
+                &mut held,
+                Instant::now() + Duration::from_secs(1),
+                None,
+            )
             .unwrap();
         let mut other = Engine::new(0, 4, Links::new(4), None);
         let e = share
@@ -336,6 +372,7 @@ mod tests {
                 &mut other,
                 &mut waiting,
                 Instant::now() + Duration::from_millis(30),
+                None,
             )
             .unwrap_err();
         assert!(e.to_string().contains("held past the deadline"), "{e}");
@@ -350,6 +387,7 @@ mod tests {
                 &mut other,
                 &mut next,
                 Instant::now() + Duration::from_secs(1),
+                None,
             )
             .unwrap_err();
         let text = e.to_string();
