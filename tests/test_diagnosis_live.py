@@ -285,9 +285,12 @@ def _straggles(comm, slow):
     return {"verdicts": seen}
 
 
-def test_a_straggler_is_named_live_from_the_slowness_windows():
+@pytest.mark.parametrize("transport", ["shm", "mixed"])
+def test_a_straggler_is_named_live_from_the_slowness_windows(transport):
+    """On one host, and on two (host0: ranks 0-1, host1: rank 2), whose
+    leaders reduce their ranks' window summaries for rank 0."""
     slow = 1
-    res = run_ranks(_straggles, 3, transport="shm", args=(slow,),
+    res = run_ranks(_straggles, 3, transport=transport, args=(slow,),
                     env={"CADENCE_DIAG_WINDOW": "2"}, op_timeout=30, timeout=90)
     assert all(res[r][0] == "ok" for r in range(3)), res
     for r in range(3):
@@ -352,6 +355,11 @@ def test_slowness_windows_send_only_their_operations_and_timed_receives():
         assert out["before"] is None  # nothing completed then
         first, second = out["first"], out["second"]
         assert first["reason"] == "slowness window"
+        # Nothing in a window grows with the job: its peers are the rank
+        # and those it has links to, and it has no ring order.
+        linked = {c["peer"] for c in first["links"]} | {r}
+        assert {p["rank"] for p in first["peers"]} == linked, first["peers"]
+        assert first["ring_order"]["hosts"] == [], first["ring_order"]
         assert [o["collective"] for o in first["ops"]] == ["allreduce"] * 5, first["ops"]
         assert not any(o["messages"] for o in first["ops"])  # 64 B: no rate in them
         colls = [o["collective"] for o in second["ops"]]

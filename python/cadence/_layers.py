@@ -39,6 +39,7 @@ LIBRARY = (
     "cadence.diagnosis.reach",
     "cadence.diagnosis.slow",
     "cadence.diagnosis.store_lost",
+    "cadence.diagnosis.summary",
     "cadence.diagnosis.unreachable",
     "cadence.diagnosis.verdict",
     "cadence.fused",

@@ -64,8 +64,8 @@ DEFAULT_WINDOW_S = 10.0
 SUMMARY_OPS = 64
 #: Operations a slowness window looks at, at most (the newest): enough for
 #: the slowness classifier's evidence (10 collectives, 8 timed receives per
-#: unit), and rank 0 parses and judges every rank's window: 128 ops of 8
-#: ranks took it about 0.15 s of CPU per window.
+#: unit); a rank's summary of a window, and rank 0's work per host, grow
+#: with it (docs/diagnosis.md, "Slowness at scale").
 WINDOW_OPS = 128
 #: A round's verdict is waited for this much longer than its gather time
 #: before a rank stops expecting it.
@@ -145,16 +145,16 @@ def summary(core, skip_thread: int | None = None) -> bytes:
 
 
 def window_summary(core, start_unix: float, end_unix: float) -> bytes | None:
-    """This rank's operations that completed within [start, end) (wall
-    clock), the newest WINDOW_OPS, as a dump, compressed; None when there
-    were none. Their messages are only the timed receives the slowness
-    classifier reads (slow._timed_receives). The core filters before it
-    serializes, and the compression is zlib's fastest: a window is sent every
-    few seconds by every rank, and rank 0 parses them all."""
-    from cadence.diagnosis.slow import MIN_MSG_BYTES
+    """This rank's summary (summary.RankSummary) of its operations that
+    completed within [start, end) (wall clock), the newest WINDOW_OPS; None
+    when there were none. The core keeps only the timed receives the
+    slowness classifier reads before it serializes; the summary groups them
+    per collective and sender, so its size does not grow with the job."""
+    from cadence.diagnosis.dumps import parse
+    from cadence.diagnosis.summary import MIN_MSG_BYTES, encode_rank, rank_summary
 
     d = core.dump_window(int(start_unix * 1e9), int(end_unix * 1e9), WINDOW_OPS, MIN_MSG_BYTES)
-    return None if d is None else zlib.compress(d.encode(), 1)
+    return None if d is None else encode_rank(rank_summary(parse(d, "this rank's window")))
 
 
 def verdict_of(summaries: dict[int, bytes], hang_after: float,
@@ -261,11 +261,19 @@ class _Watched:
     #: After a failed Store call: when to try again.
     resume_at: float = 0.0
     #: Slowness windows: their length (None: off), the last one published,
-    #: the last one judged (rank 0, which keeps the SlowWatch), and the
-    #: slowness verdicts seen so far (their counter in the Store).
+    #: the last one reduced (a host's leader), the last one judged (rank 0,
+    #: which keeps the SlowWatch), and the slowness verdicts seen so far
+    #: (their counter in the Store).
     window: float | None = None
     win_published: int = 0
+    win_reduced: int = 0
     win_judged: int = 0
+    #: The lowest rank of this rank's host (which reduces the host's
+    #: window summaries), the host's ranks, and every host's leader; read
+    #: once from the core.
+    leader: int | None = None
+    host_ranks: list = field(default_factory=list)
+    leaders: list = field(default_factory=list)
     slow_watch: object = None
     slow_seen: int = 0
     slow_logged: tuple | None = None
@@ -337,7 +345,7 @@ class Watchdog:
         w = _Watched(None, client, prefix, rank, size, after, gather, store_rank=store_rank)
         w.window = diag_window()
         if w.window:
-            w.win_published = w.win_judged = int(time.time() // w.window)
+            w.win_published = w.win_reduced = w.win_judged = int(time.time() // w.window)
         try:
             if not fresh:
                 w.seen_round = int(client.add(w.key("round"), 0))
@@ -493,7 +501,7 @@ class Watchdog:
 
         if w.window:
             try:
-                self._windows(w, core)
+                self._windows(w, comm)
             except Exception as e:  # noqa: BLE001 - slowness must not stop hang watching
                 log.debug("cadence: slowness window of comm %s: %s", comm.id, e)
 
@@ -557,25 +565,39 @@ class Watchdog:
             seq=seq, collective=collective)
         self._deliver(w, core, verdict, total)
 
-    def _windows(self, w: _Watched, core) -> None:
-        """Slowness: every rank publishes each finished window's operations;
-        rank 0 judges them with a SlowWatch (a verdict must persist over
-        windows) and publishes a verdict when it changes; every rank logs
-        it."""
-        store, win = w.store, w.window
+    def _windows(self, w: _Watched, comm) -> None:
+        """Slowness: every rank publishes its summary of each finished
+        window; each host's leader reduces its ranks' into the host's
+        summary; rank 0 judges the host summaries with a SlowWatch (a
+        verdict must persist over windows) and publishes a verdict when it
+        changes; every rank logs it. A summary's size, and the work of a
+        leader, do not grow with the job; rank 0 reads one per host."""
+        store, win, core = w.store, w.window, comm._c
+        _layout(w, comm)
+        # Ranks publish a window within a tick of its end, leaders reduce
+        # within a tick of their ranks: each waits that long, and half a
+        # window at least, before it goes on without the late ones.
+        grace = max(0.5 * win, 1.5 * self._tick_s())
         current = int(time.time() // win)
         if current - 1 > w.win_published:
             k = current - 1
             w.win_published = k
             blob = window_summary(core, k * win, (k + 1) * win)
             if blob is not None:
-                store.set(w.key("win", k, "s", w.rank), blob)
-            store.add(w.key("win", k, "count"), 1)
+                store.set(w.key("win", k, "r", w.rank), blob)
+            store.add(w.key("win", k, "h", w.leader, "count"), 1)
+        if w.rank == w.leader:
+            for k in range(w.win_reduced + 1, current):
+                count = int(store.add(w.key("win", k, "h", w.rank, "count"), 0))
+                if count < len(w.host_ranks) and time.time() < (k + 1) * win + grace:
+                    break  # wait a little for the host's slower ranks
+                self._reduce_window(w, k)
+                w.win_reduced = k
         if w.rank == 0:
             for k in range(w.win_judged + 1, current):
                 count = int(store.add(w.key("win", k, "count"), 0))
-                if count < w.size and time.time() < (k + 1.5) * win:
-                    break  # wait a little for the slower ranks' summaries
+                if count < len(w.leaders) and time.time() < (k + 1) * win + 2 * grace:
+                    break  # wait a little for the slower hosts
                 self._judge_window(w, k)
                 w.win_judged = k
         n = int(store.add(w.key("slow"), 0))
@@ -583,24 +605,39 @@ class Watchdog:
             w.slow_seen = n
             self._deliver_slow(w, core, json.loads(store.get(w.key("slow", n)).decode()))
 
+    def _reduce_window(self, w: _Watched, k: int) -> None:
+        """A host's leader: its ranks' summaries of window k into the
+        host's (none when no rank had anything in the window)."""
+        from cadence.diagnosis.summary import decode_rank, encode_host, host_summary
+
+        ranks = []
+        for rank in w.host_ranks:
+            key = w.key("win", k, "r", rank)
+            if w.store.check([key]):
+                ranks.append(decode_rank(bytes(w.store.get(key)), f"rank {rank}'s window"))
+                _delete(w.store, key)
+        _delete(w.store, w.key("win", k, "h", w.rank, "count"))
+        if ranks:
+            w.store.set(w.key("win", k, "host", w.rank), encode_host(host_summary(ranks)))
+        w.store.add(w.key("win", k, "count"), 1)
+
     def _judge_window(self, w: _Watched, k: int) -> None:
-        from cadence.diagnosis.dumps import parse
         from cadence.diagnosis.slow import SlowWatch
+        from cadence.diagnosis.summary import decode_host
 
         if w.slow_watch is None:
             w.slow_watch = SlowWatch()
-        dumps = []
-        for rank in range(w.size):
-            key = w.key("win", k, "s", rank)
+        hosts = []
+        for leader in w.leaders:
+            key = w.key("win", k, "host", leader)
             if w.store.check([key]):
-                blob = bytes(w.store.get(key))
-                dumps.append(parse(zlib.decompress(blob).decode(), f"rank {rank}'s window"))
+                hosts.append(decode_host(bytes(w.store.get(key)), f"rank {leader}'s host window"))
                 _delete(w.store, key)
         _delete(w.store, w.key("win", k, "count"))
-        if len(dumps) < w.size:
+        if sum(len(h.ranks) for h in hosts) < w.size:
             return  # a rank with nothing in this window (or late): no evidence
         before = w.slow_watch.current
-        v = w.slow_watch.feed(dumps)
+        v = w.slow_watch.feed(hosts)
         if _ident(v) == _ident(before):
             return
         out = v.to_json() if v is not None else {"class": str(VerdictClass.HEALTHY),
@@ -736,6 +773,20 @@ def _peers(w: _Watched, comm) -> list:
     if w.peers is None:
         w.peers = json.loads(comm._c.dump_records(1)).get("peers") or []
     return w.peers
+
+
+def _layout(w: _Watched, comm) -> None:
+    """This rank's host leader and the host's ranks, and every host's leader
+    (the lowest rank of each host), once."""
+    if w.leader is not None:
+        return
+    by_host: dict = {}
+    for p in _peers(w, comm):
+        by_host.setdefault(p.get("host"), []).append(int(p["rank"]))
+    mine = next((rs for rs in by_host.values() if w.rank in rs), [w.rank])
+    w.host_ranks = sorted(mine)
+    w.leaders = sorted(min(rs) for rs in by_host.values()) or [w.rank]
+    w.leader = w.host_ranks[0]
 
 
 def _metrics_verdict(w: _Watched, verdict: dict) -> None:

@@ -56,7 +56,17 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from cadence.diagnosis.dumps import Dump, MsgState, Op
+import numpy as np
+
+from cadence.diagnosis.dumps import Dump
+from cadence.diagnosis.summary import (
+    MIN_MSG_BYTES,
+    Colls,
+    HostSummary,
+    Placement,
+    Receipts,
+    host_summaries,
+)
 from cadence.diagnosis.verdict import COMM_SLOW, NONCOMM_SLOW, Verdict, ranks_text
 from cadence.units import fmt_mbit, fmt_ms, fmt_rate
 
@@ -104,8 +114,6 @@ STRAGGLER_FRACTION = 0.6
 #: its lateness: the time is spent outside communication.
 GAP_SHARE = 0.5
 
-#: Smaller messages are latency, not rate.
-MIN_MSG_BYTES = 64 * 1024
 #: A unit (host pair, rank pair) needs this many timed messages and bytes in
 #: the window to be compared at all.
 MIN_UNIT_MESSAGES = 8
@@ -133,42 +141,85 @@ PERSIST_WINDOWS = 2
 # --- matching collectives ------------------------------------------------------
 
 
-def _is_setup(o: Op) -> bool:
-    return (o.collective == "barrier" or (o.collective == "broadcast" and o.dtype == "uint8")
-            or (o.collective == "allreduce" and o.bytes <= 16))
+def _is_setup(kind: tuple[str, str, str, int]) -> bool:
+    _, collective, dtype, nbytes = kind
+    return (collective == "barrier" or (collective == "broadcast" and dtype == "uint8")
+            or (collective == "allreduce" and nbytes <= 16))
 
 
-def setup_collectives(dumps: list[Dump]) -> int:
+Summaries = list[Dump] | list[HostSummary]
+
+
+def _hosts_of(given: Summaries) -> list[HostSummary]:
+    """Host summaries, made from dumps when dumps are given."""
+    if given and isinstance(given[0], Dump):
+        return host_summaries(given)
+    return list(given)
+
+
+def setup_collectives(given: Summaries) -> int:
     """How many collectives the communicator's set-up ran (#1 to #n), as far
     as the records show (0 when #1 is no longer in them)."""
+    return _setup(Colls.join([h.colls for h in _hosts_of(given)]))
+
+
+def _setup(c: Colls) -> int:
+    # Only ranks whose records reach back to #1 say anything.
+    early = np.flatnonzero(c.seq <= SETUP_MAX)
+    by_rank: dict[int, dict[int, int]] = {}
+    for i in early.tolist():
+        by_rank.setdefault(int(c.rank[i]), {})[int(c.seq[i])] = int(c.kind[i])
     n = 0
-    for d in dumps:
-        by = {o.seq: o for o in d.ops if not o.is_p2p}
+    for by in by_rank.values():
         k = end = 0
-        while k < SETUP_MAX and k + 1 in by and _is_setup(by[k + 1]):
+        while k < SETUP_MAX and k + 1 in by and _is_setup(c.kinds[by[k + 1]]):
             k += 1
-            if by[k].collective == "broadcast":
+            if c.kinds[by[k]][1] == "broadcast":
                 end = k  # set-up ends with one (the model, or "no calibration")
         n = max(n, end)
     return n
 
 
-def _skip(dumps: list[Dump], warmup: int) -> int:
-    """Collectives with seq up to this are not looked at."""
-    return setup_collectives(dumps) + warmup
+class _Table:
+    """The collectives every rank completed after #`after` with one
+    signature, as matrices: a row per rank (`ranks`), a column per
+    collective (`seqs`)."""
 
-
-def _collectives(d: Dump, after: int) -> dict[int, Op]:
-    return {o.seq: o for o in d.ops if not o.is_p2p and o.ok and o.seq > after}
-
-
-def _matched(by_rank: dict[int, Dump], after: int) -> tuple[list[int], dict[int, dict[int, Op]]]:
-    """Collectives after #`after` completed by every rank that dumped, with
-    one signature."""
-    colls = {r: _collectives(d, after) for r, d in by_rank.items()}
-    common = set.intersection(*(set(c) for c in colls.values())) if colls else set()
-    seqs = sorted(k for k in common if len({colls[r][k].sig for r in colls}) == 1)
-    return seqs, colls
+    def __init__(self, c: Colls, ranks: list[int], after: int):
+        self.ranks = ranks
+        nr = len(ranks)
+        ri = np.searchsorted(np.array(ranks, dtype=np.int64), c.rank)
+        take = c.ok & (c.seq > after)
+        seq, sig, row = c.seq[take], c.sig_ids()[take], ri[take]
+        useq, inv, cnt = np.unique(seq, return_inverse=True, return_counts=True)
+        lo = np.full(len(useq), np.iinfo(np.int64).max)
+        hi = np.full(len(useq), -1)
+        np.minimum.at(lo, inv, sig)
+        np.maximum.at(hi, inv, sig)
+        good = (cnt == nr) & (lo == hi)
+        self.seqs: list[int] = useq[good].tolist()
+        col = np.full(len(useq), -1)
+        col[good] = np.arange(int(good.sum()))
+        at = col[inv]
+        keep = at >= 0
+        shape = (nr, len(self.seqs))
+        self.start = np.zeros(shape)
+        self.end = np.zeros(shape)
+        self.start_ns = np.zeros(shape, dtype=np.int64)
+        idx = (row[keep], at[keep])
+        self.start[idx] = c.start[take][keep]
+        self.end[idx] = c.end[take][keep]
+        self.start_ns[idx] = c.start_ns[take][keep]
+        # Each rank's gap before each collective: from the end of its own
+        # #k-1 (completed, whatever its signature), when it has one.
+        ok = np.flatnonzero(c.ok)
+        key = ri[ok] * (1 << 40) + c.seq[ok]
+        order = np.argsort(key, kind="stable")
+        key, ends = key[order], c.end_ns[ok][order]
+        want = (np.arange(nr)[:, None] * (1 << 40) + np.array(self.seqs, dtype=np.int64) - 1)
+        pos = np.clip(np.searchsorted(key, want, side="right") - 1, 0, max(0, len(key) - 1))
+        self.has_prev = (key[pos] == want) if len(key) else np.zeros(shape, dtype=bool)
+        self.gaps = (self.start_ns - ends[pos]) / 1e9 if len(key) else np.zeros(shape)
 
 
 # --- arrivals -----------------------------------------------------------------
@@ -200,45 +251,58 @@ class Lateness:
         return statistics.median(self.gaps_s) if self.gaps_s else None
 
 
-def arrivals(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES
+def medians_of_others(values: np.ndarray) -> np.ndarray:
+    """For each row of `values` (ranks x collectives), the median of the
+    other rows, per column: `statistics.median` of the column without that
+    row, bit for bit, in O(n log n) a column (a sort, then each rank's
+    median is one of two places in it)."""
+    n = values.shape[0]
+    order = np.argsort(values, axis=0, kind="stable")
+    srt = np.take_along_axis(values, order, axis=0)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(n)[:, None], axis=0)
+
+    def kth_without(k: int) -> np.ndarray:
+        # The k-th smallest of the others: index k of the sorted column,
+        # or k + 1 where the rank itself sits at or before k.
+        idx = np.where(pos <= k, k + 1, k)
+        return np.take_along_axis(srt, idx, axis=0)
+
+    m = n - 1
+    if m % 2 == 1:
+        return kth_without(m // 2)
+    return (kth_without(m // 2 - 1) + kth_without(m // 2)) / 2
+
+
+def arrivals(given: Summaries, warmup: int = WARMUP_COLLECTIVES
              ) -> tuple[list[int], dict[int, Lateness], float]:
     """(matched collectives, each rank's lateness, the median time the
     collectives took after their last rank arrived, s)."""
-    by_rank = {d.rank: d for d in dumps}
-    seqs, colls = _matched(by_rank, _skip(dumps, warmup))
-    out = {r: Lateness(r) for r in by_rank}
-    tails = []
-    if len(by_rank) < 2:
-        return seqs, out, 0.0
-    for k in seqs:
-        arr = {r: by_rank[r].wall(colls[r][k].start_ns) for r in by_rank}
-        ends = [by_rank[r].wall(colls[r][k].end_ns) for r in by_rank]
-        tails.append(max(0.0, statistics.median(ends) - max(arr.values())))
-        for r in by_rank:
-            out[r].late_s.append(arr[r] - statistics.median(a for j, a in arr.items() if j != r))
-    for r, d in by_rank.items():
-        mine = {o.seq: o for o in d.ops if not o.is_p2p and o.ok}
-        for k in seqs:
-            prev = mine.get(k - 1)
-            if prev is not None:
-                out[r].gaps_s.append((mine[k].start_ns - prev.end_ns) / 1e9)
-    return seqs, out, statistics.median(tails) if tails else 0.0
+    job = _Job(_hosts_of(given))
+    t = _Table(job.colls, sorted(job.by_rank), _setup(job.colls) + warmup)
+    return _arrivals(t)
 
 
-def window_span(dumps: list[Dump], seqs: list[int]) -> float:
-    """Seconds from the first arrival at the first of `seqs` to the last
-    end of the last (rank 0's clock): the job's time the window covers."""
-    if not seqs:
+def _arrivals(t: _Table) -> tuple[list[int], dict[int, Lateness], float]:
+    out = {r: Lateness(r) for r in t.ranks}
+    if len(t.ranks) < 2 or not t.seqs:
+        return t.seqs, out, 0.0
+    late = t.start - medians_of_others(t.start)
+    # statistics.median of every rank's end, per collective.
+    tails = np.maximum(0.0, np.median(t.end, axis=0) - t.start.max(axis=0)).tolist()
+    for i, r in enumerate(t.ranks):
+        out[r].late_s = late[i].tolist()
+        out[r].gaps_s = t.gaps[i][t.has_prev[i]].tolist()
+    return t.seqs, out, statistics.median(tails)
+
+
+def window_span(t: _Table) -> float:
+    """Seconds from the first arrival at the first matched collective to
+    the last end of the last (rank 0's clock): the job's time the window
+    covers."""
+    if not t.seqs:
         return 0.0
-    first, last = seqs[0], seqs[-1]
-    starts, ends = [], []
-    for d in dumps:
-        for o in d.ops:
-            if not o.is_p2p and o.ok and o.seq == first:
-                starts.append(d.wall(o.start_ns))
-            if not o.is_p2p and o.ok and o.seq == last:
-                ends.append(d.wall(o.end_ns))
-    return max(0.0, max(ends) - min(starts)) if starts and ends else 0.0
+    return max(0.0, float(t.end[:, -1].max()) - float(t.start[:, 0].min()))
 
 
 def lost_share(x: Lateness, span_s: float) -> float:
@@ -278,21 +342,31 @@ class LinkRate:
     bytes: int = 0
     seconds: float = 0.0
     messages: int = 0
-    #: Per collective: (seq, bytes, seconds).
-    per_op: list[tuple[int, int, float]] = field(default_factory=list)
+    #: Per collective: seq, bytes, seconds (columns).
+    ops: tuple = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
+    #: The unit's index in its Receipts.
+    index: int = -1
+
+    @property
+    def per_op(self) -> list[tuple[int, int, float]]:
+        return list(zip(*(a.tolist() for a in self.ops), strict=True))
 
     @property
     def rate(self) -> float:
         """Bytes per second (inf when nothing took time)."""
         return self.bytes / self.seconds if self.seconds > 0 else math.inf
 
+    def _op_rates(self) -> np.ndarray:
+        _, b, s = self.ops
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(s > 0, b / np.where(s > 0, s, 1.0), np.inf)
+
     @property
     def op_median(self) -> float:
-        rates = [b / s if s > 0 else math.inf for _, b, s in self.per_op]
-        return statistics.median(rates) if rates else math.inf
+        return float(np.median(self._op_rates())) if len(self.ops[0]) else math.inf
 
     def slow_ops(self, below: float) -> int:
-        return sum(1 for _, b, s in self.per_op if s > 0 and b / s < below)
+        return int(np.count_nonzero((self.ops[2] > 0) & (self._op_rates() < below)))
 
     @property
     def enough(self) -> bool:
@@ -300,59 +374,28 @@ class LinkRate:
                 and self.seconds > 0)
 
 
-def _union(iv: list[tuple[float, float]]) -> float:
-    total, cur = 0.0, None
-    for a, b in sorted(iv):
-        if cur is None or a > cur[1]:
-            if cur is not None:
-                total += cur[1] - cur[0]
-            cur = [a, b]
-        else:
-            cur[1] = max(cur[1], b)
-    if cur is not None:
-        total += cur[1] - cur[0]
-    return total
-
-
 class _Job:
-    """Hosts and transports of one communicator's ranks."""
+    """The ranks of one communicator, from its host summaries."""
 
-    def __init__(self, dumps: list[Dump]):
-        self.by_rank = {d.rank: d for d in dumps}
-        self.nranks = dumps[0].nranks
-        self.comm = dumps[0].comm
-        self.hosts: dict[int, str] = {}
-        for d in dumps:
-            for p in d.peers:
-                if "rank" in p and "host" in p:
-                    self.hosts.setdefault(int(p["rank"]), str(p["host"]))
-        for d in dumps:
-            self.hosts[d.rank] = d.host
-        self.transport: dict[tuple[int, int], str] = {}
-        #: klass() per rank pair (a live window asks for it per message).
-        self._klass: dict[tuple[int, int], str] = {}
-        for d in dumps:
-            for c in d.links or ():
-                self.transport.setdefault((d.rank, c.peer), c.transport)
-                self.transport.setdefault((c.peer, d.rank), c.transport)
+    def __init__(self, hosts: list[HostSummary]):
+        self.by_rank = {r.rank: r for h in hosts for r in h.ranks}
+        self.nranks = hosts[0].nranks
+        self.comm = hosts[0].comm
+        self.place = Placement(sorted(self.by_rank.values(), key=lambda r: r.rank))
+        self.hosts = self.place.hosts
+        self.colls = Colls.join([h.colls for h in hosts])
+        self.units = Receipts.join([h.units for h in hosts])
+        self.pairs = Receipts.join([h.pairs for h in hosts])
+        # Pair i's unit, as an index into the joined units.
+        at = np.cumsum([0] + [len(h.units.keys) for h in hosts[:-1]])
+        self.pair_unit = np.concatenate([h.pair_unit + a for h, a in zip(hosts, at,
+                                                                         strict=True)])
 
     def host(self, r: int) -> str:
-        return self.hosts.get(r, "?")
-
-    def klass(self, s: int, d: int) -> str:
-        """The class a link is compared within."""
-        k = self._klass.get((s, d))
-        if k is None:
-            cross = self.host(s) != self.host(d)
-            t = self.transport.get((s, d)) or ("tcp" if cross else "shm")
-            k = self._klass[s, d] = t if cross or t == "shm" else f"{t} within a host"
-        return k
+        return self.place.host(r)
 
     def unit(self, s: int, d: int) -> tuple[int | str, int | str]:
-        """A host pair across hosts over TCP, else the rank pair."""
-        if self.klass(s, d) == "tcp":
-            return self.host(s), self.host(d)
-        return s, d
+        return self.place.unit(s, d)
 
     def ranks_of(self, host: str) -> list[int]:
         return sorted(r for r, h in self.hosts.items() if h == host)
@@ -363,52 +406,37 @@ class _Job:
         return f"rank {r} ({self.host(r)}, pid {pid})"
 
 
-def _timed_receives(job: _Job, after: int):
-    """(src, dst, seq, start, end, bytes) of every timed receive of the
-    collectives after #`after`."""
-    for dst, d in job.by_rank.items():
-        for o in d.ops:
-            if o.is_p2p or not o.ok or o.seq <= after or not o.messages:
-                continue
-            for m in o.messages:
-                if (m.dir != "recv" or m.state != MsgState.DONE or m.bytes < MIN_MSG_BYTES
-                        or m.first_ns is None or m.last_ns is None or m.last_ns <= m.first_ns):
-                    continue  # moved in one go (it was there already): no rate in it
-                yield m.peer, dst, o.seq, d.wall(m.first_ns), d.wall(m.last_ns), m.bytes
-
-
-def _rates(job: _Job, key, after: int, receives: list | None = None) -> dict:
-    """LinkRates per unit `key(src, dst)`, from `receives` (the timed
-    receives after #`after`, when the caller has them already)."""
-    acc: dict = {}
-    keys: dict = {}  # key() per rank pair: a window has thousands of receives
-    for s, d, seq, a, b, n in (_timed_receives(job, after) if receives is None else receives):
-        k = keys.get((s, d), keys)
-        if k is keys:
-            k = keys[s, d] = key(s, d)
-        if k is None:
-            continue
-        acc.setdefault(k, (job.klass(s, d), {}))[1].setdefault(seq, []).append((a, b, n))
-    out = {}
-    for k, (klass, per_seq) in acc.items():
-        lr = LinkRate(k[0], k[1], klass)
-        for seq, iv in sorted(per_seq.items()):
-            secs = _union([(a, b) for a, b, _ in iv])
-            nbytes = sum(n for _, _, n in iv)
-            lr.bytes += nbytes
-            lr.seconds += secs
-            lr.messages += len(iv)
-            lr.per_op.append((seq, nbytes, secs))
-        out[k] = lr
+def _rates(rc: Receipts, after: int, which: np.ndarray | None = None) -> list[LinkRate]:
+    """LinkRates of the units of `rc` (only `which` of them, when given),
+    over the collectives after #`after`."""
+    take = rc.seq > after
+    if which is not None:
+        take &= np.isin(rc.unit, which)
+    idx = np.flatnonzero(take)
+    idx = idx[np.argsort(rc.unit[idx], kind="stable")]
+    if not len(idx):
+        return []
+    unit = rc.unit[idx]
+    cut = np.flatnonzero(np.diff(unit)) + 1
+    starts = np.concatenate([[0], cut])
+    sums = lambda a: np.add.reduceat(a[idx], starts)  # noqa: E731
+    nbytes, secs, msgs = sums(rc.bytes), sums(rc.seconds), sums(rc.messages)
+    out = []
+    for j, (a, b) in enumerate(zip(starts, np.concatenate([cut, [len(idx)]]), strict=True)):
+        src, dst, transport = rc.keys[int(unit[a])]
+        rows = idx[a:b]
+        out.append(LinkRate(src, dst, transport, int(nbytes[j]), float(secs[j]), int(msgs[j]),
+                            ops=(rc.seq[rows], rc.bytes[rows], rc.seconds[rows]),
+                            index=int(unit[a])))
     return out
 
 
-def link_rates(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES
+def link_rates(given: Summaries, warmup: int = WARMUP_COLLECTIVES
                ) -> dict[tuple[int, int], LinkRate]:
     """The rank-pair rate matrix, src -> dst, from the timed receives (for a
     heatmap; the classifier compares host pairs across hosts)."""
-    job = _Job(dumps)
-    return _rates(job, lambda s, d: (s, d), _skip(dumps, warmup))
+    job = _Job(_hosts_of(given))
+    return {(lr.src, lr.dst): lr for lr in _rates(job.pairs, _setup(job.colls) + warmup)}
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -443,11 +471,9 @@ class _CommFinding:
 def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
     """(finding, evidence lines: each class's reference and matrix), from the
     collectives with seq above `after`."""
-    receives = list(_timed_receives(job, after))
-    units = {k: u for k, u in _rates(job, job.unit, after, receives).items() if u.enough}
-    rank_links = _rates(job, lambda s, d: (s, d), after, receives)
+    units = [u for u in _rates(job.units, after) if u.enough]
     classes: dict[str, list[LinkRate]] = {}
-    for u in units.values():
+    for u in units:
         classes.setdefault(u.transport, []).append(u)
     evidence: list[str] = []
     refs: dict[str, float] = {}
@@ -499,10 +525,14 @@ def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
     explained = {id(u) for sd in sides for u in sd.units}
     links: list[tuple[int, int]] = []
     link_units = []
-    for u in sorted(slow, key=lambda u: (str(u.src), str(u.dst))):
-        if id(u) in explained:
-            continue
-        inside = [lr for (s, d), lr in rank_links.items() if job.unit(s, d) == (u.src, u.dst)]
+    left = [u for u in slow if id(u) not in explained]
+    # The rank pairs of the slow units left: their links are named.
+    pairs = np.flatnonzero(np.isin(job.pair_unit, [u.index for u in left]))
+    by_unit: dict[int, list[LinkRate]] = {}
+    for lr in _rates(job.pairs, after, pairs):
+        by_unit.setdefault(int(job.pair_unit[lr.index]), []).append(lr)
+    for u in sorted(left, key=lambda u: (str(u.src), str(u.dst))):
+        inside = by_unit.get(u.index, [])
         ref = refs[u.transport]
         named = [lr for lr in inside if lr.rate < SLOW_RATIO * ref] or inside
         named.sort(key=lambda lr: (lr.src, lr.dst))
@@ -541,16 +571,17 @@ class Assessment:
     enough: bool
 
 
-def assess(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES) -> Assessment:
-    """`diagnose_slow`, and whether the dumps held enough to judge."""
-    if not dumps:
+def assess(given: Summaries, warmup: int = WARMUP_COLLECTIVES) -> Assessment:
+    """`diagnose_slow`, and whether the dumps (or host summaries) held
+    enough to judge."""
+    if not given:
         return Assessment(None, False)
-    comms: dict[str, list[Dump]] = {}
-    for d in dumps:
+    comms: dict[str, list] = {}
+    for d in given:
         comms.setdefault(d.comm, []).append(d)
     found, enough = [], False
     for _, ds in sorted(comms.items()):
-        a = _assess_comm(ds, warmup)
+        a = _assess_comm(_hosts_of(ds), warmup)
         enough |= a.enough
         if a.verdict is not None:
             found.append(a.verdict)
@@ -562,30 +593,33 @@ def assess(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES) -> Assessment:
     return Assessment(first, enough)
 
 
-def diagnose_slow(dumps: list[Dump], warmup: int = WARMUP_COLLECTIVES) -> Verdict | None:
+def diagnose_slow(given: Summaries, warmup: int = WARMUP_COLLECTIVES) -> Verdict | None:
     """`comm_slow` / `noncomm_slow` over the dumps of one communicator (a
-    whole dump or a window of its last operations), or None when neither
+    whole dump or a window of its last operations; or the host summaries
+    of a window, summary.py), or None when neither
     applies (healthy, or too little to tell). Operations not completed are
     left out: hangs are `diagnose`'s. The communicator's set-up collectives
     and the `warmup` after them are not looked at."""
-    return assess(dumps, warmup).verdict
+    return assess(given, warmup).verdict
 
 
-def _assess_comm(dumps: list[Dump], warmup: int) -> Assessment:
-    job = _Job(dumps)
-    seqs, late, tail = arrivals(dumps, warmup)
+def _assess_comm(hosts: list[HostSummary], warmup: int) -> Assessment:
+    job = _Job(hosts)
+    setup = _setup(job.colls)
+    table = _Table(job.colls, sorted(job.by_rank), setup + warmup)
+    seqs, late, tail = _arrivals(table)
     if len(seqs) < MIN_COLLECTIVES:
         return Assessment(None, False)
-    span = window_span(dumps, seqs)
+    span = window_span(table)
     stragglers = _stragglers(late, span, len(seqs))
-    comm, rate_lines = _comm_slow(job, _skip(dumps, warmup))
+    comm, rate_lines = _comm_slow(job, setup + warmup)
     if not stragglers and comm is None:
         return Assessment(None, True)
 
-    window = _window_line(job, seqs, setup_collectives(dumps), warmup)
+    window = _window_line(job, seqs, setup, warmup)
     straggler_lost = sum(max(0.0, x) for r in stragglers for x in late[r].late_s)
     parts: list[tuple[float, str, list[str]]] = []
-    v = Verdict(COMM_SLOW, "", comm=job.comm, job=dumps[0].job)
+    v = Verdict(COMM_SLOW, "", comm=job.comm, job=hosts[0].job)
     if stragglers:
         head, ev = _straggler_text(job, late, stragglers, tail, span)
         parts.append((straggler_lost, NONCOMM_SLOW, [head, *ev]))
@@ -625,9 +659,10 @@ def _window_line(job: _Job, seqs: list[int], setup: int, warmup: int) -> str:
         skipped = f"; set-up's #1-#{setup} and the next {warmup} skipped"
     elif warmup and seqs[0] == warmup + 1:
         skipped = f"; #1-#{warmup} skipped as warm-up"
-    d0 = job.by_rank[min(job.by_rank)]
-    ops = {o.seq: o for o in d0.ops if not o.is_p2p}
-    span = (ops[seqs[-1]].end_ns - ops[seqs[0]].start_ns) / 1e9
+    c, first = job.colls, min(job.by_rank)
+    mine = np.flatnonzero(c.rank == first)
+    ops = {int(c.seq[i]): (int(c.start_ns[i]), int(c.end_ns[i])) for i in mine.tolist()}
+    span = (ops[seqs[-1]][1] - ops[seqs[0]][0]) / 1e9
     return (f"window: collectives #{seqs[0]}-#{seqs[-1]} ({len(seqs)} completed by all "
             f"{len(job.by_rank)} ranks that dumped, {span:.1f}s{skipped})")
 
@@ -721,8 +756,8 @@ def _comm_text(job: _Job, f: _CommFinding):
 
 
 def _counter(job: _Job, s: int, d: int) -> str | None:
-    dump = job.by_rank.get(s)
-    for c in (dump.links or ()) if dump is not None else ():
+    summary = job.by_rank.get(s)
+    for c in (summary.links or ()) if summary is not None else ():
         if c.peer == d:
             return (f"rank {s}'s counters for rank {d}: {c.transport}, {c.bytes_sent / 2**20:.1f} "
                     f"MiB in {c.msgs_sent} messages sent since the start")
@@ -754,9 +789,9 @@ class SlowWatch:
         self.candidate: Verdict | None = None
         self.current: Verdict | None = None
 
-    def feed(self, dumps: list[Dump]) -> Verdict | None:
+    def feed(self, given: Summaries) -> Verdict | None:
         self.windows += 1
-        a = assess(dumps, self.warmup)
+        a = assess(given, self.warmup)
         if not a.enough:
             return self.current
         v = a.verdict

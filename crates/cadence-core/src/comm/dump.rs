@@ -239,7 +239,20 @@ impl Shared {
                 .collect();
             (ops, rec.now_ns(), rec.base_unix_ns, rec.total_ops)
         };
-        let peers = (0..self.nranks)
+        // A window names only this rank and the peers it has links to, and
+        // no ring order: its size is the peers it uses, not the job's.
+        let listed: Vec<usize> = match window {
+            None => (0..self.nranks).collect(),
+            Some(_) => {
+                let mut v: Vec<usize> = links.iter().map(|l| l.peer).collect();
+                v.push(self.rank);
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+        };
+        let peers = listed
+            .into_iter()
             .map(|r| Peer {
                 rank: r,
                 host: self.peers.host(r),
@@ -271,7 +284,10 @@ impl Shared {
             links,
             waits,
             ring_order: RingOrder {
-                hosts: super::order::ring_hosts(&self.auto.topo, &|r| self.peers.host(r)),
+                hosts: match window {
+                    None => super::order::ring_hosts(&self.auto.topo, &|r| self.peers.host(r)),
+                    Some(_) => Vec::new(),
+                },
                 choice: &self.auto.order,
             },
         }))

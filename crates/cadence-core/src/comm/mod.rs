@@ -285,7 +285,9 @@ impl Comm {
     /// Of their messages only the timed receives of at least
     /// `min_recv_bytes` are kept (done, and with time between their first
     /// and last progress): the only ones the slowness classifier reads, and
-    /// a fraction of the bytes to send and parse.
+    /// a fraction of the bytes to send and parse. Its `peers` are this
+    /// rank and those it has links to, and it has no ring order: nothing in
+    /// it grows with the job beyond the peers this rank uses.
     pub fn dump_window(
         &self,
         from_unix_ns: u64,
