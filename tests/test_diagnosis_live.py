@@ -308,6 +308,50 @@ def test_a_healthy_job_raises_no_slowness_verdict():
         assert res[r][1]["verdicts"] == [], res[r]
 
 
+def test_one_rank_a_host_reads_the_stores_counters(tmp_path):
+    """The round and slowness counters: the host's leader reads them from
+    the Store and leaves them in the host's relay; its other ranks read the
+    relay, unless their own operation has waited half the soft deadline or
+    the leader has gone quiet, when they read the Store themselves."""
+    import struct
+
+    from cadence.diagnosis import live
+
+    class CountingStore:
+        def __init__(self):
+            self.calls, self.v = 0, {"p/diag/round": 3, "p/diag/slow": 1}
+
+        def add(self, key, n):
+            self.calls += 1
+            self.v[key] = self.v.get(key, 0) + n
+            return self.v[key]
+
+    store = CountingStore()
+    relay = live._Relay(str(tmp_path / "relay"))
+
+    def watched(rank):
+        w = live._Watched(None, store, "p", rank, 4, after=10.0, gather=1.0, window=10.0)
+        w.leader, w.host_ranks, w.leaders, w.relay = 0, [0, 1, 2, 3], [0], relay
+        return w
+
+    wd = live.Watchdog()
+    leader, other = watched(0), watched(2)
+    assert other.relay.read(max_age=3.0) is None  # nothing relayed yet
+    assert wd._counters(leader, None, None) == (3, 1) and store.calls == 2
+    store.v["p/diag/round"] = 4  # a round opens: the relay has the old count
+    assert wd._counters(other, None, None) == (3, 1) and store.calls == 2
+    assert wd._counters(other, None, (7, "allreduce", 6.0)) == (4, 1) and store.calls == 4
+    assert wd._counters(leader, None, None) == (4, 1) and store.calls == 6
+    assert wd._counters(other, None, None) == (4, 1) and store.calls == 6
+    # The leader gone quiet: its last word is old, the rank asks the Store.
+    with open(relay.path, "wb") as f:
+        f.write(struct.pack("<dqq", time.time() - 10, 4, 1))
+    store.v["p/diag/slow"] = 2
+    assert wd._counters(other, None, None) == (4, 2) and store.calls == 8
+    relay.remove()
+    assert not os.path.exists(relay.path)
+
+
 def _window_and_pause(comm):
     import json
 

@@ -39,10 +39,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import struct
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -274,6 +277,8 @@ class _Watched:
     leader: int | None = None
     host_ranks: list = field(default_factory=list)
     leaders: list = field(default_factory=list)
+    #: The host's relay of the Store's counters (None: alone on its host).
+    relay: _Relay | None = None
     slow_watch: object = None
     slow_seen: int = 0
     slow_logged: tuple | None = None
@@ -380,7 +385,11 @@ class Watchdog:
 
     def unwatch(self, comm) -> None:
         with self._lock:
-            self._watched = [w for w in self._watched if w.comm() not in (None, comm)]
+            gone = [w for w in self._watched if w.comm() in (None, comm)]
+            self._watched = [w for w in self._watched if w not in gone]
+        for w in gone:
+            if w.relay is not None and w.rank == w.leader:
+                w.relay.remove()
 
     def _tick_s(self) -> float:
         with self._lock:
@@ -434,6 +443,11 @@ class Watchdog:
         for t in (self._sentinel, self._thread):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout)
+        with self._lock:
+            watched = list(self._watched)
+        for w in watched:
+            if w.relay is not None and w.rank == w.leader:
+                w.relay.remove()
 
     def _tick(self) -> None:
         with self._lock:
@@ -468,7 +482,7 @@ class Watchdog:
         store = w.store
 
         # Rounds opened elsewhere (or by us): publish our summary for each.
-        current = int(store.add(w.key("round"), 0))
+        current, slow = self._counters(w, comm, running)
         for r in range(max(w.seen_round + 1, current - 2), current + 1):
             self._publish(w, core, r, coordinator=False, now=now)
         w.seen_round = max(w.seen_round, current)
@@ -501,7 +515,7 @@ class Watchdog:
 
         if w.window:
             try:
-                self._windows(w, comm)
+                self._windows(w, comm, slow)
             except Exception as e:  # noqa: BLE001 - slowness must not stop hang watching
                 log.debug("cadence: slowness window of comm %s: %s", comm.id, e)
 
@@ -565,7 +579,27 @@ class Watchdog:
             seq=seq, collective=collective)
         self._deliver(w, core, verdict, total)
 
-    def _windows(self, w: _Watched, comm) -> None:
+    def _counters(self, w: _Watched, comm, running) -> tuple[int, int]:
+        """The Store's round and slowness counters: read by one rank a host,
+        its leader, which passes them to the others through a file on the
+        host (`_Relay`). A rank reads them itself when its leader has not
+        passed them on for a few ticks (gone, stuck, or cut from the Store),
+        and while its own operation has run half the soft deadline: in a
+        hang it hears of the round within a tick, whatever its leader."""
+        _layout(w, comm)
+        relay = w.relay
+        waiting = running is not None and running[2] >= w.after / 2
+        if relay is not None and w.rank != w.leader and not waiting:
+            got = relay.read(max_age=3 * self._tick_s())
+            if got is not None:
+                return got
+        current = int(w.store.add(w.key("round"), 0))
+        slow = int(w.store.add(w.key("slow"), 0)) if w.window else 0
+        if relay is not None and w.rank == w.leader:
+            relay.write(current, slow)
+        return current, slow
+
+    def _windows(self, w: _Watched, comm, slow: int) -> None:
         """Slowness: every rank publishes its summary of each finished
         window; each host's leader reduces its ranks' into the host's
         summary; rank 0 judges the host summaries with a SlowWatch (a
@@ -600,10 +634,9 @@ class Watchdog:
                     break  # wait a little for the slower hosts
                 self._judge_window(w, k)
                 w.win_judged = k
-        n = int(store.add(w.key("slow"), 0))
-        if n > w.slow_seen:
-            w.slow_seen = n
-            self._deliver_slow(w, core, json.loads(store.get(w.key("slow", n)).decode()))
+        if slow > w.slow_seen:
+            w.slow_seen = slow
+            self._deliver_slow(w, core, json.loads(store.get(w.key("slow", slow)).decode()))
 
     def _reduce_window(self, w: _Watched, k: int) -> None:
         """A host's leader: its ranks' summaries of window k into the
@@ -776,17 +809,64 @@ def _peers(w: _Watched, comm) -> list:
 
 
 def _layout(w: _Watched, comm) -> None:
-    """This rank's host leader and the host's ranks, and every host's leader
-    (the lowest rank of each host), once."""
+    """This rank's host leader and the host's ranks, every host's leader
+    (the lowest rank of each host), and the host's relay, once."""
     if w.leader is not None:
         return
+    peers = _peers(w, comm)
     by_host: dict = {}
-    for p in _peers(w, comm):
+    for p in peers:
         by_host.setdefault(p.get("host"), []).append(int(p["rank"]))
     mine = next((rs for rs in by_host.values() if w.rank in rs), [w.rank])
     w.host_ranks = sorted(mine)
     w.leaders = sorted(min(rs) for rs in by_host.values()) or [w.rank]
     w.leader = w.host_ranks[0]
+    if len(w.host_ranks) > 1:
+        pid = next((p.get("pid") for p in peers if int(p["rank"]) == w.leader), 0)
+        w.relay = _Relay.for_host(w.prefix, comm.id, w.leader, pid)
+
+
+class _Relay:
+    """A small file on the host (/dev/shm when there is one) where a host's
+    leader leaves the Store's round and slowness counters for the host's
+    other ranks, with when it read them: the Store sees one reader a host,
+    not one a rank. Replaced whole (a rename), so it is never read torn."""
+
+    _FORMAT = struct.Struct("<dqq")
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @staticmethod
+    def for_host(prefix: str, comm_id: str, leader: int, leader_pid: int) -> _Relay:
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        # Named by the communicator and its leader's process: two jobs (or
+        # two communicators) on one host never share one.
+        name = hashlib.blake2s(f"{prefix}|{comm_id}|{leader}|{leader_pid}".encode(),
+                               digest_size=8).hexdigest()
+        return _Relay(os.path.join(where, f"cadence-diag-{name}"))
+
+    def write(self, round_: int, slow: int) -> None:
+        tmp = f"{self.path}.{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(self._FORMAT.pack(time.time(), round_, slow))
+            os.replace(tmp, self.path)
+        except OSError as e:  # the others read the Store themselves
+            log.debug("cadence: diagnosis relay %s: %s", self.path, e)
+
+    def read(self, max_age: float) -> tuple[int, int] | None:
+        """The counters, unless older than `max_age` seconds or missing."""
+        try:
+            with open(self.path, "rb") as f:
+                at, round_, slow = self._FORMAT.unpack(f.read(self._FORMAT.size))
+        except (OSError, struct.error):
+            return None
+        return (round_, slow) if time.time() - at <= max_age else None
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
 
 def _metrics_verdict(w: _Watched, verdict: dict) -> None:
