@@ -1,7 +1,8 @@
-"""What the live slowness judge costs at thousands of ranks, without
-thousands of processes: the window summaries a job of n ranks would publish
-(summary.py's own format), made up for a ring of collectives on hosts of
-`--per-host` ranks, go through the live path's three steps, timed apart:
+"""What the live slowness judge costs at thousands of ranks, and whether
+it names the culprit there, without thousands of processes: the window
+summaries a job of n ranks would publish (summary.py's own format), made up
+for a ring of allreduces on hosts of `--per-host` ranks, go through the
+live path's three steps, timed apart:
 
 1. every rank: its summary, encoded (bytes per rank);
 2. every host's leader: its ranks' summaries decoded, reduced and encoded
@@ -9,12 +10,19 @@ thousands of processes: the window summaries a job of n ranks would publish
 3. rank 0: the host summaries decoded and judged (CPU per window).
 
     python -m cadence.bench.judge --ranks 1024,4096,8192
-    python -m cadence.bench.judge --ranks 1024 --fault slow_host
+    python -m cadence.bench.judge --ranks 1024,4096 --trials 20 --noise
 
-Each size runs a healthy window and the `--fault` ones (a host whose NIC is
-at a fifth: `slow_host`; a rank late by 30 ms at every collective:
-`straggler`) and says whether the verdict names the culprit. Prints the
-figures and the log-log slope of each against n.
+Faults (`--fault`, each run `--trials` times with a culprit drawn at
+random): `none`; `slow_link`, one host's TCP link to the next at a fourth
+to an eighth of the others' rate (the classifier's bar is 0.3x: a link
+slowed by less than ~2.5x is not named, docs/diagnosis.md); `slow_host`,
+a host whose NIC is at that share both ways; `straggler`, a rank that
+arrives 30-60 ms late at every collective (a fifth to a third of the job's
+time). `--noise`: every
+message's time varies by ±30 %, every arrival by 0-3 ms, and a rank pauses
+30 ms before 5 % of its collectives. Says whether each verdict names the
+fault's class and culprit, and prints the log-log slope of each figure
+against n.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from cadence.diagnosis.summary import (
 
 BASE_S = 1_700_000_000.0
 GBIT = 1e9 / 8
-FAULTS = ("none", "slow_host", "straggler")
+FAULTS = ("none", "slow_link", "slow_host", "straggler")
 
 
 @dataclass
@@ -53,8 +61,12 @@ class Job:
     nbytes: int = 4 << 20
     msgs: int = 4
     fault: str = "none"
-    #: The host (slow_host) or rank (straggler) at fault.
+    #: The host (slow_link: the sending end; slow_host) or the rank
+    #: (straggler) at fault, how slow (a share of the rate), how late (s).
     culprit: int = 0
+    share: float = 0.2
+    late_s: float = 0.03
+    noise: bool = False
     seed: int = 1
 
     def host(self, r: int) -> str:
@@ -62,33 +74,41 @@ class Job:
 
 
 def _rate(job: Job, src: int, dst: int) -> float:
-    if job.host(src) == job.host(dst):
+    hs, hd = job.host(src), job.host(dst)
+    if hs == hd:
         return 40 * GBIT
-    slow = job.fault == "slow_host" and f"h{job.culprit}" in (job.host(src), job.host(dst))
-    return GBIT / 5 if slow else GBIT
+    bad = f"h{job.culprit}"
+    slow = ((job.fault == "slow_host" and bad in (hs, hd))
+            or (job.fault == "slow_link" and hs == bad))
+    return GBIT * job.share if slow else GBIT
 
 
 def rank_summaries(job: Job) -> list[RankSummary]:
-    """Every rank's summary of one window: `colls` allreduces, one every
-    ~20 ms, each receiving from the rank before it in the ring (the last
-    rank of the previous host over TCP, else shared memory)."""
+    """Every rank's summary of one window: `colls` allreduces, each
+    receiving from the rank before it in the ring (the last rank of the
+    previous host over TCP, else shared memory); a collective starts once
+    its last rank arrived and ends when its slowest link is done."""
     rng = random.Random(job.seed)
     n = job.nranks
     out = []
-    slowest = job.nbytes / (GBIT / 5)
-    period = 0.005 + slowest + 0.040
+    slowest = max(job.nbytes / _rate(job, (r - 1) % n, r) for r in range(0, n, job.per_host))
+    late = job.late_s if job.fault == "straggler" else 0.0
+    period = 0.005 + late + slowest * 1.3 + 0.040
     for r in range(n):
         src = (r - 1) % n
         rate = _rate(job, src, r)
         colls, received = [], []
         for k in range(job.colls):
             seq = 100 + k
-            start = BASE_S + k * period + rng.uniform(0, 0.002)
-            if job.fault == "straggler" and r == job.culprit:
+            start = BASE_S + k * period + rng.uniform(0, 0.003 if job.noise else 0.002)
+            if job.noise and rng.random() < 0.05:
                 start += 0.030
-            go = BASE_S + k * period + 0.002 + (0.030 if job.fault == "straggler" else 0.0)
-            dur = job.nbytes / rate * rng.uniform(0.9, 1.1)
-            end = go + slowest + 0.001
+            if r == job.culprit and job.fault == "straggler":
+                start += late
+            go = BASE_S + k * period + 0.002 + late + (0.030 if job.noise else 0.0)
+            jitter = rng.uniform(0.7, 1.3) if job.noise else rng.uniform(0.9, 1.1)
+            dur = job.nbytes / rate * jitter
+            end = go + slowest * 1.3 + 0.001
             colls.append(CollRow(seq, "00000000000000aa", "allreduce", "float32",
                                  job.nbytes * 2, True, int((start - BASE_S) * 1e9),
                                  int((end - BASE_S) * 1e9), start, end))
@@ -135,10 +155,15 @@ def run(job: Job) -> Figures:
     v = assess([decode_host(b) for b in host_blobs], warmup=0).verdict
     judge = time.thread_time() - t
     text = "healthy" if v is None else v.headline
+    bad = f"h{job.culprit}"
     if job.fault == "none":
         right = v is None
+    elif job.fault == "slow_link":
+        last = (job.culprit + 1) * job.per_host - 1  # sends across to the next host
+        right = (v is not None and v.cls == "comm_slow"
+                 and v.links == [(last, (last + 1) % job.nranks)])
     elif job.fault == "slow_host":
-        right = v is not None and v.cls == "comm_slow" and v.hosts == [f"h{job.culprit}"]
+        right = v is not None and v.cls == "comm_slow" and v.hosts == [bad]
     else:
         right = v is not None and v.cls == "noncomm_slow" and v.ranks == [job.culprit]
     return Figures(job.nranks, rank_bytes, sum(map(len, host_blobs)) / len(host_blobs),
@@ -159,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", default="1024,4096,8192", help="rank counts (comma-separated)")
     p.add_argument("--per-host", type=int, default=8, help="ranks per host")
     p.add_argument("--colls", type=int, default=100, help="collectives per window")
-    p.add_argument("--fault", default="none,slow_host,straggler",
+    p.add_argument("--fault", default=",".join(FAULTS),
                    help=f"faults to run, comma-separated, of {', '.join(FAULTS)}")
+    p.add_argument("--trials", type=int, default=1, help="trials per size and fault, each "
+                   "with its own culprit and seed (1: the culprit a third of the way in)")
+    p.add_argument("--noise", action="store_true", help="noisy rates and arrivals, pauses")
+    p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.ranks.split(",")]
     faults = args.fault.split(",")
@@ -172,14 +201,33 @@ def main(argv: list[str] | None = None) -> int:
     for n in sizes:
         hosts = max(1, n // args.per_host)
         for f in faults:
-            culprit = hosts // 3 if f == "slow_host" else n // 3 + 1
-            fig = run(Job(n, args.per_host, args.colls, fault=f, culprit=culprit))
+            rng = random.Random(f"{args.seed}/{n}/{f}")
+            figs = []
+            for t in range(args.trials):
+                job = Job(n, args.per_host, args.colls, fault=f, noise=args.noise,
+                          seed=rng.randrange(1 << 30))
+                if f in ("slow_link", "slow_host"):
+                    job.culprit = hosts // 3 if args.trials == 1 else rng.randrange(hosts)
+                    job.share = 0.2 if args.trials == 1 else rng.choice([0.25, 0.2, 0.125])
+                elif f == "straggler":
+                    job.culprit = n // 3 + 1 if args.trials == 1 else rng.randrange(n)
+                    job.late_s = 0.03 if args.trials == 1 else rng.uniform(0.03, 0.06)
+                fig = run(job)
+                figs.append(fig)
+                if not fig.right or args.trials == 1:
+                    print(f"n={n:5d} {f:9s} #{t}: {'right' if fig.right else 'WRONG'}: "
+                          f"{fig.verdict[:120]}", flush=True)
+            right = sum(x.right for x in figs)
+            wrong += len(figs) - right
+            med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+            fig = Figures(n, med([x.rank_bytes for x in figs]), med([x.host_bytes for x in figs]),
+                          med([x.leader_cpu_s for x in figs]), med([x.judge_cpu_s for x in figs]),
+                          "", right == len(figs))
             rows[f].append(fig)
-            wrong += not fig.right
-            print(f"n={n:5d} {f:9s}: rank summary {fig.rank_bytes / 1024:6.2f} KiB, host "
-                  f"summary {fig.host_bytes / 1024:7.1f} KiB, leader {fig.leader_cpu_s * 1e3:6.1f} "
-                  f"ms, rank 0 judge {fig.judge_cpu_s:6.3f} s CPU; "
-                  f"{'right' if fig.right else 'WRONG'}: {fig.verdict[:110]}", flush=True)
+            print(f"n={n:5d} {f:9s}: {right}/{len(figs)} right; rank summary "
+                  f"{fig.rank_bytes / 1024:.2f} KiB, host summary {fig.host_bytes / 1024:.1f} KiB, "
+                  f"leader {fig.leader_cpu_s * 1e3:.1f} ms, rank 0 judge {fig.judge_cpu_s:.3f} s "
+                  f"CPU (medians)", flush=True)
     if len(sizes) > 1:
         for f, figs in rows.items():
             ns = [float(x.nranks) for x in figs]

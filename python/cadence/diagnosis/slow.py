@@ -133,6 +133,10 @@ SLOW_RATIO = 0.3
 SIDE_FRACTION = 0.75
 SIDE_RATIO = 0.5
 
+#: Rows of a class's rate matrix a verdict's evidence shows at most (those
+#: with a slow unit first): a job of thousands of hosts has as many rows.
+MATRIX_ROWS = 16
+
 #: SlowWatch: windows in a row that must show the same finding before it is
 #: reported (one window can be one bad stretch of a shared machine).
 PERSIST_WINDOWS = 2
@@ -547,14 +551,25 @@ def _mostly(mine: list, bad: list) -> bool:
 
 
 def _matrix_lines(us: list[LinkRate], slow_ids: set[int]) -> list[str]:
+    """The matrix, a row per sender: every row up to MATRIX_ROWS of them,
+    else the rows with a slow unit and the first others up to that many."""
     rows: dict = {}
     for u in us:
         rows.setdefault(u.src, []).append(u)
+    srcs = sorted(rows, key=str)
+    if len(srcs) > MATRIX_ROWS:
+        bad = [s for s in srcs if any(id(u) in slow_ids for u in rows[s])]
+        keep = set(bad) | set([s for s in srcs if s not in bad][:max(0, MATRIX_ROWS - len(bad))])
+        shown = [s for s in srcs if s in keep]
+    else:
+        shown = srcs
     out = []
-    for src in sorted(rows, key=str):
+    for src in shown:
         cells = ", ".join(f"{u.dst} {fmt_mbit(u.rate)}{'*' if id(u) in slow_ids else ''}"
                           for u in sorted(rows[src], key=lambda u: str(u.dst)))
         out.append(f"  {src} -> {cells}")
+    if len(shown) < len(srcs):
+        out.append(f"  ({len(srcs) - len(shown)} more rows, none with a slow link)")
     return out
 
 
