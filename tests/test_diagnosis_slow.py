@@ -541,6 +541,16 @@ def test_a_window_summary_does_not_grow_with_the_job():
     assert covered(g.spans) >= 100 * 0.005 - 1e-9
 
 
+def test_the_judge_names_random_faults_among_sixty_hosts(capsys):
+    """`python -m cadence.bench.judge` at 480 ranks (60 hosts of 8): a
+    throttled link, a slow host and a straggler drawn at random, with noise,
+    and clean windows: every verdict right (it exits 1 otherwise)."""
+    from cadence.bench import judge
+
+    assert judge.main(["--ranks", "480", "--trials", "2", "--noise", "--colls", "40"]) == 0, \
+        capsys.readouterr().out
+
+
 def test_a_malformed_summary_is_named():
     from cadence.diagnosis.summary import decode_host, decode_rank, encode_rank, rank_summary
 
