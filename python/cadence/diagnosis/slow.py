@@ -238,10 +238,12 @@ class Lateness:
     late_s: list[float] = field(default_factory=list)
     #: Its own time from leaving one collective to entering the next (s).
     gaps_s: list[float] = field(default_factory=list)
+    #: The median of late_s, when worked out for every rank at once.
+    median: float | None = None
 
     @property
     def median_s(self) -> float:
-        return statistics.median(self.late_s)
+        return self.median if self.median is not None else statistics.median(self.late_s)
 
     @property
     def mean_s(self) -> float:
@@ -292,10 +294,14 @@ def _arrivals(t: _Table) -> tuple[list[int], dict[int, Lateness], float]:
     if len(t.ranks) < 2 or not t.seqs:
         return t.seqs, out, 0.0
     late = t.start - medians_of_others(t.start)
-    # statistics.median of every rank's end, per collective.
+    # statistics.median of every rank's end, per collective, and of every
+    # rank's lateness (np.median takes the same elements and the same mean
+    # of the middle two).
     tails = np.maximum(0.0, np.median(t.end, axis=0) - t.start.max(axis=0)).tolist()
+    meds = np.median(late, axis=1).tolist()
     for i, r in enumerate(t.ranks):
         out[r].late_s = late[i].tolist()
+        out[r].median = meds[i]
         out[r].gaps_s = t.gaps[i][t.has_prev[i]].tolist()
     return t.seqs, out, statistics.median(tails)
 
