@@ -553,6 +553,31 @@ def test_the_judge_names_random_faults_among_sixty_hosts(capsys):
         capsys.readouterr().out
 
 
+def test_an_alltoall_rank_keeps_per_sender_detail_only_for_slow_senders():
+    """32 ranks on 16 hosts, everyone receiving from everyone: a rank keeps
+    its receives from other hosts per sending host, and per sender only for
+    the one that looks slow; the verdict names that link, a slow host, or
+    nothing, live as from the dumps."""
+    from cadence.diagnosis.summary import PEER_DETAIL, rank_summary
+
+    hosts = [f"h{i // 2}" for i in range(32)]
+    other = lambda s, d: 5e9 if hosts[s] == hosts[d] else GBIT  # noqa: E731
+    link = make_job(hosts, nops=30, noise=0.2, seed=3,
+                    rate=lambda s, d: GBIT / 5 if (s, d) == (5, 20) else other(s, d))
+    s20 = rank_summary(parsed(link)[20])
+    assert len({g.src for g in s20.received}) == 16 > PEER_DETAIL  # rank 21, 15 hosts
+    assert {g.src for g in s20.slow_peers} == {5}, s20.slow_peers
+    for ds in (link, through_the_wire(link)):
+        v = diagnose_slow(parsed(ds) if ds is link else ds)
+        assert v is not None and v.links == [(5, 20)], v and v.text()
+        assert "link 5->20 (h2 -> h10) at" in v.headline, v.headline
+    host = make_job(hosts, nops=30, noise=0.2, seed=3, rate=lambda s, d: (
+        GBIT / 5 if "h7" in (hosts[s], hosts[d]) and hosts[s] != hosts[d] else other(s, d)))
+    v = slow(host)
+    assert v is not None and v.hosts == ["h7"] and v.ranks == [14, 15], v and v.text()
+    assert slow(make_job(hosts, nops=30, noise=0.2, seed=3)) is None
+
+
 def test_a_malformed_summary_is_named():
     from cadence.diagnosis.summary import decode_host, decode_rank, encode_rank, rank_summary
 

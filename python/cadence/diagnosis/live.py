@@ -643,12 +643,7 @@ class Watchdog:
         host's (none when no rank had anything in the window)."""
         from cadence.diagnosis.summary import decode_rank, encode_host, host_summary
 
-        ranks = []
-        for rank in w.host_ranks:
-            key = w.key("win", k, "r", rank)
-            if w.store.check([key]):
-                ranks.append(decode_rank(bytes(w.store.get(key)), f"rank {rank}'s window"))
-                _delete(w.store, key)
+        ranks = _take(w, k, "r", w.host_ranks, decode_rank, "window")
         _delete(w.store, w.key("win", k, "h", w.rank, "count"))
         if ranks:
             w.store.set(w.key("win", k, "host", w.rank), encode_host(host_summary(ranks)))
@@ -660,12 +655,7 @@ class Watchdog:
 
         if w.slow_watch is None:
             w.slow_watch = SlowWatch()
-        hosts = []
-        for leader in w.leaders:
-            key = w.key("win", k, "host", leader)
-            if w.store.check([key]):
-                hosts.append(decode_host(bytes(w.store.get(key)), f"rank {leader}'s host window"))
-                _delete(w.store, key)
+        hosts = _take(w, k, "host", w.leaders, decode_host, "host window")
         _delete(w.store, w.key("win", k, "count"))
         if sum(len(h.ranks) for h in hosts) < w.size:
             return  # a rank with nothing in this window (or late): no evidence
@@ -806,6 +796,18 @@ def _peers(w: _Watched, comm) -> list:
     if w.peers is None:
         w.peers = json.loads(comm._c.dump_records(1)).get("peers") or []
     return w.peers
+
+
+def _take(w: _Watched, k: int, kind: str, ranks: list, decode, what: str) -> list:
+    """The summaries of window `k` that `ranks` published under `kind`,
+    decoded, each removed from the Store once read."""
+    out = []
+    for rank in ranks:
+        key = w.key("win", k, kind, rank)
+        if w.store.check([key]):
+            out.append(decode(bytes(w.store.get(key)), f"rank {rank}'s {what}"))
+            _delete(w.store, key)
+    return out
 
 
 def _layout(w: _Watched, comm) -> None:

@@ -658,6 +658,7 @@ def _assess_comm(hosts: list[HostSummary], warmup: int) -> Assessment:
                 v.hosts.append(job.host(int(sd.end)))
         v.links = comm.links
         v.hosts += [job.host(r) for link in comm.links for r in link]
+        v.hosts += [str(e) for u, named in comm.link_units if not named for e in (u.src, u.dst)]
     parts.sort(key=lambda p: -p[0])
     v.cls = parts[0][1]
     v.ranks = sorted(set(v.ranks))
@@ -760,13 +761,16 @@ def _comm_text(job: _Job, f: _CommFinding):
                       f"{sum(u.seconds for u in sd.units):.2f}s")
     for u, named in f.link_units:
         ref = f.refs[u.transport]
-        names = ", ".join(f"{lr.src}->{lr.dst}" for lr in named)
-        plural = "s" if len(named) > 1 else ""
-        where = f" ({job.host(int(named[0].src))} -> {job.host(int(named[0].dst))})" if named \
-            else f" ({u.src} -> {u.dst})"
-        parts.append(f"link{plural} {names}{where} at {fmt_rate(u.rate)} (others: {fmt_rate(ref)})")
+        if named:
+            names = ", ".join(f"{lr.src}->{lr.dst}" for lr in named)
+            plural = "s" if len(named) > 1 else ""
+            what = (f"link{plural} {names} ({job.host(int(named[0].src))} -> "
+                    f"{job.host(int(named[0].dst))})")
+        else:  # no rank pair of it stood out where it was received
+            what = f"the links {u.src} -> {u.dst}"
+        parts.append(f"{what} at {fmt_rate(u.rate)} (others: {fmt_rate(ref)})")
         slow_ops = u.slow_ops(SLOW_RATIO * ref)
-        ev.append(f"link{plural} {names}{where}: {fmt_rate(u.rate)} over {u.messages} timed "
+        ev.append(f"{what}: {fmt_rate(u.rate)} over {u.messages} timed "
                   f"receives, {u.bytes / 2**20:.1f} MiB in {u.seconds:.2f}s; slow in {slow_ops} "
                   f"of {len(u.per_op)} collectives")
         for lr in named:

@@ -15,8 +15,11 @@ A rank's summary holds, per collective and sender, the bytes, the message
 count and the union of the receives' intervals as at most SPAN_CAP spans
 (the closest spans are joined beyond that, which can only lengthen the
 busy time; a ring of many ranks receives many chunks from one sender), and
-the link counters and hosts of the peers it has links to: its size is
-O(collectives x senders), not O(n).
+the link counters and hosts of the peers it has links to. A rank with more
+than PEER_DETAIL senders (an alltoall) keeps the receives from other hosts
+per sending host, and per sender only for those that look slow: its size is
+O(collectives x (senders on its host + hosts it hears from)), never O(n)
+per collective beyond the hosts.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ from cadence.diagnosis.dumps import Dump, MsgState
 MIN_MSG_BYTES = 64 * 1024
 #: Spans kept per collective and sender in a rank's summary.
 SPAN_CAP = 32
+#: A rank with timed receives from more senders than this (an alltoall)
+#: keeps those from other hosts per sending host, and per sender only for
+#: the senders that look slow: under SLOW_PEER_SHARE of the median rate of
+#: its senders from other hosts over the window.
+PEER_DETAIL = 8
+SLOW_PEER_SHARE = 0.5
 FORMAT = "cadence-window"
 VERSION = 1
 
@@ -57,10 +66,12 @@ class CollRow:
 
 @dataclass
 class Received:
-    """A rank's timed receives of one collective from one sender."""
+    """A rank's timed receives of one collective from one sender (a rank),
+    or from all its senders on one other host (`src` is then the host's
+    name)."""
 
     seq: int
-    src: int
+    src: int | str
     bytes: int
     messages: int
     #: The union of their intervals (rank 0's clock, s), sorted.
@@ -89,11 +100,16 @@ class RankSummary:
     clock_offset_ns: int
     clock_error_ns: int
     colls: list[CollRow]
+    #: Per sender, or per sending host (see PEER_DETAIL): what the units'
+    #: rates are made of.
     received: list[Received]
     links: list[Counters] | None
     #: rank -> host of the peers the rank knows of (all of them in a dump
     #: written to a file; those it has links to in a live window).
     hosts: dict[int, str] = field(default_factory=dict)
+    #: Per sender, for the senders that look slow among those `received`
+    #: holds per host only: what names a slow unit's links.
+    slow_peers: list[Received] = field(default_factory=list)
 
 
 @dataclass
@@ -242,14 +258,51 @@ def rank_summary(d: Dump, span_cap: int = SPAN_CAP) -> RankSummary:
             g[0] += m.bytes
             g[1] += 1
             g[2].append((d.wall(m.first_ns), d.wall(m.last_ns)))
-    received = [Received(seq, src, b, n, _capped(spans, span_cap))
-                for (seq, src), (b, n, spans) in sorted(groups.items())]
     links = None if d.links is None else [
         Counters(c.peer, c.transport, c.bytes_sent, c.msgs_sent) for c in d.links]
     hosts = {int(p["rank"]): str(p["host"]) for p in d.peers if "rank" in p and "host" in p}
     hosts[d.rank] = d.host
+    transport = {c.peer: c.transport for c in d.links or ()}
+    away = {src for _, src in groups
+            if hosts.get(src, "?") != d.host and transport.get(src, "tcp") == "tcp"}
+    slow: set[int] = set()
+    if len({src for _, src in groups}) > PEER_DETAIL and away:
+        slow = _slow_senders(groups, away)
+        by_host: dict[tuple[int, str], list] = {}
+        for (seq, src), g in list(groups.items()):
+            if src in away:
+                h = by_host.setdefault((seq, hosts.get(src, "?")), [0, 0, []])
+                h[0] += g[0]
+                h[1] += g[1]
+                h[2] += g[2]
+                if src not in slow:
+                    del groups[seq, src]
+    else:
+        by_host, away = {}, set()
+    received = [Received(seq, src, b, n, _capped(spans, span_cap))
+                for (seq, src), (b, n, spans) in sorted(groups.items()) if src not in away]
+    received += [Received(seq, h, b, n, _capped(spans, span_cap))
+                 for (seq, h), (b, n, spans) in sorted(by_host.items())]
+    slow_peers = [Received(seq, src, b, n, _capped(spans, span_cap))
+                  for (seq, src), (b, n, spans) in sorted(groups.items()) if src in slow]
     return RankSummary(d.job, d.comm, d.rank, d.nranks, d.host, d.pid, d.clock_offset_ns,
-                       d.clock_error_ns, colls, received, links, hosts)
+                       d.clock_error_ns, colls, received, links, hosts, slow_peers)
+
+
+def _slow_senders(groups: dict, away: set[int]) -> set[int]:
+    """The senders among `away` whose rate over the window is under
+    SLOW_PEER_SHARE of their median."""
+    nbytes: dict[int, int] = {}
+    secs: dict[int, float] = {}
+    for (_, src), (b, _, spans) in groups.items():
+        if src in away:
+            nbytes[src] = nbytes.get(src, 0) + b
+            secs[src] = secs.get(src, 0.0) + covered(spans)
+    rates = {src: nbytes[src] / secs[src] for src in nbytes if secs[src] > 0}
+    if not rates:
+        return set()
+    median = float(np.median(list(rates.values())))
+    return {src for src, r in rates.items() if r < SLOW_PEER_SHARE * median}
 
 
 class Placement:
@@ -274,8 +327,11 @@ class Placement:
     def host(self, r: int) -> str:
         return self.hosts.get(r, "?")
 
-    def klass(self, s: int, d: int) -> str:
-        """The class a link is compared within."""
+    def klass(self, s: int | str, d: int) -> str:
+        """The class a link is compared within (`s` a host's name: the
+        rank's receives from that host, over TCP)."""
+        if isinstance(s, str):
+            return "tcp"
         k = self._klass.get((s, d))
         if k is None:
             cross = self.host(s) != self.host(d)
@@ -283,21 +339,26 @@ class Placement:
             k = self._klass[s, d] = t if cross or t == "shm" else f"{t} within a host"
         return k
 
-    def unit(self, s: int, d: int) -> tuple[int | str, int | str]:
+    def unit(self, s: int | str, d: int) -> tuple[int | str, int | str]:
         """A host pair across hosts over TCP, else the rank pair."""
+        if isinstance(s, str):
+            return s, self.host(d)
         if self.klass(s, d) == "tcp":
             return self.host(s), self.host(d)
         return s, d
 
 
-def _receipts(place: Placement, ranks: list[RankSummary], key) -> Receipts:
+def _receipts(place: Placement, ranks: list[RankSummary], key, pairs: bool) -> Receipts:
     """The receives of `ranks` per unit `key(src, dst)`, per collective:
     bytes, messages, and the time their intervals cover together (ranks of
     one host that receive from another at once share its NIC: their
-    overlapping messages count once)."""
+    overlapping messages count once). `pairs`: those of single senders,
+    for rank pairs (else every one, for units)."""
     acc: dict = {}
     for s in ranks:
-        for g in s.received:
+        groups = ([g for g in s.received if not isinstance(g.src, str)] + s.slow_peers
+                  if pairs else s.received)
+        for g in groups:
             k = key(g.src, s.rank)
             per_seq = acc.setdefault(k, (place.klass(g.src, s.rank), {}))[1]
             p = per_seq.setdefault(g.seq, [0, 0, []])
@@ -320,8 +381,8 @@ def host_summary(ranks: list[RankSummary]) -> HostSummary:
     place = Placement(ranks)
     ranks = sorted(ranks, key=lambda s: s.rank)
     first = ranks[0]
-    units = _receipts(place, ranks, place.unit)
-    pairs = _receipts(place, ranks, lambda s, d: (s, d))
+    units = _receipts(place, ranks, place.unit, False)
+    pairs = _receipts(place, ranks, lambda s, d: (s, d), True)
     where = {(k[0], k[1]): i for i, k in enumerate(units.keys)}
     pair_unit = np.array([where[place.unit(int(k[0]), int(k[1]))] for k in pairs.keys],
                          dtype=np.int64)
@@ -351,6 +412,16 @@ def _links_json(links: list[Counters] | None):
 def _links_of(v) -> list[Counters] | None:
     return None if v is None else [Counters(int(c[0]), str(c[1]), int(c[2]), int(c[3]))
                                    for c in v]
+
+
+def _received_json(gs: list[Received]) -> list:
+    return [[g.seq, g.src, g.bytes, g.messages, [x for sp in g.spans for x in sp]] for g in gs]
+
+
+def _received_of(v) -> list[Received]:
+    return [Received(int(g[0]), g[1] if isinstance(g[1], str) else int(g[1]), int(g[2]),
+                     int(g[3]), [(float(g[4][i]), float(g[4][i + 1]))
+                                 for i in range(0, len(g[4]), 2)]) for g in v]
 
 
 def _pack(meta: dict, arrays: dict[str, np.ndarray] | None = None) -> bytes:
@@ -399,8 +470,7 @@ def encode_rank(s: RankSummary) -> bytes:
         "offset_ns": s.clock_offset_ns, "error_ns": s.clock_error_ns,
         "colls": [[c.seq, c.sig, c.collective, c.dtype, c.bytes, int(c.ok), c.start_ns,
                    c.end_ns, c.start, c.end] for c in s.colls],
-        "recv": [[g.seq, g.src, g.bytes, g.messages, [x for sp in g.spans for x in sp]]
-                 for g in s.received],
+        "recv": _received_json(s.received), "slow_peers": _received_json(s.slow_peers),
         "links": _links_json(s.links), "hosts": [[r, h] for r, h in sorted(s.hosts.items())],
     })
 
@@ -410,13 +480,12 @@ def decode_rank(blob: bytes, where: str = "a rank's window summary") -> RankSumm
     try:
         colls = [CollRow(int(c[0]), str(c[1]), str(c[2]), str(c[3]), int(c[4]), bool(c[5]),
                          int(c[6]), int(c[7]), float(c[8]), float(c[9])) for c in o["colls"]]
-        received = [Received(int(g[0]), int(g[1]), int(g[2]), int(g[3]),
-                             [(float(g[4][i]), float(g[4][i + 1]))
-                              for i in range(0, len(g[4]), 2)]) for g in o["recv"]]
         return RankSummary(str(o["job"]), str(o["comm"]), int(o["rank"]), int(o["nranks"]),
                            str(o["host"]), int(o["pid"]), int(o["offset_ns"]),
-                           int(o["error_ns"]), colls, received, _links_of(o.get("links")),
-                           {int(r): str(h) for r, h in o.get("hosts") or ()})
+                           int(o["error_ns"]), colls, _received_of(o["recv"]),
+                           _links_of(o.get("links")),
+                           {int(r): str(h) for r, h in o.get("hosts") or ()},
+                           _received_of(o.get("slow_peers") or ()))
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: a malformed window summary ({e!r})") from None
 
