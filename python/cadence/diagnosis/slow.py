@@ -52,6 +52,7 @@ headline and evidence.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -252,8 +253,9 @@ class Lateness:
     def share_late(self, by_s: float) -> float:
         return sum(x >= by_s for x in self.late_s) / len(self.late_s)
 
-    @property
+    @functools.cached_property
     def gap_s(self) -> float | None:
+        # Cached: a straggler's gap is compared with every other rank's.
         return statistics.median(self.gaps_s) if self.gaps_s else None
 
 
