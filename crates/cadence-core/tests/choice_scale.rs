@@ -1,0 +1,134 @@
+//! What the automatic choice costs a rank for a new call shape when a cost
+//! model is installed (the default across hosts: start-up calibration
+//! installs one), against n: the wall time of one `select_algo_on` and the
+//! peak of the heap it allocates. A measurement, not a check (a loaded
+//! machine would fail a timed test): issue 45's item 1 bounds it at 10 ms
+//! and 50 MB per shape at 8,192 ranks; docs/benchmarks.md, "The choice at
+//! scale", has the figures.
+//!
+//!     CADENCE_SCALE=1024,4096 cargo test --release -p cadence-core \
+//!         --test choice_scale -- --ignored --nocapture
+
+use cadence_core::choice::{select_algo_on, AlgoOverride, Auto};
+use cadence_core::schedule::{CollArgs, CostModel, Topology};
+use cadence_core::CollKind;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// The system allocator, counting the bytes in use and their peak.
+struct PeakAlloc;
+
+impl PeakAlloc {
+    fn grew(by: usize) {
+        let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call goes to the system allocator unchanged; the counters
+// only observe sizes.
+unsafe impl std::alloc::GlobalAlloc for PeakAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { std::alloc::System.alloc(l) };
+        if !p.is_null() {
+            Self::grew(l.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { std::alloc::System.dealloc(p, l) };
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let q = unsafe { std::alloc::System.realloc(p, l, new) };
+        if !q.is_null() {
+            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+            Self::grew(new);
+        }
+        q
+    }
+}
+
+#[global_allocator]
+static ALLOC: PeakAlloc = PeakAlloc;
+
+fn sizes() -> Vec<usize> {
+    std::env::var("CADENCE_SCALE")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1024, 4096])
+}
+
+/// The call shapes a new job meets first: allreduces small to large, an
+/// allgather, a broadcast.
+fn shapes(n: usize) -> Vec<(&'static str, CollArgs)> {
+    let one = |kind, count| CollArgs {
+        kind,
+        root: 0,
+        counts: vec![count],
+    };
+    vec![
+        ("allreduce 8 KiB", one(CollKind::AllReduce, 2 << 10)),
+        ("allreduce 512 KiB", one(CollKind::AllReduce, 128 << 10)),
+        ("allreduce 32 MiB", one(CollKind::AllReduce, 8 << 20)),
+        (
+            "allgather 4 KiB a rank",
+            CollArgs {
+                kind: CollKind::AllGather,
+                root: 0,
+                counts: vec![1 << 10; n],
+            },
+        ),
+        ("broadcast 1 MiB", one(CollKind::Broadcast, 256 << 10)),
+    ]
+}
+
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn choice_costs_per_new_shape() {
+    let none = AlgoOverride::default();
+    let mut rows: Vec<(usize, &str, f64, usize)> = Vec::new();
+    for n in sizes() {
+        let hosts: Vec<usize> = (0..n).map(|r| r / 8).collect();
+        let auto = Auto {
+            topo: Topology::from_hosts(&hosts),
+            model: Some(CostModel::default()),
+            measured_at_start: true,
+            ..Auto::flat(n)
+        };
+        for (name, args) in shapes(n) {
+            let before = LIVE.load(Ordering::Relaxed);
+            PEAK.store(before, Ordering::Relaxed);
+            let t = Instant::now();
+            let (algo, why) = select_algo_on(&none, &args, &auto, 4, None).unwrap();
+            let secs = t.elapsed().as_secs_f64();
+            let peak = PEAK.load(Ordering::Relaxed) - before;
+            println!(
+                "n = {n:5}, {name:22}: {algo:?} ({why}) in {:9.1} ms, heap peak {:8.1} MiB",
+                secs * 1e3,
+                peak as f64 / (1 << 20) as f64
+            );
+            rows.push((n, name, secs, peak));
+        }
+    }
+    let ns: Vec<usize> = rows.iter().map(|r| r.0).collect();
+    let (lo, hi) = (ns[0], ns[ns.len() - 1]);
+    if lo != hi {
+        for (_, name, _) in shapes(lo).iter().map(|(s, a)| (0, *s, a)) {
+            let at = |n| rows.iter().find(|r| r.0 == n && r.1 == name).unwrap();
+            let (a, b) = (at(lo), at(hi));
+            let slope = |x: f64, y: f64| (y / x).ln() / (hi as f64 / lo as f64).ln();
+            println!(
+                "{name:22}: log-log slope of time {:.2}, of memory {:.2}",
+                slope(a.2, b.2),
+                slope(a.3.max(1) as f64, b.3.max(1) as f64)
+            );
+        }
+    }
+}
