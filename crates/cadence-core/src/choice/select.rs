@@ -3,6 +3,7 @@
 
 use super::overrides::{AlgoOverride, AlgoRange};
 use super::tuned::Tuned;
+use crate::schedule::cost::Pricing;
 use crate::schedule::{self, Algo, CollArgs, CostModel, Topology};
 use crate::types::CollKind;
 use std::fmt;
@@ -127,12 +128,14 @@ impl Auto {
         allowed: &impl Fn(Algo) -> bool,
     ) -> Option<Algo> {
         let topo = &self.topo;
-        let fabric = self.fabric.as_deref();
+        let pricing = Pricing::new(topo, self.fabric.as_deref(), es);
+        // Each schedule is read into its loads and dropped (the estimate
+        // keeps a few words a phase, not the steps).
         let estimate = |ranks: &mut dyn Iterator<Item = usize>, a: Algo| {
-            let schedules: Result<Vec<_>, _> = ranks
-                .map(|r| schedule::build_on(args, r, topo, a))
+            let loads: Result<Vec<_>, _> = ranks
+                .map(|r| schedule::build_on(args, r, topo, a).map(|s| pricing.loads(&s)))
                 .collect();
-            schedules.ok().map(|s| m.estimate_on(&s, topo, fabric, es))
+            loads.ok().map(|l| m.estimate_loads(&l, &pricing))
         };
         let candidates = schedule::algos_for(args.kind)
             .iter()

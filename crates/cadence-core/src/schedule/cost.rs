@@ -178,20 +178,23 @@ impl CostModel {
         fabric: Option<&Fabric>,
         elem_size: usize,
     ) -> f64 {
-        let net = fabric
-            .filter(|f| f.nhosts() == topo.nhosts())
-            .map(Network::new);
-        let net = net.as_ref();
-        let loads: Vec<Vec<PhaseLoad>> = schedules
-            .iter()
-            .map(|s| phase_loads(s, topo, net, elem_size))
-            .collect();
-        let nphases = loads.iter().map(Vec::len).max().unwrap_or(0);
+        let pricing = Pricing::new(topo, fabric, elem_size);
+        let loads: Vec<RankLoads> = schedules.iter().map(|s| pricing.loads(s)).collect();
+        self.estimate_loads(&loads, &pricing)
+    }
+
+    /// [`CostModel::estimate_on`] of the schedules whose loads these are
+    /// ([`Pricing::loads`]): an estimate keeps a few words a phase of each
+    /// rank, not its steps, so a caller can drop each schedule once read.
+    pub fn estimate_loads(&self, ranks: &[RankLoads], pricing: &Pricing) -> f64 {
+        let (topo, net) = (pricing.topo, pricing.net.as_ref());
+        let loads: Vec<&Vec<PhaseLoad>> = ranks.iter().map(|r| &r.phases).collect();
+        let nphases = loads.iter().map(|l| l.len()).max().unwrap_or(0);
         // The hosts of the given ranks, numbered densely (`slot`), so a few
         // ranks' bound costs their hosts, not every host.
         let mut slot = vec![u32::MAX; topo.nhosts()];
         let mut nslots = 0;
-        let host_slots: Vec<usize> = schedules
+        let host_slots: Vec<usize> = ranks
             .iter()
             .map(|s| {
                 let h = topo.host_of(s.rank);
@@ -210,7 +213,7 @@ impl CostModel {
         let ngroups = net.map_or(0, |n| n.fabric.group_out.len());
         let mut group_out = vec![vec![0usize; nphases]; ngroups];
         let mut group_in = vec![vec![0usize; nphases]; ngroups];
-        for ((phases, s), &hs) in loads.iter().zip(schedules).zip(&host_slots) {
+        for ((phases, s), &hs) in loads.iter().zip(ranks).zip(&host_slots) {
             for (i, p) in phases.iter().enumerate() {
                 host_out[hs][i] += p.tcp_out;
                 host_in[hs][i] += p.tcp_in;
@@ -224,7 +227,7 @@ impl CostModel {
         }
         loads
             .iter()
-            .zip(schedules)
+            .zip(ranks)
             .zip(&host_slots)
             .map(|((phases, s), &hs)| {
                 let h = topo.host_of(s.rank);
@@ -267,6 +270,41 @@ impl CostModel {
             })
             .fold(0.0, f64::max)
     }
+}
+
+/// What pricing schedules on one topology (and measured fabric) needs once.
+pub struct Pricing<'t> {
+    topo: &'t Topology,
+    net: Option<Network<'t>>,
+    elem_size: usize,
+}
+
+impl<'t> Pricing<'t> {
+    /// A fabric that does not have `topo`'s hosts is ignored.
+    pub fn new(topo: &'t Topology, fabric: Option<&'t Fabric>, elem_size: usize) -> Pricing<'t> {
+        let net = fabric
+            .filter(|f| f.nhosts() == topo.nhosts())
+            .map(Network::new);
+        Pricing {
+            topo,
+            net,
+            elem_size,
+        }
+    }
+
+    /// What an estimate keeps of a rank's schedule.
+    pub fn loads(&self, s: &Schedule) -> RankLoads {
+        RankLoads {
+            rank: s.rank,
+            phases: phase_loads(s, self.topo, self.net.as_ref(), self.elem_size),
+        }
+    }
+}
+
+/// One rank's loads per phase (see [`Pricing::loads`]).
+pub struct RankLoads {
+    rank: usize,
+    phases: Vec<PhaseLoad>,
 }
 
 fn phase_loads(s: &Schedule, topo: &Topology, net: Option<&Network>, es: usize) -> Vec<PhaseLoad> {
