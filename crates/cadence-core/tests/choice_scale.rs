@@ -12,51 +12,12 @@
 use cadence_core::choice::{select_algo_on, AlgoOverride, Auto};
 use cadence_core::schedule::{CollArgs, CostModel, Topology};
 use cadence_core::CollKind;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-/// The system allocator, counting the bytes in use and their peak.
-struct PeakAlloc;
-
-impl PeakAlloc {
-    fn grew(by: usize) {
-        let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
-        PEAK.fetch_max(now, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every call goes to the system allocator unchanged; the counters
-// only observe sizes.
-unsafe impl std::alloc::GlobalAlloc for PeakAlloc {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { std::alloc::System.alloc(l) };
-        if !p.is_null() {
-            Self::grew(l.size());
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { std::alloc::System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let q = unsafe { std::alloc::System.realloc(p, l, new) };
-        if !q.is_null() {
-            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-            Self::grew(new);
-        }
-        q
-    }
-}
+mod common;
 
 #[global_allocator]
-static ALLOC: PeakAlloc = PeakAlloc;
+static ALLOC: common::CountingAlloc = common::CountingAlloc;
 
 fn sizes() -> Vec<usize> {
     std::env::var("CADENCE_SCALE")
@@ -103,12 +64,11 @@ fn choice_costs_per_new_shape() {
             ..Auto::flat(n)
         };
         for (name, args) in shapes(n) {
-            let before = LIVE.load(Ordering::Relaxed);
-            PEAK.store(before, Ordering::Relaxed);
+            let before = common::CountingAlloc::reset_peak();
             let t = Instant::now();
             let (algo, why) = select_algo_on(&none, &args, &auto, 4, None).unwrap();
             let secs = t.elapsed().as_secs_f64();
-            let peak = PEAK.load(Ordering::Relaxed) - before;
+            let peak = common::CountingAlloc::peak() - before;
             println!(
                 "n = {n:5}, {name:22}: {algo:?} ({why}) in {:9.1} ms, heap peak {:8.1} MiB",
                 secs * 1e3,

@@ -24,41 +24,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-/// Counts the heap bytes the process holds, to tell what the ranks keep
-/// from what the allocator keeps (RSS holds both).
-struct CountingAlloc;
-
-static HEAP_LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; the
-// count is a side effect.
-unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { std::alloc::System.alloc(l) };
-        if !p.is_null() {
-            HEAP_LIVE.fetch_add(l.size(), Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { std::alloc::System.dealloc(p, l) };
-        HEAP_LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let q = unsafe { std::alloc::System.realloc(p, l, new) };
-        if !q.is_null() {
-            HEAP_LIVE.fetch_add(new, Ordering::Relaxed);
-            HEAP_LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        }
-        q
-    }
-}
-
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: common::CountingAlloc = common::CountingAlloc;
 
 /// The split's groups (rank mod GROUPS).
 const GROUPS: usize = 8;
@@ -388,7 +355,7 @@ fn run_part(part: Part) -> Run {
     inited.wait();
     let (wall_s, cpu_s) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
     let (fds_after_init, rss_after_init_kib) = (open_fds(), rss_kib());
-    let heap_after_init_kib = (HEAP_LIVE.load(Ordering::Relaxed) >> 10) as u64;
+    let heap_after_init_kib = (common::CountingAlloc::live() >> 10) as u64;
     let shm_after_init = shm_used().saturating_sub(shm_before);
     measured.wait();
     collected.wait();

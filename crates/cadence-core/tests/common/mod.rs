@@ -2,7 +2,8 @@
 //! `failover.rs`) loopback socket pairs, a frame's operation metadata,
 //! waiting for a receiving link and proptest's case budget; for the
 //! communicator tests (`in_process.rs`, `scale.rs`, `split_links.rs`) a
-//! configuration that measures nothing at start-up and a job of threads.
+//! configuration that measures nothing at start-up and a job of threads;
+//! for the measurements (`scale.rs`, `choice_scale.rs`) a heap counter.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use cadence_core::transport::tcp::{poll_fds, TcpLink};
@@ -11,7 +12,72 @@ use cadence_core::types::ElemOp;
 use cadence_core::{CollKind, DType, ErrorKind, RedOp};
 use proptest::test_runner::Config as PtConfig;
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+/// The system allocator, counting the heap bytes in use and their peak: a
+/// test crate that measures memory installs it,
+/// `#[global_allocator] static ALLOC: common::CountingAlloc = common::CountingAlloc;`,
+/// to tell what it holds from what the allocator keeps (RSS holds both).
+pub struct CountingAlloc;
+
+static HEAP_LIVE: AtomicUsize = AtomicUsize::new(0);
+static HEAP_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+impl CountingAlloc {
+    fn grew(by: usize) {
+        let now = HEAP_LIVE.fetch_add(by, Ordering::Relaxed) + by;
+        // A read first: the write (a contended one across thousands of rank
+        // threads in scale.rs) only when the peak moves.
+        if now > HEAP_PEAK.load(Ordering::Relaxed) {
+            HEAP_PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Heap bytes in use now.
+    pub fn live() -> usize {
+        HEAP_LIVE.load(Ordering::Relaxed)
+    }
+
+    /// Starts a new peak from what is in use now; returns that.
+    pub fn reset_peak() -> usize {
+        let now = Self::live();
+        HEAP_PEAK.store(now, Ordering::Relaxed);
+        now
+    }
+
+    /// The most heap bytes in use since the last `reset_peak`.
+    pub fn peak() -> usize {
+        HEAP_PEAK.load(Ordering::Relaxed)
+    }
+}
+
+// SAFETY: every call goes to the system allocator unchanged; the counters
+// only observe sizes.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { std::alloc::System.alloc(l) };
+        if !p.is_null() {
+            Self::grew(l.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { std::alloc::System.dealloc(p, l) };
+        HEAP_LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let q = unsafe { std::alloc::System.realloc(p, l, new) };
+        if !q.is_null() {
+            HEAP_LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+            Self::grew(new);
+        }
+        q
+    }
+}
 
 /// A configuration whose set-up measures nothing (no calibration, no
 /// topology profile): tests of what set-up links and when.
