@@ -336,14 +336,17 @@ def test_shifted_rounds_find_racks_whose_uplinks_beat_one_nic(make_cluster, tmp_
     # Uplinks at 1.2x a NIC: any pair alone runs at its NICs' rate, so only
     # load shows the racks. The shifted rounds alone (--pairs-max 2, as a
     # job over more than 16 hosts runs them) find both racks and what each
-    # uplink carries, in a handful of rounds.
+    # uplink carries, in a handful of rounds. Flows of ~0.2 s (4 MiB), not the
+    # default 0.05 s: a CI host's load once cost a round's 84 ms flows a third
+    # of their rate (a ring of single flows measured 67 of 100 Mbit/s).
     c = make_cluster(6, rate="100mbit", tag="ts", racks=2, uplink_rate="120mbit",
                      placement="blocked")  # fmt: skip
     out = tmp_path / "t.json"
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
     p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "topo", "profile",
-                        "--cluster", c.name, "-o", str(out), "--pairs-max", "2"], env=env,
-                       text=True, capture_output=True, timeout=300)  # fmt: skip
+                        "--cluster", c.name, "-o", str(out), "--pairs-max", "2",
+                        "--seconds", "0.2"],
+                       env=env, text=True, capture_output=True, timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     assert doc["profile"]["method"] == "shifts"
