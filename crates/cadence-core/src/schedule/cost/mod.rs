@@ -32,9 +32,13 @@
 //! oversubscribed uplink twice then costs what it runs at, and `auto` can
 //! tell hierarchical in the found order from a torus in rank order.
 
-use super::ir::{Schedule, Step};
+mod loads;
+
+use super::ir::Schedule;
 use super::topology::Topology;
 use crate::fabric::pathfind::Fabric;
+pub use loads::RankLoads;
+use loads::{Network, PhaseLoad};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -90,54 +94,6 @@ impl Default for CostModel {
     }
 }
 
-/// What one rank moves in one phase.
-#[derive(Default, Clone, Copy)]
-struct PhaseLoad {
-    shm_msgs: usize,
-    shm_bytes: usize,
-    tcp_out: usize,
-    tcp_in: usize,
-    tcp_msgs_out: usize,
-    tcp_msgs_in: usize,
-    local_bytes: usize,
-    /// Hosts this rank receives from over TCP, as a bit set (by host index
-    /// mod 64: an estimate, not an identity).
-    tcp_from: u64,
-    /// With a fabric: bytes to (from) hosts of other groups, and the
-    /// longest one message takes at its host pair's alone rate.
-    cross_out: usize,
-    cross_in: usize,
-    pair_secs: f64,
-}
-
-/// A fabric's per-host NIC rates and group of each host, for the model.
-struct Network<'f> {
-    fabric: &'f Fabric,
-    nic_out: Vec<f64>,
-    nic_in: Vec<f64>,
-}
-
-impl<'f> Network<'f> {
-    fn new(fabric: &'f Fabric) -> Network<'f> {
-        let (nic_out, nic_in) = crate::fabric::infer::nic_estimates(&fabric.rate);
-        Network {
-            fabric,
-            nic_out,
-            nic_in,
-        }
-    }
-
-    /// Seconds for `bytes` at `rate` bytes/s (a rate never measured: free,
-    /// the other terms decide).
-    fn secs(bytes: usize, rate: f64) -> f64 {
-        if rate > 0.0 && rate.is_finite() {
-            bytes as f64 / rate
-        } else {
-            0.0
-        }
-    }
-}
-
 impl CostModel {
     /// Whether an estimate over some ranks' schedules bounds the estimate
     /// over all of them from below: every term grows with a host's summed
@@ -184,91 +140,213 @@ impl CostModel {
     }
 
     /// [`CostModel::estimate_on`] of the schedules whose loads these are
-    /// ([`Pricing::loads`]): an estimate keeps a few words a phase of each
-    /// rank, not its steps, so a caller can drop each schedule once read.
+    /// ([`Pricing::loads`]): an estimate keeps a few words a run of equal
+    /// phases of each rank, not its steps, so a caller can drop each
+    /// schedule once read.
+    ///
+    /// Each host's phases are cut where any of its given ranks' runs (or,
+    /// with a fabric, its group's sums) change; every piece costs its
+    /// length times one phase's cost, so the work follows the runs.
     pub fn estimate_loads(&self, ranks: &[RankLoads], pricing: &Pricing) -> f64 {
         let (topo, net) = (pricing.topo, pricing.net.as_ref());
-        let loads: Vec<&Vec<PhaseLoad>> = ranks.iter().map(|r| &r.phases).collect();
-        let nphases = loads.iter().map(|l| l.len()).max().unwrap_or(0);
-        // The hosts of the given ranks, numbered densely (`slot`), so a few
-        // ranks' bound costs their hosts, not every host.
+        // The given ranks by host, hosts numbered densely in order of first
+        // appearance (`slot`), so a few ranks' bound costs their hosts only.
         let mut slot = vec![u32::MAX; topo.nhosts()];
-        let mut nslots = 0;
-        let host_slots: Vec<usize> = ranks
-            .iter()
-            .map(|s| {
-                let h = topo.host_of(s.rank);
-                if slot[h] == u32::MAX {
-                    slot[h] = nslots as u32;
-                    nslots += 1;
+        let mut on_host: Vec<Vec<&RankLoads>> = Vec::new();
+        for r in ranks {
+            let h = topo.host_of(r.rank);
+            if slot[h] == u32::MAX {
+                slot[h] = on_host.len() as u32;
+                on_host.push(Vec::new());
+            }
+            on_host[slot[h] as usize].push(r);
+        }
+        // Per group: the bytes its given ranks send out of it and receive
+        // into it, piece by piece.
+        let group_sums: Vec<Piecewise> = match net {
+            None => Vec::new(),
+            Some(n) => {
+                let mut members = vec![Vec::new(); n.fabric.group_out.len()];
+                for r in ranks {
+                    members[n.fabric.group_of[topo.host_of(r.rank)]].push(r);
                 }
-                slot[h] as usize
-            })
-            .collect();
-        // Per host and phase index: TCP bytes out of and into the host.
-        let mut host_out = vec![vec![0usize; nphases]; nslots];
-        let mut host_in = vec![vec![0usize; nphases]; nslots];
-        let mut host_from = vec![vec![0u64; nphases]; nslots];
-        // Per group and phase: bytes leaving and entering the group.
-        let ngroups = net.map_or(0, |n| n.fabric.group_out.len());
-        let mut group_out = vec![vec![0usize; nphases]; ngroups];
-        let mut group_in = vec![vec![0usize; nphases]; ngroups];
-        for ((phases, s), &hs) in loads.iter().zip(ranks).zip(&host_slots) {
-            for (i, p) in phases.iter().enumerate() {
-                host_out[hs][i] += p.tcp_out;
-                host_in[hs][i] += p.tcp_in;
-                host_from[hs][i] |= p.tcp_from;
-                if let Some(n) = net {
-                    let g = n.fabric.group_of[topo.host_of(s.rank)];
-                    group_out[g][i] += p.cross_out;
-                    group_in[g][i] += p.cross_in;
+                members.iter().map(|m| Piecewise::of_cross(m)).collect()
+            }
+        };
+        let mut slowest = 0.0f64;
+        for members in &on_host {
+            let h = topo.host_of(members[0].rank);
+            let group = net.map(|n| (n, n.fabric.group_of[h]));
+            let mut ends: Vec<usize> = members.iter().flat_map(|r| run_ends(&r.runs)).collect();
+            if let Some((_, g)) = group {
+                ends.extend(group_sums[g].ends.iter().copied());
+            }
+            ends.sort_unstable();
+            ends.dedup();
+            let mut at: Vec<Cursor> = members.iter().map(|r| Cursor::new(&r.runs)).collect();
+            let mut group_at = 0;
+            let mut totals = vec![0.0f64; members.len()];
+            let mut loads = vec![PhaseLoad::default(); members.len()];
+            let mut start = 0;
+            for end in ends {
+                for (l, c) in loads.iter_mut().zip(&mut at) {
+                    *l = c.at(start);
                 }
+                let host_out: usize = loads.iter().map(|p| p.tcp_out).sum();
+                let host_in: usize = loads.iter().map(|p| p.tcp_in).sum();
+                let host_from = loads.iter().fold(0u64, |f, p| f | p.tcp_from);
+                let shared = match group {
+                    None => 0.0,
+                    Some((n, g)) => {
+                        let (out, inn) = group_sums[g].at(&mut group_at, start);
+                        Network::secs(out, n.fabric.group_out[g])
+                            .max(Network::secs(inn, n.fabric.group_in[g]))
+                    }
+                };
+                let host = HostPhase {
+                    host: h,
+                    out: host_out,
+                    inn: host_in,
+                    from: host_from,
+                    shared,
+                };
+                for (p, t) in loads.iter().zip(&mut totals) {
+                    if *p != PhaseLoad::default() {
+                        *t += (end - start) as f64 * self.phase_cost(p, &host, net);
+                    }
+                }
+                start = end;
+            }
+            slowest = totals.into_iter().fold(slowest, f64::max);
+        }
+        slowest
+    }
+
+    /// One phase of one rank, given what its host (and group) move then.
+    fn phase_cost(&self, p: &PhaseLoad, host: &HostPhase, net: Option<&Network>) -> f64 {
+        // One thread handles every shared-memory message in turn, so each
+        // costs its α.
+        let shm = p.shm_msgs as f64 * self.shm.alpha + p.shm_bytes as f64 * self.shm.beta;
+        let tcp = if p.tcp_out + p.tcp_in > 0 {
+            let k = host.from.count_ones().max(1) as f64;
+            let incast = 1.0 + self.incast * (k - 1.0);
+            let msgs = p.tcp_msgs_out.max(p.tcp_msgs_in).max(1) as f64;
+            let alpha = self.tcp.alpha * (1.0 + self.tcp_serial * (msgs - 1.0));
+            let wire = match net {
+                None => host.out.max(host.inn) as f64 * self.tcp.beta * incast,
+                Some(n) => {
+                    let nic = Network::secs(host.out, n.nic_out[host.host])
+                        .max(Network::secs(host.inn, n.nic_in[host.host]));
+                    (nic * incast).max(p.pair_secs).max(host.shared)
+                }
+            };
+            alpha + wire
+        } else {
+            0.0
+        };
+        shm.max(tcp) + p.local_bytes as f64 * self.gamma
+    }
+}
+
+/// What a host's given ranks move over TCP in one phase, and the seconds
+/// its group's shared capacity needs for the group's bytes then.
+struct HostPhase {
+    host: usize,
+    out: usize,
+    inn: usize,
+    from: u64,
+    shared: f64,
+}
+
+/// Where each run of `runs` ends, in phases from the start.
+fn run_ends(runs: &[(PhaseLoad, usize)]) -> impl Iterator<Item = usize> + '_ {
+    runs.iter().scan(0, |end, r| {
+        *end += r.1;
+        Some(*end)
+    })
+}
+
+/// Walks one rank's runs forward: its load in the phase at a position.
+struct Cursor<'r> {
+    runs: &'r [(PhaseLoad, usize)],
+    i: usize,
+    end: usize,
+}
+
+impl<'r> Cursor<'r> {
+    fn new(runs: &'r [(PhaseLoad, usize)]) -> Cursor<'r> {
+        Cursor {
+            runs,
+            i: 0,
+            end: runs.first().map_or(0, |r| r.1),
+        }
+    }
+
+    /// The load at phase `pos` (nothing past the last run); positions
+    /// must not go back.
+    fn at(&mut self, pos: usize) -> PhaseLoad {
+        while self.i < self.runs.len() && self.end <= pos {
+            self.i += 1;
+            self.end += self.runs.get(self.i).map_or(0, |r| r.1);
+        }
+        self.runs
+            .get(self.i)
+            .map_or_else(PhaseLoad::default, |r| r.0)
+    }
+}
+
+/// Sums of some ranks' group-crossing bytes, constant between `ends`.
+struct Piecewise {
+    ends: Vec<usize>,
+    /// (bytes out of the group, into it) up to each end.
+    sums: Vec<(usize, usize)>,
+}
+
+impl Piecewise {
+    fn of_cross(ranks: &[&RankLoads]) -> Piecewise {
+        // (position, sign, out, in): a run adds its bytes where it starts
+        // and takes them away where it ends.
+        let mut events: Vec<(usize, bool, usize, usize)> = Vec::new();
+        for r in ranks {
+            let mut start = 0;
+            for (p, k) in &r.runs {
+                if p.cross_out + p.cross_in > 0 {
+                    events.push((start, true, p.cross_out, p.cross_in));
+                    events.push((start + k, false, p.cross_out, p.cross_in));
+                }
+                start += k;
             }
         }
-        loads
-            .iter()
-            .zip(ranks)
-            .zip(&host_slots)
-            .map(|((phases, s), &hs)| {
-                let h = topo.host_of(s.rank);
-                phases
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| {
-                        // One thread handles every shared-memory message in
-                        // turn, so each costs its α.
-                        let shm =
-                            p.shm_msgs as f64 * self.shm.alpha + p.shm_bytes as f64 * self.shm.beta;
-                        let tcp = if p.tcp_out + p.tcp_in > 0 {
-                            let k = host_from[hs][i].count_ones().max(1) as f64;
-                            let incast = 1.0 + self.incast * (k - 1.0);
-                            let msgs = p.tcp_msgs_out.max(p.tcp_msgs_in).max(1) as f64;
-                            let alpha = self.tcp.alpha * (1.0 + self.tcp_serial * (msgs - 1.0));
-                            let wire = match net {
-                                None => {
-                                    let bytes = host_out[hs][i].max(host_in[hs][i]);
-                                    bytes as f64 * self.tcp.beta * incast
-                                }
-                                Some(n) => {
-                                    let g = n.fabric.group_of[h];
-                                    let nic = Network::secs(host_out[hs][i], n.nic_out[h])
-                                        .max(Network::secs(host_in[hs][i], n.nic_in[h]));
-                                    let shared =
-                                        Network::secs(group_out[g][i], n.fabric.group_out[g]).max(
-                                            Network::secs(group_in[g][i], n.fabric.group_in[g]),
-                                        );
-                                    (nic * incast).max(p.pair_secs).max(shared)
-                                }
-                            };
-                            alpha + wire
-                        } else {
-                            0.0
-                        };
-                        shm.max(tcp) + p.local_bytes as f64 * self.gamma
-                    })
-                    .sum::<f64>()
-            })
-            .fold(0.0, f64::max)
+        events.sort_unstable_by_key(|e| e.0);
+        let (mut ends, mut sums) = (Vec::new(), Vec::new());
+        let (mut out, mut inn) = (0usize, 0usize);
+        let mut i = 0;
+        while i < events.len() {
+            let pos = events[i].0;
+            if pos > 0 {
+                ends.push(pos);
+                sums.push((out, inn));
+            }
+            while i < events.len() && events[i].0 == pos {
+                let (_, add, o, n) = events[i];
+                if add {
+                    (out, inn) = (out + o, inn + n);
+                } else {
+                    (out, inn) = (out - o, inn - n);
+                }
+                i += 1;
+            }
+        }
+        Piecewise { ends, sums }
+    }
+
+    /// The sums at phase `pos` (0 past the last end), with `i` a cursor
+    /// the caller keeps; positions must not go back.
+    fn at(&self, i: &mut usize, pos: usize) -> (usize, usize) {
+        while *i < self.ends.len() && self.ends[*i] <= pos {
+            *i += 1;
+        }
+        self.sums.get(*i).copied().unwrap_or((0, 0))
     }
 }
 
@@ -294,85 +372,8 @@ impl<'t> Pricing<'t> {
 
     /// What an estimate keeps of a rank's schedule.
     pub fn loads(&self, s: &Schedule) -> RankLoads {
-        RankLoads {
-            rank: s.rank,
-            phases: phase_loads(s, self.topo, self.net.as_ref(), self.elem_size),
-        }
+        loads::of_schedule(s, self.topo, self.net.as_ref(), self.elem_size)
     }
-}
-
-/// One rank's loads per phase (see [`Pricing::loads`]).
-pub struct RankLoads {
-    rank: usize,
-    phases: Vec<PhaseLoad>,
-}
-
-fn phase_loads(s: &Schedule, topo: &Topology, net: Option<&Network>, es: usize) -> Vec<PhaseLoad> {
-    let me = topo.host_of(s.rank);
-    // With a fabric: (crosses a group boundary, seconds at the pair's rate).
-    let pair = |from: usize, to: usize, bytes: usize| -> (bool, f64) {
-        match net {
-            None => (false, 0.0),
-            Some(n) => (
-                n.fabric.group_of[from] != n.fabric.group_of[to],
-                Network::secs(bytes, n.fabric.rate[from][to]),
-            ),
-        }
-    };
-    s.phases
-        .iter()
-        .map(|phase| {
-            let mut p = PhaseLoad::default();
-            let (mut shm_out, mut shm_in) = (0, 0);
-            for step in &phase.steps {
-                match step {
-                    Step::Send { peer, src } => {
-                        if topo.host_of(*peer) == me {
-                            p.shm_msgs += 1;
-                            shm_out += src.len * es;
-                        } else {
-                            let bytes = src.len * es;
-                            p.tcp_msgs_out += 1;
-                            p.tcp_out += bytes;
-                            let (cross, secs) = pair(me, topo.host_of(*peer), bytes);
-                            p.cross_out += if cross { bytes } else { 0 };
-                            p.pair_secs = p.pair_secs.max(secs);
-                        }
-                    }
-                    Step::Recv {
-                        peer,
-                        dst,
-                        reduce_with,
-                    } => {
-                        if topo.host_of(*peer) == me {
-                            p.shm_msgs += 1;
-                            shm_in += dst.len * es;
-                        } else {
-                            let bytes = dst.len * es;
-                            p.tcp_msgs_in += 1;
-                            p.tcp_in += bytes;
-                            let (cross, secs) = pair(topo.host_of(*peer), me, bytes);
-                            p.cross_in += if cross { bytes } else { 0 };
-                            p.pair_secs = p.pair_secs.max(secs);
-                            if dst.len > 0 {
-                                p.tcp_from |= 1 << (topo.host_of(*peer) % 64);
-                            }
-                        }
-                        if reduce_with.is_some() {
-                            p.local_bytes += dst.len * es;
-                        }
-                    }
-                    Step::Copy { src, .. } | Step::Reduce { src, .. } | Step::Fold { src, .. } => {
-                        p.local_bytes += src.len * es;
-                    }
-                }
-            }
-            // A shared-memory message costs its receiver the copy; the
-            // sender's side is one copy into the ring, counted as well.
-            p.shm_bytes = shm_out.max(shm_in);
-            p
-        })
-        .collect()
 }
 
 #[cfg(test)]

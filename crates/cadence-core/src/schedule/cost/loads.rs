@@ -1,0 +1,213 @@
+//! What the model keeps of one rank's schedule: per phase, the messages and
+//! bytes it moves by link class (a [`PhaseLoad`]), with runs of equal
+//! consecutive phases kept once (a ring's 2(n − 1) steps are a handful of
+//! runs when its chunks are alike), so an estimate's memory and time follow
+//! the runs, not the phases.
+
+use super::super::ir::{Schedule, Step};
+use super::super::topology::Topology;
+use crate::fabric::pathfind::Fabric;
+
+/// What one rank moves in one phase.
+#[derive(Default, Clone, Copy, Debug, PartialEq)]
+pub(super) struct PhaseLoad {
+    pub shm_msgs: usize,
+    pub shm_bytes: usize,
+    pub tcp_out: usize,
+    pub tcp_in: usize,
+    pub tcp_msgs_out: usize,
+    pub tcp_msgs_in: usize,
+    pub local_bytes: usize,
+    /// Hosts this rank receives from over TCP, as a bit set (by host index
+    /// mod 64: an estimate, not an identity).
+    pub tcp_from: u64,
+    /// With a fabric: bytes to (from) hosts of other groups, and the
+    /// longest one message takes at its host pair's alone rate.
+    pub cross_out: usize,
+    pub cross_in: usize,
+    pub pair_secs: f64,
+}
+
+/// A fabric's per-host NIC rates and group of each host, for the model.
+pub(super) struct Network<'f> {
+    pub fabric: &'f Fabric,
+    pub nic_out: Vec<f64>,
+    pub nic_in: Vec<f64>,
+}
+
+impl<'f> Network<'f> {
+    pub fn new(fabric: &'f Fabric) -> Network<'f> {
+        let (nic_out, nic_in) = crate::fabric::infer::nic_estimates(&fabric.rate);
+        Network {
+            fabric,
+            nic_out,
+            nic_in,
+        }
+    }
+
+    /// Seconds for `bytes` at `rate` bytes/s (a rate never measured: free,
+    /// the other terms decide).
+    pub fn secs(bytes: usize, rate: f64) -> f64 {
+        if rate > 0.0 && rate.is_finite() {
+            bytes as f64 / rate
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One rank's loads, phase after phase, equal consecutive phases as one run
+/// (see [`super::Pricing::loads`]).
+pub struct RankLoads {
+    pub(super) rank: usize,
+    /// (load, phases it lasts), never 0 phases.
+    pub(super) runs: Vec<(PhaseLoad, usize)>,
+}
+
+impl RankLoads {
+    pub(super) fn new(rank: usize) -> RankLoads {
+        RankLoads {
+            rank,
+            runs: Vec::new(),
+        }
+    }
+
+    /// Appends `times` phases of load `p`.
+    pub(super) fn push(&mut self, p: PhaseLoad, times: usize) {
+        if times == 0 {
+            return;
+        }
+        match self.runs.last_mut() {
+            Some((last, k)) if *last == p => *k += times,
+            _ => self.runs.push((p, times)),
+        }
+    }
+
+    /// The number of phases.
+    pub fn phases(&self) -> usize {
+        self.runs.iter().map(|r| r.1).sum()
+    }
+}
+
+/// One rank's messages in one phase, classified as the model sees them:
+/// the one place that says what a message costs which side.
+pub(super) struct PhaseAcc<'a> {
+    topo: &'a Topology,
+    net: Option<&'a Network<'a>>,
+    es: usize,
+    me: usize,
+    load: PhaseLoad,
+    shm_out: usize,
+    shm_in: usize,
+}
+
+impl<'a> PhaseAcc<'a> {
+    pub fn new(topo: &'a Topology, net: Option<&'a Network<'a>>, es: usize, rank: usize) -> Self {
+        PhaseAcc {
+            topo,
+            net,
+            es,
+            me: topo.host_of(rank),
+            load: PhaseLoad::default(),
+            shm_out: 0,
+            shm_in: 0,
+        }
+    }
+
+    /// With a fabric: (crosses a group boundary, seconds at the pair's
+    /// rate) of `bytes` from host `from` to host `to`.
+    fn pair(&self, from: usize, to: usize, bytes: usize) -> (bool, f64) {
+        match self.net {
+            None => (false, 0.0),
+            Some(n) => (
+                n.fabric.group_of[from] != n.fabric.group_of[to],
+                Network::secs(bytes, n.fabric.rate[from][to]),
+            ),
+        }
+    }
+
+    /// `len` elements to `peer` as `k` messages, the longest `longest`.
+    pub fn send(&mut self, peer: usize, len: usize, k: usize, longest: usize) {
+        let to = self.topo.host_of(peer);
+        let bytes = len * self.es;
+        if to == self.me {
+            self.load.shm_msgs += k;
+            self.shm_out += bytes;
+        } else {
+            let p = &mut self.load;
+            p.tcp_msgs_out += k;
+            p.tcp_out += bytes;
+            let (cross, secs) = self.pair(self.me, to, longest * self.es);
+            let p = &mut self.load;
+            p.cross_out += if cross { bytes } else { 0 };
+            p.pair_secs = p.pair_secs.max(secs);
+        }
+    }
+
+    /// `len` elements from `peer` as `k` messages, the longest `longest`,
+    /// reduced on arrival or not.
+    pub fn recv(&mut self, peer: usize, len: usize, k: usize, longest: usize, reduce: bool) {
+        let from = self.topo.host_of(peer);
+        let bytes = len * self.es;
+        if from == self.me {
+            self.load.shm_msgs += k;
+            self.shm_in += bytes;
+        } else {
+            let (cross, secs) = self.pair(from, self.me, longest * self.es);
+            let p = &mut self.load;
+            p.tcp_msgs_in += k;
+            p.tcp_in += bytes;
+            p.cross_in += if cross { bytes } else { 0 };
+            p.pair_secs = p.pair_secs.max(secs);
+            if len > 0 {
+                p.tcp_from |= 1 << (from % 64);
+            }
+        }
+        if reduce {
+            self.load.local_bytes += bytes;
+        }
+    }
+
+    /// `len` elements of local copying or reducing.
+    pub fn local(&mut self, len: usize) {
+        self.load.local_bytes += len * self.es;
+    }
+
+    /// The phase's load; the accumulator starts the next phase empty.
+    pub fn take(&mut self) -> PhaseLoad {
+        // A shared-memory message costs its receiver the copy; the sender's
+        // side is one copy into the ring, counted as well.
+        self.load.shm_bytes = self.shm_out.max(self.shm_in);
+        self.shm_out = 0;
+        self.shm_in = 0;
+        std::mem::take(&mut self.load)
+    }
+}
+
+/// The loads of a built schedule.
+pub(super) fn of_schedule(
+    s: &Schedule,
+    topo: &Topology,
+    net: Option<&Network>,
+    es: usize,
+) -> RankLoads {
+    let mut acc = PhaseAcc::new(topo, net, es, s.rank);
+    let mut out = RankLoads::new(s.rank);
+    for phase in &s.phases {
+        for step in &phase.steps {
+            match step {
+                Step::Send { peer, src } => acc.send(*peer, src.len, 1, src.len),
+                Step::Recv {
+                    peer,
+                    dst,
+                    reduce_with,
+                } => acc.recv(*peer, dst.len, 1, dst.len, reduce_with.is_some()),
+                Step::Copy { src, .. } | Step::Reduce { src, .. } | Step::Fold { src, .. } => {
+                    acc.local(src.len)
+                }
+            }
+        }
+        out.push(acc.take(), 1);
+    }
+    out
+}
