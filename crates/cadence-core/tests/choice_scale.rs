@@ -92,3 +92,35 @@ fn choice_costs_per_new_shape() {
         }
     }
 }
+
+/// What one rank's schedule costs to build, per algorithm, at the largest
+/// n of `CADENCE_SCALE`: the choice builds the schedules of a few hosts'
+/// ranks per candidate, so an algorithm whose one rank costs O(n) (a ring's
+/// 2(n − 1) phases) makes the choice O(n) a shape.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn one_ranks_schedule_per_algorithm() {
+    use cadence_core::schedule;
+    let n = *sizes().last().expect("a size");
+    let hosts: Vec<usize> = (0..n).map(|r| r / 8).collect();
+    let topo = Topology::from_hosts(&hosts);
+    for (name, args) in shapes(n) {
+        for &a in schedule::algos_for(args.kind) {
+            if !schedule::applicable_on(&args, &topo, a) {
+                continue;
+            }
+            let ranks = [0, 7, n / 2];
+            let t = Instant::now();
+            let phases: usize = ranks
+                .iter()
+                .map(|&r| schedule::build_on(&args, r, &topo, a).unwrap().phases.len())
+                .sum();
+            println!(
+                "n = {n:5}, {name:22} {:20}: {:8.3} ms a rank, {:6} phases",
+                a.name(),
+                t.elapsed().as_secs_f64() * 1e3 / ranks.len() as f64,
+                phases / ranks.len()
+            );
+        }
+    }
+}

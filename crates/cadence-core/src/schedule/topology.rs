@@ -196,6 +196,10 @@ impl Topology {
     }
 
     /// The i-th rank of the ring order.
+    pub fn ring_rank(&self, i: usize) -> usize {
+        self.ring_at(i)
+    }
+
     fn ring_at(&self, i: usize) -> usize {
         match &self.order {
             Some(o) => o[i] as usize,
