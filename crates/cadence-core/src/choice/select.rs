@@ -153,9 +153,7 @@ impl Auto {
         // Each schedule is read into its loads and dropped (the estimate
         // keeps a few words a phase, not the steps).
         let estimate = |ranks: &mut dyn Iterator<Item = usize>, a: Algo| {
-            let loads: Result<Vec<_>, _> = ranks
-                .map(|r| schedule::build_on(args, r, topo, a).map(|s| pricing.loads(&s)))
-                .collect();
+            let loads: Result<Vec<_>, _> = ranks.map(|r| pricing.loads_of(args, r, a)).collect();
             loads.ok().map(|l| m.estimate_loads(&l, &pricing))
         };
         let candidates = schedule::algos_for(args.kind)

@@ -80,7 +80,28 @@ struct Tree {
     down: Vec<usize>,
 }
 
+/// The trees of the last few sizes, shared by every rank of the process:
+/// a tree is the same for all ranks of a job, and building one is O(n log n)
+/// (the choice builds a few hosts' ranks' schedules per call shape).
+static TREES: std::sync::Mutex<Vec<(usize, std::sync::Arc<Tree>)>> =
+    std::sync::Mutex::new(Vec::new());
+const TREES_KEPT: usize = 4;
+
 impl Tree {
+    /// [`Tree::new`], from [`TREES`] when built already.
+    fn shared(n: usize) -> std::sync::Arc<Tree> {
+        let mut kept = TREES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, t)) = kept.iter().find(|(m, _)| *m == n) {
+            return t.clone();
+        }
+        let t = std::sync::Arc::new(Tree::new(n));
+        if kept.len() == TREES_KEPT {
+            kept.remove(0);
+        }
+        kept.push((n, t.clone()));
+        t
+    }
+
     fn new(n: usize) -> Tree {
         let parent: Vec<Option<usize>> = (0..n)
             .map(|u| {
@@ -173,7 +194,7 @@ fn allreduce_in_segments(plan: &mut Plan, topo: &Topology, count: usize, segment
         .position(|&x| x == plan.rank)
         .expect("every rank is in the ring order");
     let rank_at = |t: usize, u: usize, n: usize| order[place_at(t, u, n)];
-    let tree = Tree::new(n);
+    let tree = Tree::shared(n);
     let halves = Blocks::balanced(count, 2);
     let mut events: Vec<Keyed> = Vec::new();
     for t in 0..2 {

@@ -210,7 +210,7 @@ pub fn applicable_on(args: &CollArgs, topo: &Topology, algo: Algo) -> bool {
     check_on(args, topo, algo).is_ok()
 }
 
-fn check_on(args: &CollArgs, topo: &Topology, algo: Algo) -> Result<(), ScheduleError> {
+pub(crate) fn check_on(args: &CollArgs, topo: &Topology, algo: Algo) -> Result<(), ScheduleError> {
     check(args, topo.nranks(), algo)?;
     if algo == Algo::Hierarchical && topo.uniform_ranks_per_host().is_none() {
         return Err(ScheduleError::NotUniform { algo });

@@ -40,10 +40,15 @@ use super::topology::Topology;
 const SLICE_ELEMS: usize = 16 * 1024;
 const MAX_SLICES: usize = 16;
 
+/// How many slices a chunk of `len` elements crossing hosts travels in.
+pub(crate) fn slice_count(len: usize) -> usize {
+    (len / SLICE_ELEMS).clamp(1, MAX_SLICES)
+}
+
 /// The slices of a chunk: both ends of a message compute them from the same
 /// chunk length, so they agree.
 fn slices(span: Span) -> impl Iterator<Item = Span> {
-    let k = (span.len / SLICE_ELEMS).clamp(1, MAX_SLICES);
+    let k = slice_count(span.len);
     let cut = Blocks::balanced_in(span.off, span.len, k);
     (0..k).map(move |i| cut.span(span.buf, i))
 }

@@ -200,6 +200,17 @@ impl Topology {
         self.ring_at(i)
     }
 
+    /// Where `rank` is in the ring order: O(1) in the default order of
+    /// consecutive hosts, a scan otherwise.
+    pub fn ring_pos(&self, rank: usize) -> usize {
+        if self.order.is_none() && self.by_host.is_none() {
+            return rank;
+        }
+        (0..self.nranks())
+            .find(|&i| self.ring_at(i) == rank)
+            .expect("every rank is in the ring order")
+    }
+
     fn ring_at(&self, i: usize) -> usize {
         match &self.order {
             Some(o) => o[i] as usize,

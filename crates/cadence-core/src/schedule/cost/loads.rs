@@ -58,6 +58,7 @@ impl<'f> Network<'f> {
 
 /// One rank's loads, phase after phase, equal consecutive phases as one run
 /// (see [`super::Pricing::loads`]).
+#[derive(Debug, PartialEq)]
 pub struct RankLoads {
     pub(super) rank: usize,
     /// (load, phases it lasts), never 0 phases.

@@ -32,10 +32,12 @@
 //! oversubscribed uplink twice then costs what it runs at, and `auto` can
 //! tell hierarchical in the found order from a torus in rank order.
 
+mod closed;
 mod loads;
 
-use super::ir::Schedule;
+use super::ir::{Algo, CollArgs, Schedule};
 use super::topology::Topology;
+use super::ScheduleError;
 use crate::fabric::pathfind::Fabric;
 pub use loads::RankLoads;
 use loads::{Network, PhaseLoad};
@@ -373,6 +375,24 @@ impl<'t> Pricing<'t> {
     /// What an estimate keeps of a rank's schedule.
     pub fn loads(&self, s: &Schedule) -> RankLoads {
         loads::of_schedule(s, self.topo, self.net.as_ref(), self.elem_size)
+    }
+
+    /// [`Pricing::loads`] of `rank`'s schedule of `algo` for `args`,
+    /// written down without building it where that is known (the
+    /// algorithms whose one rank has O(n) phases), else built.
+    pub fn loads_of(
+        &self,
+        args: &CollArgs,
+        rank: usize,
+        algo: Algo,
+    ) -> Result<RankLoads, ScheduleError> {
+        if super::check_on(args, self.topo, algo).is_ok() {
+            let net = self.net.as_ref();
+            if let Some(l) = closed::loads(args, rank, algo, self.topo, net, self.elem_size) {
+                return Ok(l);
+            }
+        }
+        super::build_on(args, rank, self.topo, algo).map(|s| self.loads(&s))
     }
 }
 
