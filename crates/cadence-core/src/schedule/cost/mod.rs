@@ -147,8 +147,9 @@ impl CostModel {
     /// schedule once read.
     ///
     /// Each host's phases are cut where any of its given ranks' runs (or,
-    /// with a fabric, its group's sums) change; every piece costs its
-    /// length times one phase's cost, so the work follows the runs.
+    /// with a fabric, its group's sums) change, and each piece's cost is
+    /// worked out once, so the work follows the runs (but for one addition
+    /// a phase).
     pub fn estimate_loads(&self, ranks: &[RankLoads], pricing: &Pricing) -> f64 {
         let (topo, net) = (pricing.topo, pricing.net.as_ref());
         // The given ranks by host, hosts numbered densely in order of first
@@ -214,7 +215,13 @@ impl CostModel {
                 };
                 for (p, t) in loads.iter().zip(&mut totals) {
                     if *p != PhaseLoad::default() {
-                        *t += (end - start) as f64 * self.phase_cost(p, &host, net);
+                        // Added phase by phase, not multiplied: the same
+                        // sum to the last bit as pricing each phase, so
+                        // near-ties fall as they always did.
+                        let c = self.phase_cost(p, &host, net);
+                        for _ in start..end {
+                            *t += c;
+                        }
                     }
                 }
                 start = end;
