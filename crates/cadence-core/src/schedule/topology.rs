@@ -247,6 +247,25 @@ impl Topology {
             .collect()
     }
 
+    /// [`Topology::chain_from`] without listing it: in the default ring
+    /// order a position's rank and a rank's position are arithmetic (the
+    /// root's host is one block of the order), so a tree's rank asks for
+    /// its log2(n) partners in O(1) each, not O(n) for the list.
+    pub fn chain(&self, root: usize) -> Chain<'_> {
+        if self.order.is_some() {
+            return Chain::Listed(self.chain_from(root));
+        }
+        let home = self.host_of(root);
+        let (start, end) = (self.starts[home] as usize, self.starts[home + 1] as usize);
+        let at = start + self.local_rank(root);
+        Chain::Default {
+            topo: self,
+            start,
+            end,
+            at,
+        }
+    }
+
     /// The chain of a pipelined broadcast from `root`: the ring order from
     /// the root on, except that the rest of the root's host comes first, so
     /// the chain leaves the root's host once (on one host: root, root+1, …,
@@ -263,9 +282,99 @@ impl Topology {
     }
 }
 
+/// A chain from a root ([`Topology::chain`]).
+pub enum Chain<'t> {
+    /// The default ring order: the root's host is its places
+    /// `start..end`, the root at place `at`.
+    Default {
+        topo: &'t Topology,
+        start: usize,
+        end: usize,
+        at: usize,
+    },
+    Listed(Vec<usize>),
+}
+
+impl Chain<'_> {
+    /// The rank at position `i` of the chain.
+    pub fn at(&self, i: usize) -> usize {
+        match self {
+            Chain::Listed(v) => v[i],
+            &Chain::Default {
+                topo,
+                start,
+                end,
+                at,
+            } => {
+                // The root's host from the root on, then its ranks before
+                // the root, then the other hosts from the next one on.
+                let home = end - start;
+                let place = if i < end - at {
+                    at + i
+                } else if i < home {
+                    start + (i - (end - at))
+                } else {
+                    (end + (i - home)) % topo.nranks()
+                };
+                topo.by_host(place)
+            }
+        }
+    }
+
+    /// The position of `rank` in the chain.
+    pub fn pos(&self, rank: usize) -> usize {
+        match self {
+            Chain::Listed(v) => v
+                .iter()
+                .position(|&r| r == rank)
+                .expect("every rank is in the chain"),
+            &Chain::Default {
+                topo,
+                start,
+                end,
+                at,
+            } => {
+                let n = topo.nranks();
+                let h = topo.host_of(rank);
+                let place = topo.starts[h] as usize + topo.local_rank(rank);
+                if (start..end).contains(&place) {
+                    if place >= at {
+                        place - at
+                    } else {
+                        (end - at) + (place - start)
+                    }
+                } else {
+                    (end - start) + (place + n - end) % n
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_answers_as_its_list() {
+        let topos = [
+            Topology::single_host(7),
+            Topology::from_hosts(&[0, 0, 0, 1, 1, 2, 2, 2, 3]),
+            Topology::from_hosts(&[0, 1, 0, 2, 1, 0, 2, 3]),
+            Topology::from_hosts(&[0, 0, 1, 1, 2, 2])
+                .with_host_order(&[2, 0, 1])
+                .unwrap(),
+        ];
+        for t in &topos {
+            for root in 0..t.nranks() {
+                let list = t.chain_from(root);
+                let chain = t.chain(root);
+                for (i, &r) in list.iter().enumerate() {
+                    assert_eq!((chain.at(i), chain.pos(r)), (r, i), "{t:?} root {root}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn consecutive_hosts_keep_no_default_order_and_answer_alike() {

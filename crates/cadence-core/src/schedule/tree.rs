@@ -31,7 +31,7 @@
 
 use super::ir::Span;
 use super::plan::Plan;
-use super::topology::Topology;
+use super::topology::{Chain, Topology};
 
 /// The rounds of a tree on n ranks: 0, 1, … while 2^k < n.
 fn rounds(n: usize) -> impl Iterator<Item = usize> {
@@ -39,12 +39,9 @@ fn rounds(n: usize) -> impl Iterator<Item = usize> {
 }
 
 /// The chain from `root` and this rank's virtual rank in it.
-fn virtual_ranks(plan: &Plan, topo: &Topology, root: usize) -> (Vec<usize>, usize) {
-    let chain = topo.chain_from(root);
-    let v = chain
-        .iter()
-        .position(|&r| r == plan.rank)
-        .expect("every rank is in the chain");
+fn virtual_ranks<'t>(plan: &Plan, topo: &'t Topology, root: usize) -> (Chain<'t>, usize) {
+    let chain = topo.chain(root);
+    let v = chain.pos(plan.rank);
     (chain, v)
 }
 
@@ -58,10 +55,10 @@ pub(crate) fn broadcast(plan: &mut Plan, topo: &Topology, count: usize, root: us
         let low = v & ((bit << 1) - 1);
         if low == 0 {
             if v + bit < n {
-                plan.phase().send(chain[v + bit], data);
+                plan.phase().send(chain.at(v + bit), data);
             }
         } else if low == bit {
-            plan.phase().recv(chain[v - bit], data);
+            plan.phase().recv(chain.at(v - bit), data);
         }
     }
 }
@@ -82,11 +79,11 @@ pub(crate) fn reduce(plan: &mut Plan, topo: &Topology, count: usize, root: usize
         let bit = 1 << k;
         let current = if started { acc } else { input };
         if v & bit != 0 {
-            plan.phase().send(chain[v - bit], current);
+            plan.phase().send(chain.at(v - bit), current);
             break;
         }
         if v + bit < n {
-            plan.phase().recv_reduce(chain[v + bit], acc, current);
+            plan.phase().recv_reduce(chain.at(v + bit), acc, current);
             started = true;
         }
     }
