@@ -164,6 +164,11 @@ impl Topology {
         self.members(h).collect()
     }
 
+    /// The rank with local rank `local` on host `h`.
+    pub fn rank_on(&self, h: usize, local: usize) -> usize {
+        self.by_host(self.starts[h] as usize + local)
+    }
+
     /// The lowest rank of host `h`.
     pub fn leader(&self, h: usize) -> usize {
         self.by_host(self.starts[h] as usize)

@@ -22,99 +22,251 @@ pub(super) fn loads(
     es: usize,
 ) -> Option<RankLoads> {
     let n = topo.nranks();
+    if n < 2 || rank >= n {
+        return None;
+    }
+    let counts = &args.counts[..];
+    let ring = || RingLoads::new(rank, topo, net, es);
     match (args.kind, algo) {
-        (CollKind::AllReduce, Algo::Ring) if n > 1 && rank < n => Some(ring_allreduce(
-            args.counts.first().copied().unwrap_or(0),
-            rank,
-            topo,
-            net,
-            es,
-        )),
+        (CollKind::AllReduce, Algo::Ring) => {
+            Some(ring().allreduce(counts.first().copied().unwrap_or(0)))
+        }
+        (CollKind::AllGather, Algo::Ring) => Some(ring().allgather(counts)),
+        (CollKind::ReduceScatter, Algo::Ring) => Some(ring().reduce_scatter(counts)),
+        (CollKind::AllGather, Algo::Hierarchical) => {
+            Some(hierarchical_allgather(counts, rank, topo, net, es))
+        }
         _ => None,
     }
 }
 
-/// `ring::allreduce`: a reduce-scatter pass, then an allgather pass, over
-/// n balanced chunks; a hop between hosts in slices.
-fn ring_allreduce(
-    count: usize,
-    rank: usize,
-    topo: &Topology,
-    net: Option<&Network>,
-    es: usize,
-) -> RankLoads {
-    let m = topo.nranks();
-    let pos = topo.ring_pos(rank);
-    let next = topo.ring_rank((pos + 1) % m);
-    let prev = topo.ring_rank((pos + m - 1) % m);
-    let me = topo.host_of(rank);
-    let (out_across, in_across) = (topo.host_of(next) != me, topo.host_of(prev) != me);
-    // Chunk c is [c·count/m, (c+1)·count/m) (`Blocks::balanced`).
-    let displ = |c: usize| (c as u128 * count as u128 / m as u128) as usize;
-    let len = |c: usize| displ(c + 1) - displ(c);
-    // (messages, longest) of a chunk of `l` elements on a hop.
-    let cut = |l: usize, across: bool| {
+/// One rank's steps around the flat ring (`ring.rs`): each sends a chunk
+/// to the next rank and receives one from the previous, in slices on a hop
+/// between hosts.
+struct RingLoads<'a> {
+    m: usize,
+    pos: usize,
+    next: usize,
+    prev: usize,
+    out_across: bool,
+    in_across: bool,
+    topo: &'a Topology,
+    acc: PhaseAcc<'a>,
+    out: RankLoads,
+}
+
+impl<'a> RingLoads<'a> {
+    fn new(rank: usize, topo: &'a Topology, net: Option<&'a Network<'a>>, es: usize) -> Self {
+        let m = topo.nranks();
+        let pos = topo.ring_pos(rank);
+        let next = topo.ring_rank((pos + 1) % m);
+        let prev = topo.ring_rank((pos + m - 1) % m);
+        let me = topo.host_of(rank);
+        RingLoads {
+            m,
+            pos,
+            next,
+            prev,
+            out_across: topo.host_of(next) != me,
+            in_across: topo.host_of(prev) != me,
+            topo,
+            acc: PhaseAcc::new(topo, net, es, rank),
+            out: RankLoads::new(rank),
+        }
+    }
+
+    /// The rank `k` places after this one in the ring.
+    fn member(&self, k: usize) -> usize {
+        self.topo.ring_rank((self.pos + k) % self.m)
+    }
+
+    /// (messages, longest) of a chunk of `l` elements on a hop.
+    fn cut(l: usize, across: bool) -> (usize, usize) {
         if across {
             let k = slice_count(l);
             (k, l.div_ceil(k))
         } else {
             (1, l)
         }
-    };
-    let mut acc = PhaseAcc::new(topo, net, es, rank);
-    let mut out = RankLoads::new(rank);
-    let step = |acc: &mut PhaseAcc, out: &mut RankLoads, send: usize, recv: usize, reduce| {
+    }
+
+    /// `times` steps sending `send` and receiving `recv` elements (reduced
+    /// on arrival or not); an empty step is no phase.
+    fn step(&mut self, send: usize, recv: usize, reduce: bool, times: usize) {
         if send == 0 && recv == 0 {
-            return; // an empty phase is dropped
+            return;
         }
         if send > 0 {
-            let (k, longest) = cut(send, out_across);
+            let (k, longest) = Self::cut(send, self.out_across);
+            self.acc.send(self.next, send, k, longest);
+        }
+        if recv > 0 {
+            let (k, longest) = Self::cut(recv, self.in_across);
+            self.acc.recv(self.prev, recv, k, longest, reduce);
+        }
+        self.out.push(self.acc.take(), times);
+    }
+
+    /// `ring::allreduce`: a reduce-scatter pass, then an allgather pass,
+    /// over n balanced chunks.
+    fn allreduce(mut self, count: usize) -> RankLoads {
+        let (m, pos) = (self.m, self.pos);
+        if count.is_multiple_of(m) {
+            // Every chunk alike: each pass is one run.
+            let l = count / m;
+            self.step(l, l, true, m - 1);
+            self.step(l, l, false, m - 1);
+            return self.out;
+        }
+        // Chunk c is [c·count/m, (c+1)·count/m) (`Blocks::balanced`).
+        let displ = |c: usize| (c as u128 * count as u128 / m as u128) as usize;
+        let len = |c: usize| displ(c + 1) - displ(c);
+        // In step s position p sends chunk p − s and receives chunk
+        // p − s − 1 (reduce-scatter), then sends p + 1 − s and receives
+        // p − s (allgather).
+        for s in 0..m - 1 {
+            self.step(
+                len((pos + m - s) % m),
+                len((pos + 2 * m - s - 1) % m),
+                true,
+                1,
+            );
+        }
+        for s in 0..m - 1 {
+            self.step(len((pos + 1 + m - s) % m), len((pos + m - s) % m), false, 1);
+        }
+        self.out
+    }
+
+    /// `ring::allgather`: the own block copied, then in step s the block
+    /// of the member s places back sent and that of s + 1 back received.
+    fn allgather(mut self, counts: &[usize]) -> RankLoads {
+        let (m, r) = (self.m, self.out.rank);
+        if counts[r] > 0 {
+            self.acc.local(counts[r]);
+            let copy = self.acc.take();
+            self.out.push(copy, 1);
+        }
+        if counts.iter().all(|&c| c == counts[0]) {
+            self.step(counts[0], counts[0], false, m - 1);
+            return self.out;
+        }
+        for s in 0..m - 1 {
+            let (send, recv) = (self.member(m - s), self.member(2 * m - s - 1));
+            self.step(counts[send], counts[recv], false, 1);
+        }
+        self.out
+    }
+
+    /// `ring::reduce_scatter`: in step s the partial block of the member
+    /// s + 1 places back passed on, the own contribution to that of s + 2
+    /// back reduced into what arrives.
+    fn reduce_scatter(mut self, counts: &[usize]) -> RankLoads {
+        let m = self.m;
+        if counts.iter().all(|&c| c == counts[0]) {
+            self.step(counts[0], counts[0], true, m - 1);
+            return self.out;
+        }
+        for s in 0..m - 1 {
+            let (send, recv) = (self.member(2 * m - s - 1), self.member(2 * m - s - 2));
+            self.step(counts[send], counts[recv], true, 1);
+        }
+        self.out
+    }
+}
+
+/// `hierarchical::allgather` on L ranks a host and H hosts: the own block
+/// copied; H − 1 steps of the column's ring across the hosts (a block each,
+/// sliced); then L − 1 steps of the host's ring, each passing a whole
+/// column group (H blocks, a message each) to the next local rank.
+fn hierarchical_allgather(
+    counts: &[usize],
+    rank: usize,
+    topo: &Topology,
+    net: Option<&Network>,
+    es: usize,
+) -> RankLoads {
+    let (nh, r) = (topo.nhosts(), rank);
+    let l = topo.uniform_ranks_per_host().unwrap_or(1);
+    let me = topo.local_rank(r);
+    // The hosts in ring order, and this host's place among them.
+    let hosts: Vec<usize> = if topo.is_default_order() {
+        (0..nh).collect()
+    } else {
+        topo.host_order()
+    };
+    let at = hosts
+        .iter()
+        .position(|&h| h == topo.host_of(r))
+        .expect("every host is in the host order");
+    let mut acc = PhaseAcc::new(topo, net, es, r);
+    let mut out = RankLoads::new(r);
+    if counts[r] > 0 {
+        acc.local(counts[r]);
+        out.push(acc.take(), 1);
+    }
+    // The column ring: in step s the block of the member s back is sent,
+    // that of s + 1 back received.
+    let column = |k: usize| topo.rank_on(hosts[(at + k) % nh], me);
+    let (next, prev) = (column(1), column(nh - 1));
+    let cut = |len: usize| {
+        let k = slice_count(len);
+        (k, len.div_ceil(k))
+    };
+    for s in 0..nh - 1 {
+        let (send, recv) = (counts[column(nh - s)], counts[column(2 * nh - s - 1)]);
+        if send == 0 && recv == 0 {
+            continue;
+        }
+        if send > 0 {
+            let (k, longest) = cut(send);
             acc.send(next, send, k, longest);
         }
         if recv > 0 {
-            let (k, longest) = cut(recv, in_across);
-            acc.recv(prev, recv, k, longest, reduce);
+            let (k, longest) = cut(recv);
+            acc.recv(prev, recv, k, longest, false);
         }
         out.push(acc.take(), 1);
-    };
-    if count.is_multiple_of(m) {
-        // Every chunk alike: each pass is one run.
-        let l = count / m;
-        for reduce in [true, false] {
-            let mut one = RankLoads::new(rank);
-            step(&mut acc, &mut one, l, l, reduce);
-            if let Some(&(p, _)) = one.runs.first() {
-                out.push(p, m - 1);
+    }
+    // The host's ring: column ℓ's group is its H blocks, each a message.
+    let alike = counts.iter().all(|&c| c == counts[0]);
+    let groups: Vec<(usize, usize, usize)> = (0..l)
+        .map(|c| {
+            if alike {
+                let b = counts[0];
+                return (nh * b, if b > 0 { nh } else { 0 }, b);
             }
+            let blocks = (0..nh).map(|h| counts[topo.rank_on(h, c)]);
+            let (sum, nonzero, longest) = blocks.fold((0, 0, 0), |(s, k, m), b| {
+                (s + b, k + usize::from(b > 0), m.max(b))
+            });
+            (sum, nonzero, longest)
+        })
+        .collect();
+    let host = topo.host_of(r);
+    let (lnext, lprev) = (
+        topo.rank_on(host, (me + 1) % l),
+        topo.rank_on(host, (me + l - 1) % l),
+    );
+    for s in 0..l - 1 {
+        let (send, recv) = (groups[(me + l - s) % l], groups[(me + 2 * l - s - 1) % l]);
+        if send.1 == 0 && recv.1 == 0 {
+            continue;
         }
-        return out;
-    }
-    // In step s position p sends chunk p − s and receives chunk p − s − 1
-    // (reduce-scatter), then sends p + 1 − s and receives p − s (allgather).
-    for s in 0..m - 1 {
-        step(
-            &mut acc,
-            &mut out,
-            len((pos + m - s) % m),
-            len((pos + 2 * m - s - 1) % m),
-            true,
-        );
-    }
-    for s in 0..m - 1 {
-        step(
-            &mut acc,
-            &mut out,
-            len((pos + 1 + m - s) % m),
-            len((pos + m - s) % m),
-            false,
-        );
+        if send.1 > 0 {
+            acc.send(lnext, send.0, send.1, send.2);
+        }
+        if recv.1 > 0 {
+            acc.recv(lprev, recv.0, recv.1, recv.2, false);
+        }
+        out.push(acc.take(), 1);
     }
     out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::{build_on, Algo, CollArgs, Topology};
+    use super::super::super::{applicable_on, build_on, Algo, CollArgs, Topology};
     use super::super::Pricing;
     use crate::fabric::pathfind::Fabric;
     use crate::types::CollKind;
@@ -153,41 +305,63 @@ mod tests {
         }
     }
 
+    /// The collectives written down, on `n` ranks with `count` elements
+    /// (blocks alike, and blocks of 0 to 2·count for the v-collectives).
+    fn cases(n: usize, count: usize, salt: usize) -> Vec<CollArgs> {
+        let uneven: Vec<usize> = (0..n)
+            .map(|r| (r * 7919 + salt) % (2 * count + 1))
+            .collect();
+        let args = |kind, counts| CollArgs {
+            kind,
+            root: 0,
+            counts,
+        };
+        vec![
+            args(CollKind::AllReduce, vec![count]),
+            args(CollKind::AllGather, vec![count; n]),
+            args(CollKind::AllGather, uneven.clone()),
+            args(CollKind::ReduceScatter, vec![count; n]),
+            args(CollKind::ReduceScatter, uneven),
+        ]
+    }
+
     #[test]
     fn written_down_loads_are_the_built_schedules_loads() {
         let mut checked = 0;
         for n in [2usize, 3, 5, 8, 13, 24, 37] {
-            let counts = [0, 1, n - 1, n, n + 1, 7 * n + 3, 16_384 * n + 5, 40_000 * n];
+            let counts = [0, 1, n - 1, n, n + 1, 7 * n + 3, 16_384 + 5, 40_000 * n];
             for topo in topologies(n) {
                 let f = fabric(topo.nhosts());
-                let nets = [None, (topo.nhosts() > 1).then_some(&f)];
-                for net in nets
-                    .iter()
-                    .filter(|x| x.is_some() || std::ptr::eq(*x, &nets[0]))
-                {
-                    for es in [1, 4] {
-                        let pricing = Pricing::new(&topo, *net, es);
-                        for &count in &counts {
-                            let args = CollArgs {
-                                kind: CollKind::AllReduce,
-                                root: 0,
-                                counts: vec![count],
-                            };
-                            for rank in 0..n {
-                                let built = build_on(&args, rank, &topo, Algo::Ring).unwrap();
-                                let want = pricing.loads(&built);
-                                let got = pricing.loads_of(&args, rank, Algo::Ring).unwrap();
-                                assert_eq!(
-                                    got, want,
-                                    "n {n}, count {count}, rank {rank}, {topo:?}"
-                                );
-                                checked += 1;
+                let nets = if topo.nhosts() > 1 {
+                    vec![None, Some(&f)]
+                } else {
+                    vec![None]
+                };
+                for (net, es) in nets.into_iter().flat_map(|x| [(x, 1), (x, 4)]) {
+                    let pricing = Pricing::new(&topo, net, es);
+                    for (salt, &count) in counts.iter().enumerate() {
+                        for args in cases(n, count, salt) {
+                            for algo in [Algo::Ring, Algo::Hierarchical] {
+                                if !applicable_on(&args, &topo, algo) {
+                                    continue;
+                                }
+                                for rank in 0..n {
+                                    let built = build_on(&args, rank, &topo, algo).unwrap();
+                                    let want = pricing.loads(&built);
+                                    let got = pricing.loads_of(&args, rank, algo).unwrap();
+                                    let kind = args.kind;
+                                    assert_eq!(
+                                        got, want,
+                                        "{algo:?} {kind} n {n}, {count}, rank {rank}, {topo:?}"
+                                    );
+                                    checked += 1;
+                                }
                             }
                         }
                     }
                 }
             }
         }
-        assert!(checked > 5000, "{checked}");
+        assert!(checked > 25_000, "{checked}");
     }
 }
