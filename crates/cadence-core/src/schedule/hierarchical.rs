@@ -57,7 +57,7 @@ use super::topology::Topology;
 /// at 1 Gbit/s, recursive doubling wins at 32 KiB (466 vs 624 µs) and the
 /// ring at 64 KiB (816 vs 1013 µs), where the bytes through each NIC
 /// decide (96 KiB vs 128 KiB).
-const CROSS_RING_MIN: usize = 8 * 1024;
+pub(crate) const CROSS_RING_MIN: usize = 8 * 1024;
 
 /// From this many elements per segment the allreduce is **pipelined**: the
 /// buffer is cut into up to [`MAX_SEGMENTS`] segments of at least this
@@ -73,12 +73,7 @@ pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
     let l = topo.uniform_ranks_per_host().unwrap_or(0);
     debug_assert!(l > 0, "hierarchical schedules need a uniform topology");
     let h = topo.nhosts();
-    // Pipelined segments must take the ring across (see below).
-    let k = if l > 1 && h > 1 && SEGMENT_MIN / l >= CROSS_RING_MIN {
-        (count / SEGMENT_MIN).clamp(1, MAX_SEGMENTS)
-    } else {
-        1
-    };
+    let k = segments(l, h, count);
     if k == 1 {
         allreduce_region(plan, topo, 0, count);
         return;
@@ -93,6 +88,17 @@ pub(crate) fn allreduce(plan: &mut Plan, topo: &Topology, count: usize) {
         let mut seg = Plan::new(plan.rank, plan.nranks);
         allreduce_region(&mut seg, topo, segments.off(j), segments.len(j));
         plan.overlay(seg, j * 2 * (h - 1));
+    }
+}
+
+/// How many pipelined segments an allreduce of `count` elements on `l`
+/// ranks a host and `h` hosts is cut into. Pipelined segments must take
+/// the ring across (see [`allreduce`]).
+pub(crate) fn segments(l: usize, h: usize, count: usize) -> usize {
+    if l > 1 && h > 1 && SEGMENT_MIN / l >= CROSS_RING_MIN {
+        (count / SEGMENT_MIN).clamp(1, MAX_SEGMENTS)
+    } else {
+        1
     }
 }
 

@@ -5,10 +5,11 @@
 //! schedule the generator builds ([`super::loads::of_schedule`]); the tests
 //! check every rank against it on many topologies and sizes.
 
+use super::super::hierarchical;
 use super::super::ir::{Algo, CollArgs};
 use super::super::ring::slice_count;
 use super::super::topology::Topology;
-use super::loads::{Network, PhaseAcc, RankLoads};
+use super::loads::{Network, PhaseAcc, RankLoads, RawLoad};
 use crate::types::CollKind;
 
 /// The loads of `rank`'s schedule of `algo` for `args`, when written down
@@ -33,6 +34,9 @@ pub(super) fn loads(
         }
         (CollKind::AllGather, Algo::Ring) => Some(ring().allgather(counts)),
         (CollKind::ReduceScatter, Algo::Ring) => Some(ring().reduce_scatter(counts)),
+        (CollKind::AllReduce, Algo::Hierarchical) => {
+            hierarchical_allreduce(counts.first().copied().unwrap_or(0), rank, topo, net, es)
+        }
         (CollKind::AllGather, Algo::Hierarchical) => {
             Some(hierarchical_allgather(counts, rank, topo, net, es))
         }
@@ -173,6 +177,121 @@ impl<'a> RingLoads<'a> {
         }
         self.out
     }
+}
+
+/// `hierarchical::allreduce` on L ranks a host and H hosts, when every
+/// segment's column takes the ring across (else `None`: a recursive
+/// doubling across hosts has few phases, cheap to build). Each segment is
+/// a reduce-scatter pass inside the host over L chunks, a ring allreduce of
+/// its chunk over the H hosts, an allgather pass inside the host; segment
+/// j's phases are laid from phase 2j(H − 1) on, over the others'.
+fn hierarchical_allreduce(
+    count: usize,
+    rank: usize,
+    topo: &Topology,
+    net: Option<&Network>,
+    es: usize,
+) -> Option<RankLoads> {
+    let (h, r) = (topo.nhosts(), rank);
+    let l = topo.uniform_ranks_per_host()?;
+    let k = hierarchical::segments(l, h, count);
+    let me = topo.local_rank(r);
+    let host = topo.host_of(r);
+    let hosts: Vec<usize> = if topo.is_default_order() {
+        (0..h).collect()
+    } else {
+        topo.host_order()
+    };
+    let at = hosts.iter().position(|&x| x == host)?;
+    let column = |i: usize| topo.rank_on(hosts[(at + i) % h], me);
+    let local = |i: usize| topo.rank_on(host, (me + i) % l);
+    // Chunk c of n over the `len` elements (`Blocks::balanced`).
+    let piece = |len: usize, n: usize, c: usize| {
+        let displ = |c: usize| (c as u128 * len as u128 / n as u128) as usize;
+        displ(c + 1) - displ(c)
+    };
+    let mut acc = PhaseAcc::new(topo, net, es, r);
+    let mut raw: Vec<RawLoad> = Vec::new();
+    let mut lay = |at: usize, phase: RawLoad| {
+        if raw.len() <= at {
+            raw.resize(at + 1, RawLoad::default());
+        }
+        raw[at].add(&phase);
+    };
+    for j in 0..k {
+        let len = piece(count, k, j);
+        let mut p = j * 2 * (h - 1);
+        let mut step = |acc: &mut PhaseAcc, send: (usize, usize), recv: (usize, usize), reduce| {
+            // (peer, elements) each way; a hop across hosts in slices.
+            for ((peer, n), out) in [(send, true), (recv, false)] {
+                if n == 0 {
+                    continue;
+                }
+                let (k, longest) = if topo.host_of(peer) != host {
+                    let k = slice_count(n);
+                    (k, n.div_ceil(k))
+                } else {
+                    (1, n)
+                };
+                if out {
+                    acc.send(peer, n, k, longest);
+                } else {
+                    acc.recv(peer, n, k, longest, reduce);
+                }
+            }
+            lay(p, acc.take_raw());
+            p += 1;
+        };
+        let whole = |c: usize| piece(len, l, c % l);
+        let (next, prev) = (local(1), local(l - 1));
+        let chunk = if l > 1 {
+            for s in 0..l - 1 {
+                let send = (next, whole(me + l - s));
+                let recv = (prev, whole(me + 2 * l - s - 1));
+                step(&mut acc, send, recv, true);
+            }
+            (me + 1) % l
+        } else {
+            0
+        };
+        let clen = whole(chunk);
+        if clen < hierarchical::CROSS_RING_MIN {
+            return None;
+        }
+        let sub = |c: usize| piece(clen, h, c % h);
+        let (cnext, cprev) = (column(1), column(h - 1));
+        for s in 0..h - 1 {
+            step(
+                &mut acc,
+                (cnext, sub(at + h - s)),
+                (cprev, sub(at + 2 * h - s - 1)),
+                true,
+            );
+        }
+        for s in 0..h - 1 {
+            step(
+                &mut acc,
+                (cnext, sub(at + 1 + h - s)),
+                (cprev, sub(at + h - s)),
+                false,
+            );
+        }
+        if l > 1 {
+            for s in 0..l - 1 {
+                step(
+                    &mut acc,
+                    (next, whole(me + 1 + l - s)),
+                    (prev, whole(me + l - s)),
+                    false,
+                );
+            }
+        }
+    }
+    let mut out = RankLoads::new(r);
+    for phase in raw.into_iter().filter(|p| !p.is_empty()) {
+        out.push(phase.finish(), 1);
+    }
+    Some(out)
 }
 
 /// `hierarchical::allgather` on L ranks a host and H hosts: the own block
@@ -327,9 +446,20 @@ mod tests {
 
     #[test]
     fn written_down_loads_are_the_built_schedules_loads() {
-        let mut checked = 0;
+        let (mut checked, mut written) = (0, 0);
         for n in [2usize, 3, 5, 8, 13, 24, 37] {
-            let counts = [0, 1, n - 1, n, n + 1, 7 * n + 3, 16_384 + 5, 40_000 * n];
+            // Up to pipelined hierarchical allreduces (3 segments of 1 MiB).
+            let counts = [
+                0,
+                1,
+                n - 1,
+                n,
+                n + 1,
+                7 * n + 3,
+                16_384 + 5,
+                40_000 * n,
+                (3 << 20) + 7,
+            ];
             for topo in topologies(n) {
                 let f = fabric(topo.nhosts());
                 let nets = if topo.nhosts() > 1 {
@@ -346,6 +476,11 @@ mod tests {
                                     continue;
                                 }
                                 for rank in 0..n {
+                                    let net_of = pricing.net.as_ref();
+                                    written += usize::from(
+                                        super::loads(&args, rank, algo, &topo, net_of, es)
+                                            .is_some(),
+                                    );
                                     let built = build_on(&args, rank, &topo, algo).unwrap();
                                     let want = pricing.loads(&built);
                                     let got = pricing.loads_of(&args, rank, algo).unwrap();
@@ -362,6 +497,6 @@ mod tests {
                 }
             }
         }
-        assert!(checked > 25_000, "{checked}");
+        assert!(checked > 25_000 && written > 20_000, "{checked}, {written}");
     }
 }

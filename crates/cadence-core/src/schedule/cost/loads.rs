@@ -90,6 +90,46 @@ impl RankLoads {
     }
 }
 
+/// A phase's load before its shared-memory bytes are settled: what
+/// phases laid over each other (a pipeline's segments) add up.
+#[derive(Default, Clone, Copy)]
+pub(super) struct RawLoad {
+    load: PhaseLoad,
+    shm_out: usize,
+    shm_in: usize,
+}
+
+impl RawLoad {
+    /// This phase and `o` in one.
+    pub fn add(&mut self, o: &RawLoad) {
+        let (p, q) = (&mut self.load, &o.load);
+        p.shm_msgs += q.shm_msgs;
+        p.tcp_out += q.tcp_out;
+        p.tcp_in += q.tcp_in;
+        p.tcp_msgs_out += q.tcp_msgs_out;
+        p.tcp_msgs_in += q.tcp_msgs_in;
+        p.local_bytes += q.local_bytes;
+        p.tcp_from |= q.tcp_from;
+        p.cross_out += q.cross_out;
+        p.cross_in += q.cross_in;
+        p.pair_secs = p.pair_secs.max(q.pair_secs);
+        self.shm_out += o.shm_out;
+        self.shm_in += o.shm_in;
+    }
+
+    /// Nothing moved or computed: a phase without steps.
+    pub fn is_empty(&self) -> bool {
+        self.load == PhaseLoad::default() && self.shm_out == 0 && self.shm_in == 0
+    }
+
+    pub fn finish(mut self) -> PhaseLoad {
+        // A shared-memory message costs its receiver the copy; the sender's
+        // side is one copy into the ring, counted as well.
+        self.load.shm_bytes = self.shm_out.max(self.shm_in);
+        self.load
+    }
+}
+
 /// One rank's messages in one phase, classified as the model sees them:
 /// the one place that says what a message costs which side.
 pub(super) struct PhaseAcc<'a> {
@@ -97,9 +137,7 @@ pub(super) struct PhaseAcc<'a> {
     net: Option<&'a Network<'a>>,
     es: usize,
     me: usize,
-    load: PhaseLoad,
-    shm_out: usize,
-    shm_in: usize,
+    raw: RawLoad,
 }
 
 impl<'a> PhaseAcc<'a> {
@@ -109,9 +147,7 @@ impl<'a> PhaseAcc<'a> {
             net,
             es,
             me: topo.host_of(rank),
-            load: PhaseLoad::default(),
-            shm_out: 0,
-            shm_in: 0,
+            raw: RawLoad::default(),
         }
     }
 
@@ -132,14 +168,13 @@ impl<'a> PhaseAcc<'a> {
         let to = self.topo.host_of(peer);
         let bytes = len * self.es;
         if to == self.me {
-            self.load.shm_msgs += k;
-            self.shm_out += bytes;
+            self.raw.load.shm_msgs += k;
+            self.raw.shm_out += bytes;
         } else {
-            let p = &mut self.load;
+            let (cross, secs) = self.pair(self.me, to, longest * self.es);
+            let p = &mut self.raw.load;
             p.tcp_msgs_out += k;
             p.tcp_out += bytes;
-            let (cross, secs) = self.pair(self.me, to, longest * self.es);
-            let p = &mut self.load;
             p.cross_out += if cross { bytes } else { 0 };
             p.pair_secs = p.pair_secs.max(secs);
         }
@@ -151,11 +186,11 @@ impl<'a> PhaseAcc<'a> {
         let from = self.topo.host_of(peer);
         let bytes = len * self.es;
         if from == self.me {
-            self.load.shm_msgs += k;
-            self.shm_in += bytes;
+            self.raw.load.shm_msgs += k;
+            self.raw.shm_in += bytes;
         } else {
             let (cross, secs) = self.pair(from, self.me, longest * self.es);
-            let p = &mut self.load;
+            let p = &mut self.raw.load;
             p.tcp_msgs_in += k;
             p.tcp_in += bytes;
             p.cross_in += if cross { bytes } else { 0 };
@@ -165,23 +200,23 @@ impl<'a> PhaseAcc<'a> {
             }
         }
         if reduce {
-            self.load.local_bytes += bytes;
+            self.raw.load.local_bytes += bytes;
         }
     }
 
     /// `len` elements of local copying or reducing.
     pub fn local(&mut self, len: usize) {
-        self.load.local_bytes += len * self.es;
+        self.raw.load.local_bytes += len * self.es;
     }
 
     /// The phase's load; the accumulator starts the next phase empty.
     pub fn take(&mut self) -> PhaseLoad {
-        // A shared-memory message costs its receiver the copy; the sender's
-        // side is one copy into the ring, counted as well.
-        self.load.shm_bytes = self.shm_out.max(self.shm_in);
-        self.shm_out = 0;
-        self.shm_in = 0;
-        std::mem::take(&mut self.load)
+        self.take_raw().finish()
+    }
+
+    /// [`PhaseAcc::take`] before its shared-memory bytes are settled.
+    pub fn take_raw(&mut self) -> RawLoad {
+        std::mem::take(&mut self.raw)
     }
 }
 
