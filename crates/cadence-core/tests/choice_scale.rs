@@ -27,7 +27,7 @@ fn sizes() -> Vec<usize> {
 }
 
 /// The call shapes a new job meets first: allreduces small to large, an
-/// allgather, a broadcast.
+/// allgather, a broadcast, a reduce-scatter, a reduce.
 fn shapes(n: usize) -> Vec<(&'static str, CollArgs)> {
     let one = |kind, count| CollArgs {
         kind,
@@ -47,6 +47,15 @@ fn shapes(n: usize) -> Vec<(&'static str, CollArgs)> {
             },
         ),
         ("broadcast 1 MiB", one(CollKind::Broadcast, 256 << 10)),
+        (
+            "reduce_scatter 4 KiB",
+            CollArgs {
+                kind: CollKind::ReduceScatter,
+                root: 0,
+                counts: vec![1 << 10; n],
+            },
+        ),
+        ("reduce 1 MiB", one(CollKind::Reduce, 256 << 10)),
     ]
 }
 

@@ -40,6 +40,9 @@ pub(super) fn loads(
         (CollKind::AllGather, Algo::Hierarchical) => {
             Some(hierarchical_allgather(counts, rank, topo, net, es))
         }
+        (CollKind::ReduceScatter, Algo::Hierarchical) => {
+            Some(hierarchical_reduce_scatter(counts, rank, topo, net, es))
+        }
         _ => None,
     }
 }
@@ -177,6 +180,101 @@ impl<'a> RingLoads<'a> {
         }
         self.out
     }
+}
+
+/// Each column's group (`hierarchical::column_group`: the blocks of its
+/// ranks, one a host, each its own message on the host's ring): (elements,
+/// non-empty blocks, the longest block).
+fn column_groups(counts: &[usize], topo: &Topology, l: usize) -> Vec<(usize, usize, usize)> {
+    let nh = topo.nhosts();
+    let alike = counts.iter().all(|&c| c == counts[0]);
+    (0..l)
+        .map(|c| {
+            if alike {
+                let b = counts[0];
+                return (nh * b, if b > 0 { nh } else { 0 }, b);
+            }
+            (0..nh)
+                .map(|h| counts[topo.rank_on(h, c)])
+                .fold((0, 0, 0), |(s, k, m), b| {
+                    (s + b, k + usize::from(b > 0), m.max(b))
+                })
+        })
+        .collect()
+}
+
+/// `hierarchical::reduce_scatter` on L ranks a host and H hosts: the host's
+/// ring reduce-scatters the column groups (L − 1 steps), then the column's
+/// ring across the hosts reduce-scatters the host's partial sums of its
+/// column (H − 1 steps, a block each, sliced); with one rank a host only
+/// the second, on one host only the first.
+fn hierarchical_reduce_scatter(
+    counts: &[usize],
+    rank: usize,
+    topo: &Topology,
+    net: Option<&Network>,
+    es: usize,
+) -> RankLoads {
+    let (nh, r) = (topo.nhosts(), rank);
+    let l = topo.uniform_ranks_per_host().unwrap_or(1);
+    let me = topo.local_rank(r);
+    let host = topo.host_of(r);
+    let mut acc = PhaseAcc::new(topo, net, es, r);
+    let mut out = RankLoads::new(r);
+    // One step: (peer, elements, messages, longest) each way, reduced on
+    // arrival; an empty step is no phase.
+    let mut step = |send: (usize, usize, usize, usize), recv: (usize, usize, usize, usize)| {
+        if send.2 == 0 && recv.2 == 0 {
+            return;
+        }
+        if send.2 > 0 {
+            acc.send(send.0, send.1, send.2, send.3);
+        }
+        if recv.2 > 0 {
+            acc.recv(recv.0, recv.1, recv.2, recv.3, true);
+        }
+        out.push(acc.take(), 1);
+    };
+    if l > 1 {
+        let groups = column_groups(counts, topo, l);
+        let (next, prev) = (
+            topo.rank_on(host, (me + 1) % l),
+            topo.rank_on(host, (me + l - 1) % l),
+        );
+        for s in 0..l - 1 {
+            let (g, h) = (
+                groups[(me + 2 * l - s - 1) % l],
+                groups[(me + 2 * l - s - 2) % l],
+            );
+            step((next, g.0, g.1, g.2), (prev, h.0, h.1, h.2));
+        }
+    }
+    if nh > 1 {
+        let hosts: Vec<usize> = if topo.is_default_order() {
+            (0..nh).collect()
+        } else {
+            topo.host_order()
+        };
+        let at = hosts
+            .iter()
+            .position(|&x| x == host)
+            .expect("every host is in the host order");
+        let column = |k: usize| topo.rank_on(hosts[(at + k) % nh], me);
+        let (next, prev) = (column(1), column(nh - 1));
+        // A block crossing hosts travels in slices.
+        let hop = |peer: usize, len: usize| {
+            let k = slice_count(len);
+            (peer, len, if len > 0 { k } else { 0 }, len.div_ceil(k))
+        };
+        for s in 0..nh - 1 {
+            let (send, recv) = (
+                counts[column(2 * nh - s - 1)],
+                counts[column(2 * nh - s - 2)],
+            );
+            step(hop(next, send), hop(prev, recv));
+        }
+    }
+    out
 }
 
 /// `hierarchical::allreduce` on L ranks a host and H hosts, when every
@@ -348,20 +446,7 @@ fn hierarchical_allgather(
         out.push(acc.take(), 1);
     }
     // The host's ring: column ℓ's group is its H blocks, each a message.
-    let alike = counts.iter().all(|&c| c == counts[0]);
-    let groups: Vec<(usize, usize, usize)> = (0..l)
-        .map(|c| {
-            if alike {
-                let b = counts[0];
-                return (nh * b, if b > 0 { nh } else { 0 }, b);
-            }
-            let blocks = (0..nh).map(|h| counts[topo.rank_on(h, c)]);
-            let (sum, nonzero, longest) = blocks.fold((0, 0, 0), |(s, k, m), b| {
-                (s + b, k + usize::from(b > 0), m.max(b))
-            });
-            (sum, nonzero, longest)
-        })
-        .collect();
+    let groups = column_groups(counts, topo, l);
     let host = topo.host_of(r);
     let (lnext, lprev) = (
         topo.rank_on(host, (me + 1) % l),
