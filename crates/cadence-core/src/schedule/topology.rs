@@ -164,6 +164,14 @@ impl Topology {
         self.members(h).collect()
     }
 
+    /// The ranks of host `h` as a range, when every host's ranks are
+    /// consecutive (as launchers place them); else None.
+    pub fn host_range(&self, h: usize) -> Option<std::ops::Range<usize>> {
+        self.host_of
+            .is_none()
+            .then(|| self.starts[h] as usize..self.starts[h + 1] as usize)
+    }
+
     /// The rank with local rank `local` on host `h`.
     pub fn rank_on(&self, h: usize, local: usize) -> usize {
         self.by_host(self.starts[h] as usize + local)

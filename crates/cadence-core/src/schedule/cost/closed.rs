@@ -9,7 +9,7 @@ use super::super::hierarchical;
 use super::super::ir::{Algo, CollArgs};
 use super::super::ring::slice_count;
 use super::super::topology::Topology;
-use super::loads::{Network, PhaseAcc, RankLoads, RawLoad};
+use super::loads::{Network, PhaseAcc, PhaseLoad, RankLoads, RawLoad};
 use crate::types::CollKind;
 
 /// The loads of `rank`'s schedule of `algo` for `args`, when written down
@@ -34,6 +34,12 @@ pub(super) fn loads(
         }
         (CollKind::AllGather, Algo::Ring) => Some(ring().allgather(counts)),
         (CollKind::ReduceScatter, Algo::Ring) => Some(ring().reduce_scatter(counts)),
+        (CollKind::AllReduce, Algo::Direct) => {
+            direct_allreduce(counts.first().copied().unwrap_or(0), rank, topo, net, es)
+        }
+        (CollKind::AllReduce, Algo::OneShot) => {
+            one_shot_allreduce(counts.first().copied().unwrap_or(0), rank, topo, net, es)
+        }
         (CollKind::AllReduce, Algo::Hierarchical) => {
             hierarchical_allreduce(counts.first().copied().unwrap_or(0), rank, topo, net, es)
         }
@@ -125,9 +131,8 @@ impl<'a> RingLoads<'a> {
             self.step(l, l, false, m - 1);
             return self.out;
         }
-        // Chunk c is [c·count/m, (c+1)·count/m) (`Blocks::balanced`).
-        let displ = |c: usize| (c as u128 * count as u128 / m as u128) as usize;
-        let len = |c: usize| displ(c + 1) - displ(c);
+        let chunks = Balanced { count, n: m };
+        let len = |c: usize| chunks.len(c);
         // In step s position p sends chunk p − s and receives chunk
         // p − s − 1 (reduce-scatter), then sends p + 1 − s and receives
         // p − s (allgather).
@@ -180,6 +185,126 @@ impl<'a> RingLoads<'a> {
         }
         self.out
     }
+}
+
+/// Chunk lengths of `count` elements cut into `n` (`Blocks::balanced`),
+/// summed over ranges of chunks in O(1).
+struct Balanced {
+    count: usize,
+    n: usize,
+}
+
+impl Balanced {
+    fn displ(&self, c: usize) -> usize {
+        // u64 where the product fits (several times faster than u128).
+        match (c as u64).checked_mul(self.count as u64) {
+            Some(x) => (x / self.n as u64) as usize,
+            None => (c as u128 * self.count as u128 / self.n as u128) as usize,
+        }
+    }
+
+    fn len(&self, c: usize) -> usize {
+        self.displ(c + 1) - self.displ(c)
+    }
+
+    /// (elements, non-empty chunks, the longest chunk) of chunks `range`:
+    /// chunks are q or q + 1 long, q = count / n.
+    fn over(&self, range: std::ops::Range<usize>) -> (usize, usize, usize) {
+        let k = range.len();
+        let sum = self.displ(range.end) - self.displ(range.start);
+        let q = self.count / self.n;
+        let nonzero = if q > 0 { k } else { sum };
+        (sum, nonzero, if sum > k * q { q + 1 } else { q })
+    }
+}
+
+/// `direct::allreduce` (hosts of consecutive ranks, else `None`): to each
+/// peer its chunk, from each a contribution to this rank's chunk (the first
+/// reduced on arrival, the others folded in), then this rank's finished
+/// chunk to every peer and theirs back. Summed host by host, O(hosts).
+fn direct_allreduce(
+    count: usize,
+    rank: usize,
+    topo: &Topology,
+    net: Option<&Network>,
+    es: usize,
+) -> Option<RankLoads> {
+    let n = topo.nranks();
+    let chunks = Balanced { count, n };
+    let own = chunks.len(rank);
+    let mut acc = PhaseAcc::new(topo, net, es, rank);
+    let mut out = RankLoads::new(rank);
+    // Both stages: per host, its peers' chunks one way and this rank's
+    // chunk (as many messages as peers there) the other.
+    for stage in 0..2 {
+        for h in 0..topo.nhosts() {
+            let range = topo.host_range(h)?;
+            let mut theirs = chunks.over(range.clone());
+            let mut peers = range.len();
+            if range.contains(&rank) {
+                theirs.0 -= own;
+                theirs.1 -= usize::from(own > 0);
+                peers -= 1;
+            }
+            if peers == 0 {
+                continue;
+            }
+            let mine = (own * peers, if own > 0 { peers } else { 0 }, own);
+            let (send, recv) = if stage == 0 {
+                (theirs, mine)
+            } else {
+                (mine, theirs)
+            };
+            if send.1 > 0 {
+                acc.send(range.start, send.0, send.1, send.2);
+            }
+            if recv.1 > 0 {
+                acc.recv(range.start, recv.0, recv.1, recv.2, false);
+            }
+        }
+        if stage == 0 && own > 0 {
+            // The first peer's contribution reduced on arrival, n − 2 folds.
+            acc.local(own * (n - 1));
+        }
+        let phase = acc.take();
+        if phase != PhaseLoad::default() {
+            out.push(phase, 1);
+        }
+    }
+    Some(out)
+}
+
+/// `direct::one_shot_allreduce` (hosts of consecutive ranks, else `None`):
+/// the whole input to every peer and theirs into slots (a rank other than
+/// 0 copies its own to its slot first), then n − 1 reductions and a copy.
+fn one_shot_allreduce(
+    count: usize,
+    rank: usize,
+    topo: &Topology,
+    net: Option<&Network>,
+    es: usize,
+) -> Option<RankLoads> {
+    let n = topo.nranks();
+    let mut acc = PhaseAcc::new(topo, net, es, rank);
+    let mut out = RankLoads::new(rank);
+    if count == 0 {
+        return Some(out);
+    }
+    if rank != 0 {
+        acc.local(count);
+    }
+    for h in 0..topo.nhosts() {
+        let range = topo.host_range(h)?;
+        let peers = range.len() - usize::from(range.contains(&rank));
+        if peers > 0 {
+            acc.send(range.start, count * peers, peers, count);
+            acc.recv(range.start, count * peers, peers, count, false);
+        }
+    }
+    out.push(acc.take(), 1);
+    acc.local(count * n);
+    out.push(acc.take(), 1);
+    Some(out)
 }
 
 /// Each column's group (`hierarchical::column_group`: the blocks of its
@@ -303,11 +428,8 @@ fn hierarchical_allreduce(
     let at = hosts.iter().position(|&x| x == host)?;
     let column = |i: usize| topo.rank_on(hosts[(at + i) % h], me);
     let local = |i: usize| topo.rank_on(host, (me + i) % l);
-    // Chunk c of n over the `len` elements (`Blocks::balanced`).
-    let piece = |len: usize, n: usize, c: usize| {
-        let displ = |c: usize| (c as u128 * len as u128 / n as u128) as usize;
-        displ(c + 1) - displ(c)
-    };
+    // Chunk c of n over the `len` elements.
+    let piece = |len: usize, n: usize, c: usize| Balanced { count: len, n }.len(c);
     let mut acc = PhaseAcc::new(topo, net, es, r);
     let mut raw: Vec<RawLoad> = Vec::new();
     let mut lay = |at: usize, phase: RawLoad| {
@@ -556,7 +678,9 @@ mod tests {
                     let pricing = Pricing::new(&topo, net, es);
                     for (salt, &count) in counts.iter().enumerate() {
                         for args in cases(n, count, salt) {
-                            for algo in [Algo::Ring, Algo::Hierarchical] {
+                            for algo in
+                                [Algo::Ring, Algo::Hierarchical, Algo::Direct, Algo::OneShot]
+                            {
                                 if !applicable_on(&args, &topo, algo) {
                                     continue;
                                 }
