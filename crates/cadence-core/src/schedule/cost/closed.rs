@@ -427,7 +427,6 @@ fn hierarchical_allreduce(
     };
     let at = hosts.iter().position(|&x| x == host)?;
     let column = |i: usize| topo.rank_on(hosts[(at + i) % h], me);
-    let local = |i: usize| topo.rank_on(host, (me + i) % l);
     // Chunk c of n over the `len` elements.
     let piece = |len: usize, n: usize, c: usize| Balanced { count: len, n }.len(c);
     let mut acc = PhaseAcc::new(topo, net, es, r);
@@ -442,28 +441,28 @@ fn hierarchical_allreduce(
         let len = piece(count, k, j);
         let mut p = j * 2 * (h - 1);
         let mut step = |acc: &mut PhaseAcc, send: (usize, usize), recv: (usize, usize), reduce| {
-            // (peer, elements) each way; a hop across hosts in slices.
+            // (peer's host, elements) each way; a hop across hosts in slices.
             for ((peer, n), out) in [(send, true), (recv, false)] {
                 if n == 0 {
                     continue;
                 }
-                let (k, longest) = if topo.host_of(peer) != host {
+                let (k, longest) = if peer != host {
                     let k = slice_count(n);
                     (k, n.div_ceil(k))
                 } else {
                     (1, n)
                 };
                 if out {
-                    acc.send(peer, n, k, longest);
+                    acc.send_to_host(peer, n, k, longest);
                 } else {
-                    acc.recv(peer, n, k, longest, reduce);
+                    acc.recv_from_host(peer, n, k, longest, reduce);
                 }
             }
             lay(p, acc.take_raw());
             p += 1;
         };
         let whole = |c: usize| piece(len, l, c % l);
-        let (next, prev) = (local(1), local(l - 1));
+        let (next, prev) = (host, host);
         let chunk = if l > 1 {
             for s in 0..l - 1 {
                 let send = (next, whole(me + l - s));
@@ -479,7 +478,7 @@ fn hierarchical_allreduce(
             return None;
         }
         let sub = |c: usize| piece(clen, h, c % h);
-        let (cnext, cprev) = (column(1), column(h - 1));
+        let (cnext, cprev) = (topo.host_of(column(1)), topo.host_of(column(h - 1)));
         for s in 0..h - 1 {
             step(
                 &mut acc,

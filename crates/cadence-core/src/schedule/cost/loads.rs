@@ -165,7 +165,11 @@ impl<'a> PhaseAcc<'a> {
 
     /// `len` elements to `peer` as `k` messages, the longest `longest`.
     pub fn send(&mut self, peer: usize, len: usize, k: usize, longest: usize) {
-        let to = self.topo.host_of(peer);
+        self.send_to_host(self.topo.host_of(peer), len, k, longest)
+    }
+
+    /// [`PhaseAcc::send`] to a rank on host `to`.
+    pub fn send_to_host(&mut self, to: usize, len: usize, k: usize, longest: usize) {
         let bytes = len * self.es;
         if to == self.me {
             self.raw.load.shm_msgs += k;
@@ -183,7 +187,18 @@ impl<'a> PhaseAcc<'a> {
     /// `len` elements from `peer` as `k` messages, the longest `longest`,
     /// reduced on arrival or not.
     pub fn recv(&mut self, peer: usize, len: usize, k: usize, longest: usize, reduce: bool) {
-        let from = self.topo.host_of(peer);
+        self.recv_from_host(self.topo.host_of(peer), len, k, longest, reduce)
+    }
+
+    /// [`PhaseAcc::recv`] from a rank on host `from`.
+    pub fn recv_from_host(
+        &mut self,
+        from: usize,
+        len: usize,
+        k: usize,
+        longest: usize,
+        reduce: bool,
+    ) {
         let bytes = len * self.es;
         if from == self.me {
             self.raw.load.shm_msgs += k;
