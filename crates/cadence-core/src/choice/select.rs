@@ -796,4 +796,54 @@ mod tests {
         assert!(same + close >= 290, "{same} + {close} of {total}");
         assert!(worst < 1.35, "worst {worst:.3}x");
     }
+
+    /// At 1,024 ranks (hosts of 8, and of 1) the representative hosts make
+    /// the choice pricing every rank makes, for the shapes a job meets
+    /// first (`tests/choice_scale.rs`) and odd sizes of them.
+    #[test]
+    fn representative_hosts_choose_as_every_rank_at_1024() {
+        let n = 1024;
+        for per in [8, 1] {
+            let hosts: Vec<usize> = (0..n).map(|r| r / per).collect();
+            let auto = Auto {
+                topo: Topology::from_hosts(&hosts),
+                model: Some(CostModel::default()),
+                measured_at_start: true,
+                ..Auto::flat(n)
+            };
+            let m = CostModel::default();
+            let mut shapes: Vec<CollArgs> = Vec::new();
+            for count in [2 << 10, (128 << 10) + 3, 8 << 20] {
+                shapes.push(ar(count));
+                for kind in [CollKind::Broadcast, CollKind::Reduce] {
+                    shapes.push(CollArgs {
+                        kind,
+                        root: 5,
+                        counts: vec![count],
+                    });
+                }
+            }
+            for each in [1 << 10, 777] {
+                for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+                    shapes.push(CollArgs {
+                        kind,
+                        root: 0,
+                        counts: vec![each; n],
+                    });
+                }
+            }
+            for args in shapes {
+                let allowed = |a| schedule::applicable_on(&args, &auto.topo, a);
+                let reps = auto.cheapest_over(&m, &args, 4, &allowed, EVERY_RANK_UP_TO);
+                let full = auto.cheapest_over(&m, &args, 4, &allowed, usize::MAX);
+                assert_eq!(
+                    reps,
+                    full,
+                    "{} of {:?}.. on hosts of {per}",
+                    args.kind,
+                    &args.counts[..1]
+                );
+            }
+        }
+    }
 }
