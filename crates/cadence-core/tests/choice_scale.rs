@@ -8,6 +8,9 @@
 //!
 //!     CADENCE_SCALE=1024,4096 cargo test --release -p cadence-core \
 //!         --test choice_scale -- --ignored --nocapture
+//!
+//! (`CADENCE_RACKS=1`: with a measured fabric of racks, as a start-up
+//! profile across 3 hosts or more installs.)
 
 use cadence_core::choice::{select_algo_on, AlgoOverride, Auto};
 use cadence_core::schedule::{CollArgs, CostModel, Topology};
@@ -59,6 +62,21 @@ fn shapes(n: usize) -> Vec<(&'static str, CollArgs)> {
     ]
 }
 
+/// With `CADENCE_RACKS` set, a measured fabric as a start-up profile
+/// gives one: hosts at 10 Gbit/s in racks of 32 whose uplinks carry 4
+/// hosts' worth.
+fn racks_of_32(nh: usize) -> cadence_core::fabric::pathfind::Fabric {
+    let nic = 1.25e9;
+    cadence_core::fabric::pathfind::Fabric {
+        rate: (0..nh)
+            .map(|a| (0..nh).map(|b| if a == b { 0.0 } else { nic }).collect())
+            .collect(),
+        group_of: (0..nh).map(|h| h / 32).collect(),
+        group_out: vec![4.0 * nic; nh.div_ceil(32)],
+        group_in: vec![4.0 * nic; nh.div_ceil(32)],
+    }
+}
+
 #[test]
 #[ignore = "a measurement: run with --ignored --nocapture"]
 fn choice_costs_per_new_shape() {
@@ -66,10 +84,12 @@ fn choice_costs_per_new_shape() {
     let mut rows: Vec<(usize, &str, f64, usize)> = Vec::new();
     for n in sizes() {
         let hosts: Vec<usize> = (0..n).map(|r| r / 8).collect();
+        let racks = std::env::var("CADENCE_RACKS").is_ok();
         let auto = Auto {
             topo: Topology::from_hosts(&hosts),
             model: Some(CostModel::default()),
             measured_at_start: true,
+            fabric: racks.then(|| std::sync::Arc::new(racks_of_32(n / 8))),
             ..Auto::flat(n)
         };
         for (name, args) in shapes(n) {

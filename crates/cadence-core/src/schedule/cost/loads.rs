@@ -7,6 +7,7 @@
 use super::super::ir::{Schedule, Step};
 use super::super::topology::Topology;
 use crate::fabric::pathfind::Fabric;
+use std::cell::Cell;
 
 /// What one rank moves in one phase.
 #[derive(Default, Clone, Copy, Debug, PartialEq)]
@@ -29,20 +30,47 @@ pub(super) struct PhaseLoad {
 }
 
 /// A fabric's per-host NIC rates and group of each host, for the model.
+/// A host's NIC rate (`fabric::infer::nic_estimates`: the fastest it sent
+/// or received alone) is worked out when first asked for: a choice prices
+/// a few hosts' ranks, and every host's would read the whole H × H matrix
+/// for each new call shape.
 pub(super) struct Network<'f> {
     pub fabric: &'f Fabric,
-    pub nic_out: Vec<f64>,
-    pub nic_in: Vec<f64>,
+    nic_out: Vec<Cell<f64>>,
+    nic_in: Vec<Cell<f64>>,
 }
 
 impl<'f> Network<'f> {
     pub fn new(fabric: &'f Fabric) -> Network<'f> {
-        let (nic_out, nic_in) = crate::fabric::infer::nic_estimates(&fabric.rate);
+        let unknown = || (0..fabric.nhosts()).map(|_| Cell::new(f64::NAN)).collect();
         Network {
             fabric,
-            nic_out,
-            nic_in,
+            nic_out: unknown(),
+            nic_in: unknown(),
         }
+    }
+
+    /// The fastest host `h` sent at alone.
+    pub fn nic_out(&self, h: usize) -> f64 {
+        let rate = &self.fabric.rate;
+        Self::known(&self.nic_out[h], || {
+            (0..rate.len()).filter(|&b| b != h).map(|b| rate[h][b])
+        })
+    }
+
+    /// The fastest host `h` received at alone.
+    pub fn nic_in(&self, h: usize) -> f64 {
+        let rate = &self.fabric.rate;
+        Self::known(&self.nic_in[h], || {
+            (0..rate.len()).filter(|&a| a != h).map(|a| rate[a][h])
+        })
+    }
+
+    fn known<I: Iterator<Item = f64>>(cell: &Cell<f64>, rates: impl Fn() -> I) -> f64 {
+        if cell.get().is_nan() {
+            cell.set(rates().fold(0.0f64, f64::max));
+        }
+        cell.get()
     }
 
     /// Seconds for `bytes` at `rate` bytes/s (a rate never measured: free,

@@ -244,8 +244,8 @@ impl CostModel {
             let wire = match net {
                 None => host.out.max(host.inn) as f64 * self.tcp.beta * incast,
                 Some(n) => {
-                    let nic = Network::secs(host.out, n.nic_out[host.host])
-                        .max(Network::secs(host.inn, n.nic_in[host.host]));
+                    let nic = Network::secs(host.out, n.nic_out(host.host))
+                        .max(Network::secs(host.inn, n.nic_in(host.host)));
                     (nic * incast).max(p.pair_secs).max(host.shared)
                 }
             };
