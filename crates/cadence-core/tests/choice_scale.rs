@@ -64,7 +64,7 @@ fn shapes(n: usize) -> Vec<(&'static str, CollArgs)> {
 
 /// With `CADENCE_RACKS` set, a measured fabric as a start-up profile
 /// gives one: hosts at 10 Gbit/s in racks of 32 whose uplinks carry 4
-/// hosts' worth.
+/// hosts' worth (and rings in a found order, not host order).
 fn racks_of_32(nh: usize) -> cadence_core::fabric::pathfind::Fabric {
     let nic = 1.25e9;
     cadence_core::fabric::pathfind::Fabric {
@@ -85,8 +85,20 @@ fn choice_costs_per_new_shape() {
     for n in sizes() {
         let hosts: Vec<usize> = (0..n).map(|r| r / 8).collect();
         let racks = std::env::var("CADENCE_RACKS").is_ok();
+        let mut topo = Topology::from_hosts(&hosts);
+        if racks {
+            // A found ring order, as the path finder gives: not host order.
+            let nh = topo.nhosts();
+            let order: Vec<usize> = (0..nh).map(|i| (i * 7) % nh).collect();
+            let order = if nh.is_multiple_of(7) {
+                (0..nh).rev().collect()
+            } else {
+                order
+            };
+            topo = topo.with_host_order(&order).unwrap();
+        }
         let auto = Auto {
-            topo: Topology::from_hosts(&hosts),
+            topo,
             model: Some(CostModel::default()),
             measured_at_start: true,
             fabric: racks.then(|| std::sync::Arc::new(racks_of_32(n / 8))),

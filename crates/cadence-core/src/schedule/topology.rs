@@ -39,6 +39,11 @@ pub struct Topology {
     /// The ring order (see the module comment) when not the default: a
     /// permutation of the ranks.
     order: Option<Vec<u32>>,
+    /// Where each host's ranks start in `order`, when it keeps each host's
+    /// ranks together in rank order (a host order, as
+    /// [`Topology::with_host_order`] gives): then a rank's place in the
+    /// ring and the host order are arithmetic, not a scan of the order.
+    block_at: Option<Vec<u32>>,
 }
 
 impl Topology {
@@ -90,6 +95,7 @@ impl Topology {
             by_host,
             starts,
             order: None,
+            block_at: None,
         }
     }
 
@@ -108,8 +114,39 @@ impl Topology {
             return Err(format!("ring order {order:?} does not list all {n} ranks"));
         }
         let default = order.iter().enumerate().all(|(i, &r)| r == self.by_host(i));
+        self.block_at = (!default).then(|| self.blocks_of(&order)).flatten();
         self.order = (!default).then(|| order.into_iter().map(|r| r as u32).collect());
         Ok(self)
+    }
+
+    /// Where each host's block starts in `order`, if every host's ranks
+    /// are together there in rank order.
+    fn blocks_of(&self, order: &[usize]) -> Option<Vec<u32>> {
+        let mut at = vec![u32::MAX; self.nhosts()];
+        let mut i = 0;
+        while i < order.len() {
+            let h = self.host_of(order[i]);
+            if at[h] != u32::MAX
+                || !self
+                    .members(h)
+                    .eq(order[i..].iter().copied().take(self.host_size(h)))
+            {
+                return None;
+            }
+            at[h] = i as u32;
+            i += self.host_size(h);
+        }
+        Some(at)
+    }
+
+    /// Where host `h`'s ranks start in the ring order, when they are
+    /// together there in rank order (always in the default order).
+    fn block_start(&self, h: usize) -> Option<usize> {
+        match (&self.order, &self.block_at) {
+            (None, _) => Some(self.starts[h] as usize),
+            (Some(_), Some(at)) => Some(at[h] as usize),
+            (Some(_), None) => None,
+        }
     }
 
     /// Rings visit the hosts in `hosts` (a permutation of the host indices),
@@ -213,11 +250,14 @@ impl Topology {
         self.ring_at(i)
     }
 
-    /// Where `rank` is in the ring order: O(1) in the default order of
-    /// consecutive hosts, a scan otherwise.
+    /// Where `rank` is in the ring order: arithmetic when each host's
+    /// ranks are together in it (a host order), a scan otherwise.
     pub fn ring_pos(&self, rank: usize) -> usize {
         if self.order.is_none() && self.by_host.is_none() {
             return rank;
+        }
+        if let Some(at) = self.block_start(self.host_of(rank)) {
+            return at + self.local_rank(rank);
         }
         (0..self.nranks())
             .find(|&i| self.ring_at(i) == rank)
@@ -238,6 +278,14 @@ impl Topology {
 
     /// The hosts in the order the ring order first reaches them.
     pub fn host_order(&self) -> Vec<usize> {
+        if self.order.is_none() {
+            return (0..self.nhosts()).collect();
+        }
+        if let Some(at) = &self.block_at {
+            let mut hosts: Vec<usize> = (0..self.nhosts()).collect();
+            hosts.sort_unstable_by_key(|&h| at[h]);
+            return hosts;
+        }
         let mut seen = vec![false; self.nhosts()];
         (0..self.nranks())
             .map(|i| self.host_of(self.ring_at(i)))
@@ -260,16 +308,17 @@ impl Topology {
             .collect()
     }
 
-    /// [`Topology::chain_from`] without listing it: in the default ring
-    /// order a position's rank and a rank's position are arithmetic (the
-    /// root's host is one block of the order), so a tree's rank asks for
-    /// its log2(n) partners in O(1) each, not O(n) for the list.
+    /// [`Topology::chain_from`] without listing it: where each host's
+    /// ranks are together in the ring order (the default, or a host order)
+    /// a position's rank and a rank's position are arithmetic (the root's
+    /// host is one block of the order), so a tree's rank asks for its
+    /// log2(n) partners in O(1) each, not O(n) for the list.
     pub fn chain(&self, root: usize) -> Chain<'_> {
-        if self.order.is_some() {
-            return Chain::Listed(self.chain_from(root));
-        }
         let home = self.host_of(root);
-        let (start, end) = (self.starts[home] as usize, self.starts[home + 1] as usize);
+        let Some(start) = self.block_start(home) else {
+            return Chain::Listed(self.chain_from(root));
+        };
+        let end = start + self.host_size(home);
         let at = start + self.local_rank(root);
         Chain::Default {
             topo: self,
@@ -297,7 +346,7 @@ impl Topology {
 
 /// A chain from a root ([`Topology::chain`]).
 pub enum Chain<'t> {
-    /// The default ring order: the root's host is its places
+    /// Hosts together in the ring order: the root's host is its places
     /// `start..end`, the root at place `at`.
     Default {
         topo: &'t Topology,
@@ -329,7 +378,7 @@ impl Chain<'_> {
                 } else {
                     (end + (i - home)) % topo.nranks()
                 };
-                topo.by_host(place)
+                topo.ring_at(place)
             }
         }
     }
@@ -348,8 +397,7 @@ impl Chain<'_> {
                 at,
             } => {
                 let n = topo.nranks();
-                let h = topo.host_of(rank);
-                let place = topo.starts[h] as usize + topo.local_rank(rank);
+                let place = topo.ring_pos(rank);
                 if (start..end).contains(&place) {
                     if place >= at {
                         place - at
@@ -369,7 +417,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_chain_answers_as_its_list() {
+    fn a_chain_and_ring_places_answer_as_their_lists() {
         let topos = [
             Topology::single_host(7),
             Topology::from_hosts(&[0, 0, 0, 1, 1, 2, 2, 2, 3]),
@@ -377,8 +425,24 @@ mod tests {
             Topology::from_hosts(&[0, 0, 1, 1, 2, 2])
                 .with_host_order(&[2, 0, 1])
                 .unwrap(),
+            Topology::from_hosts(&[0, 1, 0, 2, 1, 0, 2, 3])
+                .with_host_order(&[3, 1, 0, 2])
+                .unwrap(),
+            Topology::from_hosts(&[0, 0, 1, 1, 2, 2])
+                .with_order(vec![1, 0, 2, 3, 5, 4])
+                .unwrap(),
         ];
         for t in &topos {
+            // Positions and the host order, against their definitions.
+            let mut first_reached = Vec::new();
+            for i in 0..t.nranks() {
+                assert_eq!(t.ring_pos(t.ring_rank(i)), i, "{t:?}");
+                let h = t.host_of(t.ring_rank(i));
+                if !first_reached.contains(&h) {
+                    first_reached.push(h);
+                }
+            }
+            assert_eq!(t.host_order(), first_reached, "{t:?}");
             for root in 0..t.nranks() {
                 let list = t.chain_from(root);
                 let chain = t.chain(root);

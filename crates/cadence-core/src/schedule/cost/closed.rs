@@ -375,11 +375,7 @@ fn hierarchical_reduce_scatter(
         }
     }
     if nh > 1 {
-        let hosts: Vec<usize> = if topo.is_default_order() {
-            (0..nh).collect()
-        } else {
-            topo.host_order()
-        };
+        let hosts: Vec<usize> = topo.host_order();
         let at = hosts
             .iter()
             .position(|&x| x == host)
@@ -420,11 +416,7 @@ fn hierarchical_allreduce(
     let k = hierarchical::segments(l, h, count);
     let me = topo.local_rank(r);
     let host = topo.host_of(r);
-    let hosts: Vec<usize> = if topo.is_default_order() {
-        (0..h).collect()
-    } else {
-        topo.host_order()
-    };
+    let hosts: Vec<usize> = topo.host_order();
     let at = hosts.iter().position(|&x| x == host)?;
     let column = |i: usize| topo.rank_on(hosts[(at + i) % h], me);
     // Chunk c of n over the `len` elements.
@@ -528,11 +520,7 @@ fn hierarchical_allgather(
     let l = topo.uniform_ranks_per_host().unwrap_or(1);
     let me = topo.local_rank(r);
     // The hosts in ring order, and this host's place among them.
-    let hosts: Vec<usize> = if topo.is_default_order() {
-        (0..nh).collect()
-    } else {
-        topo.host_order()
-    };
+    let hosts: Vec<usize> = topo.host_order();
     let at = hosts
         .iter()
         .position(|&h| h == topo.host_of(r))
