@@ -37,7 +37,7 @@ const MAX_SEGMENTS: usize = 1024;
 /// Segments for `count` elements on n ranks: `count / SEGMENT_ELEMS` for
 /// large buffers, capped at `MAX_SEGMENTS`, at least `max(n, MIN_SEGMENTS)`,
 /// and never more than the elements (so none is empty; 0 for count 0).
-fn segments_for(count: usize, n: usize) -> usize {
+pub(crate) fn segments_for(count: usize, n: usize) -> usize {
     count
         .div_ceil(SEGMENT_ELEMS)
         .min(MAX_SEGMENTS)

@@ -5,10 +5,10 @@
 //! schedule the generator builds ([`super::loads::of_schedule`]); the tests
 //! check every rank against it on many topologies and sizes.
 
-use super::super::hierarchical;
 use super::super::ir::{Algo, CollArgs};
 use super::super::ring::slice_count;
 use super::super::topology::Topology;
+use super::super::{hierarchical, pipelined_chain};
 use super::loads::{Network, PhaseAcc, PhaseLoad, RankLoads, RawLoad};
 use crate::types::CollKind;
 
@@ -39,6 +39,15 @@ pub(super) fn loads(
         }
         (CollKind::AllReduce, Algo::OneShot) => {
             one_shot_allreduce(counts.first().copied().unwrap_or(0), rank, topo, net, es)
+        }
+        (CollKind::Reduce, Algo::ReduceScatterGather) => {
+            Some(rooted(args, rank, topo, net, es).reduce_scatter_gather())
+        }
+        (CollKind::Broadcast, Algo::ScatterAllgather) => {
+            Some(rooted(args, rank, topo, net, es).scatter_allgather())
+        }
+        (CollKind::Broadcast, Algo::PipelinedChain) => {
+            Some(rooted(args, rank, topo, net, es).pipelined_chain())
         }
         (CollKind::AllReduce, Algo::Hierarchical) => {
             hierarchical_allreduce(counts.first().copied().unwrap_or(0), rank, topo, net, es)
@@ -305,6 +314,142 @@ fn one_shot_allreduce(
     acc.local(count * n);
     out.push(acc.take(), 1);
     Some(out)
+}
+
+fn rooted<'a>(
+    args: &CollArgs,
+    rank: usize,
+    topo: &'a Topology,
+    net: Option<&'a Network<'a>>,
+    es: usize,
+) -> Rooted<'a> {
+    Rooted {
+        count: args.counts.first().copied().unwrap_or(0),
+        root: args.root,
+        rank,
+        topo,
+        acc: PhaseAcc::new(topo, net, es, rank),
+        out: RankLoads::new(rank),
+    }
+}
+
+/// The rooted algorithms whose one rank has O(n) phases (`two_stage.rs`,
+/// `pipelined_chain.rs`): rings in virtual-rank order (the root is 0)
+/// or along the chain from the root, one message a step each way.
+struct Rooted<'a> {
+    count: usize,
+    root: usize,
+    rank: usize,
+    topo: &'a Topology,
+    acc: PhaseAcc<'a>,
+    out: RankLoads,
+}
+
+impl Rooted<'_> {
+    /// One phase: (peer, elements) to send and to receive (reduced on
+    /// arrival or not); nothing to move is no phase.
+    fn step(&mut self, send: Option<(usize, usize)>, recv: Option<(usize, usize)>, reduce: bool) {
+        let mut any = false;
+        if let Some((peer, len)) = send.filter(|s| s.1 > 0) {
+            self.acc.send(peer, len, 1, len);
+            any = true;
+        }
+        if let Some((peer, len)) = recv.filter(|r| r.1 > 0) {
+            self.acc.recv(peer, len, 1, len, reduce);
+            any = true;
+        }
+        if any {
+            let phase = self.acc.take();
+            self.out.push(phase, 1);
+        }
+    }
+
+    /// `two_stage::reduce`: a reduce-scatter pass around the virtual ring,
+    /// then every rank's finished chunk to the root.
+    fn reduce_scatter_gather(mut self) -> RankLoads {
+        let n = self.topo.nranks();
+        let (root, v) = (self.root, (self.rank + n - self.root) % n);
+        let real = |u: usize| (u % n + root) % n;
+        let chunks = Balanced {
+            count: self.count,
+            n,
+        };
+        let (next, prev) = (real(v + 1), real(v + n - 1));
+        for s in 0..n - 1 {
+            let send = chunks.len((v + n - s) % n);
+            let recv = chunks.len((v + 2 * n - s - 1) % n);
+            self.step(Some((next, send)), Some((prev, recv)), true);
+        }
+        if v == 0 {
+            for u in 1..n {
+                let len = chunks.len((u + 1) % n);
+                if len > 0 {
+                    self.acc.recv(real(u), len, 1, len, false);
+                }
+            }
+            let phase = self.acc.take();
+            if phase != PhaseLoad::default() {
+                self.out.push(phase, 1);
+            }
+        } else {
+            self.step(Some((real(0), chunks.len((v + 1) % n))), None, false);
+        }
+        self.out
+    }
+
+    /// `two_stage::broadcast`: the root scatters n chunks, then an
+    /// allgather pass around the virtual ring (the root only sends, the
+    /// last only receives).
+    fn scatter_allgather(mut self) -> RankLoads {
+        let n = self.topo.nranks();
+        let (root, v) = (self.root, (self.rank + n - self.root) % n);
+        let real = |u: usize| (u % n + root) % n;
+        let chunks = Balanced {
+            count: self.count,
+            n,
+        };
+        if v == 0 {
+            for u in 1..n {
+                let len = chunks.len(u);
+                if len > 0 {
+                    self.acc.send(real(u), len, 1, len);
+                }
+            }
+            let phase = self.acc.take();
+            if phase != PhaseLoad::default() {
+                self.out.push(phase, 1);
+            }
+        } else {
+            self.step(None, Some((real(0), chunks.len(v))), false);
+        }
+        for s in 0..n - 1 {
+            let send = (v != n - 1).then(|| (real(v + 1), chunks.len((v + n - s) % n)));
+            let recv = (v != 0).then(|| (real(v + n - 1), chunks.len((v + 2 * n - s - 1) % n)));
+            self.step(send, recv, false);
+        }
+        self.out
+    }
+
+    /// `pipelined_chain::broadcast`: segments down the chain from the root,
+    /// this rank receiving segment j in slot i + j − 1 and passing it on
+    /// in slot i + j.
+    fn pipelined_chain(mut self) -> RankLoads {
+        let n = self.topo.nranks();
+        let chain = self.topo.chain(self.root);
+        let i = chain.pos(self.rank);
+        let (next, prev) = (chain.at((i + 1) % n), chain.at((i + n - 1) % n));
+        let s = pipelined_chain::segments_for(self.count, n);
+        let segs = Balanced {
+            count: self.count,
+            n: s.max(1),
+        };
+        for t in i.saturating_sub(1)..i + s {
+            let recv = (i > 0 && t + 1 >= i && t + 1 - i < s).then(|| (prev, segs.len(t + 1 - i)));
+            let send = (i + 1 < n && t >= i && t - i < s).then(|| (next, segs.len(t - i)));
+            self.step(send, recv, false);
+        }
+        self.out
+    }
 }
 
 /// Each column's group (`hierarchical::column_group`: the blocks of its
@@ -635,6 +780,16 @@ mod tests {
             args(CollKind::AllGather, uneven.clone()),
             args(CollKind::ReduceScatter, vec![count; n]),
             args(CollKind::ReduceScatter, uneven),
+            CollArgs {
+                kind: CollKind::Reduce,
+                root: salt % n,
+                counts: vec![count],
+            },
+            CollArgs {
+                kind: CollKind::Broadcast,
+                root: (salt * 3) % n,
+                counts: vec![count],
+            },
         ]
     }
 
@@ -665,9 +820,15 @@ mod tests {
                     let pricing = Pricing::new(&topo, net, es);
                     for (salt, &count) in counts.iter().enumerate() {
                         for args in cases(n, count, salt) {
-                            for algo in
-                                [Algo::Ring, Algo::Hierarchical, Algo::Direct, Algo::OneShot]
-                            {
+                            for algo in [
+                                Algo::Ring,
+                                Algo::Hierarchical,
+                                Algo::Direct,
+                                Algo::OneShot,
+                                Algo::ReduceScatterGather,
+                                Algo::ScatterAllgather,
+                                Algo::PipelinedChain,
+                            ] {
                                 if !applicable_on(&args, &topo, algo) {
                                     continue;
                                 }
