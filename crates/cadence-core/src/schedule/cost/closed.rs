@@ -567,44 +567,46 @@ fn hierarchical_allreduce(
     // Chunk c of n over the `len` elements.
     let piece = |len: usize, n: usize, c: usize| Balanced { count: len, n }.len(c);
     let mut acc = PhaseAcc::new(topo, net, es, r);
-    let mut raw: Vec<RawLoad> = Vec::new();
-    let mut lay = |at: usize, phase: RawLoad| {
-        if raw.len() <= at {
-            raw.resize(at + 1, RawLoad::default());
-        }
-        raw[at].add(&phase);
-    };
+    // Each segment's phases as runs (first phase, phases, load), laid at
+    // the segment's offset; summed where they overlap at the end.
+    let mut runs: Vec<(usize, usize, RawLoad)> = Vec::new();
     for j in 0..k {
         let len = piece(count, k, j);
         let mut p = j * 2 * (h - 1);
-        let mut step = |acc: &mut PhaseAcc, send: (usize, usize), recv: (usize, usize), reduce| {
-            // (peer's host, elements) each way; a hop across hosts in slices.
-            for ((peer, n), out) in [(send, true), (recv, false)] {
-                if n == 0 {
-                    continue;
+        // `times` equal steps: (peer's host, elements) each way; a hop
+        // across hosts in slices.
+        let mut step =
+            |acc: &mut PhaseAcc, send: (usize, usize), recv: (usize, usize), reduce, times| {
+                for ((peer, n), out) in [(send, true), (recv, false)] {
+                    if n == 0 {
+                        continue;
+                    }
+                    let (k, longest) = if peer != host {
+                        let k = slice_count(n);
+                        (k, n.div_ceil(k))
+                    } else {
+                        (1, n)
+                    };
+                    if out {
+                        acc.send_to_host(peer, n, k, longest);
+                    } else {
+                        acc.recv_from_host(peer, n, k, longest, reduce);
+                    }
                 }
-                let (k, longest) = if peer != host {
-                    let k = slice_count(n);
-                    (k, n.div_ceil(k))
-                } else {
-                    (1, n)
-                };
-                if out {
-                    acc.send_to_host(peer, n, k, longest);
-                } else {
-                    acc.recv_from_host(peer, n, k, longest, reduce);
+                let raw = acc.take_raw();
+                match runs.last_mut() {
+                    Some((a, n, last)) if *a + *n == p && *last == raw => *n += times,
+                    _ => runs.push((p, times, raw)),
                 }
-            }
-            lay(p, acc.take_raw());
-            p += 1;
-        };
+                p += times;
+            };
         let whole = |c: usize| piece(len, l, c % l);
         let (next, prev) = (host, host);
         let chunk = if l > 1 {
             for s in 0..l - 1 {
                 let send = (next, whole(me + l - s));
                 let recv = (prev, whole(me + 2 * l - s - 1));
-                step(&mut acc, send, recv, true);
+                step(&mut acc, send, recv, true, 1);
             }
             (me + 1) % l
         } else {
@@ -616,38 +618,58 @@ fn hierarchical_allreduce(
         }
         let sub = |c: usize| piece(clen, h, c % h);
         let (cnext, cprev) = (topo.host_of(column(1)), topo.host_of(column(h - 1)));
-        for s in 0..h - 1 {
-            step(
-                &mut acc,
-                (cnext, sub(at + h - s)),
-                (cprev, sub(at + 2 * h - s - 1)),
-                true,
-            );
-        }
-        for s in 0..h - 1 {
-            step(
-                &mut acc,
-                (cnext, sub(at + 1 + h - s)),
-                (cprev, sub(at + h - s)),
-                false,
-            );
+        if clen.is_multiple_of(h) {
+            // Sub-chunks alike: each pass across is one run.
+            let each = clen / h;
+            step(&mut acc, (cnext, each), (cprev, each), true, h - 1);
+            step(&mut acc, (cnext, each), (cprev, each), false, h - 1);
+        } else {
+            for s in 0..h - 1 {
+                let (send, recv) = (sub(at + h - s), sub(at + 2 * h - s - 1));
+                step(&mut acc, (cnext, send), (cprev, recv), true, 1);
+            }
+            for s in 0..h - 1 {
+                let (send, recv) = (sub(at + 1 + h - s), sub(at + h - s));
+                step(&mut acc, (cnext, send), (cprev, recv), false, 1);
+            }
         }
         if l > 1 {
             for s in 0..l - 1 {
-                step(
-                    &mut acc,
-                    (next, whole(me + 1 + l - s)),
-                    (prev, whole(me + l - s)),
-                    false,
-                );
+                let (send, recv) = (whole(me + 1 + l - s), whole(me + l - s));
+                step(&mut acc, (next, send), (prev, recv), false, 1);
             }
         }
     }
-    let mut out = RankLoads::new(r);
-    for phase in raw.into_iter().filter(|p| !p.is_empty()) {
-        out.push(phase.finish(), 1);
+    Some(overlaid(&runs, r))
+}
+
+/// The loads of runs (first phase, phases, load) laid over each other:
+/// each piece between two run boundaries is the sum of the runs over it;
+/// phases where nothing moves are dropped, as a built plan drops them.
+fn overlaid(runs: &[(usize, usize, RawLoad)], rank: usize) -> RankLoads {
+    let mut cuts: Vec<usize> = runs.iter().flat_map(|&(a, n, _)| [a, a + n]).collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by_key(|&i| runs[i].0);
+    let (mut active, mut next) = (Vec::new(), 0);
+    let mut out = RankLoads::new(rank);
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        while next < order.len() && runs[order[next]].0 <= a {
+            active.push(order[next]);
+            next += 1;
+        }
+        active.retain(|&i| runs[i].0 + runs[i].1 > a);
+        let mut sum = RawLoad::default();
+        for &i in &active {
+            sum.add(&runs[i].2);
+        }
+        if !sum.is_empty() {
+            out.push(sum.finish(), b - a);
+        }
     }
-    Some(out)
+    out
 }
 
 /// `hierarchical::allgather` on L ranks a host and H hosts: the own block
@@ -797,18 +819,10 @@ mod tests {
     fn written_down_loads_are_the_built_schedules_loads() {
         let (mut checked, mut written) = (0, 0);
         for n in [2usize, 3, 5, 8, 13, 24, 37] {
-            // Up to pipelined hierarchical allreduces (3 segments of 1 MiB).
-            let counts = [
-                0,
-                1,
-                n - 1,
-                n,
-                n + 1,
-                7 * n + 3,
-                16_384 + 5,
-                40_000 * n,
-                (3 << 20) + 7,
-            ];
+            // Up to pipelined hierarchical allreduces (3 segments of 1 Mi
+            // elements, evenly cut or not).
+            let counts = [0, 1, n - 1, n, n + 1, 7 * n + 3, 16_384 + 5, 40_000 * n];
+            let counts = counts.into_iter().chain([3 << 20, (3 << 20) + 7]);
             for topo in topologies(n) {
                 let f = fabric(topo.nhosts());
                 let nets = if topo.nhosts() > 1 {
@@ -818,7 +832,7 @@ mod tests {
                 };
                 for (net, es) in nets.into_iter().flat_map(|x| [(x, 1), (x, 4)]) {
                     let pricing = Pricing::new(&topo, net, es);
-                    for (salt, &count) in counts.iter().enumerate() {
+                    for (salt, count) in counts.clone().enumerate() {
                         for args in cases(n, count, salt) {
                             for algo in [
                                 Algo::Ring,

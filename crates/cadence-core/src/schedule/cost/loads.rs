@@ -120,7 +120,7 @@ impl RankLoads {
 
 /// A phase's load before its shared-memory bytes are settled: what
 /// phases laid over each other (a pipeline's segments) add up.
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone, Copy, PartialEq)]
 pub(super) struct RawLoad {
     load: PhaseLoad,
     shm_out: usize,
