@@ -300,6 +300,25 @@ def test_a_straggler_is_named_live_from_the_slowness_windows(transport):
         assert len(vs) == 1, vs  # logged once while it persists
 
 
+def _layout_of(comm):
+    c = comm._c
+    with pytest.raises(ValueError, match="rank 3 of 3"):
+        c.peer_pid(3)
+    return {"host": c.host_ranks(), "leaders": c.host_leaders(), "pid": os.getpid(),
+            "pids": [c.peer_pid(r) for r in range(comm.size)]}
+
+
+def test_the_watchdog_reads_its_hosts_layout_from_the_core():
+    """What the windows' leaders and relays are made of, without a list of
+    every rank: host0 holds ranks 0-1, host1 rank 2."""
+    res = run_ranks(_layout_of, 3, transport="mixed", timeout=60)
+    assert all(res[r][0] == "ok" for r in range(3)), res
+    got = {r: res[r][1] for r in range(3)}
+    assert [got[r]["host"] for r in range(3)] == [[0, 1], [0, 1], [2]], got
+    assert all(got[r]["leaders"] == [0, 2] for r in range(3)), got
+    assert all(got[r]["pids"] == [got[q]["pid"] for q in range(3)] for r in range(3)), got
+
+
 def test_a_healthy_job_raises_no_slowness_verdict():
     res = run_ranks(_straggles, 3, transport="shm", args=(-1,),
                     env={"CADENCE_DIAG_WINDOW": "2"}, op_timeout=30, timeout=90)

@@ -517,6 +517,27 @@ impl PyComm {
         })
     }
 
+    /// The ranks of this rank's host, ascending (the first leads it).
+    fn host_ranks(&self) -> Vec<usize> {
+        self.comm.host_ranks()
+    }
+
+    /// Each host's lowest rank, ascending.
+    fn host_leaders(&self) -> Vec<usize> {
+        self.comm.host_leaders()
+    }
+
+    /// The process id rank `rank` reported at set-up.
+    fn peer_pid(&self, rank: usize) -> PyResult<u32> {
+        if rank >= self.comm.nranks() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "rank {rank} of {}",
+                self.comm.nranks()
+            )));
+        }
+        Ok(self.comm.peer_pid(rank))
+    }
+
     /// The operations that completed in a slowness window (Unix ns, end
     /// excluded), the newest `last`, as a dump with only their timed
     /// receives of at least `min_recv_bytes`; None when there were none.

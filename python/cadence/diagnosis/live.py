@@ -812,20 +812,17 @@ def _take(w: _Watched, k: int, kind: str, ranks: list, decode, what: str) -> lis
 
 def _layout(w: _Watched, comm) -> None:
     """This rank's host leader and the host's ranks, every host's leader
-    (the lowest rank of each host), and the host's relay, once."""
+    (the lowest rank of each host: rank 0 alone, which judges, asks), and
+    the host's relay, once; from the core's topology, O(the host's ranks),
+    not a list of every rank."""
     if w.leader is not None:
         return
-    peers = _peers(w, comm)
-    by_host: dict = {}
-    for p in peers:
-        by_host.setdefault(p.get("host"), []).append(int(p["rank"]))
-    mine = next((rs for rs in by_host.values() if w.rank in rs), [w.rank])
-    w.host_ranks = sorted(mine)
-    w.leaders = sorted(min(rs) for rs in by_host.values()) or [w.rank]
+    core = comm._c
+    w.host_ranks = sorted(core.host_ranks()) or [w.rank]
     w.leader = w.host_ranks[0]
+    w.leaders = sorted(core.host_leaders()) if w.rank == 0 else [w.leader]
     if len(w.host_ranks) > 1:
-        pid = next((p.get("pid") for p in peers if int(p["rank"]) == w.leader), 0)
-        w.relay = _Relay.for_host(w.prefix, comm.id, w.leader, pid)
+        w.relay = _Relay.for_host(w.prefix, comm.id, w.leader, core.peer_pid(w.leader))
 
 
 class _Relay:

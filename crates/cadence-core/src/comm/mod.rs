@@ -128,6 +128,26 @@ impl Comm {
         &self.shared.auto.topo
     }
 
+    /// The ranks of this rank's host, ascending (the first is the host's
+    /// leader): O(the host's ranks), where a dump lists every rank.
+    pub fn host_ranks(&self) -> Vec<usize> {
+        let t = self.topology();
+        t.ranks_on(t.host_of(self.rank()))
+    }
+
+    /// Each host's lowest rank, ascending: O(hosts).
+    pub fn host_leaders(&self) -> Vec<usize> {
+        let t = self.topology();
+        let mut v: Vec<usize> = (0..t.nhosts()).map(|h| t.leader(h)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The process id rank `r` reported at set-up.
+    pub fn peer_pid(&self, r: usize) -> u32 {
+        self.shared.peers.pid(r)
+    }
+
     /// The cost model `auto` ranks algorithms by, and whether it was
     /// measured at start-up (else it is the tuning table's); `None`: the
     /// tuning table and the size table choose.
