@@ -111,15 +111,18 @@ impl Auto {
     /// (the first of [`schedule::algos_for`]'s order among equal
     /// estimates).
     ///
-    /// An estimate needs every rank's schedule, O(n²) work for a ring (n
-    /// ranks, 2(n − 1) phases each; docs/benchmarks.md, "Set-up at
-    /// scale", has what it cost). So each candidate is first bounded from
-    /// below by a few ranks' schedules ([`sample_ranks`]; an estimate
-    /// over some ranks never exceeds the one over all,
-    /// [`CostModel::estimate_on`]), candidates are priced in the order of
-    /// their bounds, and one whose bound exceeds the best estimate so far
-    /// cannot win and is never built for every rank. The choice is the
-    /// one pricing every candidate would make.
+    /// An estimate over every rank's schedule is O(n²) work for a ring (n
+    /// ranks, 2(n − 1) phases each; docs/benchmarks.md, "The choice at
+    /// scale"). So each candidate is first bounded from below by a few
+    /// ranks' loads ([`sample_ranks`]; an estimate over some ranks never
+    /// exceeds the one over all, [`CostModel::estimate_on`]), candidates
+    /// are priced in the order of their bounds, and one whose bound
+    /// exceeds the best estimate so far cannot win and is not priced
+    /// further: the same choice as pricing every candidate. Up to
+    /// [`EVERY_RANK_UP_TO`] ranks a candidate is priced on every rank;
+    /// beyond, on the ranks of [`representative_hosts`], so a new shape
+    /// costs O(n). Loads come from `Pricing::loads_of`: written down for
+    /// the algorithms whose one rank has O(n) phases, else built.
     pub fn cheapest(
         &self,
         m: &CostModel,
@@ -197,15 +200,18 @@ pub const EVERY_RANK_UP_TO: usize = 256;
 
 /// The hosts whose ranks stand for all in [`Auto::cheapest`] beyond
 /// [`EVERY_RANK_UP_TO`] ranks: where the generators' ranks differ. The
-/// hosts of rank 0, of the root and of the last rank (roots of trees, the
-/// ends of rank order); of the middle rank (the second tree of a double
-/// binary tree); of the largest power of two below n and of its first
-/// partner (the ranks a recursive halving or doubling folds in); of the
-/// first and last ranks of the ring order and the host after the first
-/// (where rings and chains cross hosts). A host's estimate needs all its
-/// ranks (they share its NIC), so all are priced. A slower rank elsewhere,
-/// or a group (rack) whose other hosts add to its uplink's load, is not
-/// seen: the choice is the model's on these hosts.
+/// hosts of ranks 0, 1, the root, n − 2 and n − 1 (roots of trees, the
+/// ends of rank order); of n/4, n/2 and 3n/4 (inner nodes and the second
+/// tree of a double binary tree); of the rank with the largest block
+/// (v-collectives); of the largest power of two below n and its partners
+/// (the ranks a recursive halving or doubling folds in); of the first and
+/// last ranks of the ring order and the host after the first (where rings
+/// and chains cross hosts). A host's estimate needs all its ranks (they
+/// share its NIC), so all are priced. A slower rank elsewhere, or a group
+/// (rack) whose other hosts add to its uplink's load, is not seen: the
+/// choice is the model's on these hosts
+/// (`representative_hosts_choose_as_pricing_every_rank_does` measures
+/// how often that differs).
 fn representative_hosts(topo: &Topology, args: &CollArgs) -> Vec<usize> {
     let n = topo.nranks();
     let root = args.root;
