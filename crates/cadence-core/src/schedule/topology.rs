@@ -320,7 +320,7 @@ impl Topology {
         };
         let end = start + self.host_size(home);
         let at = start + self.local_rank(root);
-        Chain::Default {
+        Chain::Blocks {
             topo: self,
             start,
             end,
@@ -348,7 +348,7 @@ impl Topology {
 pub enum Chain<'t> {
     /// Hosts together in the ring order: the root's host is its places
     /// `start..end`, the root at place `at`.
-    Default {
+    Blocks {
         topo: &'t Topology,
         start: usize,
         end: usize,
@@ -362,7 +362,7 @@ impl Chain<'_> {
     pub fn at(&self, i: usize) -> usize {
         match self {
             Chain::Listed(v) => v[i],
-            &Chain::Default {
+            &Chain::Blocks {
                 topo,
                 start,
                 end,
@@ -390,7 +390,7 @@ impl Chain<'_> {
                 .iter()
                 .position(|&r| r == rank)
                 .expect("every rank is in the chain"),
-            &Chain::Default {
+            &Chain::Blocks {
                 topo,
                 start,
                 end,
