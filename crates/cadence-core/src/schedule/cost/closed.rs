@@ -452,6 +452,39 @@ impl Rooted<'_> {
     }
 }
 
+/// A rank's column (`hierarchical.rs`): the ranks with its local rank,
+/// one a host, in the host order, as a ring from this rank.
+struct Column<'t> {
+    topo: &'t Topology,
+    hosts: Vec<usize>,
+    at: usize,
+    local: usize,
+}
+
+impl<'t> Column<'t> {
+    fn of(topo: &'t Topology, rank: usize) -> Column<'t> {
+        let hosts = topo.host_order();
+        let host = topo.host_of(rank);
+        let at = hosts
+            .iter()
+            .position(|&x| x == host)
+            .expect("every host is in the host order");
+        Column {
+            topo,
+            hosts,
+            at,
+            local: topo.local_rank(rank),
+        }
+    }
+
+    /// The member `k` places after this rank.
+    fn member(&self, k: usize) -> usize {
+        let nh = self.hosts.len();
+        self.topo
+            .rank_on(self.hosts[(self.at + k) % nh], self.local)
+    }
+}
+
 /// Each column's group (`hierarchical::column_group`: the blocks of its
 /// ranks, one a host, each its own message on the host's ring): (elements,
 /// non-empty blocks, the longest block).
@@ -520,12 +553,8 @@ fn hierarchical_reduce_scatter(
         }
     }
     if nh > 1 {
-        let hosts: Vec<usize> = topo.host_order();
-        let at = hosts
-            .iter()
-            .position(|&x| x == host)
-            .expect("every host is in the host order");
-        let column = |k: usize| topo.rank_on(hosts[(at + k) % nh], me);
+        let col = Column::of(topo, r);
+        let column = |k: usize| col.member(k);
         let (next, prev) = (column(1), column(nh - 1));
         // A block crossing hosts travels in slices.
         let hop = |peer: usize, len: usize| {
@@ -561,9 +590,8 @@ fn hierarchical_allreduce(
     let k = hierarchical::segments(l, h, count);
     let me = topo.local_rank(r);
     let host = topo.host_of(r);
-    let hosts: Vec<usize> = topo.host_order();
-    let at = hosts.iter().position(|&x| x == host)?;
-    let column = |i: usize| topo.rank_on(hosts[(at + i) % h], me);
+    let col = Column::of(topo, r);
+    let (at, column) = (col.at, |i: usize| col.member(i));
     // Chunk c of n over the `len` elements.
     let piece = |len: usize, n: usize, c: usize| Balanced { count: len, n }.len(c);
     let mut acc = PhaseAcc::new(topo, net, es, r);
@@ -686,12 +714,7 @@ fn hierarchical_allgather(
     let (nh, r) = (topo.nhosts(), rank);
     let l = topo.uniform_ranks_per_host().unwrap_or(1);
     let me = topo.local_rank(r);
-    // The hosts in ring order, and this host's place among them.
-    let hosts: Vec<usize> = topo.host_order();
-    let at = hosts
-        .iter()
-        .position(|&h| h == topo.host_of(r))
-        .expect("every host is in the host order");
+    let col = Column::of(topo, r);
     let mut acc = PhaseAcc::new(topo, net, es, r);
     let mut out = RankLoads::new(r);
     if counts[r] > 0 {
@@ -700,7 +723,7 @@ fn hierarchical_allgather(
     }
     // The column ring: in step s the block of the member s back is sent,
     // that of s + 1 back received.
-    let column = |k: usize| topo.rank_on(hosts[(at + k) % nh], me);
+    let column = |k: usize| col.member(k);
     let (next, prev) = (column(1), column(nh - 1));
     let cut = |len: usize| {
         let k = slice_count(len);
