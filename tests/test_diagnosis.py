@@ -20,7 +20,8 @@ import time
 import numpy as np
 import pytest
 from cadence.cli.main import main as cli
-from cadence.diagnosis import DumpError, diagnose, load_dir, parse
+from cadence.diagnosis import DumpError, diagnose, live, load_dir, parse
+from cadence.diagnosis.dumps import compact_messages
 from harness import run_ranks
 
 OP_TIMEOUT = 3.0
@@ -72,7 +73,37 @@ def dump(rank, nranks, ops, *, comm="c1", job="job1", host=None, offset=0.0, err
 
 
 def verdict(dumps, **kw):
-    return diagnose([parse(json.dumps(d), f"rank{d['rank']}") for d in dumps], **kw)
+    """The verdict on `dumps`, checked to be the verdict on them as a live
+    round at scale carries them too (`as_summaries`)."""
+    v = diagnose([parse(json.dumps(d), f"rank{d['rank']}") for d in dumps], **kw)
+    small = diagnose([parse(json.dumps(d), f"rank{d['rank']}") for d in as_summaries(dumps)],
+                     **kw)
+    assert _named(small) == _named(v), (v.text(), small.text())
+    return v
+
+
+def _named(v):
+    return v.cls, v.ranks, v.hosts, sorted(map(tuple, v.links))
+
+
+def as_summaries(dumps):
+    """The dumps as the live watchdog's round summaries carry them
+    (live.summary): messages as runs, the ranks listed by rank 0's alone,
+    and a rank that waits (a running operation) with only its operations
+    from two before that one."""
+    out = []
+    for d in dumps:
+        d = json.loads(json.dumps(d))
+        if d["rank"] != 0:
+            d["peers"] = []
+        first = next((i for i, o in enumerate(d["ops"]) if o["status"] == "running"), None)
+        if first is not None:
+            d["ops"] = d["ops"][max(0, first - live.WAITING_OPS):]
+        for o in d["ops"]:
+            if o.get("messages"):
+                o["messages"] = compact_messages(o["messages"])
+        out.append(d)
+    return out
 
 
 def done_before(n):

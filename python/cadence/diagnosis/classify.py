@@ -29,7 +29,7 @@ after the first rank gave up (a rank frozen, then resumed) do not count.
 
 from __future__ import annotations
 
-from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
+from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op, peer_listing
 from cadence.diagnosis.slow import diagnose_slow
 from cadence.diagnosis.unreachable import Silence, judge, probe_lines
 from cadence.diagnosis.verdict import (  # noqa: F401 - also importable from here
@@ -47,6 +47,9 @@ from cadence.diagnosis.verdict import (  # noqa: F401 - also importable from her
 
 #: Slack on top of the clocks' error bounds when comparing times of ranks.
 TOLERANCE_S = 0.1
+#: Ranks in an operation beyond which the evidence sums up those still
+#: running in one line rather than a line each.
+RANK_LINES = 16
 
 
 def _short(status: str, n: int = 160) -> str:
@@ -69,10 +72,9 @@ class _Comm:
         self.colls = {r: {o.seq: o for o in d.ops if not o.is_p2p and o.seq > 0}
                       for r, d in self.by_rank.items()}
         self.tol = TOLERANCE_S + 2 * max(d.clock_error_ns for d in dumps) / 1e9
-        any_dump = dumps[0]
         self.t0 = min(d.wall(min((o.start_ns for o in d.ops), default=d.dump_ns))
                       for d in dumps)
-        self.peer_info = {p.get("rank"): p for p in any_dump.peers}
+        self.peer_info = peer_listing(dumps)
 
     def who(self, r: int) -> str:
         d = self.by_rank.get(r)
@@ -181,16 +183,7 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         elif t_fail is not None and d.wall(o.start_ns) > t_fail + c.tol:
             late.append(r)
     unknown = [m for m in c.missing if not _sent_in(c, present, m)]
-    for r, o in sorted(present.items()):
-        d = c.by_rank[r]
-        end = f"{'failed' if o.failed else 'still running'} at " \
-              f"{c.rel(d.wall(o.end_ns if o.failed else d.dump_ns))}"
-        if o.ok:
-            end = f"completed at {c.rel(d.wall(o.end_ns))}"
-        line = f"{c.who(r)}: entered at {c.rel(d.wall(o.start_ns))}, {end}"
-        if o.failed:
-            line += f": {_short(o.status)}"
-        v.evidence.append(line)
+    v.evidence += _entries(c, present)
     for m in c.missing:
         how = "data from it in this operation arrived, so it entered" if m not in unknown \
             else "no data from it in this operation arrived"
@@ -297,6 +290,34 @@ def _diagnose_comm(c: _Comm) -> Verdict:
         v.headline = (f"{COMM_HANG} in {what}: every rank entered but no stalled link was found "
                       f"in the records (waits: {waits})")
     return v
+
+
+def _entries(c: _Comm, present: dict[int, Op]) -> list[str]:
+    """A line per rank that entered the operation: when, and how it ended.
+    Of a large job, the ranks still running in one line, and the first
+    RANK_LINES of the others."""
+    lines, running = [], []
+    for r, o in sorted(present.items()):
+        d = c.by_rank[r]
+        if o.running and len(present) > RANK_LINES:
+            running.append(r)
+            continue
+        end = f"{'failed' if o.failed else 'still running'} at " \
+              f"{c.rel(d.wall(o.end_ns if o.failed else d.dump_ns))}"
+        if o.ok:
+            end = f"completed at {c.rel(d.wall(o.end_ns))}"
+        line = f"{c.who(r)}: entered at {c.rel(d.wall(o.start_ns))}, {end}"
+        if o.failed:
+            line += f": {_short(o.status)}"
+        lines.append(line)
+    if len(lines) > RANK_LINES:
+        lines[RANK_LINES:] = [f"... and {len(lines) - RANK_LINES} more ranks that completed or "
+                              "failed it"]
+    if running:
+        starts = [c.by_rank[r].wall(present[r].start_ns) for r in running]
+        lines.insert(0, f"ranks {ranks_text(running)} ({len(running)} ranks): entered between "
+                        f"{c.rel(min(starts))} and {c.rel(max(starts))}, still running")
+    return lines
 
 
 def _unreachable(c: _Comm, v: Verdict, what: str, present: dict[int, Op],
@@ -437,6 +458,27 @@ def _msgs(c: _Comm, present: dict[int, Op]) -> dict[tuple[int, int, str], list[M
     return out
 
 
+def _numbered(ms: list[Msg]):
+    """(index of its first message, record) for a rank's records with one
+    peer in one direction: a record may stand for a run of messages."""
+    j = 0
+    for m in ms:
+        yield j, m
+        j += m.count
+
+
+def _nth(ms: list[Msg], j: int) -> Msg | None:
+    """The record holding message j of `ms` (None: fewer messages)."""
+    for first, m in _numbered(ms):
+        if j < first + m.count:
+            return m
+    return None
+
+
+def _nth_text(what: str, j: int, m: Msg) -> str:
+    return f"{what} {j + 1}" if m.count == 1 else f"{what}s {j + 1}-{j + m.count}"
+
+
 def _stalled_links(c: _Comm, present: dict[int, Op], t_fail: float | None):
     """(stalled links, wait edges that are only consequences, evidence: one
     line per stalled link)."""
@@ -459,38 +501,41 @@ def _stalled_links(c: _Comm, present: dict[int, Op], t_fail: float | None):
     for (dst, src, kind), ms in sorted(msgs.items()):
         if kind != "recv":
             continue
-        for j, m in enumerate(ms):
+        sends = msgs.get((src, dst, "send"), [])
+        for j, m in _numbered(ms):
             view = at(dst, m)
             if view[0] != MsgState.PENDING:
                 continue
-            rx = f"rank {dst}'s receive {j + 1} from rank {src} pending ({moved(m, view)})"
+            rx = f"rank {dst}'s {_nth_text('receive', j, m)} from rank {src} pending " \
+                 f"({moved(m, view)})"
             if src not in present or present[src].messages is None:
                 why = "left no dump" if src not in present else "recorded no messages"
                 links.setdefault((src, dst), []).append(f"{rx}; rank {src} {why}")
                 continue
-            sends = msgs.get((src, dst, "send"), [])
-            if j >= len(sends) or at(src, sends[j])[0] == MsgState.HELD:
+            # The j-th receive from src is src's j-th send to dst.
+            send = _nth(sends, j)
+            if send is None or at(src, send)[0] == MsgState.HELD:
                 deps.add((dst, src))  # src had not got there: it waits itself
                 continue
-            sv = at(src, sends[j])
+            sv = at(src, send)
             if sv[0] == MsgState.DONE:
-                t = c.by_rank[src].wall(sends[j].last_ns)
+                t = c.by_rank[src].wall(send.last_ns)
                 links.setdefault((src, dst), []).append(
                     f"{rx}, but rank {src}'s send had finished at {c.rel(t)}: the data left "
                     f"rank {src} and was not taken in by rank {dst}")
             else:
                 links.setdefault((src, dst), []).append(
-                    f"{rx}, and rank {src}'s send pending too ({moved(sends[j], sv)})")
+                    f"{rx}, and rank {src}'s send pending too ({moved(send, sv)})")
     # Sends toward a rank that left no dump.
     for (src, dst, kind), ms in sorted(msgs.items()):
         if kind != "send" or dst in present:
             continue
-        for j, m in enumerate(ms):
+        for j, m in _numbered(ms):
             view = at(src, m)
             if view[0] == MsgState.PENDING:
                 links.setdefault((src, dst), []).append(
-                    f"rank {src}'s send {j + 1} to rank {dst} pending ({moved(m, view)}); "
-                    f"rank {dst} left no dump")
+                    f"rank {src}'s {_nth_text('send', j, m)} to rank {dst} pending "
+                    f"({moved(m, view)}); rank {dst} left no dump")
     for (src, dst), items in sorted(links.items()):
         more = f" (+{len(items) - 1} more message{'s' if len(items) > 2 else ''})" \
             if len(items) > 1 else ""

@@ -61,6 +61,11 @@ class Msg:
     moved: int
     first_ns: int | None
     last_ns: int | None
+    #: Messages this record stands for: a run of consecutive messages of
+    #: the rank with this peer, in this direction and state (`compact`),
+    #: `bytes` and `moved` summed, `first_ns` of its first, `last_ns` of
+    #: its last. 1 in the core's dumps.
+    count: int = 1
 
 
 @dataclass
@@ -179,6 +184,14 @@ class Dump:
         return {}
 
 
+def peer_listing(dumps: list[Dump]) -> dict[int, dict]:
+    """rank → {rank, host, pid, addr} of every rank of the dumps' job: from
+    any dump that lists them (the core's all do; of the live watchdog's
+    summaries, at scale, rank 0's alone)."""
+    listing = next((d for d in dumps if d.peers), None)
+    return {} if listing is None else {p.get("rank"): p for p in listing.peers}
+
+
 def _need(obj: dict, key: str, kind, where: str):
     if key not in obj:
         raise DumpError(f"{where}: not a complete cadence dump (no {key!r})")
@@ -193,9 +206,42 @@ def _msg(m: dict, where: str) -> Msg:
         return Msg(peer=int(m["peer"]), dir=str(m["dir"]), state=MsgState(m["state"]),
                    bytes=int(m["bytes"]), moved=int(m["moved"]),
                    first_ns=None if m.get("first_ns") is None else int(m["first_ns"]),
-                   last_ns=None if m.get("last_ns") is None else int(m["last_ns"]))
+                   last_ns=None if m.get("last_ns") is None else int(m["last_ns"]),
+                   count=_count(m.get("count", 1)))
     except (KeyError, TypeError, ValueError) as e:
         raise DumpError(f"{where}: a message record is malformed ({e})") from None
+
+
+def _count(v) -> int:
+    n = int(v)
+    if n < 1:
+        raise ValueError(f"count {n}")
+    return n
+
+
+def compact_messages(msgs: list[dict]) -> list[dict]:
+    """A rank's message records of one operation (the dump's dicts) as
+    runs: per peer and direction, in order, consecutive messages in one
+    state become one record with `count` (Msg.count). What the classifier
+    reads of them is kept: the state of the j-th message between two ranks
+    and when data last moved. A ring's thousands of messages a rank become
+    a few records a peer."""
+    runs: dict[tuple, list[dict]] = {}
+    for m in msgs:
+        key = (m["peer"], m["dir"])
+        mine = runs.setdefault(key, [])
+        last = mine[-1] if mine else None
+        if last is not None and last["state"] == m["state"]:
+            last["count"] = last.get("count", 1) + m.get("count", 1)
+            last["bytes"] += m["bytes"]
+            last["moved"] += m["moved"]
+            if m.get("last_ns") is not None:
+                last["last_ns"] = m["last_ns"]
+            if last.get("first_ns") is None:
+                last["first_ns"] = m.get("first_ns")
+        else:
+            mine.append(dict(m, count=m.get("count", 1)))
+    return [r for key in sorted(runs) for r in runs[key]]
 
 
 def _links(v, where: str) -> list[LinkCounters] | None:

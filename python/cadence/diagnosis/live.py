@@ -65,6 +65,9 @@ DEFAULT_WINDOW_S = 10.0
 #: Operations kept in a summary (the stuck one, the ones before it on slower
 #: ranks, and enough history to find a rank's last completed operation).
 SUMMARY_OPS = 64
+#: Operations before its oldest running one a waiting rank's summary keeps
+#: (summary()): a rank that completed the stuck operation shows it.
+WAITING_OPS = 2
 #: Operations a slowness window looks at, at most (the newest): enough for
 #: the slowness classifier's evidence (10 collectives, 8 timed receives per
 #: unit); a rank's summary of a window, and rank 0's work per host, grow
@@ -138,12 +141,38 @@ def python_stacks(skip_thread: int | None = None) -> str:
     return "\n".join(out)
 
 
-def summary(core, skip_thread: int | None = None) -> bytes:
-    """This rank's summary for a round: its dump (the last SUMMARY_OPS
-    operations) plus its Python stacks, compressed."""
+def summary(core, skip_thread: int | None = None, waiting: bool = False) -> bytes:
+    """This rank's summary for a round, compressed: its dump of the last
+    SUMMARY_OPS operations, their messages as runs (dumps.compact_messages),
+    plus its Python stacks. Its size does not grow with the job:
+
+    - `waiting` (a collective of this rank has run half the soft deadline):
+      only the operations from WAITING_OPS before its oldest running one on,
+      and no stacks: the classifier reads of such a rank the stuck operation
+      and whether it completed the ones before; its stack is cadence's wait;
+    - every rank's `peers` only in rank 0's (the coordinator adds its own
+      when rank 0 sent none: `verdict_of`), and no ring order.
+
+    A rank that is not waiting (stuck in its own code, or in another
+    communicator) sends its history and stacks: the verdict names it with
+    its last completed operation and where it is."""
+    from cadence.diagnosis.dumps import compact_messages
+
     d = json.loads(core.dump_records(SUMMARY_OPS))
     d["reason"] = "live diagnosis"
-    d["stack"] = python_stacks(skip_thread)
+    if d.get("rank") != 0:
+        d["peers"] = []
+    d.pop("ring_order", None)
+    ops = d.get("ops") or []
+    if waiting:
+        first = next((i for i, o in enumerate(ops) if o.get("status") == "running"), len(ops))
+        ops = ops[max(0, first - WAITING_OPS):]
+    for o in ops:
+        if o.get("messages"):
+            o["messages"] = compact_messages(o["messages"])
+    d["ops"] = ops
+    if not waiting:
+        d["stack"] = python_stacks(skip_thread)
     return zlib.compress(json.dumps(d).encode(), 6)
 
 
@@ -161,15 +190,20 @@ def window_summary(core, start_unix: float, end_unix: float) -> bytes | None:
 
 
 def verdict_of(summaries: dict[int, bytes], hang_after: float,
-               reach: dict[str, bool | None] | None = None) -> dict:
+               reach: dict[str, bool | None] | None = None,
+               peers: list | None = None) -> dict:
     """The classifier over the summaries that arrived (rank → compressed
     dump); a rank that sent none is one that left no dump. `reach`: host →
-    whether a probe reached it (hosts none of whose ranks answered)."""
+    whether a probe reached it (hosts none of whose ranks answered).
+    `peers`: every rank's {rank, host, pid, addr}, for when rank 0's
+    summary (the one that lists them) did not arrive."""
     from cadence.diagnosis.classify import diagnose
     from cadence.diagnosis.dumps import parse
 
     dumps = [parse(zlib.decompress(b).decode(), f"rank {r}'s summary")
              for r, b in sorted(summaries.items())]
+    if peers and dumps and not any(d.peers for d in dumps):
+        dumps[0].peers = list(peers)
     v = diagnose(dumps, hang_after=hang_after, reach=reach)
     out = v.to_json()
     out["text"] = v.text()
@@ -687,7 +721,9 @@ class Watchdog:
     def _publish(self, w: _Watched, core, r: int, coordinator: bool, now: float) -> None:
         if r in w.rounds or r <= 0:
             return
-        w.store.set(w.key(r, "s", w.rank), summary(core, threading.get_ident()))
+        running = core._progress()[1]
+        waiting = running is not None and running[2] >= w.after / 2
+        w.store.set(w.key(r, "s", w.rank), summary(core, threading.get_ident(), waiting))
         w.store.add(w.key(r, "count"), 1)
         w.rounds[r] = _Round(r, coordinator, now + w.gather if coordinator else None,
                              now + w.gather + VERDICT_SLACK_S)
@@ -710,8 +746,9 @@ class Watchdog:
             from cadence.diagnosis.reach import probe_silent
 
             comm = w.comm()
-            reach = probe_silent(_peers(w, comm), summaries) if comm is not None else None
-            verdict = verdict_of(summaries, hang_after=w.after * 0.9, reach=reach)
+            peers = _peers(w, comm) if comm is not None else None
+            reach = probe_silent(peers, summaries) if peers is not None else None
+            verdict = verdict_of(summaries, hang_after=w.after * 0.9, reach=reach, peers=peers)
         except Exception as e:  # noqa: BLE001 - say so rather than go silent
             verdict = {"class": str(VerdictClass.UNKNOWN), "verdict": f"live diagnosis failed: {e}",
                        "text": f"cadence: live diagnosis failed: {e}", "ranks": [],

@@ -28,7 +28,7 @@ import math
 import os
 import time
 
-from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op
+from cadence.diagnosis.dumps import Dump, Msg, MsgState, Op, peer_listing
 from cadence.diagnosis.exclude import exclusion_hosts
 from cadence.diagnosis.trace import op_name
 from cadence.diagnosis.verdict import VerdictClass, ranks_text
@@ -87,9 +87,8 @@ class _View:
             self.comm = max(comms, key=lambda c: (comms[c][0].nranks, len(comms[c]), c))
         self.others = sorted(c for c in comms if c != self.comm)
         self.by_rank = {d.rank: d for d in comms[self.comm]}
-        any_dump = comms[self.comm][0]
-        self.nranks = any_dump.nranks
-        self.peers = {p.get("rank"): p for p in any_dump.peers}
+        self.nranks = comms[self.comm][0].nranks
+        self.peers = peer_listing(comms[self.comm])
         self.colls = {r: {o.seq: o for o in d.ops if not o.is_p2p and o.seq > 0}
                       for r, d in self.by_rank.items()}
 
