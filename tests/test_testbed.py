@@ -346,6 +346,35 @@ def test_up_and_down_twice_leave_nothing_behind():
 
 
 @needs_clusters
+def test_a_routed_fabric_spreads_flows_by_their_5_tuple_as_predicted(make_cluster):
+    """`--spines`: leaves and spines route, hashing each flow's 5-tuple over
+    the spines (ECMP); the spine the kernel names for a 5-tuple is the one
+    its packets take; a cut uplink is withdrawn from every leaf's routes and
+    restored with it; a job runs across the racks; `down` leaves nothing."""
+    from cadence.testbed import ecmp_check
+
+    before = _machine_network()
+    cluster = make_cluster(4, tag="ec", rate="200mbit", racks=2, spines=2,
+                           placement="interleaved")  # fmt: skip
+    assert set(cluster.namespaces) <= testbed.iproute.namespaces()
+    flows = ecmp_check.check(cluster, 60, seed=3)
+    assert [x for x in flows if x.predicted != x.seen] == []
+    assert {x.seen for x in flows} == {0, 1}, "60 random 5-tuples all hashed to one spine"
+    # Host 0 is in rack 0, host 1 (the first of another rack) in rack 1.
+    testbed.set_uplink(cluster, 1, 0, up=False)
+    cut = ecmp_check.check(cluster, 12, seed=4)
+    assert {(x.predicted, x.seen) for x in cut} == {(1, 1)}, cut
+    testbed.set_uplink(cluster, 1, 0, up=True)
+    back = ecmp_check.check(cluster, 30, seed=5)
+    assert [x for x in back if x.predicted != x.seen] == [] and {x.seen for x in back} == {0, 1}
+    recs = _job(cluster, "collectives")
+    assert sorted(r["rank"] for r in recs) == [0, 1, 2, 3]
+    assert all(r["wrong"] == {} for r in recs), recs
+    testbed.down(cluster.name)
+    assert _machine_network() == before
+
+
+@needs_clusters
 def test_down_ends_what_still_runs_inside(make_cluster):
     cluster = make_cluster(2, tag="dk")
     proc = subprocess.Popen(jobs.in_host(cluster.hosts[1], ["sleep", "60"]))

@@ -6,7 +6,10 @@ cluster's own; every link is rate-limited in both directions (a tc htb shaper on
 both ends of its veth pair). With --racks R, each rail is a leaf/spine tree: hosts
 join their rack's leaf bridge, and each leaf reaches the spine through an
 uplink of --uplink-rate (oversubscribed when slower than its hosts' links
-together); --placement deals hosts to racks. Addresses are
+together); --placement deals hosts to racks. With --spines S the fabric is
+routed instead: a leaf router per rack, S spine routers, an uplink from every
+leaf to every spine, and flows between racks spread over the spines by the
+switches' hash of their 5-tuple (ECMP), as on a real fabric. Addresses are
 10.77.<nic>.<host+1>/24 and exist only inside the cluster's namespaces.
 Everything needs root.
 
@@ -22,6 +25,8 @@ examples:
   cadence cluster link --name tb --host 2 --nic 0 --down
   cadence cluster up --name tr --hosts 4 --racks 2 --uplink-rate 250mbit --placement interleaved
   cadence cluster link --name tr --rack 1 --rate 100mbit
+  cadence cluster up --name ec --hosts 8 --racks 4 --spines 2 --rate 200mbit
+  cadence cluster link --name ec --rack 0 --spine 1 --down
   cadence cluster run --name tb --ranks-per-host 2 -- python train.py
   cadence cluster down --name tb
 """
@@ -37,7 +42,7 @@ from pathlib import Path
 
 from cadence import testbed
 from cadence.testbed import jobs
-from cadence.units import fmt_link_rate, format_rate
+from cadence.units import fmt_bytes, fmt_link_rate, format_rate
 
 NAME = "cluster"
 HELP = "an emulated multi-host cluster (network namespaces): up, down, status, link, run"
@@ -76,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--seed", type=int, default=0, help="seed of --placement random (0)")
     up.add_argument("--rack-of", type=_rack_list,
                     help="each host's rack, comma-separated (overrides --placement)")
+    up.add_argument("--spines", type=_positive,
+                    help="with --racks: a routed leaf-spine fabric of this many spines, flows "
+                         "spread over them by the 5-tuple hash (ECMP), one uplink of "
+                         "--uplink-rate from each leaf to each spine (default: bridges)")
 
     down = sub.add_parser("down", help="remove the cluster and everything it made")
     down.add_argument("--name", required=True)
@@ -90,6 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     which.add_argument("--host", type=int, help="host index")
     which.add_argument("--rack", type=int, help="a rack's uplink instead of a host's link")
     link.add_argument("--nic", type=int, default=0, help="NIC index (0)")
+    link.add_argument("--spine", type=int,
+                      help="with --rack on a routed fabric: the uplink to this spine")
     link.add_argument("--rate", help="new rate, both directions (e.g. 500mbit)")
     state = link.add_mutually_exclusive_group()
     state.add_argument("--down", dest="up", action="store_false", default=None, help="cut it")
@@ -124,7 +135,8 @@ def _up(args: argparse.Namespace) -> int:
     racks = max(args.rack_of) + 1 if args.rack_of else args.racks
     cluster = testbed.build(args.name, args.hosts, args.nics, args.rate, args.mtu, racks=racks,
                             uplink_rate=args.uplink_rate, placement=args.placement,
-                            seed=args.seed, rack_of=args.rack_of)  # fmt: skip
+                            seed=args.seed, rack_of=args.rack_of,
+                            spines=args.spines or 0)  # fmt: skip
     created = testbed.up(cluster)
     print(f"cluster {cluster.name}: {'created' if created else 'already up; restored'}")
     _print_status(cluster)
@@ -155,10 +167,12 @@ def _status(args: argparse.Namespace) -> int:
 
 def _status_json(cluster: testbed.Cluster) -> dict:
     data = cluster.to_json()
+    counters = _uplink_counters(cluster)
     data["uplinks"] = [
         {"rack": s.uplink.rack, "nic": s.uplink.nic, "leaf": s.uplink.leaf,
          "spine": s.uplink.spine, "hosts": [h.index for h in s.hosts], "state": s.state,
-         "rate_out": s.rate_out, "rate_in": s.rate_in}
+         "rate_out": s.rate_out, "rate_in": s.rate_in,
+         **counters.get((s.uplink.rack, s.uplink.nic), {})}
         for s in testbed.uplink_states(cluster)
     ]  # fmt: skip
     data["links"] = [
@@ -170,17 +184,26 @@ def _status_json(cluster: testbed.Cluster) -> dict:
     return data
 
 
+def _uplink_counters(cluster: testbed.Cluster) -> dict:
+    """(rack, spine) → the routed fabric's uplink counters (none bridged)."""
+    f = cluster.fabric
+    return testbed.fabric.uplink_counters(f) if f is not None else {}
+
+
 def _print_status(cluster: testbed.Cluster) -> None:
+    where = (f"{cluster.spines} spine routers, ECMP on the 5-tuple" if cluster.spines
+             else f"switch namespace {cluster.switch}")
     print(
         f"cluster {cluster.name}: {len(cluster.hosts)} hosts x {cluster.nics} NIC(s), "
-        f"{cluster.rate} links, MTU {cluster.mtu}, switch namespace {cluster.switch}"
+        f"{cluster.rate} links, MTU {cluster.mtu}, {where}"
     )
     if cluster.racks > 1:
         _print_racks(cluster)
     rows = [("host", "netns", "nic", "address", "rate out", "rate in", "state")]
     for s in testbed.link_states(cluster):
+        switch = s.nic.bridge or cluster.port_netns(s.host)
         rows.append((
-            s.host.name, s.host.netns, f"{s.nic.ifname}/{s.nic.bridge}", s.nic.address,
+            s.host.name, s.host.netns, f"{s.nic.ifname}/{switch}", s.nic.address,
             fmt_link_rate(s.rate_out), fmt_link_rate(s.rate_in), s.state,
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -192,14 +215,22 @@ def _print_racks(cluster: testbed.Cluster) -> None:
     """The wiring: which hosts hang off which leaf, and each leaf's uplink
     against what its hosts could send together (the oversubscription)."""
     hosts_rate = lambda j: len(cluster.rack_hosts(j)) * cluster.rate_bits  # noqa: E731
-    print(f"  {cluster.racks} racks ({cluster.placement} placement), leaf/spine per rail; "
+    shape = f"{cluster.spines} spines" if cluster.spines else "leaf/spine per rail"
+    print(f"  {cluster.racks} racks ({cluster.placement} placement), {shape}; "
           f"uplinks {format_rate(cluster.uplink_bits)} each way")  # fmt: skip
+    counters = _uplink_counters(cluster)
+    ups = max(cluster.spines, 1) if cluster.spines else 1
     for s in testbed.uplink_states(cluster):
         u = s.uplink
-        over = hosts_rate(u.rack) / s.rate_out if s.rate_out else 0
-        print(f"  rack {u.rack} rail {u.nic}: {' '.join(h.name for h in s.hosts)} -> "
+        over = hosts_rate(u.rack) / (s.rate_out * ups) if s.rate_out else 0
+        which = f"spine {u.nic}" if cluster.spines else f"rail {u.nic}"
+        c = counters.get((u.rack, u.nic))
+        moved = "" if c is None else (f", {fmt_bytes(c['tx_bytes'])} up, "
+                                      f"{fmt_bytes(c['rx_bytes'])} down, {c['drops']} drops")
+        print(f"  rack {u.rack} {which}: {' '.join(h.name for h in s.hosts)} -> "
               f"{u.leaf} =[{u.leaf_port}/{u.spine_port}: out {fmt_link_rate(s.rate_out)}, "
-              f"in {fmt_link_rate(s.rate_in)}, {s.state}, {over:.1f}:1]= {u.spine}")  # fmt: skip
+              f"in {fmt_link_rate(s.rate_in)}, {s.state}, {over:.1f}:1{moved}]= "
+              f"{u.spine}")  # fmt: skip
 
 
 def _link(args: argparse.Namespace) -> int:
@@ -207,9 +238,19 @@ def _link(args: argparse.Namespace) -> int:
         print("cadence cluster link: say what to change: --rate, --down or --up", file=sys.stderr)
         return 2
     cluster = testbed.require(args.name)
+    if args.spine is not None and (args.rack is None or not cluster.spines):
+        print("cadence cluster link: --spine goes with --rack on a cluster with --spines",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.rack is not None:
-        u = testbed.set_uplink(cluster, args.rack, args.nic, rate=args.rate, up=args.up)
-        print(f"cluster {cluster.name}: rack {args.rack} uplink on rail {args.nic}: {u.state}, "
+        index = args.spine if cluster.spines else args.nic
+        if cluster.spines and args.spine is None:
+            print(f"cadence cluster link: which uplink of rack {args.rack}? --spine "
+                  f"0..{cluster.spines - 1}", file=sys.stderr)  # fmt: skip
+            return 2
+        u = testbed.set_uplink(cluster, args.rack, index, rate=args.rate, up=args.up)
+        which = f"to spine {index}" if cluster.spines else f"on rail {index}"
+        print(f"cluster {cluster.name}: rack {args.rack} uplink {which}: {u.state}, "
               f"out {fmt_link_rate(u.rate_out)}, in {fmt_link_rate(u.rate_in)}")  # fmt: skip
         return 0
     s = testbed.set_link(cluster, args.host, args.nic, rate=args.rate, up=args.up)

@@ -15,7 +15,7 @@ as torchrun would, and Open MPI jobs through mpirun; `rates` spells link rates.
 Everything needs root; without it calls raise TestbedError with that reason.
 """
 
-from cadence.testbed import jobs
+from cadence.testbed import fabric, jobs
 from cadence.testbed.cluster import (
     Cluster,
     Host,
@@ -38,6 +38,6 @@ from cadence.testbed.iproute import ROOT_MESSAGE, TestbedError, check_root
 
 __all__ = [
     "Cluster", "Host", "LinkState", "Nic", "ROOT_MESSAGE", "TestbedError", "Uplink",
-    "UplinkState", "build", "check_root", "down", "jobs", "link_states", "load", "names",
+    "UplinkState", "build", "check_root", "down", "fabric", "jobs", "link_states", "load", "names",
     "require", "set_link", "set_uplink", "up", "uplink_states",
 ]  # fmt: skip

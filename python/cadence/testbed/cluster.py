@@ -46,7 +46,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cadence.testbed import iproute
+from cadence.testbed import fabric, iproute
+from cadence.testbed.fabric import Fabric
 from cadence.testbed.iproute import TestbedError
 from cadence.testbed.rates import Bucket
 from cadence.units import format_rate, parse_rate
@@ -92,14 +93,17 @@ class Host:
 
 @dataclass(frozen=True)
 class Uplink:
-    """Rack `rack`'s link from its leaf bridge to the spine on rail `nic`."""
+    """Rack `rack`'s link from its leaf to a spine: on rail `nic`'s bridges
+    (a bridged cluster), or to spine router `nic` (a routed one, --spines)."""
 
     rack: int
-    nic: int
-    leaf: str  # the rack's bridge on this rail
-    spine: str  # the rail's spine bridge
+    nic: int  # the rail, or (routed) the spine
+    leaf: str  # the rack's bridge on this rail, or its leaf router's namespace
+    spine: str  # the rail's spine bridge, or the spine router's namespace
     leaf_port: str  # veth end on the leaf (shapes what the rack sends out)
     spine_port: str  # veth end on the spine (shapes what the rack receives)
+    leaf_netns: str  # where each end lives
+    spine_netns: str
 
 
 @dataclass(frozen=True)
@@ -113,18 +117,39 @@ class Cluster:
     #: Every uplink's rate, each direction; None with one rack.
     uplink_bits: int | None = None
     placement: str = "blocked"
+    #: Spine routers of a routed leaf–spine fabric (fabric.py); 0: bridges.
+    spines: int = 0
 
     @property
     def racks(self) -> int:
         return max(self.rack_of, default=0) + 1
 
     @property
+    def fabric(self) -> Fabric | None:
+        """The routed fabric's switches (None: a bridged cluster)."""
+        if not self.spines:
+            return None
+        return Fabric(f"{NETNS_PREFIX}{self.name}", self.racks, self.spines)
+
+    @property
     def uplinks(self) -> list[Uplink]:
-        """Every rack's uplink on every rail (none with one rack)."""
+        """Every rack's uplink on every rail, or (routed) to every spine;
+        none with one rack."""
+        f = self.fabric
+        if f is not None:
+            return [Uplink(j, m, f.leaf(j), f.spine(m), f"s{m}", f"l{j}", f.leaf(j), f.spine(m))
+                    for m in range(self.spines) for j in range(self.racks)]  # fmt: skip
         if self.racks < 2:
             return []
-        return [Uplink(j, k, leaf_bridge(k, j), f"rail{k}", f"up{j}k{k}", f"dn{j}k{k}")
+        sw = self.switch
+        return [Uplink(j, k, leaf_bridge(k, j), f"rail{k}", f"up{j}k{k}", f"dn{j}k{k}", sw, sw)
                 for k in range(self.nics) for j in range(self.racks)]  # fmt: skip
+
+    def port_netns(self, host: Host) -> str:
+        """Where the switch end of `host`'s links lives: the switch
+        namespace, or (routed) its rack's leaf."""
+        f = self.fabric
+        return f.leaf(self.rack_of[host.index]) if f is not None else self.switch
 
     def rack_hosts(self, rack: int) -> list[Host]:
         return [h for h in self.hosts if self.rack_of[h.index] == rack]
@@ -139,7 +164,10 @@ class Cluster:
 
     @property
     def bridges(self) -> list[str]:
-        """Every bridge: one per rail, plus one leaf per rack and rail."""
+        """Every bridge: one per rail, plus one leaf per rack and rail (none
+        in a routed cluster)."""
+        if self.spines:
+            return []
         spines = [f"rail{k}" for k in range(self.nics)]
         return spines + [u.leaf for u in self.uplinks]
 
@@ -150,7 +178,9 @@ class Cluster:
 
     @property
     def namespaces(self) -> list[str]:
-        return [self.switch] + [h.netns for h in self.hosts]
+        f = self.fabric
+        switches = f.namespaces if f is not None else [self.switch]
+        return switches + [h.netns for h in self.hosts]
 
     @property
     def rate(self) -> str:
@@ -174,6 +204,7 @@ class Cluster:
             "rack_of": list(self.rack_of),
             "uplink_rate": None if self.uplink_bits is None else format_rate(self.uplink_bits),
             "placement": self.placement,
+            "spines": self.spines,
             "hosts": [
                 {"name": h.name, "netns": h.netns,
                  "nics": [{"ifname": n.ifname, "address": n.address, "bridge": n.bridge,
@@ -191,7 +222,7 @@ class Cluster:
                      data["rate"], data["mtu"], racks=data.get("racks", 1),
                      uplink_rate=data.get("uplink_rate"),
                      placement=data.get("placement", "blocked"),
-                     rack_of=rack_of)  # fmt: skip
+                     rack_of=rack_of, spines=data.get("spines", 0))  # fmt: skip
 
 
 def check_name(name: str) -> str:
@@ -227,12 +258,13 @@ def place(hosts: int, racks: int, placement: str, seed: int | None = None) -> li
 def build(
     name: str, hosts: int, nics: int, rate: str, mtu: int = DEFAULT_MTU, *,
     racks: int = 1, uplink_rate: str | None = None, placement: str = "blocked",
-    seed: int | None = None, rack_of: list[int] | None = None,
+    seed: int | None = None, rack_of: list[int] | None = None, spines: int = 0,
 ) -> Cluster:  # fmt: skip
     """The cluster such a command describes (nothing is made here). With
     `racks` > 1 hosts are dealt to racks by `placement` (or exactly as
     `rack_of` says) and every rack reaches the others through an uplink of
-    `uplink_rate` (default: the host links' rate)."""
+    `uplink_rate` (default: the host links' rate) per rail; with `spines`,
+    through one such uplink to each of `spines` spine routers (fabric.py)."""
     check_name(name)
     if not 1 <= hosts <= MAX_HOSTS:
         raise TestbedError(f"--hosts must be 1..{MAX_HOSTS}, not {hosts}")
@@ -248,6 +280,7 @@ def build(
         up_bits = parse_rate(uplink_rate) if uplink_rate else bits
     except ValueError as e:
         raise TestbedError(str(e)) from None
+    fabric.check(racks, spines)
     if rack_of is None:
         rack_of = place(hosts, racks, placement, seed)
     if len(rack_of) != hosts or sorted(set(rack_of)) != list(range(racks)):
@@ -264,7 +297,7 @@ def build(
                 netns=f"{NETNS_PREFIX}{name}-h{i}",
                 nics=tuple(
                     Nic(k, f"eth{k}", f"h{i}e{k}",
-                        leaf_bridge(k, rack_of[i]) if racks > 1 else f"rail{k}",
+                        "" if spines else leaf_bridge(k, rack_of[i]) if racks > 1 else f"rail{k}",
                         f"{SUBNET}.{k}.{i + 1}")  # fmt: skip
                     for k in range(nics)
                 ),
@@ -274,6 +307,7 @@ def build(
         rack_of=tuple(rack_of),
         uplink_bits=up_bits if racks > 1 else None,
         placement=placement if racks > 1 else "blocked",
+        spines=spines,
     )
 
 
@@ -337,6 +371,8 @@ def up_arguments(cluster: Cluster) -> str:
     if cluster.racks > 1:
         args += (f" --racks {cluster.racks} --uplink-rate {format_rate(cluster.uplink_bits)}"
                  f" --rack-of {','.join(map(str, cluster.rack_of))}")
+    if cluster.spines:
+        args += f" --spines {cluster.spines}"
     return args
 
 
@@ -366,11 +402,12 @@ def up(cluster: Cluster) -> bool:
     iproute.check_tools()
     with locked():
         old = load(cluster.name)
-        shape = lambda c: (len(c.hosts), c.nics, c.rack_of)  # noqa: E731
+        shape = lambda c: (len(c.hosts), c.nics, c.rack_of, c.spines)  # noqa: E731
         if old is not None and shape(old) != shape(cluster):
             raise TestbedError(
                 f"cluster {cluster.name} exists with {len(old.hosts)} hosts x {old.nics} NICs "
-                f"in {old.racks} rack(s) {list(old.rack_of)}; remove it first: "
+                f"in {old.racks} rack(s) {list(old.rack_of)}, {old.spines} spine router(s); "
+                "remove it first: "
                 f"cadence cluster down --name {cluster.name}"
             )
         present = iproute.namespaces()
@@ -402,6 +439,27 @@ def _realize(cluster: Cluster, present: set[str]) -> None:
         # then (p99 87-166 ms against 4-18 ms without it; docs/benchmarks.md).
         iproute.in_netns(ns, "sysctl", "-q", "-e", "-w", "net.ipv4.tcp_autocorking=0")
         iproute.ip(ns, "link", "set", "lo", "up")
+    f = cluster.fabric
+    if f is not None:
+        _realize_routers(cluster, f)
+    else:
+        _realize_bridges(cluster)
+    _realize_hosts(cluster)
+    if f is not None:
+        _route(cluster)
+
+
+def _realize_routers(cluster: Cluster, f: Fabric) -> None:
+    for ns in f.namespaces:
+        fabric.prepare_router(ns)
+    for u in cluster.uplinks:
+        fabric.wire_uplink(f, u.rack, u.nic, cluster.mtu)
+        _set_uplink_rate(cluster, u, cluster.uplink_bits)
+        iproute.ip(u.leaf_netns, "link", "set", u.leaf_port, "up")
+        iproute.ip(u.spine_netns, "link", "set", u.spine_port, "up")
+
+
+def _realize_bridges(cluster: Cluster) -> None:
     sw = cluster.switch
     mtu = ("mtu", str(cluster.mtu))
     for bridge in cluster.bridges:
@@ -417,14 +475,24 @@ def _realize(cluster: Cluster, present: set[str]) -> None:
         _set_uplink_rate(cluster, u, cluster.uplink_bits)
         iproute.ip(sw, "link", "set", u.leaf_port, "up")
         iproute.ip(sw, "link", "set", u.spine_port, "up")
+
+
+def _realize_hosts(cluster: Cluster) -> None:
+    sw = cluster.switch
+    mtu = ("mtu", str(cluster.mtu))
     for host in cluster.hosts:
+        port_ns = cluster.port_netns(host)
         for nic in host.nics:
-            if not iproute.link_exists(sw, nic.port):
+            if not iproute.link_exists(port_ns, nic.port):
                 # Made inside the namespaces, never in the root one: both ends are
                 # born where they live.
-                iproute.ip(sw, "link", "add", nic.port, "type", "veth",
+                iproute.ip(port_ns, "link", "add", nic.port, "type", "veth",
                            "peer", "name", nic.ifname, "netns", host.netns)  # fmt: skip
-            iproute.ip(sw, "link", "set", nic.port, *mtu, "master", nic.bridge)
+            if nic.bridge:
+                iproute.ip(sw, "link", "set", nic.port, *mtu, "master", nic.bridge)
+            else:
+                iproute.ip(port_ns, "link", "set", nic.port, *mtu)
+                fabric.host_port(port_ns, nic.port)
             # TCP builds segments of up to gso_max_size for the device, and
             # the veths carry them whole to the shapers' queues, where a
             # drop loses 64 KiB (44 packets) at once: flows into a shared
@@ -437,22 +505,31 @@ def _realize(cluster: Cluster, present: set[str]) -> None:
             iproute.ip(host.netns, "addr", "replace", nic.cidr, "dev", nic.ifname)
             _set_rate(cluster, host, nic, cluster.rate_bits)
             iproute.ip(host.netns, "link", "set", nic.ifname, "up")
-            iproute.ip(sw, "link", "set", nic.port, "up")
+            iproute.ip(port_ns, "link", "set", nic.port, "up")
         _write_hosts_file(cluster, host)
+
+
+def _route(cluster: Cluster) -> None:
+    """A routed cluster's routes, the uplinks the kernel says are down
+    withdrawn."""
+    f = cluster.fabric
+    down = {(s.uplink.rack, s.uplink.nic) for s in uplink_states(cluster) if s.state != "up"}
+    nics = [(cluster.rack_of[h.index], n.address, n.port) for h in cluster.hosts for n in h.nics]
+    fabric.routes(f, nics, down)
 
 
 def _set_rate(cluster: Cluster, host: Host, nic: Nic, bits: int) -> None:
     """A shaper on both ends: the host side shapes what the host sends, the
     switch side what it receives."""
     _shape(host.netns, nic.ifname, Bucket.for_rate(bits, cluster.mtu))
-    _shape(cluster.switch, nic.port, Bucket.for_rate(bits, cluster.mtu))
+    _shape(cluster.port_netns(host), nic.port, Bucket.for_rate(bits, cluster.mtu))
 
 
 def _set_uplink_rate(cluster: Cluster, u: Uplink, bits: int) -> None:
     """A shaper on both ends: the leaf side shapes what the rack sends out,
     the spine side what it receives."""
-    for port in (u.leaf_port, u.spine_port):
-        _shape(cluster.switch, port, Bucket.for_rate(bits, cluster.mtu))
+    for ns, port in ((u.leaf_netns, u.leaf_port), (u.spine_netns, u.spine_port)):
+        _shape(ns, port, Bucket.for_rate(bits, cluster.mtu))
 
 
 def _shape(netns: str, dev: str, bucket: Bucket) -> None:
@@ -494,7 +571,8 @@ def down(name: str) -> bool:
 def _teardown(name: str, cluster: Cluster | None) -> bool:
     # Also namespaces the state file does not list: a crash between creating a
     # namespace and saving the state must not leave it behind forever.
-    pattern = re.compile(rf"^{re.escape(NETNS_PREFIX + name)}-(sw|h\d+)$")
+    # (sw: the switch; h: hosts; l, s: a routed fabric's leaves and spines.)
+    pattern = re.compile(rf"^{re.escape(NETNS_PREFIX + name)}-(sw|h\d+|l\d+|s\d+)$")
     doomed = {ns for ns in iproute.namespaces() if pattern.match(ns)}
     if cluster is not None:
         doomed |= set(cluster.namespaces) & iproute.namespaces()
@@ -556,9 +634,13 @@ class LinkState:
 
 def link_states(cluster: Cluster) -> list[LinkState]:
     """What the kernel says about every link (not what the state file says)."""
-    ports = {d["ifname"]: d for d in iproute.links(cluster.switch)}
+    ports_of: dict[str, dict] = {}
     states = []
     for host in cluster.hosts:
+        port_ns = cluster.port_netns(host)
+        if port_ns not in ports_of:
+            ports_of[port_ns] = {d["ifname"]: d for d in iproute.links(port_ns)}
+        ports = ports_of[port_ns]
         ends = {d["ifname"]: d for d in iproute.links(host.netns)}
         for nic in host.nics:
             port, end = ports.get(nic.port), ends.get(nic.ifname)
@@ -571,7 +653,7 @@ def link_states(cluster: Cluster) -> list[LinkState]:
             states.append(LinkState(
                 host, nic, state,
                 _shaped_rate(host.netns, nic.ifname) if end else None,
-                _shaped_rate(cluster.switch, nic.port) if port else None,
+                _shaped_rate(port_ns, nic.port) if port else None,
             ))  # fmt: skip
     return states
 
@@ -604,10 +686,13 @@ def uplink_states(cluster: Cluster) -> list[UplinkState]:
     """What the kernel says about every rack's uplinks (none with one rack)."""
     if not cluster.uplinks:
         return []
-    ports = {d["ifname"]: d for d in iproute.links(cluster.switch)}
+    ports: dict[str, dict] = {}
+    for ns in {x for u in cluster.uplinks for x in (u.leaf_netns, u.spine_netns)}:
+        ports[ns] = {d["ifname"]: d for d in iproute.links(ns)}
     states = []
     for u in cluster.uplinks:
-        leaf, spine = ports.get(u.leaf_port), ports.get(u.spine_port)
+        leaf = ports[u.leaf_netns].get(u.leaf_port)
+        spine = ports[u.spine_netns].get(u.spine_port)
         if leaf is None or spine is None:
             state = "missing"
         elif "UP" not in leaf.get("flags", []) or "UP" not in spine.get("flags", []):
@@ -616,8 +701,8 @@ def uplink_states(cluster: Cluster) -> list[UplinkState]:
             state = leaf.get("operstate", "unknown").lower()
         states.append(UplinkState(
             u, cluster.rack_hosts(u.rack), state,
-            _shaped_rate(cluster.switch, u.leaf_port) if leaf else None,
-            _shaped_rate(cluster.switch, u.spine_port) if spine else None,
+            _shaped_rate(u.leaf_netns, u.leaf_port) if leaf else None,
+            _shaped_rate(u.spine_netns, u.spine_port) if spine else None,
         ))  # fmt: skip
     return states
 
@@ -625,23 +710,28 @@ def uplink_states(cluster: Cluster) -> list[UplinkState]:
 def set_uplink(
     cluster: Cluster, rack: int, nic: int, *, rate: str | None = None, up: bool | None = None
 ) -> UplinkState:
-    """Change one rack's uplink on one rail now: its rate in both directions,
-    and/or cut it (both ends go down) or restore it."""
+    """Change one rack's uplink on one rail (or, routed, to spine `nic`) now:
+    its rate in both directions, and/or cut it (both ends go down) or
+    restore it; a routed fabric's leaves stop (or start again) sending
+    over it at once."""
     iproute.check_root()
     if cluster.racks < 2:
         raise TestbedError(f"cluster {cluster.name} has one rack (no uplinks); "
                            "make one with `cluster up --racks R`")  # fmt: skip
     if not 0 <= rack < cluster.racks:
         raise TestbedError(f"cluster {cluster.name} has racks 0..{cluster.racks - 1}, not {rack}")
-    if not 0 <= nic < cluster.nics:
-        raise TestbedError(f"cluster {cluster.name} has NICs 0..{cluster.nics - 1}, not {nic}")
+    width, what = (cluster.spines, "spines") if cluster.spines else (cluster.nics, "NICs")
+    if not 0 <= nic < width:
+        raise TestbedError(f"cluster {cluster.name} has {what} 0..{width - 1}, not {nic}")
     u = next(x for x in cluster.uplinks if (x.rack, x.nic) == (rack, nic))
     with locked():
         if rate is not None:
             _set_uplink_rate(cluster, u, _bits(rate))
         if up is not None:
-            for port in (u.leaf_port, u.spine_port):
-                iproute.ip(cluster.switch, "link", "set", port, "up" if up else "down")
+            for ns, port in ((u.leaf_netns, u.leaf_port), (u.spine_netns, u.spine_port)):
+                iproute.ip(ns, "link", "set", port, "up" if up else "down")
+            if cluster.fabric is not None:
+                _route(cluster)
     return next(s for s in uplink_states(cluster) if s.uplink == u)
 
 
@@ -666,5 +756,5 @@ def set_link(
         if rate is not None:
             _set_rate(cluster, h, n, _bits(rate))
         if up is not None:
-            iproute.ip(cluster.switch, "link", "set", n.port, "up" if up else "down")
+            iproute.ip(cluster.port_netns(h), "link", "set", n.port, "up" if up else "down")
     return next(s for s in link_states(cluster) if s.host == h and s.nic == n)

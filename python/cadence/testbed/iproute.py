@@ -64,7 +64,8 @@ def in_netns(netns: str, *args: str, check: bool = True) -> subprocess.Completed
     return run("ip", "netns", "exec", netns, *args, check=check)
 
 
-def _json(proc: subprocess.CompletedProcess) -> list[dict]:
+def parse_json(proc: subprocess.CompletedProcess) -> list[dict]:
+    """A `-j` command's output (empty: none)."""
     text = proc.stdout.strip()
     return json.loads(text) if text else []
 
@@ -78,7 +79,13 @@ def namespaces() -> set[str]:
 def links(netns: str | None, *args: str) -> list[dict]:
     """`ip -j link show ARGS` in a namespace, as dicts (empty if none match)."""
     proc = ip(netns, "-j", "link", "show", *args, check=False)
-    return _json(proc) if proc.returncode == 0 else []
+    return parse_json(proc) if proc.returncode == 0 else []
+
+
+def link_stats(netns: str | None) -> list[dict]:
+    """`ip -s -j link show` in a namespace: every link with its counters."""
+    proc = ip(netns, "-s", "-j", "link", "show", check=False)
+    return parse_json(proc) if proc.returncode == 0 else []
 
 
 def link_exists(netns: str, ifname: str) -> bool:
@@ -90,7 +97,7 @@ def root_qdisc(netns: str | None, ifname: str) -> dict | None:
     proc = tc(netns, "-j", "qdisc", "show", "dev", ifname, "root", check=False)
     if proc.returncode != 0:
         return None
-    qdiscs = _json(proc)
+    qdiscs = parse_json(proc)
     return qdiscs[0] if qdiscs else None
 
 
