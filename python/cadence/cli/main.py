@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from cadence.cli import bench, cluster, doctor, sim, soak, topo, tune
+from cadence.cli import bench, cluster, doctor, planner, sim, soak, topo, tune
 
-COMMANDS = (bench, tune, cluster, soak, doctor, topo, sim)
+COMMANDS = (bench, tune, cluster, soak, doctor, topo, sim, planner)
 
 
 def build_parser() -> argparse.ArgumentParser:

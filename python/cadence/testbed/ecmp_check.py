@@ -72,9 +72,11 @@ class Flow:
 
 
 def check(cluster: testbed.Cluster, flows: int, seed: int = 0, src: int = 0,
-          dst: int | None = None) -> list[Flow]:
+          dst: int | None = None, ports: list[tuple[int, int]] | None = None) -> list[Flow]:
     """`flows` flows from host `src` to host `dst` (default: the first host
-    of another rack), each predicted and observed."""
+    of another rack), each predicted and observed; `ports`: these (source
+    port, destination port) pairs instead of random ones (destination
+    ports among DPORTS)."""
     f = cluster.fabric
     if f is None:
         raise testbed.TestbedError(f"cluster {cluster.name} is not routed (up it with --spines)")
@@ -93,12 +95,15 @@ def check(cluster: testbed.Cluster, flows: int, seed: int = 0, src: int = 0,
         if server.stdout.readline().strip() != "ready":
             raise testbed.TestbedError("the flows' server did not start")
         used: set[int] = set()
-        for _ in range(flows):
-            sport = rng.randrange(20000, 60000)
-            while sport in used:  # a port in TIME_WAIT with the same peer may refuse
+        for i in range(flows if ports is None else len(ports)):
+            if ports is not None:
+                sport, dport = ports[i]
+            else:
                 sport = rng.randrange(20000, 60000)
-            used.add(sport)
-            dport = rng.choice(DPORTS)
+                while sport in used:  # a port in TIME_WAIT with the same peer may refuse
+                    sport = rng.randrange(20000, 60000)
+                used.add(sport)
+                dport = rng.choice(DPORTS)
             src_addr, dst_addr = a.nics[0].address, b.nics[0].address
             predicted = fabric.next_spine(f, rack, a.nics[0].port, src_addr, dst_addr, sport,
                                           dport)  # fmt: skip

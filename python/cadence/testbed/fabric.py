@@ -28,6 +28,7 @@ hash the packets get.
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass
 
 from cadence.testbed import iproute
@@ -140,14 +141,25 @@ def next_spine(f: Fabric, rack: int, in_port: str, src: str, dst: str, sport: in
                dport: int) -> int | None:
     """The spine leaf `rack` sends a TCP packet of this 5-tuple arriving on
     `in_port` to (None: it stays in the rack, or no route)."""
-    proc = iproute.ip(f.leaf(rack), "-j", "route", "get", dst, "from", src, "iif", in_port,
-                      "ipproto", "tcp", "sport", str(sport), "dport", str(dport),
-                      check=False)  # fmt: skip
-    if proc.returncode != 0:
-        return None
-    got = iproute.parse_json(proc)
-    dev = got[0].get("dev", "") if got else ""
-    return int(dev[1:]) if dev.startswith("s") and dev[1:].isdigit() else None
+    return next_spines(f, rack, in_port, src, dst, [(sport, dport)])[0]
+
+
+def next_spines(f: Fabric, rack: int, in_port: str, src: str, dst: str,
+                ports: list[tuple[int, int]]) -> list[int | None]:
+    """`next_spine` of each (source port, destination port), asked in one
+    `ip -batch` (a few µs a lookup)."""
+    lines = "".join(f"route get {dst} from {src} iif {in_port} ipproto tcp sport {sp} "
+                    f"dport {dp}\n" for sp, dp in ports)
+    proc = iproute.run("ip", "-n", f.leaf(rack), "-j", "-batch", "-", input=lines, check=False)
+    out: list[int | None] = []
+    for line in proc.stdout.splitlines():
+        got = json.loads(line) if line.strip() else []
+        dev = got[0].get("dev", "") if got else ""
+        out.append(int(dev[1:]) if dev.startswith("s") and dev[1:].isdigit() else None)
+    if len(out) != len(ports):
+        detail = proc.stderr.strip() or "fewer answers than questions"
+        raise TestbedError(f"asking leaf {rack} for next hops failed: {detail}")
+    return out
 
 
 def uplink_counters(f: Fabric) -> dict[tuple[int, int], dict[str, int]]:

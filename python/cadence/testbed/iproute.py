@@ -35,11 +35,13 @@ def check_tools() -> None:
         )
 
 
-def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run one command; on failure raise TestbedError with the command and its stderr."""
+def run(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run one command (`input`: its stdin); on failure raise TestbedError
+    with the command and its stderr."""
     try:
         proc = subprocess.run(
-            args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False
+            args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False,
+            input=input,
         )
     except subprocess.TimeoutExpired:
         raise TestbedError(f"`{' '.join(args)}` took more than {COMMAND_TIMEOUT:g} s") from None

@@ -1,0 +1,193 @@
+"""The path planner of a routed emulated cluster (C4P, docs/traffic.md): one
+service per cluster, shared by every job on it, that assigns each stream
+between racks a spine so the busiest uplink carries as little as it can, and
+answers with source ports the fabric's ECMP hash puts on that spine.
+
+  serve   run it in the foreground (logs every decision to stderr)
+  start   run it in the background (log and pid beside the cluster's state)
+  stop    stop the background one
+  status  its jobs, streams per uplink, excluded and down links
+
+examples:
+  cadence cluster up --name ec --hosts 8 --racks 4 --spines 2 --rate 200mbit
+  cadence planner start --cluster ec
+  cadence planner status --cluster ec
+  cadence planner stop --cluster ec
+
+Jobs find it with CADENCE_PLANNER (an address: unix:PATH or tcp:HOST:PORT)
+and CADENCE_PLANNER_TOKEN_FILE; by default the planner listens on a Unix
+socket beside the cluster's state, reachable from every emulated host, and
+writes a new random token (readable by root only) there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cadence import testbed
+from cadence.planner.protocol import Address, Client, PlannerError, read_token, write_token
+
+NAME = "planner"
+HELP = "the path planner of a routed cluster (C4P): serve, start, stop, status"
+
+
+def default_address(cluster: str) -> str:
+    return f"unix:{testbed.cluster.STATE_DIR / (cluster + '.planner.sock')}"
+
+
+def default_token_file(cluster: str) -> str:
+    return str(testbed.cluster.STATE_DIR / (cluster + ".planner-token"))
+
+
+def _pid_file(cluster: str) -> Path:
+    return testbed.cluster.STATE_DIR / f"{cluster}.planner.pid"
+
+
+def _log_file(cluster: str) -> Path:
+    return testbed.cluster.STATE_DIR / f"{cluster}.planner.log"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, text in (("serve", "run the planner in the foreground"),
+                       ("start", "run the planner in the background"),
+                       ("stop", "stop the background planner"),
+                       ("status", "the planner's jobs and uplink loads")):  # fmt: skip
+        a = sub.add_parser(name, help=text)
+        a.add_argument("--cluster", required=True, help="the routed cluster (cluster up --spines)")
+        a.add_argument("--listen", help="unix:PATH or tcp:HOST:PORT (a socket beside the "
+                                         "cluster's state)")  # fmt: skip
+        a.add_argument("--token-file", help="the cluster token (beside the cluster's state)")
+        if name in ("serve", "start"):
+            a.add_argument("--exclude", action="append", default=[], metavar="RACK:SPINE",
+                           help="an uplink to leave unused from the start (repeatable)")
+        if name == "status":
+            a.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    address = args.listen or default_address(args.cluster)
+    token_file = args.token_file or default_token_file(args.cluster)
+    try:
+        return ACTIONS[args.action](args, address, token_file)
+    except (testbed.TestbedError, PlannerError, ValueError) as e:
+        print(f"cadence planner {args.action}: {e}", file=sys.stderr)
+        return 1
+
+
+def _excluded(items: list[str]) -> set[tuple[int, int]]:
+    out = set()
+    for item in items:
+        rack, _, spine = item.partition(":")
+        if not (rack.isdigit() and spine.isdigit()):
+            raise ValueError(f"--exclude {item}: expected RACK:SPINE")
+        out.add((int(rack), int(spine)))
+    return out
+
+
+def _serve(args: argparse.Namespace, address: str, token_file: str) -> int:
+    from cadence.planner.service import Planner, serve
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(message)s")  # fmt: skip
+    cluster = testbed.require(args.cluster)
+    token = read_token(token_file) if os.path.exists(token_file) else write_token(token_file)
+    excluded = _excluded(args.exclude)
+    bad = [x for x in excluded if not (0 <= x[0] < cluster.racks and 0 <= x[1] < cluster.spines)]
+    if bad:
+        raise ValueError(f"--exclude {bad[0][0]}:{bad[0][1]}: cluster {cluster.name} has racks "
+                         f"0..{cluster.racks - 1} and spines 0..{cluster.spines - 1}")
+    planner = Planner(cluster, token, excluded=excluded)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        asyncio.run(serve(planner, Address.parse(address)))
+    except KeyboardInterrupt:
+        logging.getLogger("cadence.planner").info("planner stopped")
+    return 0
+
+
+def _start(args: argparse.Namespace, address: str, token_file: str) -> int:
+    testbed.require(args.cluster)
+    pid = _running(args.cluster)
+    if pid is not None:
+        print(f"planner of cluster {args.cluster}: already running (pid {pid}) on {address}")
+        return 0
+    cmd = [sys.executable, "-m", "cadence.cli.main", "planner", "serve", "--cluster",
+           args.cluster, "--listen", address, "--token-file", token_file]
+    for x in args.exclude:
+        cmd += ["--exclude", x]
+    log = open(_log_file(args.cluster), "ab")  # noqa: SIM115 - the child keeps it
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    _pid_file(args.cluster).write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = _log_file(args.cluster).read_text().strip().splitlines()[-1:]
+            raise testbed.TestbedError(f"the planner exited at once: {' '.join(tail)}")
+        try:
+            with Client(address, read_token(token_file), timeout=1.0) as c:
+                c.request("status")
+            print(f"planner of cluster {args.cluster}: running (pid {proc.pid}) on {address}; "
+                  f"log {_log_file(args.cluster)}")
+            return 0
+        except PlannerError:
+            time.sleep(0.1)
+    proc.kill()
+    raise testbed.TestbedError(f"the planner did not answer on {address} within 10 s")
+
+
+def _running(cluster: str) -> int | None:
+    try:
+        pid = int(_pid_file(cluster).read_text())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def _stop(args: argparse.Namespace, address: str, token_file: str) -> int:
+    pid = _running(args.cluster)
+    if pid is None:
+        print(f"planner of cluster {args.cluster}: not running")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    _pid_file(args.cluster).unlink(missing_ok=True)
+    print(f"planner of cluster {args.cluster}: stopped")
+    return 0
+
+
+def _status(args: argparse.Namespace, address: str, token_file: str) -> int:
+    with Client(address, read_token(token_file)) as c:
+        st = c.request("status")
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    print(f"planner of cluster {st['cluster']} on {address}: {len(st['jobs'])} job(s)")
+    for j in st["jobs"]:
+        print(f"  job {j['job']}: {j['connections']} connections, {j['streams']} streams")
+    print("  uplink          streams up  streams down  state")
+    for u in st["uplinks"]:
+        print(f"  rack {u['rack']:>2} spine {u['spine']:>2}  {u['up']:>10}  {u['down']:>12}  "
+              f"{u['state']}")
+    return 0
+
+
+ACTIONS = {"serve": _serve, "start": _start, "stop": _stop, "status": _status}

@@ -1,0 +1,369 @@
+"""The planner service: one process per cluster, shared by every job on it
+(protocol.py says what it answers). It keeps every job's streams and the
+spine each takes, places new ones where the busiest uplink stays lowest
+(assign.py), finds source ports the fabric hashes onto the chosen spine
+(asking the leaf's kernel, `fabric.next_spines`), watches the uplinks, and
+when one goes down (or comes back) moves the streams it concerns and tells
+their jobs. Every decision is logged. A job's lease is its connection:
+when it closes, the job's streams are forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+from cadence import testbed
+from cadence.planner import assign
+from cadence.planner.protocol import MAX_LINE, VERSION, Address, encode
+from cadence.testbed import fabric
+
+log = logging.getLogger("cadence.planner")
+
+#: Source ports handed out: below Linux's ephemeral range (32768-60999), so
+#: a planned port never collides with one the kernel picked for a connect.
+PORT_LO, PORT_HI = 20000, 32767
+#: Ports offered per stream, all landing on its spine.
+PORTS_PER_STREAM = 4
+#: How often the uplinks' states are read.
+WATCH_S = 0.5
+
+
+class Refused(Exception):
+    """A request the planner answers with an error (and, `close`, hangs up on)."""
+
+    def __init__(self, message: str, close: bool = False):
+        super().__init__(message)
+        self.close = close
+
+
+@dataclass
+class Conn:
+    """One connection of a job: its ends and its streams."""
+
+    id: object
+    src: str
+    dst: str
+    dport: int
+    streams: list[assign.Stream]
+    sports: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class Job:
+    name: str
+    writer: asyncio.StreamWriter
+    conns: dict = field(default_factory=dict)
+    since: float = field(default_factory=time.time)
+
+    def streams(self) -> list[assign.Stream]:
+        return [s for c in self.conns.values() for s in c.streams]
+
+
+class Planner:
+    def __init__(self, cluster: testbed.Cluster, token: str, excluded: set | None = None,
+                 seed: int = 0):
+        if cluster.fabric is None:
+            raise testbed.TestbedError(f"cluster {cluster.name} is not a routed fabric "
+                                       "(cluster up --spines): nothing to plan")  # fmt: skip
+        self.cluster = cluster
+        self.f = cluster.fabric
+        self.token = token
+        self.excluded = set(excluded or ())
+        self.down: set[tuple[int, int]] = set()
+        self.model = assign.Fabric(cluster.racks, cluster.spines, set(self.excluded))
+        self.jobs: dict[str, Job] = {}
+        self.rng = random.Random(seed)
+        #: Cluster address → (host, rack, the leaf's port it arrives on).
+        self.where = {n.address: (h.index, cluster.rack_of[h.index], n.port)
+                      for h in cluster.hosts for n in h.nics}  # fmt: skip
+        #: Source ports handed out, per source address.
+        self.taken: dict[str, set[int]] = {}
+
+    # ------------------------------------------------------------ requests
+
+    def handle(self, job: Job | None, req: dict, writer) -> tuple[dict, Job | None]:
+        if not isinstance(req, dict):
+            raise Refused("a request is a JSON object", close=True)
+        if req.get("v") != VERSION:
+            raise Refused(f"protocol version {req.get('v')!r}; this planner speaks {VERSION}",
+                          close=True)  # fmt: skip
+        if not hmac.compare_digest(str(req.get("token", "")), self.token):
+            raise Refused("unauthenticated: wrong or missing cluster token", close=True)
+        op = req.get("op")
+        if op not in ("hello", "plan", "release", "status"):
+            raise Refused(f"unknown op {op!r} (hello, plan, release, status)")
+        if op == "hello":
+            name = _text(req, "job")
+            if job is None:
+                if name in self.jobs:
+                    raise Refused(f"job {name!r} already holds a lease on another connection")
+                job = Job(name, writer)
+                self.jobs[name] = job
+                log.info("job %s: lease opened", name)
+            return {"ok": True, "planner": str(self.f.prefix), "racks": self.cluster.racks,
+                    "spines": self.cluster.spines,
+                    "excluded": sorted(map(list, self.excluded))}, job  # fmt: skip
+        if op == "status":
+            return self.status(), job
+        if job is None:
+            raise Refused(f"{op!r} before hello: say which job first")
+        if op == "plan":
+            return {"ok": True, "paths": self.plan(job, req.get("connections"))}, job
+        self.release(job)
+        return {"ok": True}, job
+
+    def plan(self, job: Job, conns) -> list[dict]:
+        if not isinstance(conns, list) or not conns:
+            raise Refused("plan needs connections: a non-empty list")
+        new: list[Conn] = []
+        for i, c in enumerate(conns):
+            if not isinstance(c, dict):
+                raise Refused(f"connection {i} is not an object")
+            src, dst = _text(c, "src"), _text(c, "dst")
+            for a in (src, dst):
+                if a not in self.where:
+                    raise Refused(f"connection {i}: {a} is no address of cluster "
+                                  f"{self.cluster.name}")  # fmt: skip
+            dport, count = _int(c, "dport", 1, 65535), _int(c, "streams", 1, 64)
+            cid = c.get("id", i)
+            if cid in job.conns or any(x.id == cid for x in new):
+                raise Refused(f"connection id {cid!r} planned twice for job {job.name}")
+            rs, rd = self.where[src][1], self.where[dst][1]
+            streams = [assign.Stream((job.name, cid, k), rs, rd) for k in range(count)]
+            new.append(Conn(cid, src, dst, dport, streams))
+        fresh = [s for c in new for s in c.streams]
+        placed = [s for j in self.jobs.values() for s in j.streams()]
+        try:
+            worst = assign.place(self.model, fresh, fixed=placed)
+        except ValueError as e:
+            raise Refused(str(e)) from None
+        for c in new:
+            c.sports = self._ports(c)
+            job.conns[c.id] = c
+        log.info("job %s: planned %d connections, %d streams; busiest uplink now %d streams",
+                 job.name, len(new), len(fresh), worst)
+        return [self._path(c) for c in new]
+
+    def release(self, job: Job) -> None:
+        for c in job.conns.values():
+            self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
+        n = len(job.conns)
+        job.conns.clear()
+        log.info("job %s: released %d connections", job.name, n)
+
+    def status(self) -> dict:
+        loads = assign.Loads(self.model)
+        for j in self.jobs.values():
+            for s in j.streams():
+                if s.spine is not None:
+                    loads.add(s, s.spine)
+        uplinks = [{"rack": r, "spine": m, "up": loads.of(r, m, assign.UP),
+                    "down": loads.of(r, m, assign.DOWN),
+                    "state": ("excluded" if (r, m) in self.excluded else
+                              "down" if (r, m) in self.down else "up")}
+                   for r in range(self.cluster.racks) for m in range(self.cluster.spines)]
+        jobs = [{"job": j.name, "connections": len(j.conns), "streams": len(j.streams()),
+                 "since": j.since} for j in self.jobs.values()]  # fmt: skip
+        return {"ok": True, "cluster": self.cluster.name, "jobs": jobs, "uplinks": uplinks,
+                "excluded": sorted(map(list, self.excluded))}
+
+    def forget(self, job: Job) -> None:
+        self.release(job)
+        self.jobs.pop(job.name, None)
+        log.info("job %s: lease ended", job.name)
+
+    # ------------------------------------------------------------- paths
+
+    def _path(self, c: Conn) -> dict:
+        return {"id": c.id, "src": c.src, "dst": c.dst, "dport": c.dport,
+                "streams": [{"spine": s.spine, "sports": ps}
+                            for s, ps in zip(c.streams, c.sports, strict=True)]}  # fmt: skip
+
+    def _ports(self, c: Conn, keep: list[list[int]] | None = None) -> list[list[int]]:
+        """Per stream of `c`, source ports its spine is reached by (`keep`:
+        the ports each had, kept where its spine did not change)."""
+        _host, rack, port = self.where[c.src]
+        taken = self.taken.setdefault(c.src, set())
+        keep = keep or [[] for _ in c.streams]
+        redo = [s.spine is not None and not k for s, k in zip(c.streams, keep, strict=True)]
+        want = {s.spine for s, r in zip(c.streams, redo, strict=True) if r}
+        found: dict[int, list[int]] = {m: [] for m in want}
+        need = PORTS_PER_STREAM * len(c.streams)
+        for _ in range(64):
+            if all(len(found[m]) >= need for m in want):
+                break
+            tries = [p for p in self.rng.sample(range(PORT_LO, PORT_HI + 1), 16 * len(want) + 16)
+                     if p not in taken]
+            spines = fabric.next_spines(self.f, rack, port, c.src, c.dst,
+                                        [(p, c.dport) for p in tries])  # fmt: skip
+            for p, m in zip(tries, spines, strict=True):
+                if m in found and len(found[m]) < need:
+                    found[m].append(p)
+        out = []
+        for s, r, k in zip(c.streams, redo, keep, strict=True):
+            if not r:
+                out.append(k if s.spine is not None else [])
+                continue
+            ps = found[s.spine][:PORTS_PER_STREAM]
+            del found[s.spine][:PORTS_PER_STREAM]
+            if not ps:
+                raise Refused(f"no source port of {c.src} reaches spine {s.spine} toward "
+                              f"{c.dst}:{c.dport}")  # fmt: skip
+            taken.update(ps)
+            out.append(ps)
+        return out
+
+    # -------------------------------------------------------------- links
+
+    def links_changed(self, down: set[tuple[int, int]]) -> list[tuple[Job, dict]]:
+        """The uplinks now down: re-plans the streams they concern (moved
+        off a link gone down; every stream again when one came back, so it
+        carries its share) and says what to tell which job."""
+        gone, back = down - self.down, self.down - down
+        self.down = set(down)
+        self.model.dead = set(self.excluded) | self.down
+        if not gone and not back:
+            return []
+        every = [(j, c, s) for j in self.jobs.values() for c in j.conns.values()
+                 for s in c.streams if s.spine is not None]  # fmt: skip
+        before = {id(s): s.spine for _, _, s in every}
+        if back:
+            movable = [s for _, _, s in every]
+            fixed = []
+        else:
+            movable = [s for _, _, s in every
+                       if (s.src, s.spine) in gone or (s.dst, s.spine) in gone]
+            fixed = [s for _, _, s in every if s not in movable]
+        try:
+            worst = assign.place(self.model, movable, fixed=fixed)
+        except ValueError as e:
+            log.warning("uplinks %s down: %s; those streams keep their paths", sorted(down), e)
+            return []
+        for link in sorted(gone):
+            log.warning("uplink rack %d spine %d down: %d streams moved", *link,
+                        sum(1 for _, _, s in every if before[id(s)] != s.spine))
+        for link in sorted(back):
+            log.info("uplink rack %d spine %d up again: streams rebalanced", *link)
+        log.info("busiest uplink now %d streams", worst)
+        events = []
+        for job in self.jobs.values():
+            changed = [c for c in job.conns.values()
+                       if any(before.get(id(s)) != s.spine for s in c.streams)]
+            for c in changed:
+                moved = [before.get(id(s)) != s.spine for s in c.streams]
+                self.taken.get(c.src, set()).difference_update(
+                    p for ps, m in zip(c.sports, moved, strict=True) if m for p in ps)
+                c.sports = self._ports(c, keep=[[] if m else ps for ps, m in
+                                                zip(c.sports, moved, strict=True)])
+            for link in sorted(gone | back):
+                events.append((job, {"event": "link", "rack": link[0], "spine": link[1],
+                                     "state": "down" if link in gone else "up",
+                                     "paths": [self._path(c) for c in changed]}))
+        return events
+
+
+def _text(obj: dict, key: str) -> str:
+    v = obj.get(key)
+    if not isinstance(v, str) or not v:
+        raise Refused(f"{key!r} must be a non-empty string")
+    return v
+
+
+def _int(obj: dict, key: str, lo: int, hi: int) -> int:
+    v = obj.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise Refused(f"{key!r} must be an integer {lo}..{hi}, not {v!r}")
+    return v
+
+
+# ---------------------------------------------------------------- serving
+
+
+async def serve(planner: Planner, address: Address, ready=None) -> None:
+    """Serves until cancelled; `ready()` is called once listening."""
+
+    clients: set[asyncio.Task] = set()
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        job: Job | None = None
+        clients.add(asyncio.current_task())
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    writer.write(encode({"ok": False, "error": f"request over {MAX_LINE} B"}))
+                    break
+                if not line:
+                    break
+                try:
+                    req = json.loads(line)
+                except ValueError:
+                    writer.write(encode({"ok": False, "error": "not a JSON line"}))
+                    break
+                try:
+                    answer, job = planner.handle(job, req, writer)
+                except Refused as e:
+                    writer.write(encode({"ok": False, "error": str(e)}))
+                    if e.close:
+                        break
+                    continue
+                except testbed.TestbedError as e:
+                    answer = {"ok": False, "error": str(e)}
+                writer.write(encode(answer))
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            clients.discard(asyncio.current_task())
+            if job is not None:
+                planner.forget(job)
+            writer.close()
+
+    if address.kind == "unix":
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(address.path)
+        server = await asyncio.start_unix_server(client, address.path, limit=MAX_LINE)
+        os.chmod(address.path, 0o666)  # the token, not the path, guards it
+    else:
+        server = await asyncio.start_server(client, address.host, address.port, limit=MAX_LINE)
+    watcher = asyncio.create_task(_watch(planner))
+    log.info("planner for cluster %s listening on %s (%d racks x %d spines%s)",
+             planner.cluster.name, address, planner.cluster.racks, planner.cluster.spines,
+             f", excluded {sorted(planner.excluded)}" if planner.excluded else "")
+    if ready is not None:
+        ready()
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        watcher.cancel()
+        for task in list(clients):  # stopping: every client's connection closes
+            task.cancel()
+        await asyncio.gather(watcher, *clients, return_exceptions=True)
+        if address.kind == "unix":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(address.path)
+
+
+async def _watch(planner: Planner) -> None:
+    """Reads the uplinks' states every WATCH_S and acts on changes."""
+    while True:
+        try:
+            states = await asyncio.to_thread(testbed.uplink_states, planner.cluster)
+            down = {(s.uplink.rack, s.uplink.nic) for s in states if s.state != "up"}
+            for job, event in planner.links_changed(down):
+                with contextlib.suppress(ConnectionError, OSError):
+                    job.writer.write(encode(event))
+                    await job.writer.drain()
+        except testbed.TestbedError as e:
+            log.warning("reading the uplinks failed: %s", e)
+        await asyncio.sleep(WATCH_S)

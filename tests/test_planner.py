@@ -1,0 +1,247 @@
+"""The path planner (C4P, docs/traffic.md): the assignment of streams to
+spines (optimal on small cases, at the lower bound with every uplink
+live), the protocol (authenticated, one-line errors, a lease per
+connection), and on a routed emulated cluster (root): planned source ports
+land on their spines, a cut uplink moves its streams and tells the job, a
+planner that dies leaves its clients an error, not a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import socket
+import threading
+import time
+
+import pytest
+from cadence import testbed
+from cadence.planner import assign
+from cadence.planner.protocol import Client, PlannerError, encode
+from cadence.planner.service import Planner, Refused, serve
+from clusters import why_no_clusters
+
+WHY_NO_CLUSTERS = why_no_clusters()
+needs_clusters = pytest.mark.skipif(WHY_NO_CLUSTERS is not None, reason=str(WHY_NO_CLUSTERS))
+TOKEN = "t0ken"
+
+
+# ------------------------------------------------------------- assignment
+
+
+def _brute_force(f: assign.Fabric, streams: list[assign.Stream]) -> int:
+    cross = [s for s in streams if s.src != s.dst]
+    best = 0 if not cross else None
+    for combo in itertools.product(*(f.spines_for(s.src, s.dst) for s in cross)):
+        loads = assign.Loads(f)
+        for s, m in zip(cross, combo, strict=True):
+            loads.add(s, m)
+        best = loads.worst() if best is None else min(best, loads.worst())
+    return best
+
+
+def test_the_assignment_is_optimal_on_small_cases():
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(400):
+        racks, spines = rng.randint(2, 4), rng.randint(1, 3)
+        dead = {(rng.randrange(racks), rng.randrange(spines))
+                for _ in range(rng.choice((0, 0, 1, 2)))}  # fmt: skip
+        f = assign.Fabric(racks, spines, dead)
+        streams = [assign.Stream(i, rng.randrange(racks), rng.randrange(racks))
+                   for i in range(rng.randint(1, 8))]  # fmt: skip
+        if any(not f.spines_for(s.src, s.dst) for s in streams if s.src != s.dst):
+            with pytest.raises(ValueError, match="no live spine"):
+                assign.place(f, streams)
+            continue
+        assert assign.place(f, streams) == _brute_force(f, streams), (racks, spines, dead)
+        checked += 1
+    assert checked > 250
+
+
+def test_with_every_uplink_live_the_busiest_is_the_lower_bound():
+    rng = random.Random(8)
+    for _ in range(200):
+        racks, spines = rng.randint(2, 8), rng.randint(1, 8)
+        f = assign.Fabric(racks, spines)
+        streams = [assign.Stream(i, rng.randrange(racks), rng.randrange(racks))
+                   for i in range(rng.randint(1, 200))]  # fmt: skip
+        cross = [s for s in streams if s.src != s.dst]
+        want = assign.lower_bound(f, cross) if cross else 0
+        assert assign.place(f, streams) == want
+        assert all((s.spine is None) == (s.src == s.dst) for s in streams)
+
+
+def test_other_jobs_streams_stay_and_a_dead_uplink_carries_nothing():
+    f = assign.Fabric(2, 2)
+    first = [assign.Stream(("a", k), 0, 1) for k in range(4)]
+    assign.place(f, first)
+    where = [s.spine for s in first]
+    second = [assign.Stream(("b", k), 0, 1) for k in range(4)]
+    assert assign.place(f, second, fixed=first) == 4
+    assert [s.spine for s in first] == where
+    f.dead = {(1, 0)}
+    assert assign.place(f, first + second, rebalance=True) == 8
+    assert {s.spine for s in first + second} == {1}
+
+
+# ---------------------------------------------------------------- protocol
+
+
+def _routed(name: str = "pl") -> testbed.Cluster:
+    return testbed.build(name, 4, 1, "100mbit", racks=2, spines=2)
+
+
+def test_requests_are_authenticated_and_refusals_are_one_line():
+    p = Planner(_routed(), TOKEN)
+    ok = {"v": 1, "token": TOKEN}
+    cases = [
+        ({**ok, "token": "wrong", "op": "status"}, "unauthenticated", True),
+        ({"v": 1, "op": "status"}, "unauthenticated", True),
+        ({**ok, "v": 9, "op": "status"}, "protocol version", True),
+        ([1, 2], "JSON object", True),
+        ({**ok, "op": "plan", "connections": []}, "before hello", False),
+        ({**ok, "op": "frobnicate"}, "unknown op", False),
+        ({**ok, "op": "hello"}, "'job'", False),
+    ]
+    for req, words, close in cases:
+        with pytest.raises(Refused, match=words) as e:
+            p.handle(None, req, None)
+        assert e.value.close == close and "\n" not in str(e.value)
+    assert p.handle(None, {**ok, "op": "status"}, None)[0]["ok"]
+    _, job = p.handle(None, {**ok, "op": "hello", "job": "j"}, None)
+    bad = [([], "non-empty list"), ([{"src": "10.77.0.1", "dst": "10.9.9.9", "dport": 1,
+                                     "streams": 1}], "no address of cluster"),
+           ([{"src": "10.77.0.1", "dst": "10.77.0.3", "dport": 0, "streams": 1}], "'dport'"),
+           ([{"src": "10.77.0.1", "dst": "10.77.0.3", "dport": 5, "streams": 99}], "'streams'")]
+    for conns, words in bad:
+        with pytest.raises(Refused, match=words):
+            p.handle(job, {**ok, "op": "plan", "connections": conns}, None)
+    with pytest.raises(Refused, match="already holds a lease"):
+        p.handle(None, {**ok, "op": "hello", "job": "j"}, None)
+
+
+class _Served:
+    """A planner served on a Unix socket by a thread of its own."""
+
+    def __init__(self, cluster: testbed.Cluster, path: str):
+        self.address = f"unix:{path}"
+        self.planner = Planner(cluster, TOKEN)
+        self.loop = asyncio.new_event_loop()
+        up = threading.Event()
+        from cadence.planner.protocol import Address
+
+        self.task = None
+
+        def run():
+            asyncio.set_event_loop(self.loop)
+            self.task = self.loop.create_task(serve(self.planner, Address.parse(self.address),
+                                                    ready=up.set))
+            try:
+                self.loop.run_until_complete(self.task)
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopped by the test
+                pass
+            self.loop.close()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert up.wait(10), "the planner did not start"
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.task.cancel)
+            self.thread.join(10)
+
+
+def test_garbage_on_the_socket_gets_one_line_and_the_connection_closed(tmp_path):
+    served = _Served(_routed("pg"), str(tmp_path / "p.sock"))
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(str(tmp_path / "p.sock"))
+        s.sendall(b"\x00\xffnot json\n")
+        assert s.recv(1000) == b'{"ok":false,"error":"not a JSON line"}\n'
+        assert s.recv(1000) == b""
+        with Client(served.address, "wrong") as c, pytest.raises(PlannerError, match="unauth"):
+            c.request("status")
+        with Client(served.address, TOKEN) as c:
+            assert c.request("hello", job="j")["spines"] == 2
+            assert [j["job"] for j in c.request("status")["jobs"]] == ["j"]
+        # The lease ended with the connection.
+        with Client(served.address, TOKEN) as c:
+            for _ in range(50):
+                if not c.request("status")["jobs"]:
+                    break
+                time.sleep(0.05)
+            assert c.request("status")["jobs"] == []
+    finally:
+        served.stop()
+
+
+# ------------------------------------------------------- on a routed cluster
+
+
+@pytest.fixture
+def routed(tmp_path):
+    name = f"pl{random.randrange(1 << 20):05x}"
+    cluster = testbed.build(name, 4, 1, "200mbit", racks=2, spines=2, placement="interleaved")
+    testbed.up(cluster)
+    served = _Served(cluster, str(tmp_path / "planner.sock"))
+    yield cluster, served
+    served.stop()
+    testbed.down(name)
+
+
+@needs_clusters
+def test_planned_ports_land_on_their_spines_and_a_cut_uplink_moves_them(routed):
+    from cadence.testbed import ecmp_check
+
+    cluster, served = routed
+    src, dst = cluster.hosts[0].nics[0].address, cluster.hosts[1].nics[0].address
+    with Client(served.address, TOKEN) as c:
+        c.request("hello", job="train")
+        conns = [{"id": k, "src": src, "dst": dst, "dport": ecmp_check.DPORTS[k % 4],
+                  "streams": 2} for k in range(6)]  # fmt: skip
+        paths = c.request("plan", connections=conns)["paths"]
+        streams = [(p["dport"], s) for p in paths for s in p["streams"]]
+        assert sorted(s["spine"] for _, s in streams) == [0] * 6 + [1] * 6
+        flows = ecmp_check.check(cluster, 0, src=0, dst=1,
+                                 ports=[(s["sports"][0], d) for d, s in streams])
+        assert [f.seen for f in flows] == [s["spine"] for _, s in streams]
+        st = c.request("status")
+        assert max(u["up"] for u in st["uplinks"]) == 6
+        # Host 1 is in rack 1: cut its uplink to spine 0.
+        testbed.set_uplink(cluster, 1, 0, up=False)
+        event = c.next_event(5.0)
+        assert event is not None and event["state"] == "down", event
+        moved = {(p["id"], k): s for p in event["paths"] for k, s in enumerate(p["streams"])}
+        assert len(moved) == 12 and {s["spine"] for s in moved.values()} == {1}
+        flows = ecmp_check.check(cluster, 0, src=0, dst=1, ports=[
+            (s["sports"][0], ecmp_check.DPORTS[i % 4]) for (i, _), s in sorted(moved.items())])
+        assert {f.seen for f in flows} == {1}
+        testbed.set_uplink(cluster, 1, 0, up=True)
+        event = c.next_event(5.0)
+        assert event is not None and event["state"] == "up"
+        back = [s["spine"] for p in event["paths"] for s in p["streams"]]
+        assert sorted(back).count(0) == 6, back
+    served.stop()
+    with pytest.raises(PlannerError, match="unreachable"):
+        Client(served.address, TOKEN, timeout=2.0)
+
+
+def test_a_planner_that_dies_leaves_its_client_an_error_not_a_hang(tmp_path):
+    served = _Served(_routed("pd"), str(tmp_path / "p.sock"))
+    c = Client(served.address, TOKEN, timeout=3.0)
+    c.request("hello", job="j")
+    served.stop()
+    t = time.monotonic()
+    with pytest.raises(PlannerError):
+        c.request("status")
+    assert time.monotonic() - t < 3.5
+    c.close()
+    with pytest.raises(PlannerError, match="unreachable"):
+        Client(served.address, TOKEN, timeout=1.0)
+
+
+def test_encode_is_one_line():
+    assert encode({"a": "x\ny"}).count(b"\n") == 1
