@@ -245,3 +245,29 @@ def test_a_planner_that_dies_leaves_its_client_an_error_not_a_hang(tmp_path):
 
 def test_encode_is_one_line():
     assert encode({"a": "x\ny"}).count(b"\n") == 1
+
+
+@needs_clusters
+def test_planner_start_status_stop_and_cluster_down_stops_it(capsys):
+    from cadence.cli import planner as planner_cli
+    from cadence.cli.main import main as cli
+
+    name = f"pc{random.randrange(1 << 20):05x}"
+    testbed.up(testbed.build(name, 4, 1, "100mbit", racks=2, spines=2))
+    try:
+        assert cli(["planner", "start", "--cluster", name]) == 0
+        pid = planner_cli._running(name)
+        assert pid is not None
+        assert cli(["planner", "start", "--cluster", name]) == 0  # already running: kept
+        assert planner_cli._running(name) == pid
+        assert cli(["planner", "status", "--cluster", name]) == 0
+        out = capsys.readouterr().out
+        assert "0 job(s)" in out and "rack  1 spine  1" in out, out
+        assert cli(["planner", "serve", "--cluster", name, "--exclude", "9:0",
+                    "--listen", "unix:/tmp/x.sock"]) == 1
+        assert "racks 0..1" in capsys.readouterr().err
+    finally:
+        assert cli(["cluster", "down", "--name", name]) == 0
+    assert "its planner stopped" in capsys.readouterr().out
+    assert planner_cli._running(name) is None
+    assert not list(testbed.cluster.STATE_DIR.glob(f"{name}*"))

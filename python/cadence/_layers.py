@@ -21,7 +21,7 @@ their __init__ alone, so a new module there must be placed by hand.
 
 from __future__ import annotations
 
-MIXED = ("cadence", "cadence.diagnosis")
+MIXED = ("cadence", "cadence.diagnosis", "cadence.planner")
 
 LIBRARY = (
     "cadence",  # the package root: init, Communicator, the torch hook
@@ -43,6 +43,8 @@ LIBRARY = (
     "cadence.diagnosis.unreachable",
     "cadence.diagnosis.verdict",
     "cadence.fused",
+    "cadence.planner",  # the package root: nothing but its docstring
+    "cadence.planner.protocol",  # the planner's wire format and the client a job holds
     "cadence.topo",
     "cadence.torch",
     "cadence.units",  # parsing and printing sizes, rates and times
@@ -55,6 +57,8 @@ TOOLS = (
     "cadence.diagnosis.exclude",
     "cadence.diagnosis.report_html",
     "cadence.diagnosis.trace",
+    "cadence.planner.assign",  # the planner service and what only it runs
+    "cadence.planner.service",
     "cadence.testbed",
     "cadence.topo.draw",  # `cadence topo show --png`
 )

@@ -144,6 +144,10 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
+    from cadence.cli import planner
+
+    if planner.stop(args.name, forget=True):
+        print(f"cluster {args.name}: its planner stopped")
     if testbed.down(args.name):
         print(f"cluster {args.name}: removed")
     else:

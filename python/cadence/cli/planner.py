@@ -156,22 +156,32 @@ def _running(cluster: str) -> int | None:
 
 
 def _stop(args: argparse.Namespace, address: str, token_file: str) -> int:
-    pid = _running(args.cluster)
-    if pid is None:
-        print(f"planner of cluster {args.cluster}: not running")
-        return 0
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(50):
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-    _pid_file(args.cluster).unlink(missing_ok=True)
-    print(f"planner of cluster {args.cluster}: stopped")
+    stopped = stop(args.cluster)
+    print(f"planner of cluster {args.cluster}: {'stopped' if stopped else 'not running'}")
     return 0
+
+
+def stop(cluster: str, forget: bool = False) -> bool:
+    """Stops cluster `cluster`'s background planner (SIGTERM, then SIGKILL
+    after 5 s); `forget`: its token, log and socket go too (the cluster is
+    being removed). Whether one was running."""
+    pid = _running(cluster)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    _pid_file(cluster).unlink(missing_ok=True)
+    if forget:
+        for path in (_log_file(cluster), Path(default_token_file(cluster)),
+                     Path(Address.parse(default_address(cluster)).path)):  # fmt: skip
+            path.unlink(missing_ok=True)
+    return pid is not None
 
 
 def _status(args: argparse.Namespace, address: str, token_file: str) -> int:
