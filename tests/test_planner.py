@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
 import random
 import socket
+import sys
 import threading
 import time
 
@@ -271,3 +274,78 @@ def test_planner_start_status_stop_and_cluster_down_stops_it(capsys):
     assert "its planner stopped" in capsys.readouterr().out
     assert planner_cli._running(name) is None
     assert not list(testbed.cluster.STATE_DIR.glob(f"{name}*"))
+
+
+_JOB = r"""
+import json, sys, time
+import numpy as np, cadence
+c = cadence.init()
+for _ in range(3):
+    y = c.allreduce(np.ones(1 << 16, dtype=np.float32))
+    assert (y == c.size).all()
+c.barrier()
+def hexaddr(h):
+    ip, port = h.split(":")
+    return ".".join(str(int(ip[i:i + 2], 16)) for i in (6, 4, 2, 0)), int(port, 16)
+conns = []
+with open("/proc/net/tcp") as f:
+    for line in list(f)[1:]:
+        parts = line.split()
+        if parts[3] == "01":  # established
+            conns.append([*hexaddr(parts[1]), *hexaddr(parts[2])])
+print("CONNS " + json.dumps(conns), flush=True)
+c.barrier()
+"""
+
+
+@needs_clusters
+def test_a_job_binds_the_source_ports_its_planner_planned(routed, tmp_path):
+    import io
+
+    from cadence.testbed import jobs
+
+    cluster, served = routed
+    planned = []
+    plan = served.planner.plan
+
+    def recording(job, conns):
+        paths = plan(job, conns)
+        planned.extend(paths)
+        return paths
+
+    served.planner.plan = recording
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    out = io.BytesIO()
+    env = {"CADENCE_PLANNER": served.address, "CADENCE_PLANNER_TOKEN_FILE": str(token),
+           "CADENCE_TOPO_FILE": "none"}  # fmt: skip
+    result = jobs.run(cluster, 1, [sys.executable, "-c", _JOB], timeout=120, out=out,
+                      env={**os.environ, **env})  # fmt: skip
+    text = out.getvalue().decode()
+    assert result.status == 0, text
+    seen = {tuple(c) for line in text.splitlines() if "CONNS " in line
+            for c in json.loads(line.split("CONNS ", 1)[1])}  # fmt: skip
+    across = [(p, s) for p in planned for s in p["streams"] if s["spine"] is not None]
+    assert across, planned
+    for p, s in across:
+        assert any((p["src"], port, p["dst"], p["dport"]) in seen for port in s["sports"]), \
+            (p, s, sorted(seen))
+    assert "WARN" not in text, text
+
+
+def _allreduce_right(comm):
+    import numpy as np
+
+    y = comm.allreduce(np.ones(1000, dtype=np.float32))
+    return bool((y == comm.size).all())
+
+
+def test_a_job_whose_planner_is_unreachable_runs_as_without_one(tmp_path):
+    from harness import assert_all_ok, run_ranks
+
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    env = {"CADENCE_PLANNER": f"unix:{tmp_path / 'none.sock'}",
+           "CADENCE_PLANNER_TOKEN_FILE": str(token)}  # fmt: skip
+    got = assert_all_ok(run_ranks(_allreduce_right, 4, transport="tcp", env=env))
+    assert all(got.values()), got

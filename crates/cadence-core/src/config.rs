@@ -92,6 +92,10 @@ pub struct Config {
     /// may hold bytes while its peer answers nothing before its chunks go
     /// again on the other paths. Far below `timeout`.
     pub path_timeout: Duration,
+    /// The cluster's path planner (`CADENCE_PLANNER`, with the token in
+    /// `CADENCE_PLANNER_TOKEN_FILE`): TCP streams bind the source ports it
+    /// plans (`fabric::planner`).
+    pub planner: Option<crate::fabric::planner::PlannerAddr>,
 }
 
 /// A file a `CADENCE_*_FILE` variable named, parsed, with the hash of its
@@ -190,6 +194,7 @@ impl Default for Config {
             spin: None,
             yield_for: None,
             path_timeout: crate::transport::tcp::PATH_TIMEOUT,
+            planner: None,
         }
     }
 }
@@ -219,6 +224,18 @@ impl Config {
         }
         if let Some(v) = get("CADENCE_PATH_TIMEOUT") {
             c.path_timeout = seconds("CADENCE_PATH_TIMEOUT", &v)?;
+        }
+        if let Some(address) = get("CADENCE_PLANNER").filter(|v| !v.trim().is_empty()) {
+            let token_file = get("CADENCE_PLANNER_TOKEN_FILE").ok_or_else(|| {
+                format!(
+                    "CADENCE_PLANNER={address:?} needs CADENCE_PLANNER_TOKEN_FILE (the \
+                     cluster token's file)"
+                )
+            })?;
+            c.planner = Some(crate::fabric::planner::PlannerAddr {
+                address: address.trim().to_string(),
+                token_file,
+            });
         }
         if let Some(v) = get("CADENCE_ALGO") {
             c.algo = AlgoOverride::parse(&v)?;
@@ -440,6 +457,17 @@ mod tests {
                 loopback: true
             }
         ));
+        let e = Config::from_lookup(env(&[("CADENCE_PLANNER", "unix:/p.sock")])).unwrap_err();
+        assert!(e.contains("CADENCE_PLANNER_TOKEN_FILE"), "{e}");
+        let p = Config::from_lookup(env(&[
+            ("CADENCE_PLANNER", " unix:/p.sock "),
+            ("CADENCE_PLANNER_TOKEN_FILE", "/t"),
+        ]));
+        let at = p.unwrap().planner.unwrap();
+        assert_eq!(
+            (at.address.as_str(), at.token_file.as_str()),
+            ("unix:/p.sock", "/t")
+        );
         let e = Config::from_lookup(env(&[("CADENCE_ALGO", "allreduce:ring:8K-1K")])).unwrap_err();
         assert!(e.contains("CADENCE_ALGO") && e.contains("8K-1K"), "{e}");
         let c = Config::from_lookup(env(&[

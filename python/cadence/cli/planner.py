@@ -17,7 +17,8 @@ examples:
 Jobs find it with CADENCE_PLANNER (an address: unix:PATH or tcp:HOST:PORT)
 and CADENCE_PLANNER_TOKEN_FILE; by default the planner listens on a Unix
 socket beside the cluster's state, reachable from every emulated host, and
-writes a new random token (readable by root only) there.
+writes a new random token (readable by root only) there, and `cadence
+cluster run` hands both to its ranks while the planner serves there.
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ HELP = "the path planner of a routed cluster (C4P): serve, start, stop, status"
 
 
 def default_address(cluster: str) -> str:
-    return f"unix:{testbed.cluster.STATE_DIR / (cluster + '.planner.sock')}"
+    return f"unix:{testbed.cluster.planner_socket(cluster)}"
 
 
 def default_token_file(cluster: str) -> str:
-    return str(testbed.cluster.STATE_DIR / (cluster + ".planner-token"))
+    return str(testbed.cluster.planner_token(cluster))
 
 
 def _pid_file(cluster: str) -> Path:

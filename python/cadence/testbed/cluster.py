@@ -325,6 +325,17 @@ def cache_dir(name: str) -> Path:
     return STATE_DIR / f"{check_name(name)}.cache"
 
 
+def planner_socket(name: str) -> Path:
+    """Where `cadence planner` serves cluster `name` by default (a path:
+    reachable from every host's namespace)."""
+    return STATE_DIR / f"{check_name(name)}.planner.sock"
+
+
+def planner_token(name: str) -> Path:
+    """The cluster token of its planner (root only)."""
+    return STATE_DIR / f"{check_name(name)}.planner-token"
+
+
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
     """One cluster change at a time on this machine (flock on the state directory)."""

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from cadence.testbed.cluster import NETNS_PREFIX, Cluster, Host, cache_dir
+from cadence.testbed.cluster import (
+    NETNS_PREFIX,
+    Cluster,
+    Host,
+    cache_dir,
+    planner_socket,
+    planner_token,
+)
 from cadence.testbed.processes import (  # noqa: F401 - also importable from here
     KILL_GRACE,
     JobResult,
@@ -102,6 +109,11 @@ def rank_env(
     env.setdefault("OMP_NUM_THREADS", "1")
     # Start-up topology profiles live and die with the cluster.
     env.setdefault("CADENCE_TOPO_CACHE", str(cache_dir(cluster.name)))
+    # A routed cluster's path planner, while one serves it (`cadence planner`).
+    sock, token = planner_socket(cluster.name), planner_token(cluster.name)
+    if "CADENCE_PLANNER" not in env and sock.exists() and token.exists():
+        env["CADENCE_PLANNER"] = f"unix:{sock}"
+        env["CADENCE_PLANNER_TOKEN_FILE"] = str(token)
     return env
 
 

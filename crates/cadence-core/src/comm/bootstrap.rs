@@ -7,7 +7,7 @@
 
 use super::gather::{self, GatherCtx};
 use super::lazy::LazyLinks;
-use super::links::{connect_streams, tcp_link, LinkCtx, Unreachable};
+use super::links::{connect_streams, tcp_link, LinkCtx, PlannerLease, Unreachable};
 use super::split::Inherited;
 use super::{Comm, OpRequest, PeerInfo, PeerTable};
 use crate::config::{Config, ConnectMode, DebugLevel};
@@ -372,6 +372,11 @@ impl Bootstrap {
             nstreams: self.cfg.nstreams,
             path_timeout: self.cfg.path_timeout,
             debug: self.cfg.debug,
+            planner: self
+                .cfg
+                .planner
+                .clone()
+                .map(|at| PlannerLease::new(at, &self.comm_id, rank)),
         };
         let debug = self.cfg.debug;
         let mut warn = |m: String| match &mut sink {

@@ -304,7 +304,7 @@ fn send_step(
         rank: ctx.rank,
     };
     let (mut s, _) =
-        connect(who, addr, None, GATHER_STREAM + k, to, ctx.deadline).map_err(|e| {
+        connect(who, addr, None, &[], GATHER_STREAM + k, to, ctx.deadline).map_err(|e| {
             ctx.fail(
                 format!("exchanging peer records with rank {to} at {addr}: {e}"),
                 Some(to),

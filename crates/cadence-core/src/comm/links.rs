@@ -6,12 +6,13 @@
 use super::PeerTable;
 use crate::config::DebugLevel;
 use crate::error::{CommError, ErrorKind, Result};
+use crate::fabric::planner::{Planner, PlannerAddr};
 use crate::transport::handshake::JobSecret;
 use crate::transport::tcp::poll_fds;
 use crate::transport::tcp::TcpLink;
 use crate::transport::tcp_setup::{connect, Dial, Dialer};
-use std::net::{IpAddr, TcpStream};
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long one stream may try to connect on one path, when a peer has
@@ -36,6 +37,34 @@ pub struct LinkCtx {
     pub nstreams: usize,
     pub path_timeout: Duration,
     pub debug: DebugLevel,
+    /// The cluster's path planner, when the job has one
+    /// (`CADENCE_PLANNER`): source ports for each stream.
+    pub planner: Option<PlannerLease>,
+}
+
+/// This rank's lease with the path planner, opened on the first link that
+/// asks; after a failure it is given up for good (one warning): the links
+/// dial as before and ECMP picks their paths.
+pub struct PlannerLease {
+    at: PlannerAddr,
+    job: String,
+    state: Mutex<LeaseState>,
+}
+
+enum LeaseState {
+    Unopened,
+    Open(Planner),
+    GivenUp,
+}
+
+impl PlannerLease {
+    pub fn new(at: PlannerAddr, comm_id: &str, rank: usize) -> PlannerLease {
+        PlannerLease {
+            at,
+            job: format!("{comm_id}/rank{rank}"),
+            state: Mutex::new(LeaseState::Unopened),
+        }
+    }
 }
 
 /// A set-up error naming the peer to blame.
@@ -62,6 +91,52 @@ impl LinkCtx {
     /// How many streams a link to `peer` has.
     pub fn streams_to(&self, peer: usize) -> usize {
         self.nstreams * self.paths_to(peer)
+    }
+
+    /// The source ports the path planner chose for stream `s` of the link
+    /// to `peer` (empty: no planner, it failed, or the stream stays inside
+    /// a rack). Its path is `s mod paths`, as `Flight::start` deals them.
+    pub fn planned_ports(&self, peer: usize, s: usize) -> Vec<u16> {
+        let Some(lease) = &self.planner else {
+            return Vec::new();
+        };
+        let npaths = self.paths_to(peer);
+        let path = s % npaths;
+        let on_path = (path..self.streams_to(peer)).step_by(npaths).count();
+        let src = SocketAddr::new(self.my_ips[path], 0);
+        let dst = self.infos.nic_addr(peer, path);
+        let mut state = lease.state.lock().unwrap();
+        if let LeaseState::Unopened = *state {
+            *state = match Planner::connect(&lease.at, &lease.job) {
+                Ok(p) => LeaseState::Open(p),
+                Err(e) => {
+                    self.give_up(&lease.at, &e);
+                    LeaseState::GivenUp
+                }
+            };
+        }
+        let LeaseState::Open(planner) = &mut *state else {
+            return Vec::new();
+        };
+        match planner.ports(peer, path, src, dst, on_path) {
+            Ok(ports) => ports[s / npaths].clone(),
+            Err(e) => {
+                self.give_up(&lease.at, &e);
+                *state = LeaseState::GivenUp;
+                Vec::new()
+            }
+        }
+    }
+
+    fn give_up(&self, at: &PlannerAddr, why: &str) {
+        if self.debug >= DebugLevel::Warn {
+            stderr_line!(
+                "cadence rank {}: WARN the path planner at {} is not used ({why}): the \
+                 fabric's ECMP picks this rank's paths",
+                self.rank,
+                at.address
+            );
+        }
     }
 }
 
@@ -138,9 +213,11 @@ impl Flight {
             let path = s % npaths;
             let dial = (!path_failed[path])
                 .then(|| {
-                    let from = (npaths > 1).then(|| ctx.my_ips[path]);
+                    let sports = ctx.planned_ports(peer, s);
+                    // A planned port is planned from this NIC's address.
+                    let from = (npaths > 1 || !sports.is_empty()).then(|| ctx.my_ips[path]);
                     let addr = ctx.infos.nic_addr(peer, path);
-                    Dial::start(ctx.dialer(), addr, from, s, peer, FIRST_TRY).ok()
+                    Dial::start(ctx.dialer(), addr, from, &sports, s, peer, FIRST_TRY).ok()
                 })
                 .flatten();
             path_failed[path] |= dial.is_none();
@@ -245,7 +322,14 @@ pub fn patiently(
             let via = from(path)
                 .map(|ip| format!(" from {ip}"))
                 .unwrap_or_default();
-            match connect(ctx.dialer(), addr, from(path), s, peer, until()) {
+            // Planned ports only on the stream's own path.
+            let sports = if path == s % npaths {
+                ctx.planned_ports(peer, s)
+            } else {
+                Vec::new()
+            };
+            let src = from(path).or_else(|| (!sports.is_empty()).then(|| ctx.my_ips[path]));
+            match connect(ctx.dialer(), addr, src, &sports, s, peer, until()) {
                 Ok((_, false)) => return Ok(None),
                 Ok((sock, true)) => {
                     *slot = Some(sock);

@@ -9,6 +9,7 @@ pub mod file;
 pub mod infer;
 pub mod model;
 pub mod pathfind;
+pub mod planner;
 pub mod probe;
 
 pub use model::Fabric;

@@ -50,34 +50,59 @@ pub struct Dial {
 impl Dial {
     /// Starts connecting stream `stream` of the link to `peer_rank` at
     /// `addr` (from the local address `from` when given: the NIC of a path;
-    /// a multi-rail host has a route to each rail through its NIC, and
+    /// a multi-rail host has a route to each rank through its NIC, and
     /// binding makes the source address that NIC's as well) and sends the
     /// HELLO as soon as the connection is up (at once on a loopback). The
-    /// connect may take `connect_within`.
+    /// connect may take `connect_within`. `sports`: source ports the path
+    /// planner chose (`fabric::planner`), tried in order; one that is busy
+    /// (bound, or its 4-tuple still in TIME_WAIT) gives way to the next, and
+    /// none left to the kernel's choice.
     pub fn start(
         who: Dialer<'_>,
         addr: SocketAddr,
         from: Option<IpAddr>,
+        sports: &[u16],
         stream: usize,
         peer_rank: usize,
         connect_within: Duration,
     ) -> Result<Dial, Attempt> {
         let fatal = Attempt::Fatal;
-        let sock = socket2::Socket::new(
-            socket2::Domain::for_address(addr),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )
-        .map_err(fatal)?;
-        sock.set_nonblocking(true).map_err(fatal)?;
-        sock.set_tcp_nodelay(true).map_err(fatal)?;
-        if let Some(ip) = from {
-            sock.bind(&SocketAddr::new(ip, 0).into()).map_err(fatal)?;
-        }
-        let connected = match sock.connect(&addr.into()) {
-            Ok(()) => true,
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => false,
-            Err(e) => return Err(refused_or_fatal(e)),
+        let mut ports = sports.iter().map(|&p| Some(p)).chain(std::iter::once(None));
+        let (sock, connected) = loop {
+            let port = ports.next().expect("ends with the kernel's choice");
+            let sock = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )
+            .map_err(fatal)?;
+            sock.set_nonblocking(true).map_err(fatal)?;
+            sock.set_tcp_nodelay(true).map_err(fatal)?;
+            let busy = |e: &io::Error| {
+                port.is_some()
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EADDRINUSE | libc::EADDRNOTAVAIL)
+                    )
+            };
+            if let Some(p) = port {
+                // A planned port's last connection may linger in TIME_WAIT.
+                sock.set_reuse_address(true).map_err(fatal)?;
+                let ip = from.unwrap_or_else(|| unspecified(addr));
+                match sock.bind(&SocketAddr::new(ip, p).into()) {
+                    Ok(()) => {}
+                    Err(e) if busy(&e) => continue,
+                    Err(e) => return Err(fatal(e)),
+                }
+            } else if let Some(ip) = from {
+                sock.bind(&SocketAddr::new(ip, 0).into()).map_err(fatal)?;
+            }
+            match sock.connect(&addr.into()) {
+                Ok(()) => break (sock, true),
+                Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => break (sock, false),
+                Err(e) if busy(&e) => continue,
+                Err(e) => return Err(refused_or_fatal(e)),
+            }
         };
         let nonce = fresh_nonce().map_err(|e| fatal(io::Error::other(e)))?;
         let (machine, hello) =
@@ -219,6 +244,14 @@ impl Dial {
 }
 
 /// A connect refused or unreachable is a listener not up yet: try again.
+/// The any-address of `addr`'s family.
+fn unspecified(addr: SocketAddr) -> IpAddr {
+    match addr {
+        SocketAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    }
+}
+
 fn refused_or_fatal(e: io::Error) -> Attempt {
     match e.kind() {
         io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut => Attempt::Retry(e.to_string()),

@@ -46,13 +46,16 @@ impl SetupFailure {
 }
 
 /// Connects stream `stream` of the link to `peer_rank` at its listener
-/// `addr` (retrying until it listens and until the handshake completes) and
+/// `addr` (from `from`, and one of `sports` when the path planner chose
+/// some: `Dial::start`; retrying until it listens and until the handshake
+/// completes) and
 /// proves `who`'s membership. Fails at once if the listener cannot prove
 /// its own or refuses this rank's.
 pub fn connect(
     who: Dialer<'_>,
     addr: SocketAddr,
     from: Option<IpAddr>,
+    sports: &[u16],
     stream: usize,
     peer_rank: usize,
     deadline: Instant,
@@ -75,7 +78,7 @@ pub fn connect(
             ));
         }
         let within = left.min(Duration::from_secs(5));
-        let dial = match Dial::start(who, addr, from, stream, peer_rank, within) {
+        let dial = match Dial::start(who, addr, from, sports, stream, peer_rank, within) {
             Ok(d) => d,
             Err(Attempt::Retry(why)) => {
                 last = why;
