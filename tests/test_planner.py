@@ -349,3 +349,21 @@ def test_a_job_whose_planner_is_unreachable_runs_as_without_one(tmp_path):
            "CADENCE_PLANNER_TOKEN_FILE": str(token)}  # fmt: skip
     got = assert_all_ok(run_ranks(_allreduce_right, 4, transport="tcp", env=env))
     assert all(got.values()), got
+
+
+@needs_clusters
+def test_the_probe_finds_the_one_slow_uplink_among_three_racks():
+    from cadence.planner.probe import probe
+
+    name = f"pp{random.randrange(1 << 20):05x}"
+    cluster = testbed.build(name, 3, 1, "100mbit", racks=3, spines=2)
+    testbed.up(cluster)
+    try:
+        testbed.set_uplink(cluster, 1, 0, rate="10mbit")
+        bad, flows = probe(cluster, seconds=0.3)
+        assert bad == {(1, 0)}, [(f.src_rack, f.dst_rack, f.spine, f.rate) for f in flows]
+        assert len(flows) == 12 and sum(f.bad for f in flows) == 4
+        testbed.set_uplink(cluster, 1, 0, rate="100mbit")
+        assert probe(cluster, seconds=0.3)[0] == set()
+    finally:
+        testbed.down(name)

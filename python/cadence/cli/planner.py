@@ -3,7 +3,9 @@ service per cluster, shared by every job on it, that assigns each stream
 between racks a spine so the busiest uplink carries as little as it can, and
 answers with source ports the fabric's ECMP hash puts on that spine.
 
-  serve   run it in the foreground (logs every decision to stderr)
+  serve   run it in the foreground (logs every decision to stderr); at start it
+          measures every uplink with a flow pinned to it and excludes those far
+          below their rate (--no-probe: not)
   start   run it in the background (log and pid beside the cluster's state)
   stop    stop the background one
   status  its jobs, streams per uplink, excluded and down links
@@ -71,6 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         if name in ("serve", "start"):
             a.add_argument("--exclude", action="append", default=[], metavar="RACK:SPINE",
                            help="an uplink to leave unused from the start (repeatable)")
+            a.add_argument("--no-probe", action="store_true",
+                           help="do not measure the uplinks at start (by default one flow "
+                                "pinned to each crosses each, and those far below their rate "
+                                "are excluded)")
         if name == "status":
             a.add_argument("--json", action="store_true", help="print JSON")
 
@@ -107,6 +113,19 @@ def _serve(args: argparse.Namespace, address: str, token_file: str) -> int:
     if bad:
         raise ValueError(f"--exclude {bad[0][0]}:{bad[0][1]}: cluster {cluster.name} has racks "
                          f"0..{cluster.racks - 1} and spines 0..{cluster.spines - 1}")
+    log = logging.getLogger("cadence.planner")
+    if not args.no_probe:
+        from cadence.planner.probe import BAD_SHARE, probe
+
+        log.info("probing %d uplinks ...", cluster.racks * cluster.spines)
+        bad, flows = probe(cluster)
+        for f in flows:
+            log.info("probe: rack %d -> rack %d over spine %d: %.1f of %.1f Mbit/s%s",
+                     f.src_rack, f.dst_rack, f.spine, f.rate * 8e-6, f.expected * 8e-6,
+                     f" (below {BAD_SHARE:.0%})" if f.bad else "")
+        for r, m in sorted(bad):
+            log.warning("uplink rack %d spine %d runs far below its rate: excluded", r, m)
+        excluded |= bad
     planner = Planner(cluster, token, excluded=excluded)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -126,11 +145,15 @@ def _start(args: argparse.Namespace, address: str, token_file: str) -> int:
            args.cluster, "--listen", address, "--token-file", token_file]
     for x in args.exclude:
         cmd += ["--exclude", x]
+    if args.no_probe:
+        cmd.append("--no-probe")
     log = open(_log_file(args.cluster), "ab")  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     _pid_file(args.cluster).write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + 10
+    # The probe at start: a flow of 0.4 s an uplink (two with 3 racks or more).
+    cluster = testbed.require(args.cluster)
+    deadline = time.monotonic() + 30 + 2 * cluster.racks * cluster.spines
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = _log_file(args.cluster).read_text().strip().splitlines()[-1:]
@@ -144,7 +167,8 @@ def _start(args: argparse.Namespace, address: str, token_file: str) -> int:
         except PlannerError:
             time.sleep(0.1)
     proc.kill()
-    raise testbed.TestbedError(f"the planner did not answer on {address} within 10 s")
+    raise testbed.TestbedError(f"the planner did not answer on {address} in time; see "
+                               f"{_log_file(args.cluster)}")
 
 
 def _running(cluster: str) -> int | None:
