@@ -136,39 +136,48 @@ def _serve(args: argparse.Namespace, address: str, token_file: str) -> int:
 
 
 def _start(args: argparse.Namespace, address: str, token_file: str) -> int:
-    testbed.require(args.cluster)
-    pid = _running(args.cluster)
+    pid, fresh = start(args.cluster, address, token_file, args.exclude, not args.no_probe)
+    what = "running" if fresh else "already running"
+    print(f"planner of cluster {args.cluster}: {what} (pid {pid}) on {address}; "
+          f"log {_log_file(args.cluster)}")
+    return 0
+
+
+def start(cluster: str, address: str | None = None, token_file: str | None = None,
+          exclude: list[str] = (), probe: bool = True) -> tuple[int, bool]:
+    """Starts cluster `cluster`'s planner in the background unless it runs;
+    returns its pid and whether it was started now, once it answers."""
+    address = address or default_address(cluster)
+    token_file = token_file or default_token_file(cluster)
+    c = testbed.require(cluster)
+    pid = _running(cluster)
     if pid is not None:
-        print(f"planner of cluster {args.cluster}: already running (pid {pid}) on {address}")
-        return 0
+        return pid, False
     cmd = [sys.executable, "-m", "cadence.cli.main", "planner", "serve", "--cluster",
-           args.cluster, "--listen", address, "--token-file", token_file]
-    for x in args.exclude:
+           cluster, "--listen", address, "--token-file", token_file]
+    for x in exclude:
         cmd += ["--exclude", x]
-    if args.no_probe:
+    if not probe:
         cmd.append("--no-probe")
-    log = open(_log_file(args.cluster), "ab")  # noqa: SIM115 - the child keeps it
+    log = open(_log_file(cluster), "ab")  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                             start_new_session=True)
-    _pid_file(args.cluster).write_text(f"{proc.pid}\n")
+    _pid_file(cluster).write_text(f"{proc.pid}\n")
     # The probe at start: a flow of 0.4 s an uplink (two with 3 racks or more).
-    cluster = testbed.require(args.cluster)
-    deadline = time.monotonic() + 30 + 2 * cluster.racks * cluster.spines
+    deadline = time.monotonic() + 30 + 2 * c.racks * c.spines
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = _log_file(args.cluster).read_text().strip().splitlines()[-1:]
+            tail = _log_file(cluster).read_text().strip().splitlines()[-1:]
             raise testbed.TestbedError(f"the planner exited at once: {' '.join(tail)}")
         try:
-            with Client(address, read_token(token_file), timeout=1.0) as c:
-                c.request("status")
-            print(f"planner of cluster {args.cluster}: running (pid {proc.pid}) on {address}; "
-                  f"log {_log_file(args.cluster)}")
-            return 0
+            with Client(address, read_token(token_file), timeout=1.0) as client:
+                client.request("status")
+            return proc.pid, True
         except PlannerError:
             time.sleep(0.1)
     proc.kill()
     raise testbed.TestbedError(f"the planner did not answer on {address} in time; see "
-                               f"{_log_file(args.cluster)}")
+                               f"{_log_file(cluster)}")
 
 
 def _running(cluster: str) -> int | None:

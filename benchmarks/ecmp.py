@@ -1,0 +1,219 @@
+"""Jobs sharing an ECMP leaf–spine fabric, with and without the path planner
+(docs/traffic.md, "Collisions").
+
+Brings up a routed emulated cluster (`--racks` leaves of `--per-rack`
+hosts, `--spines` spines, host links and uplinks at `--rate`: 1:1 when
+per-rack equals spines), starts `--jobs` jobs at once, each one rank on
+each of its hosts (job j takes the j-th host of every rack: its ring
+crosses every rack), each looping `--iters` allreduces of `--size`, and
+reads what every uplink carried. Backends, each in turn per trial:
+`planned` (cadence with the planner), `cadence` (cadence, ports as the
+kernel picks them: plain ECMP), `gloo` (torch's). Prints per trial and
+backend each job's bus bandwidth (median of its iterations), the
+aggregate, fastest / slowest job, and the busiest uplink over the mean;
+then each backend's summary over the trials, and the solo figure (one job
+alone, planned) that every job is compared with.
+
+    python benchmarks/ecmp.py --trials 10
+    python benchmarks/ecmp.py --trials 3 --backends planned,cadence --plot ecmp.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+
+RANK = r"""
+import json, os, sys, time
+import numpy as np
+backend, size, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+n = int(os.environ["WORLD_SIZE"])
+x = np.ones(size // 4, dtype=np.float32)
+if backend == "gloo":
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.from_numpy(x)
+    run = lambda: dist.all_reduce(t)
+    bar = dist.barrier
+    rank = dist.get_rank()
+else:
+    import cadence
+    c = cadence.init()
+    run = lambda: c.allreduce(x)
+    bar = c.barrier
+    rank = c.rank
+run(); bar()
+for i in range(iters):
+    t0 = time.time()
+    run()
+    t1 = time.time()
+    if rank == 0:
+        busbw = 2 * (n - 1) / n * size / (t1 - t0)
+        print("ITER " + json.dumps({"i": i, "t": t1, "busbw": busbw}), flush=True)
+bar()
+"""
+
+
+def _launch(cluster, hosts, port, backend, size, iters, env_extra):
+    """Every rank of one job: one per host of `hosts`."""
+    from cadence.testbed import jobs
+
+    sub = replace(cluster, hosts=tuple(hosts))
+    procs = []
+    for i, h in enumerate(hosts):
+        env = jobs.rank_env(sub, jobs.Placement(i, 0, h), 1, port, dict(os.environ))
+        env.update(env_extra)
+        procs.append(subprocess.Popen(
+            jobs.in_host(h, [sys.executable, "-c", RANK, backend, str(size), str(iters)]),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True))  # fmt: skip
+    return procs
+
+
+def run_jobs(cluster, groups, backend, size, iters, planner_env, algo):
+    """The jobs of `groups` (host lists) at once; per job its iterations'
+    bus bandwidths, and the uplinks' bytes over the run."""
+    from cadence.testbed import fabric
+
+    env = dict(planner_env) if backend == "planned" else {"CADENCE_PLANNER": ""}
+    env["CADENCE_TOPO_FILE"] = "none"
+    if algo != "auto":
+        env["CADENCE_ALGO"] = f"allreduce:{algo}"
+    before = fabric.uplink_counters(cluster.fabric)
+    jobs = [_launch(cluster, g, 29500 + 10 * j, backend, size, iters, env)
+            for j, g in enumerate(groups)]  # fmt: skip
+    outs = [[None] * len(p) for p in jobs]
+
+    def reap(j, k, p):
+        outs[j][k] = p.communicate(timeout=900)[0]
+
+    threads = [threading.Thread(target=reap, args=(j, k, p))
+               for j, ps in enumerate(jobs) for k, p in enumerate(ps)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = fabric.uplink_counters(cluster.fabric)
+    moved = {u: after[u]["tx_bytes"] - before[u]["tx_bytes"] for u in after}
+    results = []
+    for j, ps in enumerate(jobs):
+        if any(p.returncode for p in ps):
+            text = "\n".join(o or "" for o in outs[j])
+            raise RuntimeError(f"job {j} ({backend}) failed:\n{text[-3000:]}")
+        iters_ = [json.loads(line[5:]) for line in outs[j][0].splitlines()
+                  if line.startswith("ITER ")]  # fmt: skip
+        results.append([x["busbw"] for x in iters_])
+    return results, moved
+
+
+def _balance(moved: dict) -> float:
+    """How evenly each rack spread what it sent over its live uplinks: the
+    worst rack's busiest uplink over its mean (1.0: even). Racks carry
+    different totals (the job's rank 0 sends a little more), which is the
+    workload's, not the paths'."""
+    worst = 1.0
+    for r in {r for r, _ in moved}:
+        up = [v for (j, _m), v in moved.items() if j == r and v > 0]
+        if up and statistics.mean(up) > 0:
+            worst = max(worst, max(up) / statistics.mean(up))
+    return worst
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--racks", type=int, default=4)
+    p.add_argument("--per-rack", type=int, default=2, help="hosts per rack (2)")
+    p.add_argument("--spines", type=int, default=2)
+    p.add_argument("--rate", default="100mbit", help="host links and uplinks (100mbit)")
+    p.add_argument("--jobs", type=int, default=2, help="concurrent jobs (--per-rack at most)")
+    p.add_argument("--size", default="8M")
+    p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--backends", default="planned,cadence,gloo")
+    p.add_argument("--algo", default="ring",
+                   help="cadence's allreduce algorithm (ring: as gloo's at these sizes, and "
+                        "one peer a rank: every stream busy at once)")
+    p.add_argument("--bad-uplink", metavar="RACK:SPINE",
+                   help="that uplink at a tenth of --rate from the start (before the planner "
+                        "probes)")
+    p.add_argument("--keep", action="store_true", help="leave the cluster up")
+    a = p.parse_args()
+
+    from cadence import testbed
+    from cadence.cli import planner as planner_cli
+    from cadence.units import parse_rate, parse_size
+
+    size = parse_size(a.size)
+    backends = a.backends.split(",")
+    name = f"ecmp{os.getpid() % 10000}"
+    hosts = a.racks * a.per_rack
+    cluster = testbed.build(name, hosts, 1, a.rate, racks=a.racks, spines=a.spines,
+                            uplink_rate=a.rate, placement="blocked")  # fmt: skip
+    testbed.up(cluster)
+    rate = parse_rate(a.rate) / 8
+    if a.bad_uplink:
+        r, m = map(int, a.bad_uplink.split(":"))
+        testbed.set_uplink(cluster, r, m, rate=str(parse_rate(a.rate) // 10))
+    try:
+        planner = None
+        if "planned" in backends:
+            planner_cli.start(name)
+            planner = {"CADENCE_PLANNER": f"unix:{testbed.cluster.planner_socket(name)}",
+                       "CADENCE_PLANNER_TOKEN_FILE": str(testbed.cluster.planner_token(name))}
+        racks = [cluster.rack_hosts(r) for r in range(a.racks)]
+        groups = [[racks[r][j] for r in range(a.racks)] for j in range(a.jobs)]
+        bad = f"; uplink {a.bad_uplink} at a tenth" if a.bad_uplink else ""
+        print(f"{hosts} hosts in {a.racks} racks x {a.spines} spines at {a.rate} (uplinks "
+              f"too){bad}; {a.jobs} jobs of {a.racks} ranks (one a rack), allreduce "
+              f"{a.size} x {a.iters} ({a.algo}); the links' payload limit "
+              f"{rate / 1e6:.1f} MB/s", flush=True)  # fmt: skip
+        solo, _ = run_jobs(cluster, groups[:1], backends[0], size, a.iters, planner, a.algo)
+        solo_bw = statistics.median(solo[0])
+        print(f"solo ({backends[0]}): {solo_bw / 1e6:.2f} MB/s busbw "
+              f"({solo_bw / rate:.0%} of the link)", flush=True)
+        summary: dict[str, list] = {b: [] for b in backends}
+        for trial in range(a.trials):
+            for k in range(len(backends)):
+                b = backends[(trial + k) % len(backends)]
+                res, moved = run_jobs(cluster, groups, b, size, a.iters, planner, a.algo)
+                per_job = [statistics.median(r) for r in res]
+                row = {"jobs": per_job, "aggregate": sum(per_job),
+                       "spread": max(per_job) / min(per_job), "uplink": _balance(moved),
+                       "worst_vs_solo": min(per_job) / solo_bw}
+                summary[b].append(row)
+                print(f"trial {trial} {b:>8}: jobs " +
+                      " ".join(f"{x / 1e6:.2f}" for x in per_job) +
+                      f" MB/s; aggregate {row['aggregate'] / 1e6:.2f}; fastest/slowest "
+                      f"{row['spread']:.2f}; uplink max/mean {row['uplink']:.2f}; slowest/solo "
+                      f"{row['worst_vs_solo']:.0%}", flush=True)  # fmt: skip
+                print("    up MB by (rack, spine): " + " ".join(
+                    f"{r}.{m}:{v / 1e6:.0f}" for (r, m), v in sorted(moved.items())))
+        print()
+        print("| backend | aggregate MB/s (mean) | slowest job / solo (worst) | fastest/slowest "
+              "(worst) | uplink max/mean (worst) |")
+        print("|---|---|---|---|---|")
+        for b, rows in summary.items():
+            print(f"| {b} | {statistics.mean(r['aggregate'] for r in rows) / 1e6:.2f} | "
+                  f"{min(r['worst_vs_solo'] for r in rows):.0%} | "
+                  f"{max(r['spread'] for r in rows):.2f} | "
+                  f"{max(r['uplink'] for r in rows):.2f} |")
+        if "planned" in summary and "gloo" in summary:
+            ratio = (statistics.mean(r["aggregate"] for r in summary["planned"]) /
+                     statistics.mean(r["aggregate"] for r in summary["gloo"]))
+            print(f"planned aggregate / gloo's: {ratio:.2f}x")
+    finally:
+        if not a.keep:
+            planner_cli.stop(name, forget=True)
+            testbed.down(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
