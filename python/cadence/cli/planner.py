@@ -104,7 +104,8 @@ def _excluded(items: list[str]) -> set[tuple[int, int]]:
 def _serve(args: argparse.Namespace, address: str, token_file: str) -> int:
     from cadence.planner.service import Planner, serve
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    level = logging.DEBUG if os.environ.get("CADENCE_PLANNER_DEBUG") else logging.INFO
+    logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")  # fmt: skip
     cluster = testbed.require(args.cluster)
     token = read_token(token_file) if os.path.exists(token_file) else write_token(token_file)

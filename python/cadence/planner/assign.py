@@ -53,18 +53,31 @@ class Fabric:
 
 
 class Loads:
-    """Every uplink direction's load: (rack, spine, UP|DOWN) → weight."""
+    """Every uplink direction's load: (rack, spine, UP|DOWN) → weight, and
+    the streams on it (weightless ones too: they are spread by count)."""
 
     def __init__(self, fabric: Fabric):
         self.f = fabric
         self.w: dict[tuple[int, int, int], int] = {}
+        self.n: dict[tuple[int, int, int], int] = {}
+        self.conn: dict[tuple, int] = {}
 
     def of(self, rack: int, m: int, d: int) -> int:
         return self.w.get((rack, m, d), 0)
 
+    def count(self, s: Stream, m: int) -> int:
+        return max(self.n.get((s.src, m, UP), 0), self.n.get((s.dst, m, DOWN), 0))
+
+    def siblings(self, s: Stream, m: int) -> int:
+        """Streams of `s`'s connection (its key but the last part) on m."""
+        return self.conn.get((_conn(s), m), 0)
+
     def add(self, s: Stream, m: int, sign: int = 1) -> None:
         for key in ((s.src, m, UP), (s.dst, m, DOWN)):
             self.w[key] = self.w.get(key, 0) + sign * s.weight
+            self.n[key] = self.n.get(key, 0) + sign
+        c = (_conn(s), m)
+        self.conn[c] = self.conn.get(c, 0) + sign
 
     def worst(self) -> int:
         return max(self.w.values(), default=0)
@@ -72,6 +85,14 @@ class Loads:
     def after(self, s: Stream, m: int) -> int:
         """The larger of the two loads `s` would make on spine m."""
         return max(self.of(s.src, m, UP), self.of(s.dst, m, DOWN)) + s.weight
+
+
+def _conn(s: Stream):
+    """A stream's connection: its key without the stream's own index (keys
+    are tuples (job, connection, k[, "back"]); others are their own)."""
+    if isinstance(s.key, tuple) and len(s.key) >= 3:
+        return (s.key[0], s.key[1], s.key[3:])
+    return s.key
 
 
 def lower_bound(fabric: Fabric, streams: list[Stream]) -> int:
@@ -115,7 +136,11 @@ def place(fabric: Fabric, streams: list[Stream], fixed: list[Stream] = (),
         options = fabric.spines_for(s.src, s.dst)
         if not options:
             raise ValueError(f"no live spine joins rack {s.src} to rack {s.dst}")
-        s.spine = min(options, key=lambda m: (loads.after(s, m), m))
+        # Ties: apart from the connection's other streams (the library
+        # stripes a connection over its streams by their rates, so one on
+        # each spine rides out what the plan cannot foresee), then fewest.
+        s.spine = min(options, key=lambda m: (loads.after(s, m), loads.siblings(s, m),
+                                              loads.count(s, m), m))
         loads.add(s, s.spine)
     _improve(fabric, loads, movable, lower_bound(fabric, movable + [
         s for s in fixed if s not in movable and s.spine is not None and s.src != s.dst]))

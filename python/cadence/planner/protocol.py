@@ -8,11 +8,14 @@ Requests (`{"v": 1, "token": T, "op": OP, ...}`):
 
 - `hello` {job}: opens the job's lease, held as long as this connection
   stays open; answers {ok, planner, racks, spines, excluded}.
-- `plan` {job, connections: [{id, src, dst, dport, streams}]}: a path for
+- `plan` {job, connections: [{id, src, dst, dport, streams, weight}]}: a path for
   every stream of every connection: answers {ok, paths: [{id, streams:
   [{spine, sports}]}]}: the spine (None inside a rack) and source ports
   whose 5-tuple (src, dst, tcp, sport, dport) the fabric hashes onto it,
   best first (a port may be busy on the host: the next one lands there too).
+  `weight` (default 1) is what each stream counts in the uplinks' balance:
+  a library asks 0 for a link it makes for small messages (a barrier's),
+  which is placed but not counted.
 - `release` {job}: forgets the job's streams (closing the connection does).
 - `status`: {ok, jobs, uplinks: [{rack, spine, up, down, state}], excluded}.
 

@@ -46,14 +46,22 @@ class Refused(Exception):
 
 @dataclass
 class Conn:
-    """One connection of a job: its ends and its streams."""
+    """One connection of a job: its ends, and per stream its two
+    directions: what the dialing side sends (`streams`, src's rack to dst's)
+    and what the accepting side sends back on it (`back`). The switches hash
+    each direction's 5-tuple on its own, so both are placed, and a source
+    port is one that lands both where they were placed."""
 
     id: object
     src: str
     dst: str
     dport: int
     streams: list[assign.Stream]
+    back: list[assign.Stream]
     sports: list[list[int]] = field(default_factory=list)
+
+    def both(self) -> list[assign.Stream]:
+        return self.streams + self.back
 
 
 @dataclass
@@ -64,7 +72,7 @@ class Job:
     since: float = field(default_factory=time.time)
 
     def streams(self) -> list[assign.Stream]:
-        return [s for c in self.conns.values() for s in c.streams]
+        return [s for c in self.conns.values() for s in c.both()]
 
 
 class Planner:
@@ -133,13 +141,16 @@ class Planner:
                     raise Refused(f"connection {i}: {a} is no address of cluster "
                                   f"{self.cluster.name}")  # fmt: skip
             dport, count = _int(c, "dport", 1, 65535), _int(c, "streams", 1, 64)
+            weight = _int(c, "weight", 0, 1000) if "weight" in c else 1
             cid = c.get("id", i)
             if cid in job.conns or any(x.id == cid for x in new):
                 raise Refused(f"connection id {cid!r} planned twice for job {job.name}")
             rs, rd = self.where[src][1], self.where[dst][1]
-            streams = [assign.Stream((job.name, cid, k), rs, rd) for k in range(count)]
-            new.append(Conn(cid, src, dst, dport, streams))
-        fresh = [s for c in new for s in c.streams]
+            streams = [assign.Stream((job.name, cid, k), rs, rd, weight) for k in range(count)]
+            back = [assign.Stream((job.name, cid, k, "back"), rd, rs, weight)
+                    for k in range(count)]
+            new.append(Conn(cid, src, dst, dport, streams, back))
+        fresh = [s for c in new for s in c.both()]
         placed = [s for j in self.jobs.values() for s in j.streams()]
         try:
             worst = assign.place(self.model, fresh, fixed=placed)
@@ -148,8 +159,12 @@ class Planner:
         for c in new:
             c.sports = self._ports(c)
             job.conns[c.id] = c
-        log.info("job %s: planned %d connections, %d streams; busiest uplink now %d streams",
-                 job.name, len(new), len(fresh), worst)
+        log.info("job %s: planned %d connections, %d streams each way; busiest uplink now %d "
+                 "streams", job.name, len(new), len(fresh) // 2, worst)
+        for c in new:
+            log.debug("job %s: %s -> %s:%d weight %d: spines %s, back %s, ports %s", job.name,
+                      c.src, c.dst, c.dport, c.streams[0].weight, [s.spine for s in c.streams],
+                      [s.spine for s in c.back], [ps[:1] for ps in c.sports])
         return [self._path(c) for c in new]
 
     def release(self, job: Job) -> None:
@@ -170,7 +185,7 @@ class Planner:
                     "state": ("excluded" if (r, m) in self.excluded else
                               "down" if (r, m) in self.down else "up")}
                    for r in range(self.cluster.racks) for m in range(self.cluster.spines)]
-        jobs = [{"job": j.name, "connections": len(j.conns), "streams": len(j.streams()),
+        jobs = [{"job": j.name, "connections": len(j.conns), "streams": len(j.streams()) // 2,
                  "since": j.since} for j in self.jobs.values()]  # fmt: skip
         return {"ok": True, "cluster": self.cluster.name, "jobs": jobs, "uplinks": uplinks,
                 "excluded": sorted(map(list, self.excluded))}
@@ -184,39 +199,44 @@ class Planner:
 
     def _path(self, c: Conn) -> dict:
         return {"id": c.id, "src": c.src, "dst": c.dst, "dport": c.dport,
-                "streams": [{"spine": s.spine, "sports": ps}
-                            for s, ps in zip(c.streams, c.sports, strict=True)]}  # fmt: skip
+                "streams": [{"spine": s.spine, "back": b.spine, "sports": ps}
+                            for s, b, ps in zip(c.streams, c.back, c.sports, strict=True)]}
 
     def _ports(self, c: Conn, keep: list[list[int]] | None = None) -> list[list[int]]:
-        """Per stream of `c`, source ports its spine is reached by (`keep`:
-        the ports each had, kept where its spine did not change)."""
+        """Per stream of `c`, source ports that put its two directions on
+        their spines (`keep`: the ports each had, kept where neither of its
+        spines changed). A stream inside a rack needs none."""
         _host, rack, port = self.where[c.src]
+        _host, back_rack, back_port = self.where[c.dst]
         taken = self.taken.setdefault(c.src, set())
         keep = keep or [[] for _ in c.streams]
         redo = [s.spine is not None and not k for s, k in zip(c.streams, keep, strict=True)]
-        want = {s.spine for s, r in zip(c.streams, redo, strict=True) if r}
-        found: dict[int, list[int]] = {m: [] for m in want}
+        want = {(s.spine, b.spine) for s, b, r in zip(c.streams, c.back, redo, strict=True) if r}
+        found: dict[tuple, list[int]] = {w: [] for w in want}
         need = PORTS_PER_STREAM * len(c.streams)
         for _ in range(64):
-            if all(len(found[m]) >= need for m in want):
+            if all(len(found[w]) >= need for w in want):
                 break
-            tries = [p for p in self.rng.sample(range(PORT_LO, PORT_HI + 1), 16 * len(want) + 16)
-                     if p not in taken]
-            spines = fabric.next_spines(self.f, rack, port, c.src, c.dst,
-                                        [(p, c.dport) for p in tries])  # fmt: skip
-            for p, m in zip(tries, spines, strict=True):
-                if m in found and len(found[m]) < need:
-                    found[m].append(p)
+            tries = [p for p in self.rng.sample(range(PORT_LO, PORT_HI + 1),
+                                                16 * len(want) * self.cluster.spines + 16)
+                     if p not in taken]  # fmt: skip
+            there = fabric.next_spines(self.f, rack, port, c.src, c.dst,
+                                       [(p, c.dport) for p in tries])  # fmt: skip
+            back = fabric.next_spines(self.f, back_rack, back_port, c.dst, c.src,
+                                      [(c.dport, p) for p in tries])  # fmt: skip
+            for p, w in zip(tries, zip(there, back, strict=True), strict=True):
+                if w in found and len(found[w]) < need:
+                    found[w].append(p)
         out = []
-        for s, r, k in zip(c.streams, redo, keep, strict=True):
+        for s, b, r, k in zip(c.streams, c.back, redo, keep, strict=True):
             if not r:
                 out.append(k if s.spine is not None else [])
                 continue
-            ps = found[s.spine][:PORTS_PER_STREAM]
-            del found[s.spine][:PORTS_PER_STREAM]
+            ps = found[(s.spine, b.spine)][:PORTS_PER_STREAM]
+            del found[(s.spine, b.spine)][:PORTS_PER_STREAM]
             if not ps:
-                raise Refused(f"no source port of {c.src} reaches spine {s.spine} toward "
-                              f"{c.dst}:{c.dport}")  # fmt: skip
+                raise Refused(f"no source port of {c.src} reaches {c.dst}:{c.dport} over "
+                              f"spine {s.spine} and back over {b.spine}")  # fmt: skip
             taken.update(ps)
             out.append(ps)
         return out
@@ -233,7 +253,7 @@ class Planner:
         if not gone and not back:
             return []
         every = [(j, c, s) for j in self.jobs.values() for c in j.conns.values()
-                 for s in c.streams if s.spine is not None]  # fmt: skip
+                 for s in c.both() if s.spine is not None]  # fmt: skip
         before = {id(s): s.spine for _, _, s in every}
         if back:
             movable = [s for _, _, s in every]
@@ -256,9 +276,10 @@ class Planner:
         events = []
         for job in self.jobs.values():
             changed = [c for c in job.conns.values()
-                       if any(before.get(id(s)) != s.spine for s in c.streams)]
+                       if any(before.get(id(s)) != s.spine for s in c.both())]
             for c in changed:
-                moved = [before.get(id(s)) != s.spine for s in c.streams]
+                moved = [before.get(id(s)) != s.spine or before.get(id(b)) != b.spine
+                         for s, b in zip(c.streams, c.back, strict=True)]
                 self.taken.get(c.src, set()).difference_update(
                     p for ps, m in zip(c.sports, moved, strict=True) if m for p in ps)
                 c.sports = self._ports(c, keep=[[] if m else ps for ps, m in

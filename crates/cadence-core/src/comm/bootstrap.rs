@@ -439,7 +439,9 @@ impl Bootstrap {
             while dist < n {
                 let to = (rank + dist) % n;
                 if !infos.same_host(to, rank) {
-                    lazy.request(to);
+                    // Counted by the path planner: in a ring in rank
+                    // order, the link to the next rank carries the bulk.
+                    lazy.request(to, true);
                 }
                 dist *= 2;
             }

@@ -245,7 +245,7 @@ impl LazyLinks {
 }
 
 impl LinkMaker for LazyLinks {
-    fn request(&mut self, peer: usize) {
+    fn request(&mut self, peer: usize, bulk: bool) {
         if !self.asked.insert(peer) {
             return;
         }
@@ -257,7 +257,7 @@ impl LinkMaker for LazyLinks {
             st.insert(peer, PeerState::Connecting);
         }
         let deadline = Instant::now() + self.timeout;
-        self.flights.push(Flight::start(&self.ctx, peer, deadline));
+        self.flights.push(Flight::start(&self.ctx, peer, deadline, bulk));
     }
 
     fn in_flight(&self) -> bool {

@@ -96,7 +96,8 @@ impl LinkCtx {
     /// The source ports the path planner chose for stream `s` of the link
     /// to `peer` (empty: no planner, it failed, or the stream stays inside
     /// a rack). Its path is `s mod paths`, as `Flight::start` deals them.
-    pub fn planned_ports(&self, peer: usize, s: usize) -> Vec<u16> {
+    /// `bulk`: the link carries bulk data (the planner's balance counts it).
+    pub fn planned_ports(&self, peer: usize, s: usize, bulk: bool) -> Vec<u16> {
         let Some(lease) = &self.planner else {
             return Vec::new();
         };
@@ -118,7 +119,7 @@ impl LinkCtx {
         let LeaseState::Open(planner) = &mut *state else {
             return Vec::new();
         };
-        match planner.ports(peer, path, src, dst, on_path) {
+        match planner.ports(peer, path, src, dst, on_path, bulk) {
             Ok(ports) => ports[s / npaths].clone(),
             Err(e) => {
                 self.give_up(&lease.at, &e);
@@ -173,7 +174,8 @@ pub fn connect_streams_deciding(
     deadline: Instant,
     warn: &mut dyn FnMut(String),
 ) -> Result<Option<(Vec<TcpStream>, Unreachable)>> {
-    match Flight::start(ctx, peer, deadline).wait(deadline) {
+    // Made whatever the traffic (at set-up, every link): counted as bulk.
+    match Flight::start(ctx, peer, deadline, true).wait(deadline) {
         Landed::Dropped => Ok(None),
         Landed::Streams(socks) => patiently(ctx, peer, socks, deadline, warn),
     }
@@ -203,7 +205,9 @@ pub enum Landed {
 }
 
 impl Flight {
-    pub fn start(ctx: &LinkCtx, peer: usize, deadline: Instant) -> Flight {
+    /// `bulk`: the link is wanted for bulk data (`engine::lazy::BULK_BYTES`),
+    /// which the path planner balances.
+    pub fn start(ctx: &LinkCtx, peer: usize, deadline: Instant, bulk: bool) -> Flight {
         let npaths = ctx.paths_to(peer);
         let nstreams = ctx.streams_to(peer);
         // A path that fails a stream at once takes no more of them.
@@ -213,7 +217,7 @@ impl Flight {
             let path = s % npaths;
             let dial = (!path_failed[path])
                 .then(|| {
-                    let sports = ctx.planned_ports(peer, s);
+                    let sports = ctx.planned_ports(peer, s, bulk);
                     // A planned port is planned from this NIC's address.
                     let from = (npaths > 1 || !sports.is_empty()).then(|| ctx.my_ips[path]);
                     let addr = ctx.infos.nic_addr(peer, path);
@@ -324,7 +328,7 @@ pub fn patiently(
                 .unwrap_or_default();
             // Planned ports only on the stream's own path.
             let sports = if path == s % npaths {
-                ctx.planned_ports(peer, s)
+                ctx.planned_ports(peer, s, true)
             } else {
                 Vec::new()
             };

@@ -28,7 +28,7 @@ impl Engine {
         if self.links.makes_links() {
             for (peer, _) in recvs.iter().filter(|(_, j)| j.active()) {
                 if self.links.get(*peer).is_none() {
-                    self.links.request(*peer);
+                    self.links.request(*peer, false);
                 }
             }
         }

@@ -8,9 +8,16 @@ use crate::error::ErrorKind;
 use crate::transport::Link;
 
 /// Makes links in the background (the communicator's, over TCP).
+/// A link first wanted by a call this large carries bulk data: the path
+/// planner counts it when it balances the fabric's uplinks (a barrier's or
+/// a small allreduce's link it places without counting it).
+pub const BULK_BYTES: usize = 64 * 1024;
+
 pub trait LinkMaker: Send {
-    /// Asks for a link to `peer`; idempotent, never blocks.
-    fn request(&mut self, peer: usize);
+    /// Asks for a link to `peer`; idempotent, never blocks. `bulk`: it is
+    /// wanted by a call of at least [`BULK_BYTES`] (the path planner
+    /// balances such links; others it places without counting them).
+    fn request(&mut self, peer: usize, bulk: bool);
     /// Whether links (or failures to make one) are waiting to be taken.
     fn has_ready(&self) -> bool;
     /// The links that came up since the last call (or why one could not).
@@ -51,12 +58,13 @@ impl Engine {
         }
     }
 
-    /// A send to `peer` and there is no link yet: asks for one (the
-    /// transfer waits; others move). Fails when links are never made here.
-    pub(super) fn want_link(&mut self, peer: usize) -> Result<(), ErrorKind> {
+    /// A send to `peer` by a call of `bytes` and there is no link yet: asks for one
+    /// (the transfer waits; others move). Fails when links are never made
+    /// here.
+    pub(super) fn want_link(&mut self, peer: usize, bytes: usize) -> Result<(), ErrorKind> {
         match self.links.makes_links() {
             true if peer != self.rank => {
-                self.links.request(peer);
+                self.links.request(peer, bytes >= BULK_BYTES);
                 Ok(())
             }
             _ => Err(ErrorKind::Internal(format!(

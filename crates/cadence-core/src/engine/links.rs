@@ -292,18 +292,18 @@ impl Links {
     }
 
     /// Asks for a link to `peer` (see [`LinkMaker::request`]).
-    pub fn request(&mut self, peer: usize) {
+    pub fn request(&mut self, peer: usize, bulk: bool) {
         match self.lent.as_mut() {
             Some(lent) => {
                 if let (Some(root), Some(m)) =
                     (lent.view.root(peer), lent.pool.links.maker.as_mut())
                 {
-                    m.request(root);
+                    m.request(root, bulk);
                 }
             }
             None => {
                 if let Some(m) = self.maker.as_mut() {
-                    m.request(peer);
+                    m.request(peer, bulk);
                 }
             }
         }

@@ -372,7 +372,10 @@ impl Engine {
                 continue;
             }
             let Some(link) = self.link_for_work(*peer) else {
-                self.want_link(*peer)?;
+                // The call's size, not the message's: a ring's first slice
+                // is small, its link carries the whole buffer.
+                let call = job.meta.count as usize * job.meta.dtype.size();
+                self.want_link(*peer, call.max(job.src.len()))?;
                 self.mark(*peer, Marks::BUSY_TX);
                 *pending = true;
                 continue;

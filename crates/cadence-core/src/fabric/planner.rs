@@ -77,7 +77,9 @@ impl Planner {
     }
 
     /// The source ports of each of `streams` streams from `src` to `dst`
-    /// (the link to `peer` on path `path`), asked once per link.
+    /// (the link to `peer` on path `path`), asked once per link; `bulk`:
+    /// the link carries bulk data (weight 1 in the planner's balance, else
+    /// 0: placed, not counted).
     pub fn ports(
         &mut self,
         peer: usize,
@@ -85,11 +87,13 @@ impl Planner {
         src: SocketAddr,
         dst: SocketAddr,
         streams: usize,
+        bulk: bool,
     ) -> Result<&[Vec<u16>], String> {
         if !self.planned.contains_key(&(peer, path)) {
             let answer = self.request(json!({"op": "plan", "connections": [{
                 "id": format!("{peer}/{path}"), "src": src.ip().to_string(),
                 "dst": dst.ip().to_string(), "dport": dst.port(), "streams": streams,
+                "weight": u8::from(bulk),
             }]}))?;
             let ports = parse_ports(&answer, streams)?;
             self.planned.insert((peer, path), ports);
