@@ -624,7 +624,7 @@ fn one_handshake_round_trip(secret: &JobSecret) -> Duration {
                 comm_id: "hs",
                 rank: 1,
             };
-            connect(who, addr, None, i, 0, deadline).unwrap();
+            connect(who, addr, None, &[], i, 0, deadline).unwrap();
             let took = t.elapsed();
             assert_eq!(server.join().unwrap().unwrap(), 1);
             took

@@ -226,7 +226,7 @@ fn strangers_are_refused_without_delaying_set_up() {
             comm_id: &id1,
             rank: 1,
         };
-        connect(who, addr0, None, 0, 0, dl).unwrap_err()
+        connect(who, addr0, None, &[], 0, 0, dl).unwrap_err()
     });
     let (id2, s2) = (format!("{id}-other"), secret.clone());
     let other_comm = thread::spawn(move || {
@@ -236,7 +236,7 @@ fn strangers_are_refused_without_delaying_set_up() {
             comm_id: &id2,
             rank: 1,
         };
-        connect(who, addr0, None, 0, 0, dl).unwrap_err()
+        connect(who, addr0, None, &[], 0, 0, dl).unwrap_err()
     });
 
     let mut results: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
