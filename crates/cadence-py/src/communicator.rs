@@ -517,6 +517,13 @@ impl PyComm {
         })
     }
 
+    /// `Comm::dump_round`: the newest `last` operations as the live
+    /// watchdog sends them in a round (every rank listed in rank 0's only).
+    fn dump_round(&self, py: Python<'_>, last: usize) -> String {
+        let comm = self.comm.clone();
+        py.allow_threads(move || comm.dump_round(last))
+    }
+
     /// The ranks of this rank's host, ascending (the first leads it).
     fn host_ranks(&self) -> Vec<usize> {
         self.comm.host_ranks()

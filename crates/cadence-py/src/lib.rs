@@ -8,6 +8,8 @@ mod communicator;
 mod errors;
 mod names;
 mod sim;
+mod sim_fault;
+mod sim_windows;
 mod store;
 mod topo;
 mod work;
@@ -26,6 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(topo::topo_rates, m)?)?;
     m.add_function(wrap_pyfunction!(topo::topo_groups, m)?)?;
     m.add_class::<sim::SimCluster>()?;
+    m.add_class::<sim_windows::SimRecording>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ANY_SOURCE", cadence_core::comm::ANY_SOURCE)?;
     m.add("DTYPES", names::dtype_names(m.py())?)?;

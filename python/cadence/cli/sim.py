@@ -10,6 +10,11 @@ bench`'s, from simulation.
   cadence sim --topology fat-tree.json --ranks 512 --op allreduce --algo all -b 8 -e 1G -f 4
   cadence sim --cluster tr --algo all -b 64K -e 64M -f 16
   cadence sim --topology topo.json --json sim.json
+  cadence sim --topology spec.json --ranks 4096 -b 64K --records DIR --fault stop:5@1
+
+--records DIR writes the dumps every rank would leave (for `cadence doctor
+DIR`) when the fault `--fault` hits during `--calls` calls of one size (-b);
+see cadence/cli/sim_records.py for the faults.
 
 A spec is JSON (docs/simulator.md says every field); a topology file written by
 `cadence topo profile` is one too. --cluster simulates an emulated cluster as
@@ -36,11 +41,12 @@ import time
 from pathlib import Path
 
 from cadence.bench.common import DTYPES, OPS, layout, size_sweep
+from cadence.cli import sim_records
 from cadence.cli.launch import Measure, Outcome, Workload
 from cadence.cli.options import _positive, add_sweep_arguments
 from cadence.cli.report import build_table, json_records, print_rich, render_plain
 from cadence.testbed.rates import payload_share
-from cadence.units import fmt_mbytes, format_size
+from cadence.units import fmt_mbytes, format_size, parse_size
 
 NAME = "sim"
 HELP = "simulate collectives on a modeled cluster (a spec, a topology file, --cluster)"
@@ -70,6 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype", choices=list(DTYPES), default="float32", help="element type (float32)"
     )
     add_sweep_arguments(p, stepfactor=4)
+    # None: -e not given (64M), so --records can tell one size was asked for.
+    p.set_defaults(maxbytes=None)
     p.add_argument(
         "--algo", metavar="ALGO[,ALGO...]", default="auto",
         help="algorithm(s), each its own column group: a name, a comma list, auto (the "
@@ -79,6 +87,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--show-spec", action="store_true",
         help="print the spec --cluster builds (to edit and pass to --topology)",
+    )  # fmt: skip
+    p.add_argument(
+        "--records", metavar="DIR",
+        help="write the dumps every rank would leave (one size, -b), for `cadence doctor DIR`",
+    )  # fmt: skip
+    p.add_argument(
+        "--fault", metavar="FAULT",
+        help=f"with --records, inject one: {sim_records.FAULT_SYNTAX}",
+    )  # fmt: skip
+    p.add_argument(
+        "--calls", type=_positive,
+        help=f"with --records, calls every rank makes ({sim_records.DEFAULT_CALLS})",
     )  # fmt: skip
 
 
@@ -351,8 +371,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "calibrate":
         return calibrate(args)
+    if not args.records and (args.fault or args.calls):
+        print("cadence sim: --fault and --calls go with --records", file=sys.stderr)
+        return 2
     try:
-        sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
+        # --records runs one size (-b); the sweep ends at 64M unless -e says.
+        last = args.maxbytes if args.maxbytes is not None else parse_size("64M")
+        sizes = size_sweep(args.minbytes, args.minbytes if args.records else last,
+                           args.stepfactor)  # fmt: skip
     except ValueError as e:
         print(f"cadence sim: {e}", file=sys.stderr)
         return 2
@@ -376,6 +402,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # testbed.TestbedError: no such cluster
         print(f"cadence sim: {e}", file=sys.stderr)
         return 2
+    if args.records:
+        return sim_records.run(model, args)
     try:
         algos = _algos(args.algo, args.op, model.algorithms(args.op))
     except ValueError as e:

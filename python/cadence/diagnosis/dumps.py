@@ -185,11 +185,16 @@ class Dump:
 
 
 def peer_listing(dumps: list[Dump]) -> dict[int, dict]:
-    """rank → {rank, host, pid, addr} of every rank of the dumps' job: from
-    any dump that lists them (the core's all do; of the live watchdog's
-    summaries, at scale, rank 0's alone)."""
-    listing = next((d for d in dumps if d.peers), None)
-    return {} if listing is None else {p.get("rank"): p for p in listing.peers}
+    """rank → {rank, host, pid, addr} of the ranks the dumps list: each
+    core dump lists every rank; a live round's summary, only rank 0's does,
+    the others their own and their linked peers (`Comm::dump_round`)."""
+    out: dict[int, dict] = {}
+    for d in sorted(dumps, key=lambda d: -len(d.peers)):
+        if len(out) >= d.nranks:
+            break
+        for p in d.peers:
+            out.setdefault(p.get("rank"), p)
+    return out
 
 
 def _need(obj: dict, key: str, kind, where: str):

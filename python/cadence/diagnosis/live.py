@@ -150,19 +150,16 @@ def summary(core, skip_thread: int | None = None, waiting: bool = False) -> byte
       only the operations from WAITING_OPS before its oldest running one on,
       and no stacks: the classifier reads of such a rank the stuck operation
       and whether it completed the ones before; its stack is cadence's wait;
-    - every rank's `peers` only in rank 0's (the coordinator adds its own
-      when rank 0 sent none: `verdict_of`), and no ring order.
+    - every rank listed (`peers`) and the ring order only in rank 0's (the
+      core's `dump_round`; the coordinator adds its own list when rank 0
+      sent none: `verdict_of`).
 
     A rank that is not waiting (stuck in its own code, or in another
     communicator) sends its history and stacks: the verdict names it with
     its last completed operation and where it is."""
     from cadence.diagnosis.dumps import compact_messages
 
-    d = json.loads(core.dump_records(SUMMARY_OPS))
-    d["reason"] = "live diagnosis"
-    if d.get("rank") != 0:
-        d["peers"] = []
-    d.pop("ring_order", None)
+    d = json.loads(core.dump_round(SUMMARY_OPS))
     ops = d.get("ops") or []
     if waiting:
         first = next((i for i, o in enumerate(ops) if o.get("status") == "running"), len(ops))
@@ -202,7 +199,7 @@ def verdict_of(summaries: dict[int, bytes], hang_after: float,
 
     dumps = [parse(zlib.decompress(b).decode(), f"rank {r}'s summary")
              for r, b in sorted(summaries.items())]
-    if peers and dumps and not any(d.peers for d in dumps):
+    if peers and dumps and not any(len(d.peers) >= d.nranks for d in dumps):
         dumps[0].peers = list(peers)
     v = diagnose(dumps, hang_after=hang_after, reach=reach)
     out = v.to_json()

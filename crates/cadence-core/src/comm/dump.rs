@@ -165,17 +165,21 @@ impl Shared {
     /// messages (the newest `last` only, when given), and its link counters
     /// (format: docs/diagnosis.md).
     pub(super) fn dump_json(&self, reason: &str, last: Option<usize>) -> String {
-        self.dump_json_filtered(reason, last, None)
+        self.dump_json_filtered(reason, last, None, true)
             .expect("an unfiltered dump always has a body")
     }
 
     /// The dump, of the newest `last` operations (of those that completed in
     /// `window`, when given); `None` when a window holds no operation.
+    /// `everyone`: it lists every rank of the job and the ring's host order;
+    /// else only this rank and the peers it has links to, so that its size
+    /// is the peers this rank uses, not the job's.
     pub(super) fn dump_json_filtered(
         &self,
         reason: &str,
         last: Option<usize>,
         window: Option<Window>,
+        everyone: bool,
     ) -> Option<String> {
         // While an operation runs, the engine is busy: its failure and wait
         // statistics are left out rather than waited for. The links'
@@ -239,17 +243,14 @@ impl Shared {
                 .collect();
             (ops, rec.now_ns(), rec.base_unix_ns, rec.total_ops)
         };
-        // A window names only this rank and the peers it has links to, and
-        // no ring order: its size is the peers it uses, not the job's.
-        let listed: Vec<usize> = match window {
-            None => (0..self.nranks).collect(),
-            Some(_) => {
-                let mut v: Vec<usize> = links.iter().map(|l| l.peer).collect();
-                v.push(self.rank);
-                v.sort_unstable();
-                v.dedup();
-                v
-            }
+        let listed: Vec<usize> = if everyone {
+            (0..self.nranks).collect()
+        } else {
+            let mut v: Vec<usize> = links.iter().map(|l| l.peer).collect();
+            v.push(self.rank);
+            v.sort_unstable();
+            v.dedup();
+            v
         };
         let peers = listed
             .into_iter()
@@ -284,9 +285,9 @@ impl Shared {
             links,
             waits,
             ring_order: RingOrder {
-                hosts: match window {
-                    None => super::order::ring_hosts(&self.auto.topo, &|r| self.peers.host(r)),
-                    Some(_) => Vec::new(),
+                hosts: match everyone {
+                    true => super::order::ring_hosts(&self.auto.topo, &|r| self.peers.host(r)),
+                    false => Vec::new(),
                 },
                 choice: &self.auto.order,
             },

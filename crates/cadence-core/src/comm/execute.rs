@@ -21,7 +21,7 @@ const SCHEDULE_CACHE_MAX: usize = 4096;
 
 /// A hash of `words` that is the same on every host and build: the
 /// operations' signatures (`OpMeta::sig`) are made with it.
-pub(super) fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
+pub(crate) fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
     // FNV-1a-style over whole 64-bit words with a final avalanche: stable
     // across builds and hosts (unlike std's hasher), a few lines, and one
     // multiply per word — it runs on every operation.

@@ -257,7 +257,8 @@ impl LinkMaker for LazyLinks {
             st.insert(peer, PeerState::Connecting);
         }
         let deadline = Instant::now() + self.timeout;
-        self.flights.push(Flight::start(&self.ctx, peer, deadline, bulk));
+        self.flights
+            .push(Flight::start(&self.ctx, peer, deadline, bulk));
     }
 
     fn in_flight(&self) -> bool {

@@ -58,7 +58,7 @@ pub use progress::Completion;
 pub use request::OpRequest;
 
 use dump::Window;
-use execute::fnv1a;
+pub(crate) use execute::fnv1a;
 use p2p::is_any_source;
 use progress::{ProgressThread, Task};
 use records::{recv_record, send_record};
@@ -296,6 +296,17 @@ impl Comm {
         self.shared.dump_json("on demand", Some(last))
     }
 
+    /// [`Comm::dump_recent`] as the live watchdog sends it in a round:
+    /// every rank listed and the ring's host order in rank 0's only, each
+    /// other rank listing itself and the peers it has links to. So a
+    /// rank's part of a round does not grow with the job; the coordinator
+    /// knows every rank from its own communicator.
+    pub fn dump_round(&self, last: usize) -> String {
+        self.shared
+            .dump_json_filtered("live diagnosis", Some(last), None, self.shared.rank == 0)
+            .expect("an unfiltered dump always has a body")
+    }
+
     /// The newest `last` operations that completed successfully between
     /// `from_unix_ns` (included) and `to_unix_ns` (excluded), as a dump
     /// (what a slowness window sends); `None` when there were none. The
@@ -321,7 +332,7 @@ impl Comm {
             min_recv_bytes,
         };
         self.shared
-            .dump_json_filtered("slowness window", Some(last), Some(window))
+            .dump_json_filtered("slowness window", Some(last), Some(window), false)
     }
 
     /// Where this rank stands (operations started, the oldest still

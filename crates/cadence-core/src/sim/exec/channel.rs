@@ -163,6 +163,12 @@ impl Sim<'_> {
         if m.send_ready.is_none() {
             return;
         }
+        if let (Some(h), Some(send)) = (self.hung, m.send) {
+            // A hung link: the message never leaves (nor the ones behind it).
+            if h.holds(ch.src, ch.dst, send.phase) {
+                return;
+            }
+        }
         let (a, b) = (ch.src as usize, ch.dst as usize);
         if m.bytes > self.model.eager(a, b) && m.recv_ready.is_none() {
             return;
@@ -192,7 +198,12 @@ impl Sim<'_> {
         let m = ch.msg(seq);
         m.started = Some(now);
         let bytes = m.bytes;
+        let send = m.send;
         self.messages += 1;
+        if let (Some(rec), Some(e)) = (&mut self.rec, send) {
+            // The transport takes its first bytes as it leaves.
+            rec.first(e.rank as usize, e.idx as usize, now);
+        }
         // A busy link is shared in proportion to the messages each channel
         // has ready (this one and the released ones behind it), as counted
         // when this one leaves: TCP gives a connection that always has data
@@ -230,7 +241,7 @@ impl Sim<'_> {
         if seq < ch.base {
             return;
         }
-        let dst = ch.dst as usize;
+        let (src, dst) = (ch.src as usize, ch.dst as usize);
         let m = ch.msg(seq);
         let (Some(arrived), Some(ready)) = (m.arrived, m.recv_ready) else {
             return;
@@ -239,6 +250,16 @@ impl Sim<'_> {
             return;
         }
         m.recv_scheduled = true;
+        if let (Some(rec), Some(e), Some(started)) = (&mut self.rec, m.recv, m.started) {
+            // Its first bytes land α after they left (the flow's first byte
+            // crosses at its rate, not after its whole length, so nothing
+            // but the latency separates them) and are taken in once the
+            // receive is released: bytes that wait in a buffer for it all
+            // move in one go then, as the engine's first and last progress
+            // of a message that was there already coincide.
+            let first = (started + self.model.alpha(src, dst)).max(ready);
+            rec.first(dst, e.idx as usize, first);
+        }
         let mut at = arrived.max(ready);
         if m.reduce {
             // The engine reduces pieces as they land: the CPU's work runs

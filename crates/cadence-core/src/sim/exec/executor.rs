@@ -5,8 +5,10 @@
 
 use super::channel::{Chan, End};
 use super::compile::{blocks, Compiled};
+use super::fault::Hung;
 use super::model::Model;
 use super::program::Outcome;
+use super::records::Recorder;
 use crate::sim::flows::Flows;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -98,6 +100,12 @@ pub(super) struct Sim<'a> {
     made: u64,
     pub(super) now: f64,
     pub(super) messages: u64,
+    /// A recorded run's hooks and faults (None, the default: no cost but
+    /// a branch).
+    pub(super) rec: Option<Recorder>,
+    pub(super) hung: Option<Hung>,
+    /// A rank that enters every call late, and by how much.
+    pub(super) late: Option<(usize, f64)>,
 }
 
 impl<'a> Sim<'a> {
@@ -157,6 +165,9 @@ impl<'a> Sim<'a> {
             made: 0,
             now: 0.0,
             messages: 0,
+            rec: None,
+            hung: None,
+            late: None,
         }
     }
 }
@@ -168,6 +179,38 @@ impl Sim<'_> {
     }
 
     pub(super) fn run(mut self) -> Result<Outcome, String> {
+        self.run_events()?;
+        let n = self.progs.len();
+        for ch in &self.chans {
+            if let Some(m) =
+                ch.q.iter()
+                    .find(|m| m.bytes >= 0.0 && (m.send.is_none() || m.recv.is_none()))
+            {
+                return Err(format!(
+                    "a message from rank {} to rank {} has no matching {}",
+                    ch.src,
+                    ch.dst,
+                    if m.send.is_some() { "receive" } else { "send" }
+                ));
+            }
+        }
+        if let Some(r) = (0..n).find(|&r| self.ranks[r].cur < self.progs[r].nphases()) {
+            return Err(format!(
+                "rank {r} is stuck in phase {} of {} (a cyclic wait)",
+                self.ranks[r].cur,
+                self.progs[r].nphases()
+            ));
+        }
+        Ok(Outcome {
+            seconds: self.ranks.iter().map(|s| s.finished).fold(0.0, f64::max),
+            messages: self.messages,
+            call_ends: self.call_ends,
+        })
+    }
+
+    /// Runs events until none is left: every rank finished, or the ones
+    /// that did not wait on something that never comes.
+    pub(super) fn run_events(&mut self) -> Result<(), String> {
         let n = self.progs.len();
         for r in 0..n {
             if self.progs[r].nphases() > 0 {
@@ -207,31 +250,7 @@ impl Sim<'_> {
                 }
             }
         }
-        for ch in &self.chans {
-            if let Some(m) =
-                ch.q.iter()
-                    .find(|m| m.bytes >= 0.0 && (m.send.is_none() || m.recv.is_none()))
-            {
-                return Err(format!(
-                    "a message from rank {} to rank {} has no matching {}",
-                    ch.src,
-                    ch.dst,
-                    if m.send.is_some() { "receive" } else { "send" }
-                ));
-            }
-        }
-        if let Some(r) = (0..n).find(|&r| self.ranks[r].cur < self.progs[r].nphases()) {
-            return Err(format!(
-                "rank {r} is stuck in phase {} of {} (a cyclic wait)",
-                self.ranks[r].cur,
-                self.progs[r].nphases()
-            ));
-        }
-        Ok(Outcome {
-            seconds: self.ranks.iter().map(|s| s.finished).fold(0.0, f64::max),
-            messages: self.messages,
-            call_ends: self.call_ends,
-        })
+        Ok(())
     }
 
     /// Rank r enters its current phase: local steps on its CPU, then Post.
@@ -240,6 +259,14 @@ impl Sim<'_> {
     pub(super) fn enter(&mut self, r: usize) {
         let call_work = self.model.call_overhead;
         let st = &mut self.ranks[r];
+        // A late rank's own work before each call.
+        let late = match self.late {
+            Some((rank, delay)) if rank == r && self.call_first[r][st.cur] => delay,
+            _ => 0.0,
+        };
+        if let Some(rec) = &mut self.rec {
+            rec.enter(r, st.cur, &self.unit_ends[r], self.now + late);
+        }
         if call_work > 0.0 && self.model.shared_cores.is_some() && self.call_first[r][st.cur] {
             if !st.call_paid {
                 let units = call_work / self.model.cpu_unit();
@@ -250,7 +277,7 @@ impl Sim<'_> {
             st.call_paid = false;
         }
         let cost = self.progs[r].local[st.cur] * self.es * self.model.gamma;
-        let at = self.now.max(st.cpu_free) + cost;
+        let at = (self.now + late).max(st.cpu_free) + cost;
         st.cpu_free = at;
         st.posted = false;
         self.push(at, Kind::Post(r as u32));
@@ -261,6 +288,9 @@ impl Sim<'_> {
         let r = e.rank as usize;
         let p = e.phase as usize;
         let i = e.idx as usize - self.progs[r].first[p] as usize;
+        if let Some(rec) = &mut self.rec {
+            rec.done(r, e.idx as usize, self.now);
+        }
         let st = &mut self.ranks[r];
         if p == st.cur {
             st.cur_done[i] = true;
@@ -379,7 +409,11 @@ impl Sim<'_> {
             }
             st.cur += 1;
             st.finished = now;
+            let before = st.unit;
             Self::end_units(&self.unit_ends[r], st, &mut self.call_ends, now);
+            if let Some(rec) = &mut self.rec {
+                rec.finish(r, before..st.unit, now);
+            }
             if st.ahead {
                 st.ahead = false;
                 std::mem::swap(&mut st.cur_done, &mut st.ahead_done);

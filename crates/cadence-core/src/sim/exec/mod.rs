@@ -52,16 +52,28 @@
 //! things cost), `compile.rs` (a rank's schedule in the compact form),
 //! `channel.rs` (messages on their channels, from leaving to arriving),
 //! `executor.rs` (the ranks' phases and the look-ahead, event by event),
-//! `program.rs` (the entry points: calls and programs of calls).
+//! `program.rs` (the entry points: calls and programs of calls),
+//! `records.rs` (what a recorded run keeps per rank: calls entered and
+//! finished, transfers first moved and completed or where they stood) and `fault.rs` (the
+//! faults a recorded run injects: a rank that stops calling, a hung link,
+//! a late rank, a slow NIC).
 
 mod channel;
 mod compile;
 mod executor;
+mod fault;
 mod model;
 mod program;
+mod records;
 
+pub use fault::Fault;
 pub use model::{Model, Shaper};
-pub use program::{simulate, simulate_calls, simulate_program, simulate_with, Outcome, Unit};
+pub use program::{
+    simulate, simulate_calls, simulate_program, simulate_recorded, simulate_with, Outcome, Unit,
+};
+pub use records::{CallSpan, RankRecord, Recorded, Transfer, XferState};
 
+#[cfg(test)]
+mod records_tests;
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,9 @@
 
 use super::compile::{compile, Compiled};
 use super::executor::Sim;
+use super::fault::{Fault, Hung};
 use super::model::Model;
+use super::records::{Recorded, Recorder};
 use crate::schedule::Schedule;
 
 /// What a simulation found.
@@ -92,6 +94,75 @@ where
     G: Fn(usize) -> Result<Schedule, String> + Sync,
 {
     model.check()?;
+    let (progs, unit_ends) = compile_programs(&build, &gap, program, model, &|_| program.len())?;
+    Sim::new(model, elem_size, progs, unit_ends, program.len()).run()
+}
+
+/// Every rank making `calls` calls of `build(r)`'s schedule back to back,
+/// as [`simulate_calls`], with `fault` injected, and recorded: per rank
+/// when it entered and finished each call, and when each transfer completed
+/// or where it stood at the end. A run that stalls (a fault, or schedules
+/// that wait on each other) is an outcome here, not an error: it ends when
+/// nothing can move ([`Recorded::stalled_at`]). Err: the fault names what
+/// does not exist, or a schedule cannot be built.
+pub fn simulate_recorded<F>(
+    build: F,
+    model: &Model,
+    elem_size: usize,
+    calls: usize,
+    fault: Fault,
+) -> Result<Recorded, String>
+where
+    F: Fn(usize) -> Result<Schedule, String> + Sync,
+{
+    model.check()?;
+    let calls = calls.max(1);
+    fault.check(model.topo.nranks(), model.topo.nhosts(), calls)?;
+    let program = vec![Unit::Call(0); calls];
+    let no_gap = |_| Err("the program has no gap".to_string());
+    let calls_of = |r| fault.calls_of(r, calls);
+    let (progs, unit_ends) =
+        compile_programs(&|r, _| build(r), &no_gap, &program, model, &calls_of)?;
+    let faulty = fault.model(model);
+    let mut sim = Sim::new(
+        faulty.as_ref().unwrap_or(model),
+        elem_size,
+        progs,
+        unit_ends,
+        calls,
+    );
+    sim.rec = Some(Recorder::new(&sim.progs, calls));
+    match fault {
+        Fault::HungLink { src, dst, call } => {
+            let from = call.checked_sub(1).map_or(0, |c| sim.unit_ends[src][c]);
+            sim.hung = Some(Hung {
+                src: src as u32,
+                dst: dst as u32,
+                from_phase: from as u32,
+            });
+        }
+        Fault::SlowRank { rank, delay_s } => sim.late = Some((rank, delay_s)),
+        _ => {}
+    }
+    sim.run_events()?;
+    let rec = sim.rec.take().expect("recording");
+    Ok(sim.into_recorded(rec))
+}
+
+/// Every rank's program compiled (in parallel over the machine's cores):
+/// rank r makes the first `units_of(r)` units of `program`. Returns the
+/// programs and per rank the phase at which each of its units ends.
+fn compile_programs<F, G>(
+    build: &F,
+    gap: &G,
+    program: &[Unit],
+    model: &Model,
+    units_of: &(dyn Fn(usize) -> usize + Sync),
+) -> Result<(Vec<Compiled>, Vec<Vec<usize>>), String>
+where
+    F: Fn(usize, usize) -> Result<Schedule, String> + Sync,
+    G: Fn(usize) -> Result<Schedule, String> + Sync,
+{
     let n = model.topo.nranks();
     let with_gap = program.contains(&Unit::Gap);
     let variants = program
@@ -108,9 +179,7 @@ where
     let mut progs: Vec<Option<Result<Program, String>>> = (0..n).map(|_| None).collect();
     std::thread::scope(|s| {
         for (w, part) in progs.chunks_mut(n.div_ceil(workers).max(1)).enumerate() {
-            let build = &build;
             let base = w * n.div_ceil(workers).max(1);
-            let gap = &gap;
             s.spawn(move || {
                 for (i, slot) in part.iter_mut().enumerate() {
                     let r = base + i;
@@ -125,6 +194,7 @@ where
                         pause.map(|g| {
                             let units: Vec<&Compiled> = program
                                 .iter()
+                                .take(units_of(r))
                                 .map(|u| match u {
                                     Unit::Call(k) => &b[*k],
                                     Unit::Gap => &g,
@@ -137,11 +207,10 @@ where
             });
         }
     });
-    let (progs, unit_ends): (Vec<Compiled>, Vec<Vec<usize>>) = progs
+    Ok(progs
         .into_iter()
         .map(|p| p.expect("every rank built"))
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
-        .unzip();
-    Sim::new(model, elem_size, progs, unit_ends, program.len()).run()
+        .unzip())
 }
