@@ -58,6 +58,7 @@ TOOLS = (
     "cadence.diagnosis.report_html",
     "cadence.diagnosis.trace",
     "cadence.planner.assign",  # the planner service and what only it runs
+    "cadence.planner.probe",
     "cadence.planner.service",
     "cadence.testbed",
     "cadence.topo.draw",  # `cadence topo show --png`
