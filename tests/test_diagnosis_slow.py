@@ -235,6 +235,33 @@ def test_a_slow_host_seen_through_a_ring_only():
     assert v is not None and v.links == [(0, 1)] and "host" not in v.headline, v and v.text()
 
 
+def test_a_slow_nic_is_named_alone_not_the_neighbour_it_drags():
+    """Six hosts of one rank, each sending to the next two (a torus's rows
+    and columns give each host two peers each way). Host h2's NIC at a
+    quarter both ways; host h4, which receives from h2 and from h3, sees
+    its receives from h3 dragged to 0.45x as well (it waits on h2's). Both
+    of h4's receiving links are under the side bar, yet only one is slow,
+    and h2 explains it: h2 is named, h4 is not."""
+    hosts = [f"h{i}" for i in range(6)]
+    used = {(s, (s + k) % 6) for s in range(6) for k in (1, 2)}
+
+    def rate(s, d):
+        if 2 in (s, d):
+            return GBIT / 4
+        return GBIT * 0.45 if (s, d) == (3, 4) else GBIT
+
+    ds = make_job(hosts, rate=rate)
+    for d in ds:  # keep only the pattern's messages
+        for o in d["ops"]:
+            o["messages"] = [m for m in o["messages"]
+                             if ((m["peer"], d["rank"]) if m["dir"] == "recv"
+                                 else (d["rank"], m["peer"])) in used]
+    v = slow(ds)
+    assert v is not None and v.cls == "comm_slow", v and v.text()
+    assert v.hosts == ["h2"] and v.links == [], v.text()
+    assert "host h2 (rank 2) NIC slow both ways" in v.headline, v.headline
+
+
 def test_transport_classes_are_compared_apart():
     """Shared memory is 40x faster than TCP here; that is no slow TCP link.
     A slow shared-memory link is compared with the other shared-memory ones."""

@@ -21,7 +21,8 @@ it, and the second 10 more: what SlowWatch needs to report (PERSIST_WINDOWS
 windows in a row with MIN_COLLECTIVES each). Every window then goes through
 the live path's steps (live.py `_windows`):
 
-1. every rank: `encode_rank(rank_summary(parse(record)))` (bytes per rank);
+1. every rank: `encode_rank(rank_summary(parse(record)))` (bytes per rank;
+   `--jobs` processes run the ranks' steps, as the ranks run them at once);
 2. every host's leader: its ranks' summaries decoded, `host_summary`,
    `encode_host` (CPU per leader, bytes per host);
 3. rank 0: the host summaries decoded and fed to one `SlowWatch` per job,
@@ -38,7 +39,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
+import multiprocessing
+import os
 import random
 import statistics
 import sys
@@ -143,23 +147,32 @@ def judged(fault: str, culprit, v, per_host: int) -> bool:
     return v.cls == "comm_slow" and v.ranks == mine and touches
 
 
-def live_path(rec, nranks: int, window_s: float, phase_s: float, dump_after_s: float):
-    """Every window of the recording through the live path's three steps:
+def publish(item: tuple[int, str]) -> tuple[str, bytes]:
+    """A rank's step: its window record summarized and encoded, and its host."""
+    r, text = item
+    s = rank_summary(parse(text, f"rank {r}'s window"))
+    return s.host, encode_rank(s)
+
+
+def live_path(rec, nranks: int, window_s: float, phase_s: float, dump_after_s: float,
+              pool=None):
+    """Every window of the recording through the live path's three steps
+    (the ranks' own in `pool`'s processes, as every rank runs it at once):
     the verdict in force after the last, and the windows judged."""
     watch = SlowWatch()
     judged = []
     for k in range(rec.count(window_s, phase_s)):
         texts = rec.window(k, window_s, phase_s, MIN_MSG_BYTES, dump_after_s)
+        # A rank that completed nothing in the window publishes nothing.
+        mine = [(r, t) for r, t in enumerate(texts) if t is not None]
+        del texts
+        done = pool.imap(publish, mine, chunksize=64) if pool else map(publish, mine)
         blobs: dict[str, list[bytes]] = {}
         sizes = []
-        for r, text in enumerate(texts):
-            if text is None:
-                continue  # nothing completed in the window: nothing published
-            s = rank_summary(parse(text, f"rank {r}'s window {k}"))
-            b = encode_rank(s)
+        for host, b in done:
             sizes.append(len(b))
-            blobs.setdefault(s.host, []).append(b)
-        del texts
+            blobs.setdefault(host, []).append(b)
+        del mine
         leaders, host_blobs = [], []
         for bs in blobs.values():
             t = time.thread_time()
@@ -210,7 +223,7 @@ def run(nranks: int, a, log=print) -> Figures:
             calls = rng.uniform(FIRST_WINDOW_CALLS, FIRST_WINDOW_CALLS + 2.0)
             window_s = calls * call
             phase_s = rng.uniform(0.0, (calls - FIRST_WINDOW_CALLS) * call)
-            v, windows = live_path(rec, nranks, window_s, phase_s, a.dump_after)
+            v, windows = live_path(rec, nranks, window_s, phase_s, a.dump_after, a.pool)
             del rec
             ok = judged(fault, culprit, v, a.per_host)
             text = "healthy" if v is None else v.headline
@@ -222,6 +235,29 @@ def run(nranks: int, a, log=print) -> Figures:
 
 def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def table(figs: list[Figures], faults: list[str]) -> int:
+    """Prints a row per size and fault; returns the wrong verdicts."""
+    print(f"{'n':>6} {'algo':>13} {'call':>8} {'fault':>9} {'right':>6} {'rank sum.':>10} "
+          f"{'host sum.':>10} {'leader':>8} {'judge/window':>15} {'colls':>6} {'sim/run':>8}",
+          flush=True)
+    wrong = 0
+    for f in figs:
+        for fault in faults:
+            ts, ws = f.of(fault)
+            right = sum(t.right for t in ts)
+            wrong += len(ts) - right
+            what = f"{right}/{len(ts)}" if fault != "none" else f"{len(ts) - right} FA"
+            judge = [w.judge_s for w in ws]
+            print(f"{f.nranks:>6} {f.algo:>13} {f.call_ms:>6.1f}ms {fault:>9} {what:>6} "
+                  f"{fmt_bytes(_med([w.rank_bytes for w in ws]), short=True):>10} "
+                  f"{fmt_bytes(_med([w.host_bytes for w in ws]), short=True):>10} "
+                  f"{_med([w.leader_s for w in ws]) * 1e3:>6.1f}ms "
+                  f"{_med(judge):>6.3f}s ({max(judge, default=0):.3f}) "
+                  f"{_med([w.colls for w in ws]):>6.0f} {_med([t.sim_s for t in ts]):>7.1f}s",
+                  flush=True)
+    return wrong
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"fault classes, a comma list ({','.join(FAULTS)})")
     p.add_argument("--dump-after", type=float, default=0.0,
                    help="seconds after a window's end its records are taken (0)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="processes for the ranks' own step (this machine's cores)")
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args(argv)
     a.faults = [f for f in a.fault.split(",") if f]
@@ -253,29 +291,17 @@ def main(argv: list[str] | None = None) -> int:
                 "warm-up, and a call to spare in the second")
     t0 = time.perf_counter()
     figs = []
-    for n in sizes:
-        print(f"n = {n}: {n // a.per_host} hosts of {a.per_host}, {a.nic} NICs, allreduce of "
-              f"{format_size(a.size)} x {a.calls}, {a.trials} trials of {', '.join(a.faults)}",
-              flush=True)
-        figs.append(run(n, a, log=lambda s: print(s, flush=True)))
-    wall = time.perf_counter() - t0
+    # Forked before any run is recorded: the workers hold no recording.
+    workers = multiprocessing.get_context("fork").Pool(a.jobs) if a.jobs > 1 else None
+    with workers or contextlib.nullcontext() as a.pool:
+        for n in sizes:
+            print(f"n = {n}: {n // a.per_host} hosts of {a.per_host}, {a.nic} NICs, allreduce "
+                  f"of {format_size(a.size)} x {a.calls}, {a.trials} trials of "
+                  f"{', '.join(a.faults)}", flush=True)
+            figs.append(run(n, a, log=lambda s: print(s, flush=True)))
+            table(figs[-1:], a.faults)
     print()
-    print(f"{'n':>6} {'algo':>13} {'call':>8} {'fault':>9} {'right':>6} {'rank sum.':>10} "
-          f"{'host sum.':>10} {'leader':>8} {'judge/window':>15} {'colls':>6} {'sim/run':>8}")
-    wrong = 0
-    for f in figs:
-        for fault in a.faults:
-            ts, ws = f.of(fault)
-            right = sum(t.right for t in ts)
-            wrong += len(ts) - right
-            what = f"{right}/{len(ts)}" if fault != "none" else f"{len(ts) - right} FA"
-            judge = [w.judge_s for w in ws]
-            print(f"{f.nranks:>6} {f.algo:>13} {f.call_ms:>6.1f}ms {fault:>9} {what:>6} "
-                  f"{fmt_bytes(_med([w.rank_bytes for w in ws]), short=True):>10} "
-                  f"{fmt_bytes(_med([w.host_bytes for w in ws]), short=True):>10} "
-                  f"{_med([w.leader_s for w in ws]) * 1e3:>6.1f}ms "
-                  f"{_med(judge):>6.3f}s ({max(judge, default=0):.3f}) "
-                  f"{_med([w.colls for w in ws]):>6.0f} {_med([t.sim_s for t in ts]):>7.1f}s")
+    wrong = table(figs, a.faults)
     if len(figs) > 1:
         xs = [f.nranks for f in figs]
         ws = [f.of()[1] for f in figs]
@@ -286,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{slope(xs, med('judge_s')):.2f}")
     print(f"(FA: false alarms among the clean runs; judge: rank 0's CPU per window, median "
           f"(max); colls: collectives per window (median); sim: a run's simulation, beside "
-          f"the judging of the one before; {wall / 60:.1f} min in all)")
+          f"the judging of the one before; {(time.perf_counter() - t0) / 60:.1f} min in all)")
     return 1 if wrong else 0
 
 

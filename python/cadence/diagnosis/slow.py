@@ -516,7 +516,7 @@ def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
     # counts when all of that end's units, both ways, are under it (a window
     # of ring algorithms gives each host one peer each way).
     touched = {u.src for u in slow} | {u.dst for u in slow}
-    sides: list[_Side] = []
+    candidates: list[_Side] = []
     for klass in refs:
         us = classes[klass]
         under = SIDE_RATIO * refs[klass]
@@ -531,9 +531,10 @@ def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
             if not (o or i or (out_all and in_all)):
                 continue
             if o or out_all:
-                sides.append(_Side(e, True, outs, out_bad))
+                candidates.append(_Side(e, True, outs, out_bad))
             if i or in_all:
-                sides.append(_Side(e, False, ins, in_bad))
+                candidates.append(_Side(e, False, ins, in_bad))
+    sides = _fewest_sides(candidates, {id(u) for u in slow})
     explained = {id(u) for sd in sides for u in sd.units}
     links: list[tuple[int, int]] = []
     link_units = []
@@ -552,6 +553,27 @@ def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
         link_units.append((u, named))
     lost = sum(u.seconds * (1 - u.rate / refs[u.transport]) for u in slow)
     return _CommFinding(sides, sorted(set(links)), link_units, refs, lost), evidence
+
+
+def _fewest_sides(candidates: list[_Side], slow: set[int]) -> list[_Side]:
+    """The sides that explain the slow units, slowest first: a side is kept
+    while some slow unit of it is not yet explained by a side kept before
+    and its units left still qualify. A slow NIC drags the units of its
+    neighbours (the receiver that waits on it, a ring behind it) under the
+    side bar too; the NIC itself is the slowest side, and once it is named
+    a neighbour's side is left with the units it explains alone."""
+    kept: list[_Side] = []
+    explained: set[int] = set()
+    for sd in sorted(candidates, key=lambda sd: (sd.rate, str(sd.end), not sd.out)):
+        rest = [u for u in sd.units if id(u) not in explained]
+        bad = [u for u in sd.slow if id(u) not in explained]
+        if not any(id(u) in slow for u in bad):
+            continue
+        if len(rest) < len(sd.units) and not (_mostly(rest, bad) or len(bad) == len(rest)):
+            continue
+        kept.append(sd)
+        explained |= {id(u) for u in sd.units}
+    return sorted(kept, key=lambda sd: (str(sd.end), not sd.out))
 
 
 def _mostly(mine: list, bad: list) -> bool:

@@ -250,16 +250,15 @@ impl Sim<'_> {
             return;
         }
         m.recv_scheduled = true;
-        if let (Some(rec), Some(e), Some(started)) = (&mut self.rec, m.recv, m.started) {
-            // Its first bytes land α after they left (the flow's first byte
-            // crosses at its rate, not after its whole length, so nothing
-            // but the latency separates them) and are taken in once the
-            // receive is released: bytes that wait in a buffer for it all
-            // move in one go then, as the engine's first and last progress
-            // of a message that was there already coincide.
-            let first = (started + self.model.alpha(src, dst)).max(ready);
-            rec.first(dst, e.idx as usize, first);
-        }
+        // Its first bytes land α after they left (the flow's first byte
+        // crosses at its rate, not after its whole length, so nothing but
+        // the latency separates them) and are taken in once the receive is
+        // released.
+        let first = m
+            .started
+            .map(|started| (started + self.model.alpha(src, dst)).max(ready));
+        let waiting = arrived <= ready;
+        let recv = m.recv;
         let mut at = arrived.max(ready);
         if m.reduce {
             // The engine reduces pieces as they land: the CPU's work runs
@@ -274,6 +273,12 @@ impl Sim<'_> {
             let done = st.cpu_free.max(begun) + work;
             st.cpu_free = done;
             at = at.max(done);
+        }
+        if let (Some(rec), Some(e), Some(first)) = (&mut self.rec, recv, first) {
+            // A message all there when its receive is released is read (and
+            // reduced) in one go: the engine's first and last progress of it
+            // coincide, and it shows no rate.
+            rec.first(dst, e.idx as usize, if waiting { at } else { first });
         }
         self.push(at, Kind::Received(c, seq));
     }

@@ -225,3 +225,29 @@ fn a_receive_is_timed_from_its_first_bytes_to_its_last() {
         }
     }
 }
+
+#[test]
+fn a_receive_whose_bytes_were_all_there_shows_no_rate() {
+    // Two hosts of one rank, messages of 64 KiB (under the eager limit:
+    // they leave without waiting for the receive). Rank 1 enters every call
+    // 5 ms late: rank 0's messages wait in its buffer, and the engine reads
+    // and reduces each in one go, its first and last progress one moment.
+    let hosts = [0, 1];
+    let m = Model::flat(Topology::from_hosts(&hosts), 1.25e9, 20e-6);
+    let a = args(32 << 10);
+    let build = |r| build_on(&a, r, &m.topo, Algo::Ring).map_err(|e| e.to_string());
+    let late = Fault::SlowRank {
+        rank: 1,
+        delay_s: 5e-3,
+    };
+    let rec = simulate_recorded(build, &m, 4, CALLS, late).unwrap();
+    let first_recv = |r: usize, c| rec.ranks[r].transfers(c).find(|t| !t.send).unwrap();
+    for c in 0..CALLS {
+        let t = first_recv(1, c);
+        assert!(t.bytes >= 32 << 10, "{t:?}");
+        assert_eq!(t.first_at, t.done_at, "call {c}: {t:?}");
+        // Rank 0 waits for rank 1's message, which comes over the wire.
+        let t = first_recv(0, c);
+        assert!(t.first_at.unwrap() < t.done_at.unwrap(), "call {c}: {t:?}");
+    }
+}
