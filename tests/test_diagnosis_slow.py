@@ -544,7 +544,9 @@ def _window_dump(rank, n, peers, recv_from, nops=20, chunks=1):
 def test_a_window_summary_does_not_grow_with_the_job():
     """A rank of a ring: the same summary at 16 ranks and at 4096, and a
     host's summary too; a sender of many chunks a collective is held to
-    SPAN_CAP spans, which cover at least the time the chunks took."""
+    SPAN_CAP spans, which cover exactly the time the chunks took, not the
+    gaps between them (a ring starved upstream receives its chunks far
+    apart: its link is not slow for that)."""
     from cadence.diagnosis.summary import (
         SPAN_CAP,
         covered,
@@ -567,7 +569,7 @@ def test_a_window_summary_does_not_grow_with_the_job():
     s = rank_summary(d)
     (g,) = s.received
     assert g.messages == 100 and len(g.spans) == SPAN_CAP, g
-    assert covered(g.spans) >= 100 * 0.005 - 1e-9
+    assert abs(covered(g.spans) - 100 * 0.005) < 1e-6, covered(g.spans)
 
 
 def test_the_judge_names_random_faults_among_sixty_hosts(capsys):

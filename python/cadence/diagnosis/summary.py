@@ -13,8 +13,9 @@ host) at the receiving host's leader, so rank 0 only compares them.
 
 A rank's summary holds, per collective and sender, the bytes, the message
 count and the union of the receives' intervals as at most SPAN_CAP spans
-(the closest spans are joined beyond that, which can only lengthen the
-busy time; a ring of many ranks receives many chunks from one sender), and
+(beyond that, the closest spans are joined into one as long as they were
+together: the busy time stays exact; a ring of many ranks receives many
+chunks from one sender), and
 the link counters and hosts of the peers it has links to. A rank with more
 than PEER_DETAIL senders (an alltoall) keeps the receives from other hosts
 per sending host, and per sender only for those that look slow: its size is
@@ -232,23 +233,27 @@ def covered(spans: list[tuple[float, float]]) -> float:
 
 
 def _capped(spans: list[tuple[float, float]], cap: int) -> list[tuple[float, float]]:
-    """At most `cap` spans: the shortest gaps between them are closed (the
-    gap then counts as busy: a rate can only come out lower). Closing one
-    gap leaves the others as they were, so the shortest are closed at once,
-    the first of equal ones first: O(k log k) for k spans."""
+    """At most `cap` spans holding the same busy time: the spans across the
+    shortest gaps are joined into one that starts where the first did and
+    lasts as long as they did together (the gaps are not counted busy: a
+    pipeline starved upstream receives many short messages far apart, and
+    counting its gaps would make its link look slow). Closing one gap leaves
+    the others as they were, so the shortest are closed at once, the first
+    of equal ones first: O(k log k) for k spans."""
     spans = union(spans)
     extra = len(spans) - cap
     if extra <= 0:
         return spans
     gap = lambda j: spans[j + 1][0] - spans[j][1]  # noqa: E731
     close = set(sorted(range(len(spans) - 1), key=lambda j: (gap(j), j))[:extra])
-    out = [spans[0]]
+    out = [list(spans[0])]
     for j in range(len(spans) - 1):
+        a, b = spans[j + 1]
         if j in close:
-            out[-1] = (out[-1][0], spans[j + 1][1])
+            out[-1][1] += b - a
         else:
-            out.append(spans[j + 1])
-    return out
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def rank_summary(d: Dump, span_cap: int = SPAN_CAP) -> RankSummary:
