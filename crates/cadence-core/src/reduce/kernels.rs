@@ -3,16 +3,21 @@
 //! of the reductions on byte slices.
 //!
 //! Every inner loop is a zip over slices with a select-only (branch-free) body,
-//! so LLVM drops the bounds checks and vectorizes it.
+//! so LLVM drops the bounds checks and vectorizes it. The reductions are
+//! compiled once per CPU level (`multiversion`: AVX-512, AVX2, ... and the
+//! baseline) and the best the CPU has is picked at run time, once: the wheel
+//! stays portable, and bf16/f16, whose conversions cost a few instructions
+//! per element, get the widest vectors.
 
+use super::halves::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::types::ElemOp;
 use bytemuck::{bytes_of, pod_read_unaligned, Pod};
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use multiversion::multiversion;
 
-/// Elements per block: for staging misaligned data (see `mod.rs`) and for the
-/// f32 scratch arrays of f16. Small enough to stay in L1, big enough that the
-/// per-block overhead (an op dispatch, a CPU feature check) vanishes.
+/// Elements per block, for staging misaligned data (see `mod.rs`): small
+/// enough to stay in L1, big enough that the per-block overhead (an op
+/// dispatch, a CPU feature check) vanishes.
 pub(super) const BLOCK: usize = 256;
 
 /// Element-wise arithmetic of one element type.
@@ -84,6 +89,26 @@ impl Arith for bf16 {
     }
 }
 
+/// f16: as bf16.
+impl Arith for f16 {
+    #[inline(always)]
+    fn op_sum(self, o: Self) -> Self {
+        f32_to_f16(f16_to_f32(self) + f16_to_f32(o))
+    }
+    #[inline(always)]
+    fn op_prod(self, o: Self) -> Self {
+        f32_to_f16(f16_to_f32(self) * f16_to_f32(o))
+    }
+    #[inline(always)]
+    fn op_min(self, o: Self) -> Self {
+        f32_to_f16(f16_to_f32(self).op_min(f16_to_f32(o)))
+    }
+    #[inline(always)]
+    fn op_max(self, o: Self) -> Self {
+        f32_to_f16(f16_to_f32(self).op_max(f16_to_f32(o)))
+    }
+}
+
 #[inline(always)]
 fn zip_inplace<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
     for (d, &s) in dst.iter_mut().zip(src) {
@@ -137,6 +162,11 @@ fn map_into<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(T) -> T) {
 }
 
 /// One monomorphized loop per operator; the `match` runs once per call.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
+    "x86_64+avx2+fma",
+    "x86_64+sse4.2"
+))]
 fn arith_inplace<T: Arith>(op: ElemOp, dst: &mut [T], src: &[T]) {
     match op {
         ElemOp::Sum => zip_inplace(dst, src, T::op_sum),
@@ -146,6 +176,11 @@ fn arith_inplace<T: Arith>(op: ElemOp, dst: &mut [T], src: &[T]) {
     }
 }
 
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
+    "x86_64+avx2+fma",
+    "x86_64+sse4.2"
+))]
 fn arith_into<T: Arith>(op: ElemOp, dst: &mut [T], a: &[T], b: &[T]) {
     match op {
         ElemOp::Sum => zip_into(dst, a, b, T::op_sum),
@@ -155,6 +190,11 @@ fn arith_into<T: Arith>(op: ElemOp, dst: &mut [T], a: &[T], b: &[T]) {
     }
 }
 
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
+    "x86_64+avx2+fma",
+    "x86_64+sse4.2"
+))]
 fn arith_inplace_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], src: &[u8]) {
     match op {
         ElemOp::Sum => zip_inplace_bytes(dst, src, T::op_sum),
@@ -164,6 +204,11 @@ fn arith_inplace_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], src: &[u8]) {
     }
 }
 
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
+    "x86_64+avx2+fma",
+    "x86_64+sse4.2"
+))]
 fn arith_into_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
     match op {
         ElemOp::Sum => zip_into_bytes(dst, a, b, T::op_sum),
@@ -276,36 +321,10 @@ float_kernel!(f32, f64);
 
 // ---- bf16 ----
 //
-// Element by element through f32 with the branch-free conversions below, which
-// LLVM inlines and vectorizes with baseline SIMD (`half` converts bf16 with a
-// scalar loop with branches, about 3x slower here). Their results are exactly
-// `half`'s (the tests check every bf16, and the rounding boundaries of f32).
-// For sum/prod of two bf16 operands, rounding the f32 result again to bf16
+// Element by element through f32 with the branch-free conversions of
+// `halves.rs`, which LLVM inlines and vectorizes. For sum/prod of two bf16 operands, rounding the f32 result again to bf16
 // gives the correctly rounded bf16 result (f32 has more than 2p+2 bits, so the
 // double rounding is innocuous).
-
-/// bf16 → f32, exact: bf16 is the top half of an f32. A NaN keeps its payload;
-/// any arithmetic on it, and `f32_to_bf16`, quiet it.
-#[inline(always)]
-fn bf16_to_f32(h: bf16) -> f32 {
-    f32::from_bits(u32::from(h.to_bits()) << 16)
-}
-
-/// f32 → bf16, round to nearest-even; NaN stays NaN (quieted, payload kept).
-#[inline(always)]
-fn f32_to_bf16(f: f32) -> bf16 {
-    let x = f.to_bits();
-    let nan = (x >> 16) | 0x0040;
-    // Round on the 16 dropped bits; a carry moves into the exponent (up to
-    // infinity). It can only wrap for NaN, whose result is not used.
-    let rounded = x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16;
-    let bits = if x & 0x7fff_ffff > 0x7f80_0000 {
-        nan
-    } else {
-        rounded
-    };
-    bf16::from_bits(bits as u16)
-}
 
 impl Kernel for bf16 {
     arith_reductions!();
@@ -330,50 +349,55 @@ impl FloatKernel for bf16 {
 
 // ---- f16 ----
 //
-// Blocks of BLOCK elements are widened into f32 scratch arrays on the stack
-// with `half`'s slice conversions (F16C where the CPU has it, detected at run
-// time), operated on with the f32 loops, and rounded back to nearest-even. As
-// for bf16, this is the correctly rounded f16 result, which is also what numpy's
-// float16 computes (it converts through f32 the same way).
+// As bf16, element by element through f32, which is the correctly rounded f16
+// result and what numpy's float16 computes (it converts through f32 the same
+// way); with the CPU's F16C conversions where it has them (`f16c.rs`), and the
+// branch-free ones of `halves.rs` for the rest.
 
 impl Kernel for f16 {
     fn reduce_inplace(op: ElemOp, dst: &mut [Self], src: &[Self]) {
-        let mut x = [0f32; BLOCK];
-        let mut y = [0f32; BLOCK];
-        for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
-            let (x, y) = (&mut x[..d.len()], &mut y[..d.len()]);
-            d.convert_to_f32_slice(x);
-            s.convert_to_f32_slice(y);
-            arith_inplace(op, x, y);
-            d.convert_from_f32_slice(x);
-        }
+        let done = f16c_inplace(op, dst, src);
+        arith_inplace(op, &mut dst[done..], &src[done..])
     }
-
     fn reduce_into(op: ElemOp, dst: &mut [Self], a: &[Self], b: &[Self]) {
-        let mut x = [0f32; BLOCK];
-        let mut y = [0f32; BLOCK];
-        let blocks = a.chunks(BLOCK).zip(b.chunks(BLOCK));
-        for (d, (a, b)) in dst.chunks_mut(BLOCK).zip(blocks) {
-            let (x, y) = (&mut x[..d.len()], &mut y[..d.len()]);
-            a.convert_to_f32_slice(x);
-            b.convert_to_f32_slice(y);
-            arith_inplace(op, x, y);
-            d.convert_from_f32_slice(x);
-        }
+        let done = f16c_into(op, dst, a, b);
+        arith_into(op, &mut dst[done..], &a[done..], &b[done..])
     }
-
     fn reduce_inplace_unaligned(op: ElemOp, dst: &mut [u8], src: &[u8]) {
         super::on_typed2::<f16>(dst, src, |d, s| f16::reduce_inplace(op, d, s))
     }
-
     fn reduce_into_unaligned(op: ElemOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
         super::on_typed3::<f16>(dst, a, b, |d, a, b| f16::reduce_into(op, d, a, b))
     }
-
     /// x / n in f32 (n converted to f32), rounded to f16.
     fn divide(buf: &mut [Self], n: usize) {
         let d = n as f32;
-        f16_map_into_self(buf, |x| x / d)
+        map_inplace(buf, |x| f32_to_f16(f16_to_f32(x) / d))
+    }
+}
+
+/// The elements the F16C kernels did (0 without them).
+fn f16c_inplace(op: ElemOp, dst: &mut [f16], src: &[f16]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::f16c::reduce_inplace(op, dst, src).unwrap_or(0)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (op, dst, src);
+        0
+    }
+}
+
+fn f16c_into(op: ElemOp, dst: &mut [f16], a: &[f16], b: &[f16]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::f16c::reduce_into(op, dst, a, b).unwrap_or(0)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (op, dst, a, b);
+        0
     }
 }
 
@@ -381,29 +405,11 @@ impl Kernel for f16 {
 impl FloatKernel for f16 {
     fn scale(buf: &mut [Self], factor: f64) {
         let f = factor as f32;
-        f16_map_into_self(buf, |x| x * f)
+        map_inplace(buf, |x| f32_to_f16(f16_to_f32(x) * f))
     }
-
     fn scale_into(dst: &mut [Self], src: &[Self], factor: f64) {
         let f = factor as f32;
-        let mut x = [0f32; BLOCK];
-        for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
-            let x = &mut x[..d.len()];
-            s.convert_to_f32_slice(x);
-            map_inplace(x, |v| v * f);
-            d.convert_from_f32_slice(x);
-        }
-    }
-}
-
-/// buf[i] = f(buf[i]), computed in f32.
-fn f16_map_into_self(buf: &mut [f16], f: impl Fn(f32) -> f32) {
-    let mut x = [0f32; BLOCK];
-    for d in buf.chunks_mut(BLOCK) {
-        let x = &mut x[..d.len()];
-        d.convert_to_f32_slice(x);
-        map_inplace(x, &f);
-        d.convert_from_f32_slice(x);
+        map_into(dst, src, |x| f32_to_f16(f16_to_f32(x) * f))
     }
 }
 
@@ -411,42 +417,31 @@ fn f16_map_into_self(buf: &mut [f16], f: impl Fn(f32) -> f32) {
 mod tests {
     use super::*;
 
-    /// The branch-free bf16 conversions give exactly `half`'s results.
+    /// The portable f16 kernels (the tails, and CPUs without F16C) give
+    /// bit for bit what the dispatched ones do on whole vectors (F16C here),
+    /// NaN for NaN.
     #[test]
-    fn bf16_conversions_match_half() {
-        for bits in 0..=u16::MAX {
-            let h = bf16::from_bits(bits);
-            let (mine, theirs) = (bf16_to_f32(h), h.to_f32());
-            if theirs.is_nan() {
-                assert!(mine.is_nan(), "{bits:#06x}");
-                // Same bf16 after the round trip (both quiet the NaN).
-                assert_eq!(
-                    f32_to_bf16(mine).to_bits(),
-                    bf16::from_f32(theirs).to_bits()
-                );
-            } else {
-                assert_eq!(mine.to_bits(), theirs.to_bits(), "{bits:#06x}");
-            }
-        }
-        // Every f32 exponent and sign (all high 16 bits) with the dropped low
-        // 16 bits at every rounding boundary, and then some.
-        let lows = [
-            0u32, 1, 0x3fff, 0x7ffe, 0x7fff, 0x8000, 0x8001, 0xbfff, 0xc000, 0xfffe, 0xffff,
-        ];
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        for high in 0..=u32::from(u16::MAX) {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let random_low = (state >> 48) as u32;
-            for low in lows.iter().copied().chain([random_low]) {
-                let f = f32::from_bits(high << 16 | low);
-                assert_eq!(
-                    f32_to_bf16(f).to_bits(),
-                    bf16::from_f32(f).to_bits(),
-                    "{:#010x}",
-                    f.to_bits()
-                );
+    fn portable_f16_kernels_match_the_dispatched_ones() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut draw = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            f16::from_bits(state as u16)
+        };
+        let a: Vec<f16> = (0..4099).map(|_| draw()).collect();
+        let b: Vec<f16> = (0..4099).map(|_| draw()).collect();
+        let same = |x: f16, y: f16| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+        for op in [ElemOp::Sum, ElemOp::Prod, ElemOp::Min, ElemOp::Max] {
+            let mut portable = a.clone();
+            arith_inplace(op, &mut portable, &b);
+            let mut dispatched = a.clone();
+            f16::reduce_inplace(op, &mut dispatched, &b);
+            let mut into = vec![f16::ZERO; a.len()];
+            f16::reduce_into(op, &mut into, &a, &b);
+            for i in 0..a.len() {
+                assert!(same(portable[i], dispatched[i]), "{op:?} [{i}]");
+                assert!(same(portable[i], into[i]), "{op:?} into [{i}]");
             }
         }
     }

@@ -19,6 +19,9 @@
 //! dtype; misaligned buffers take unaligned or staged paths with identical
 //! results. All loops are written so that LLVM vectorizes them.
 
+#[cfg(target_arch = "x86_64")]
+mod f16c;
+mod halves;
 mod kernels;
 #[cfg(test)]
 mod tests;

@@ -645,3 +645,32 @@ fn bench_reduce_throughput() {
         );
     }
 }
+
+/// The kernels' own speed, on buffers that stay in cache (128 KiB): what
+/// the CPU work costs per byte, with memory out of the way.
+/// `cargo test --release -p cadence-core reduce -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_reduce_in_cache() {
+    use std::time::Instant;
+    const BYTES: usize = 128 << 10;
+    let src: Vec<u64> = vec![0x3c3c_3c3c_3c3c_3c3c; BYTES / 8];
+    let mut dst = src.clone();
+    let src = bytemuck::cast_slice::<u64, u8>(&src);
+    let dst = bytemuck::cast_slice_mut::<u64, u8>(&mut dst);
+    println!(
+        "sum in place over {} KiB, in cache, best of 50 x 100 calls",
+        BYTES >> 10
+    );
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        let mut best = f64::MAX;
+        for _ in 0..50 {
+            let t = Instant::now();
+            for _ in 0..100 {
+                reduce_inplace(dt, ElemOp::Sum, dst, src);
+            }
+            best = best.min(t.elapsed().as_secs_f64() / 100.0);
+        }
+        println!("{dt:>9}: {:6.2} GB/s", BYTES as f64 / best / 1e9);
+    }
+}
