@@ -203,6 +203,22 @@ def test_comm_slow_names_a_host_slow_sending_only():
     assert "host h3 (ranks 6-7) NIC slow sending" in v.headline, v.headline
 
 
+def test_a_host_slow_both_ways_with_one_way_above_the_slow_bar():
+    """A NIC whose sends are at 0.2x and its receives at 0.35x: the
+    receives are under the side bar (0.5x), not the slow bar (0.3x). Both
+    ways are named, once the host is named for its sends."""
+    hosts = TWO_PER_HOST
+
+    def rate(s, d):
+        if hosts[s] == hosts[d]:
+            return 5e9
+        return GBIT / 5 if hosts[s] == "h2" else GBIT * 0.35 if hosts[d] == "h2" else GBIT
+
+    v = slow(make_job(hosts, rate=rate))
+    assert v is not None and v.hosts == ["h2"] and v.links == [], v and v.text()
+    assert "host h2 (ranks 4-5) NIC slow both ways" in v.headline, v.headline
+
+
 def test_a_slow_host_seen_through_a_ring_only():
     """A window of ring algorithms: each host talks to one peer each way
     (h0 -> h1 -> h2 -> h3 -> h0). Host h1's NIC at a quarter: both its

@@ -557,17 +557,20 @@ def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
 
 def _fewest_sides(candidates: list[_Side], slow: set[int]) -> list[_Side]:
     """The sides that explain the slow units, slowest first: a side is kept
-    while some slow unit of it is not yet explained by a side kept before
-    and its units left still qualify. A slow NIC drags the units of its
-    neighbours (the receiver that waits on it, a ring behind it) under the
-    side bar too; the NIC itself is the slowest side, and once it is named
-    a neighbour's side is left with the units it explains alone."""
+    when its units not explained by a side kept before still qualify, and
+    one of them is slow or the other side of its end was kept (a NIC cut to
+    0.4 may leave one way under the side bar only). A slow NIC drags the
+    units of its neighbours (the receiver that waits on it, a ring behind
+    it) under the side bar too; the NIC itself is the slowest side, and once
+    it is named a neighbour's side is left with the units it explains
+    alone."""
     kept: list[_Side] = []
     explained: set[int] = set()
     for sd in sorted(candidates, key=lambda sd: (sd.rate, str(sd.end), not sd.out)):
         rest = [u for u in sd.units if id(u) not in explained]
         bad = [u for u in sd.slow if id(u) not in explained]
-        if not any(id(u) in slow for u in bad):
+        named = any(k.end == sd.end for k in kept)
+        if not bad or not (named or any(id(u) in slow for u in bad)):
             continue
         if len(rest) < len(sd.units) and not (_mostly(rest, bad) or len(bad) == len(rest)):
             continue
