@@ -15,6 +15,20 @@ use bytemuck::{bytes_of, pod_read_unaligned, Pod};
 use half::{bf16, f16};
 use multiversion::multiversion;
 
+/// Compiles a kernel once per CPU level and picks the best the CPU has at
+/// run time (once): AVX-512, AVX2, SSE4.2, and the baseline the wheel is
+/// built for.
+macro_rules! vectorized {
+    ($($item:item)*) => {$(
+        #[multiversion(targets(
+            "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
+            "x86_64+avx2+fma",
+            "x86_64+sse4.2"
+        ))]
+        $item
+    )*};
+}
+
 /// Elements per block, for staging misaligned data (see `mod.rs`): small
 /// enough to stay in L1, big enough that the per-block overhead (an op
 /// dispatch, a CPU feature check) vanishes.
@@ -161,12 +175,8 @@ fn map_into<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(T) -> T) {
     }
 }
 
+vectorized! {
 /// One monomorphized loop per operator; the `match` runs once per call.
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
-    "x86_64+avx2+fma",
-    "x86_64+sse4.2"
-))]
 fn arith_inplace<T: Arith>(op: ElemOp, dst: &mut [T], src: &[T]) {
     match op {
         ElemOp::Sum => zip_inplace(dst, src, T::op_sum),
@@ -176,11 +186,6 @@ fn arith_inplace<T: Arith>(op: ElemOp, dst: &mut [T], src: &[T]) {
     }
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
-    "x86_64+avx2+fma",
-    "x86_64+sse4.2"
-))]
 fn arith_into<T: Arith>(op: ElemOp, dst: &mut [T], a: &[T], b: &[T]) {
     match op {
         ElemOp::Sum => zip_into(dst, a, b, T::op_sum),
@@ -190,11 +195,6 @@ fn arith_into<T: Arith>(op: ElemOp, dst: &mut [T], a: &[T], b: &[T]) {
     }
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
-    "x86_64+avx2+fma",
-    "x86_64+sse4.2"
-))]
 fn arith_inplace_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], src: &[u8]) {
     match op {
         ElemOp::Sum => zip_inplace_bytes(dst, src, T::op_sum),
@@ -204,11 +204,6 @@ fn arith_inplace_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], src: &[u8]) {
     }
 }
 
-#[multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx512dq",
-    "x86_64+avx2+fma",
-    "x86_64+sse4.2"
-))]
 fn arith_into_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
     match op {
         ElemOp::Sum => zip_into_bytes(dst, a, b, T::op_sum),
@@ -216,6 +211,7 @@ fn arith_into_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], a: &[u8], b: &[u
         ElemOp::Min => zip_into_bytes(dst, a, b, T::op_min),
         ElemOp::Max => zip_into_bytes(dst, a, b, T::op_max),
     }
+}
 }
 
 /// What every dtype supports. Slices passed in have equal lengths (the public
@@ -327,11 +323,72 @@ float_kernel!(f32, f64);
 // double rounding is innocuous).
 
 impl Kernel for bf16 {
-    arith_reductions!();
+    fn reduce_inplace(op: ElemOp, dst: &mut [Self], src: &[Self]) {
+        let (dh, dm, dt) = bytemuck::pod_align_to_mut::<bf16, u32>(dst);
+        let (sh, sm, st) = bytemuck::pod_align_to::<bf16, u32>(src);
+        if dh.len() != sh.len() {
+            return arith_inplace(op, dst, src);
+        }
+        arith_inplace(op, dh, sh);
+        bf16_pairs_inplace(op, dm, sm);
+        arith_inplace(op, dt, st);
+    }
+    fn reduce_into(op: ElemOp, dst: &mut [Self], a: &[Self], b: &[Self]) {
+        let (dh, dm, dt) = bytemuck::pod_align_to_mut::<bf16, u32>(dst);
+        let (ah, am, at) = bytemuck::pod_align_to::<bf16, u32>(a);
+        let (bh, bm, bt) = bytemuck::pod_align_to::<bf16, u32>(b);
+        if dh.len() != ah.len() || dh.len() != bh.len() {
+            return arith_into(op, dst, a, b);
+        }
+        arith_into(op, dh, ah, bh);
+        bf16_pairs_into(op, dm, am, bm);
+        arith_into(op, dt, at, bt);
+    }
+    fn reduce_inplace_unaligned(op: ElemOp, dst: &mut [u8], src: &[u8]) {
+        arith_inplace_bytes::<Self>(op, dst, src)
+    }
+    fn reduce_into_unaligned(op: ElemOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+        arith_into_bytes::<Self>(op, dst, a, b)
+    }
     /// x / n in f32 (n converted to f32), rounded to bf16.
     fn divide(buf: &mut [Self], n: usize) {
         let d = n as f32;
         map_inplace(buf, |x| f32_to_bf16(bf16_to_f32(x) / d))
+    }
+}
+
+/// Two bf16 in one u32 (either order: both operands are viewed alike), each
+/// operated on in f32 and rounded back, without taking the pair apart into
+/// two lanes: the high one is the f32 whose low bits are cleared, the low
+/// one is shifted up. Vector code then has no widening or narrowing
+/// shuffles, which cap the one-per-lane kernel on x86.
+#[inline(always)]
+fn bf16x2(a: u32, b: u32, f: impl Fn(f32, f32) -> f32) -> u32 {
+    let hi = f(
+        f32::from_bits(a & 0xffff_0000),
+        f32::from_bits(b & 0xffff_0000),
+    );
+    let lo = f(f32::from_bits(a << 16), f32::from_bits(b << 16));
+    u32::from(f32_to_bf16(hi).to_bits()) << 16 | u32::from(f32_to_bf16(lo).to_bits())
+}
+
+vectorized! {
+    fn bf16_pairs_inplace(op: ElemOp, dst: &mut [u32], src: &[u32]) {
+        match op {
+            ElemOp::Sum => zip_inplace(dst, src, |a, b| bf16x2(a, b, f32::op_sum)),
+            ElemOp::Prod => zip_inplace(dst, src, |a, b| bf16x2(a, b, f32::op_prod)),
+            ElemOp::Min => zip_inplace(dst, src, |a, b| bf16x2(a, b, f32::op_min)),
+            ElemOp::Max => zip_inplace(dst, src, |a, b| bf16x2(a, b, f32::op_max)),
+        }
+    }
+
+    fn bf16_pairs_into(op: ElemOp, dst: &mut [u32], a: &[u32], b: &[u32]) {
+        match op {
+            ElemOp::Sum => zip_into(dst, a, b, |a, b| bf16x2(a, b, f32::op_sum)),
+            ElemOp::Prod => zip_into(dst, a, b, |a, b| bf16x2(a, b, f32::op_prod)),
+            ElemOp::Min => zip_into(dst, a, b, |a, b| bf16x2(a, b, f32::op_min)),
+            ElemOp::Max => zip_into(dst, a, b, |a, b| bf16x2(a, b, f32::op_max)),
+        }
     }
 }
 
