@@ -598,6 +598,20 @@ def test_the_judge_names_random_faults_among_sixty_hosts(capsys):
         capsys.readouterr().out
 
 
+def test_the_judge_names_simulated_slowness_on_256_ranks(capsys):
+    """`python -m cadence.bench.sim_slowness` on `cadence sim`'s window
+    records of 256 ranks (hosts of 8, 2D torus rings): clean runs, a slow
+    NIC and a late rank drawn at random, every verdict right (it exits 1
+    otherwise). The campaign at 1,024 and 4,096 ranks is in
+    docs/benchmarks.md."""
+    from cadence.bench import sim_slowness
+
+    rc = sim_slowness.main(["--ranks", "256", "--trials", "2", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "torus2d_ring" in out and "slow-nic    2/2" in out, out
+
+
 def test_an_alltoall_rank_keeps_per_sender_detail_only_for_slow_senders():
     """32 ranks on 16 hosts, everyone receiving from everyone: a rank keeps
     its receives from other hosts per sending host, and per sender only for
