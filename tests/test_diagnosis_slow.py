@@ -157,6 +157,17 @@ def window(dumps, last):
     return out
 
 
+def only_links(dumps, used):
+    """The dumps with only the messages of the links (src, dst) in `used`
+    (a ring's, say: each rank then talks to one peer each way)."""
+    for d in dumps:
+        for o in d["ops"]:
+            o["messages"] = [m for m in o["messages"]
+                             if ((m["peer"], d["rank"]) if m["dir"] == "recv"
+                                 else (d["rank"], m["peer"])) in used]
+    return dumps
+
+
 ONE_PER_HOST = ["h0", "h1", "h2", "h3"]
 TWO_PER_HOST = ["h0", "h0", "h1", "h1", "h2", "h2", "h3", "h3"]
 
@@ -231,23 +242,12 @@ def test_a_slow_host_seen_through_a_ring_only():
             return None
         return GBIT / 4 if 1 in (s, d) else GBIT
 
-    ds = make_job(hosts, rate=lambda s, d: rate(s, d) or GBIT)
-    for d in ds:  # keep only the ring's messages
-        for o in d["ops"]:
-            o["messages"] = [m for m in o["messages"]
-                             if ((m["peer"], d["rank"]) if m["dir"] == "recv"
-                                 else (d["rank"], m["peer"])) in ring]
-    v = slow(ds)
+    v = slow(only_links(make_job(hosts, rate=lambda s, d: rate(s, d) or GBIT), ring))
     assert v is not None and v.hosts == ["h1"] and v.links == [], v and v.text()
     assert "host h1 (rank 1) NIC slow both ways" in v.headline, v.headline
     # Only the link h0 -> h1 slow: the link, not a host.
-    ds = make_job(hosts, rate=lambda s, d: GBIT / 4 if (s, d) == (0, 1) else GBIT)
-    for d in ds:
-        for o in d["ops"]:
-            o["messages"] = [m for m in o["messages"]
-                             if ((m["peer"], d["rank"]) if m["dir"] == "recv"
-                                 else (d["rank"], m["peer"])) in ring]
-    v = slow(ds)
+    v = slow(only_links(make_job(hosts, rate=lambda s, d: GBIT / 4 if (s, d) == (0, 1)
+                                 else GBIT), ring))
     assert v is not None and v.links == [(0, 1)] and "host" not in v.headline, v and v.text()
 
 
@@ -266,13 +266,7 @@ def test_a_slow_nic_is_named_alone_not_the_neighbour_it_drags():
             return GBIT / 4
         return GBIT * 0.45 if (s, d) == (3, 4) else GBIT
 
-    ds = make_job(hosts, rate=rate)
-    for d in ds:  # keep only the pattern's messages
-        for o in d["ops"]:
-            o["messages"] = [m for m in o["messages"]
-                             if ((m["peer"], d["rank"]) if m["dir"] == "recv"
-                                 else (d["rank"], m["peer"])) in used]
-    v = slow(ds)
+    v = slow(only_links(make_job(hosts, rate=rate), used))
     assert v is not None and v.cls == "comm_slow", v and v.text()
     assert v.hosts == ["h2"] and v.links == [], v.text()
     assert "host h2 (rank 2) NIC slow both ways" in v.headline, v.headline

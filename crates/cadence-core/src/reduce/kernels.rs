@@ -83,45 +83,31 @@ macro_rules! float_arith {
 }
 float_arith!(f32, f64);
 
-/// bf16: widen both operands to f32, operate, round back to nearest-even.
-impl Arith for bf16 {
-    #[inline(always)]
-    fn op_sum(self, o: Self) -> Self {
-        f32_to_bf16(bf16_to_f32(self) + bf16_to_f32(o))
-    }
-    #[inline(always)]
-    fn op_prod(self, o: Self) -> Self {
-        f32_to_bf16(bf16_to_f32(self) * bf16_to_f32(o))
-    }
-    #[inline(always)]
-    fn op_min(self, o: Self) -> Self {
-        f32_to_bf16(bf16_to_f32(self).op_min(bf16_to_f32(o)))
-    }
-    #[inline(always)]
-    fn op_max(self, o: Self) -> Self {
-        f32_to_bf16(bf16_to_f32(self).op_max(bf16_to_f32(o)))
-    }
+/// bf16 and f16: widen both operands to f32, operate, round back to
+/// nearest-even.
+macro_rules! half_arith {
+    ($($t:ty: $widen:ident, $narrow:ident);*) => {$(
+        impl Arith for $t {
+            #[inline(always)]
+            fn op_sum(self, o: Self) -> Self {
+                $narrow($widen(self) + $widen(o))
+            }
+            #[inline(always)]
+            fn op_prod(self, o: Self) -> Self {
+                $narrow($widen(self) * $widen(o))
+            }
+            #[inline(always)]
+            fn op_min(self, o: Self) -> Self {
+                $narrow($widen(self).op_min($widen(o)))
+            }
+            #[inline(always)]
+            fn op_max(self, o: Self) -> Self {
+                $narrow($widen(self).op_max($widen(o)))
+            }
+        }
+    )*};
 }
-
-/// f16: as bf16.
-impl Arith for f16 {
-    #[inline(always)]
-    fn op_sum(self, o: Self) -> Self {
-        f32_to_f16(f16_to_f32(self) + f16_to_f32(o))
-    }
-    #[inline(always)]
-    fn op_prod(self, o: Self) -> Self {
-        f32_to_f16(f16_to_f32(self) * f16_to_f32(o))
-    }
-    #[inline(always)]
-    fn op_min(self, o: Self) -> Self {
-        f32_to_f16(f16_to_f32(self).op_min(f16_to_f32(o)))
-    }
-    #[inline(always)]
-    fn op_max(self, o: Self) -> Self {
-        f32_to_f16(f16_to_f32(self).op_max(f16_to_f32(o)))
-    }
-}
+half_arith!(bf16: bf16_to_f32, f32_to_bf16; f16: f16_to_f32, f32_to_f16);
 
 #[inline(always)]
 fn zip_inplace<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
