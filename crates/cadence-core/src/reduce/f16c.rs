@@ -2,7 +2,9 @@
 //! back in one instruction each), used where the CPU has them (checked once,
 //! at run time; the wheel is built for baseline x86-64). LLVM does not turn
 //! the portable conversions of `halves.rs` into these instructions, and they
-//! are 3-4x faster.
+//! are several times faster (docs/benchmarks.md, "Half precision at the
+//! vector width"). The `unsafe` here is the CPU-feature edge: a function
+//! compiled for features the baseline lacks, called once they are checked.
 //!
 //! Results are exactly the portable kernels': the conversions are exact one
 //! way and round to nearest-even the other, and min/max follow `Arith`'s
@@ -14,14 +16,13 @@ use std::arch::x86_64::{
     __m256, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_cvtph_ps, _mm256_cvtps_ph,
     _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps, _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT,
 };
-use std::sync::OnceLock;
 
 const LANES: usize = 8;
 
-/// Whether this CPU has F16C (and AVX, which its 256-bit form needs).
+/// Whether this CPU has F16C (and AVX, which its 256-bit form needs); the
+/// standard library caches the answer.
 pub(super) fn available() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx"))
+    is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx")
 }
 
 /// dst = dst ⊕ src on whole vectors of 8; returns how many elements it did

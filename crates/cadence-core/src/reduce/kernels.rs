@@ -162,42 +162,42 @@ fn map_into<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(T) -> T) {
 }
 
 vectorized! {
-/// One monomorphized loop per operator; the `match` runs once per call.
-fn arith_inplace<T: Arith>(op: ElemOp, dst: &mut [T], src: &[T]) {
-    match op {
-        ElemOp::Sum => zip_inplace(dst, src, T::op_sum),
-        ElemOp::Prod => zip_inplace(dst, src, T::op_prod),
-        ElemOp::Min => zip_inplace(dst, src, T::op_min),
-        ElemOp::Max => zip_inplace(dst, src, T::op_max),
+    /// One monomorphized loop per operator; the `match` runs once per call.
+    fn arith_inplace<T: Arith>(op: ElemOp, dst: &mut [T], src: &[T]) {
+        match op {
+            ElemOp::Sum => zip_inplace(dst, src, T::op_sum),
+            ElemOp::Prod => zip_inplace(dst, src, T::op_prod),
+            ElemOp::Min => zip_inplace(dst, src, T::op_min),
+            ElemOp::Max => zip_inplace(dst, src, T::op_max),
+        }
     }
-}
 
-fn arith_into<T: Arith>(op: ElemOp, dst: &mut [T], a: &[T], b: &[T]) {
-    match op {
-        ElemOp::Sum => zip_into(dst, a, b, T::op_sum),
-        ElemOp::Prod => zip_into(dst, a, b, T::op_prod),
-        ElemOp::Min => zip_into(dst, a, b, T::op_min),
-        ElemOp::Max => zip_into(dst, a, b, T::op_max),
+    fn arith_into<T: Arith>(op: ElemOp, dst: &mut [T], a: &[T], b: &[T]) {
+        match op {
+            ElemOp::Sum => zip_into(dst, a, b, T::op_sum),
+            ElemOp::Prod => zip_into(dst, a, b, T::op_prod),
+            ElemOp::Min => zip_into(dst, a, b, T::op_min),
+            ElemOp::Max => zip_into(dst, a, b, T::op_max),
+        }
     }
-}
 
-fn arith_inplace_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], src: &[u8]) {
-    match op {
-        ElemOp::Sum => zip_inplace_bytes(dst, src, T::op_sum),
-        ElemOp::Prod => zip_inplace_bytes(dst, src, T::op_prod),
-        ElemOp::Min => zip_inplace_bytes(dst, src, T::op_min),
-        ElemOp::Max => zip_inplace_bytes(dst, src, T::op_max),
+    fn arith_inplace_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], src: &[u8]) {
+        match op {
+            ElemOp::Sum => zip_inplace_bytes(dst, src, T::op_sum),
+            ElemOp::Prod => zip_inplace_bytes(dst, src, T::op_prod),
+            ElemOp::Min => zip_inplace_bytes(dst, src, T::op_min),
+            ElemOp::Max => zip_inplace_bytes(dst, src, T::op_max),
+        }
     }
-}
 
-fn arith_into_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    match op {
-        ElemOp::Sum => zip_into_bytes(dst, a, b, T::op_sum),
-        ElemOp::Prod => zip_into_bytes(dst, a, b, T::op_prod),
-        ElemOp::Min => zip_into_bytes(dst, a, b, T::op_min),
-        ElemOp::Max => zip_into_bytes(dst, a, b, T::op_max),
+    fn arith_into_bytes<T: Arith + Pod>(op: ElemOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+        match op {
+            ElemOp::Sum => zip_into_bytes(dst, a, b, T::op_sum),
+            ElemOp::Prod => zip_into_bytes(dst, a, b, T::op_prod),
+            ElemOp::Min => zip_into_bytes(dst, a, b, T::op_min),
+            ElemOp::Max => zip_into_bytes(dst, a, b, T::op_max),
+        }
     }
-}
 }
 
 /// What every dtype supports. Slices passed in have equal lengths (the public
@@ -304,9 +304,10 @@ float_kernel!(f32, f64);
 // ---- bf16 ----
 //
 // Element by element through f32 with the branch-free conversions of
-// `halves.rs`, which LLVM inlines and vectorizes. For sum/prod of two bf16 operands, rounding the f32 result again to bf16
-// gives the correctly rounded bf16 result (f32 has more than 2p+2 bits, so the
-// double rounding is innocuous).
+// `halves.rs`, which LLVM inlines and vectorizes; two to a u32 lane where the
+// operands allow (`bf16x2`). For sum/prod of two bf16 operands, rounding the
+// f32 result again to bf16 gives the correctly rounded bf16 result (f32 has
+// more than 2p+2 bits, so the double rounding is innocuous).
 
 impl Kernel for bf16 {
     fn reduce_inplace(op: ElemOp, dst: &mut [Self], src: &[Self]) {
