@@ -272,6 +272,32 @@ def test_a_slow_nic_is_named_alone_not_the_neighbour_it_drags():
     assert "host h2 (rank 2) NIC slow both ways" in v.headline, v.headline
 
 
+def test_a_nic_slow_both_ways_above_the_slow_bar_is_named_as_a_whole():
+    """Links carry half their NIC's rate (short messages of a job of
+    thousands), so a NIC at a fifth reads a third of the others: no link is
+    under the slow bar (0.3x), but every link both ways of the host is
+    under the side bar (0.5x). The host is named; one way alone under the
+    side bar, or a host beside a straggler, is not."""
+    hosts = [f"h{i}" for i in range(6)]
+    used = {(s, (s + k) % 6) for s in range(6) for k in (1, 2)}
+
+    def job(share_out, share_in, **kw):
+        def rate(s, d):
+            return GBIT * (share_out if s == 2 else share_in if d == 2 else 1.0)
+        return only_links(make_job(hosts, rate=rate, **kw), used)
+
+    v = slow(job(0.37, 0.33))
+    assert v is not None and v.cls == "comm_slow", v and v.text()
+    assert v.hosts == ["h2"] and v.links == [], v.text()
+    assert "host h2 (rank 2) NIC slow both ways" in v.headline, v.headline
+    assert slow(job(0.37, 0.6)) is None
+    assert slow(job(0.55, 0.45)) is None
+    # Beside a straggler: the links wait on it.
+    v = slow(job(0.45, 0.45, late=lambda r, k: 0.1 if r == 2 else 0.0))
+    assert v is not None and v.cls == "noncomm_slow" and v.ranks == [2], v and v.text()
+    assert v.links == [] and "also comm_slow" not in v.headline, v.text()
+
+
 def test_transport_classes_are_compared_apart():
     """Shared memory is 40x faster than TCP here; that is no slow TCP link.
     A slow shared-memory link is compared with the other shared-memory ones."""

@@ -480,9 +480,11 @@ class _CommFinding:
     lost_s: float
 
 
-def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
+def _comm_slow(job: _Job, after: int, spared: set = frozenset()
+               ) -> tuple[_CommFinding | None, list[str]]:
     """(finding, evidence lines: each class's reference and matrix), from the
-    collectives with seq above `after`."""
+    collectives with seq above `after`; the ends in `spared` (hosts and
+    ranks of stragglers) are not named slow both ways."""
     units = [u for u in _rates(job.units, after) if u.enough]
     classes: dict[str, list[LinkRate]] = {}
     for u in units:
@@ -498,6 +500,7 @@ def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
         refs[klass] = ref
         bar = SLOW_RATIO * ref
         mine = [u for u in us if u.rate < bar and u.op_median < bar]
+        mine += _slow_both_ways(us, SIDE_RATIO * ref, spared, {id(u) for u in mine})
         slow += mine
         what = "host -> host" if klass == "tcp" else "rank -> rank"
         msgs = sum(u.messages for u in us)
@@ -553,6 +556,28 @@ def _comm_slow(job: _Job, after: int) -> tuple[_CommFinding | None, list[str]]:
         link_units.append((u, named))
     lost = sum(u.seconds * (1 - u.rate / refs[u.transport]) for u in slow)
     return _CommFinding(sides, sorted(set(links)), link_units, refs, lost), evidence
+
+
+def _slow_both_ways(us: list[LinkRate], under: float, spared: set, slow: set[int]
+                    ) -> list[LinkRate]:
+    """The units of the ends (hosts, ranks) whose every unit both ways is
+    under the side bar, over the window and in the median collective, while
+    none of its units is under the slow bar: a NIC at a fifth of its rate
+    where the links only carry half of it (short messages of a job of
+    thousands) reads a third of the others, and is only seen as a whole. Not
+    an end in `spared`: the links beside a straggler wait on it."""
+    outs: dict = {}
+    ins: dict = {}
+    for u in us:
+        outs.setdefault(u.src, []).append(u)
+        ins.setdefault(u.dst, []).append(u)
+    found: list[LinkRate] = []
+    for e in sorted(outs.keys() & ins.keys() - spared, key=str):
+        mine = outs[e] + ins[e]
+        if (all(u.rate < under and u.op_median < under for u in mine)
+                and not any(id(u) in slow for u in mine)):
+            found += [u for u in mine if id(u) not in {id(f) for f in found}]
+    return found
 
 
 def _fewest_sides(candidates: list[_Side], slow: set[int]) -> list[_Side]:
@@ -660,7 +685,8 @@ def _assess_comm(hosts: list[HostSummary], warmup: int) -> Assessment:
         return Assessment(None, False)
     span = window_span(table)
     stragglers = _stragglers(late, span, len(seqs))
-    comm, rate_lines = _comm_slow(job, setup + warmup)
+    spared = {*stragglers, *(job.host(r) for r in stragglers)}
+    comm, rate_lines = _comm_slow(job, setup + warmup, spared)
     if not stragglers and comm is None:
         return Assessment(None, True)
 
