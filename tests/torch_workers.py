@@ -409,6 +409,24 @@ def check_async(c: Checker, group, n: int, me: int, shape_is_pg: bool) -> None:
     c.eq("chained future", chained.wait(), xs[0] * 2)
     w = dist.barrier(async_op=True, group=group)
     w.wait()
+    # A synchronous call's Work (the core's fast path where torch says it
+    # waits itself): finished, and its future holds the result.
+    pg = group or dist.group.WORLD
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
+    x = torch.full((7,), float(me))
+    w = pg.allreduce([x], opts)
+    w.wait()
+    c.eq("synchronous allreduce", x, torch.full((7,), float(sum(range(n)))))
+    c.eq("synchronous allreduce's future", w.get_future().wait()[0], x)
+    if shape_is_pg:
+        from cadence.torch._work import FAST_SYNC
+
+        c.true("synchronous allreduce is_completed", w.is_completed())
+        c.true(f"synchronous allreduce ran on the core's fast path: {type(w).__name__}",
+               type(w).__name__ == ("DoneWork" if FAST_SYNC else "CadenceWork"))
     dist.barrier(group=group)
     monitored_barrier(c, group=group, timeout=timedelta(seconds=30))
 

@@ -12,6 +12,7 @@ mod sim_fault;
 mod sim_windows;
 mod store;
 mod topo;
+mod torch_fast;
 mod work;
 
 use pyo3::prelude::*;
@@ -21,6 +22,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CommError", m.py().get_type::<errors::CommError>())?;
     m.add_class::<communicator::PyComm>()?;
     m.add_class::<work::Work>()?;
+    m.add_class::<torch_fast::TorchFast>()?;
     m.add_class::<bootstrap::Bootstrap>()?;
     m.add_class::<store::PyStore>()?;
     m.add_function(wrap_pyfunction!(names::algorithms, m)?)?;

@@ -15,7 +15,10 @@ below translate them into calls on one `cadence.Communicator` and return a
 
 Ops run inline on the caller's thread when torch asks for a synchronous
 operation (`_async(opts)` false: the common `dist.all_reduce(t)`), and on
-cadence's progress thread otherwise.
+cadence's progress thread otherwise. The commonest of them, an allreduce of
+one contiguous CPU tensor, is read and run by the core itself
+(`_core.TorchFast`, returning a finished `DoneWork`): at decode sizes the
+general path's Python steps took longer than the collective.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from cadence import _communicator
-from cadence._core import CommError
+from cadence._core import DTYPES, CommError, TorchFast
 from cadence.torch._tensors import (
     BITWISE,
+    NATIVE,
     Reduction,
     concat,
     core,
@@ -41,10 +45,12 @@ from cadence.torch._tensors import (
     stage,
     unpack,
 )
-from cadence.torch._work import CadenceWork, Completer, backend_error
+from cadence.torch._work import FAST_SYNC, CadenceWork, Completer, DoneWork, backend_error
 
 _R = dist.ReduceOp.RedOpType
 BACKEND = "cadence"
+#: The reductions the synchronous fast path hands to the core as they are.
+_FAST_OPS = {_R.SUM: "sum", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max"}
 
 
 class _StoreForInit:
@@ -84,6 +90,7 @@ class _Group:
         self.nbarriers = 0
         self.splits: dict[str, BackendCadence] = {}
         self.closed = False
+        self.fast = _fast_path(self.comm) if FAST_SYNC else None
 
     def work(self, name, outputs, async_op, pending, finish=None, source_rank=-1):
         """The Work for an operation whose cadence parts were started with
@@ -99,6 +106,14 @@ class _Group:
             self.closed = True
             self.completer.close()
             self.comm.close()
+
+
+def _fast_path(comm: _communicator.Communicator) -> TorchFast:
+    """The core's synchronous path for `comm`'s plain calls."""
+    dtypes = {getattr(torch, name): code for code, name in enumerate(DTYPES)
+              if getattr(torch, name, None) in NATIVE}
+    ops = [(int(k), name) for k, name in _FAST_OPS.items()]
+    return TorchFast(comm._c, DoneWork, c10d.AllreduceOptions, dtypes, ops)
 
 
 def _translated(fn):
@@ -176,8 +191,21 @@ class _Collectives:
 
     # -- reductions --------------------------------------------------------
 
-    @_translated
     def allreduce(self, tensors, opts=None):
+        # The common call (one contiguous CPU tensor, run now) goes straight
+        # to the core (`_core.TorchFast`); None: it is not that call.
+        fast = self._g.fast
+        if fast is not None and opts is not None:
+            try:
+                work = fast.allreduce(tensors, opts)
+            except CommError as e:
+                raise backend_error(e) from e
+            if work is not None:
+                return work
+        return self._allreduce(tensors, opts)
+
+    @_translated
+    def _allreduce(self, tensors, opts=None):
         opts = _options(opts, c10d.AllreduceOptions)
         t = _one(tensors, "allreduce")
         red = Reduction(opts.reduceOp)

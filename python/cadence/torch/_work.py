@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 from torch.futures import Future
 
 from cadence._core import CommError
@@ -238,3 +239,47 @@ class CadenceWork(dist.Work):
         else:
             self._completer.watch(self)
         return self._future
+
+
+class DoneWork(dist.Work):
+    """The Work of an operation that ran to completion before it was
+    returned, for the synchronous fast path: nothing to wait for, no lock,
+    no future until one is asked for."""
+
+    def __init__(self, outputs: list) -> None:
+        super().__init__()
+        self._outputs = outputs
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self) -> list:
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return -1
+
+    _source_rank = source_rank
+
+    def synchronize(self) -> None:
+        """Host memory only: nothing to order."""
+
+    def get_future(self) -> Future:
+        f = Future()
+        f.set_result(self._outputs)
+        return f
+
+
+#: Whether an operation may run inline and return a `DoneWork`: torch says
+#: when it waits itself (options' `asyncOp`, torch 2.7 on), and C++ holding
+#: the Work reaches its Python wait() (`WAIT_FORWARDED`).
+FAST_SYNC = WAIT_FORWARDED and hasattr(c10d.AllreduceOptions(), "asyncOp")
