@@ -1,0 +1,176 @@
+"""What torch.distributed costs on top of cadence: allreduce through
+`torch.distributed.all_reduce` on a cadence group, the same tensor through
+cadence's own API (the group's communicator), and gloo through torch, in one
+job and one run.
+
+    .venv/bin/python benchmarks/torch_path.py --nranks 2 4
+
+For each rank count it starts one job (one process per rank, torch's
+spawn) with the cadence world group and a gloo group of the same ranks. For
+every element type and size it times blocks of back-to-back calls of each
+way in turn (the order goes through every permutation, so that neither drift nor what the
+way before leaves behind favours one)
+and prints the median time per call over the rounds (rank 0's clock, after a
+barrier), the ratio torch/own (what torch's layers and the backend add),
+gloo's time over cadence's through torch, and the bus bandwidth
+(2(n-1)/n · bytes / time) of cadence through torch.
+
+A floor for the first ratio: torch's own layers cost something on any
+backend. `--floor` also times `dist.all_reduce` on torch's FakeProcessGroup
+(a C++ backend that does nothing, torch.testing), alone in a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import pickle
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.multiprocessing as tmp
+
+WAYS = ("torch", "own", "gloo")
+#: Every order of the ways in turn: each follows each other equally often.
+ORDERS = list(itertools.permutations(WAYS))
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _parse_size(s: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def _calls(nbytes: int, way: str) -> int:
+    """Calls per timed block: about 20 ms of cadence, 2 calls at least."""
+    per_call = 3e-6 + nbytes / 2e9 * (8 if way == "gloo" else 1)
+    return max(2, min(2000, int(0.02 / per_call)))
+
+
+def _rank_main(rank, n, port, args, outdir):
+    torch.set_num_threads(1)
+    import cadence  # noqa: F401 - registers the backend
+    import torch.distributed as dist
+
+    dist.init_process_group("cadence", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n)
+    gloo = dist.new_group(backend="gloo")
+    comm = dist.group.WORLD.communicator
+    ways = {
+        "torch": lambda t: dist.all_reduce(t),
+        "own": lambda t: comm.allreduce(t),
+        "gloo": lambda t: dist.all_reduce(t, group=gloo),
+    }
+    out: dict[tuple[str, int, str], list[float]] = {}
+    for dtype in args.dtypes:
+        for nbytes in args.sizes:
+            dt = getattr(torch, dtype)
+            # Zeros: sums stay where they are (ones would overflow half types).
+            t = torch.zeros(nbytes // dt.itemsize, dtype=dt)
+            for way in WAYS:
+                for _ in range(3):
+                    ways[way](t)
+            for rnd in range(args.rounds):
+                for way in ORDERS[rnd % len(ORDERS)]:
+                    k = _calls(nbytes, way)
+                    time.sleep(0.01)  # what the way before left running settles
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(k):
+                        ways[way](t)
+                    out.setdefault((dtype, nbytes, way), []).append(
+                        (time.perf_counter() - t0) / k)
+    with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(out, f)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(n: int, args) -> dict:
+    """Rank 0's {(dtype, bytes, way): seconds per call, one per round}."""
+    with tempfile.TemporaryDirectory(prefix="cadence-torch-path-") as outdir:
+        ctx = tmp.start_processes(_rank_main, args=(n, _free_port(), args, outdir),
+                                  nprocs=n, join=False, start_method="spawn")
+        deadline = time.monotonic() + args.timeout
+        for p in ctx.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                for q in ctx.processes:
+                    q.kill()
+                raise RuntimeError(f"{n} ranks: still running after {args.timeout:g} s; killed")
+        path = os.path.join(outdir, "rank0.pkl")
+        if not os.path.exists(path):
+            codes = [p.exitcode for p in ctx.processes]
+            raise RuntimeError(f"{n} ranks: rank 0 did not report (exit codes {codes})")
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+
+def floor_us(calls: int = 20000) -> float:
+    """µs per `dist.all_reduce` of 8 KiB on torch's FakeProcessGroup."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    t = torch.ones(2048)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            dist.all_reduce(t)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    dist.destroy_process_group()
+    return best * 1e6
+
+
+def _fmt_size(b: int) -> str:
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k and b % k == 0:
+            return f"{b // k} {unit}"
+    return f"{b} B"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--sizes", default="8K,64K,1M,16M", help="bytes per call, a comma list")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help="element types, a comma list")
+    p.add_argument("--rounds", type=int, default=12, help="timed blocks of each way")
+    p.add_argument("--floor", action="store_true",
+                   help="also time torch's FakeProcessGroup (its own layers' cost)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    args = p.parse_args(argv)
+    args.sizes = [_parse_size(s) for s in args.sizes.split(",") if s]
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+    print(f"# torch {torch.__version__}, {os.cpu_count()} cores; median µs per call over "
+          f"{args.rounds} rounds (rank 0)", flush=True)
+    if args.floor:
+        print(f"# torch's layers on a backend that does nothing (FakeProcessGroup), 8 KiB: "
+              f"{floor_us():.1f} µs", flush=True)
+    print(f"{'ranks':>5} {'dtype':>9} {'size':>8} {'torch':>9} {'own API':>9} {'gloo':>10} "
+          f"{'torch/own':>9} {'gloo/torch':>10} {'busbw':>11}", flush=True)
+    for n in args.nranks:
+        res = run_job(n, args)
+        for dtype in args.dtypes:
+            for nbytes in args.sizes:
+                med = {w: statistics.median(res[dtype, nbytes, w]) for w in WAYS}
+                bus = 2 * (n - 1) / n * nbytes / med["torch"] / 1e9
+                print(f"{n:>5} {dtype:>9} {_fmt_size(nbytes):>8} {med['torch'] * 1e6:>9.1f} "
+                      f"{med['own'] * 1e6:>9.1f} {med['gloo'] * 1e6:>10.1f} "
+                      f"{med['torch'] / med['own']:>9.2f} {med['gloo'] / med['torch']:>10.1f} "
+                      f"{bus:>7.2f} GB/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
