@@ -421,6 +421,13 @@ def _bad_dirs(tmp_path):
     newer.mkdir()
     (newer / "cadence-c1-rank0.json").write_text(json.dumps({**json.loads(good), "version": 9}))
     cases["newer"] = (str(newer), "format version 9")
+    odd = tmp_path / "odd-message"
+    odd.mkdir()
+    d = json.loads(good)
+    d["ops"][0]["messages"] = [{"peer": 1, "dir": "recv", "state": "lost", "bytes": 8,
+                                "moved": 8, "first_ns": 1, "last_ns": 2}]
+    (odd / "cadence-c1-rank0.json").write_text(json.dumps(d))
+    cases["odd message"] = (str(odd), "a message record is malformed (state 'lost')")
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     (jobs / "cadence-c1-rank0.json").write_text(good)

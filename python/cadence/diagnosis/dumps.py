@@ -206,13 +206,19 @@ def _need(obj: dict, key: str, kind, where: str):
     return v
 
 
+_STATES = {s.value: s for s in MsgState}
+
+
 def _msg(m: dict, where: str) -> Msg:
+    # A window holds thousands of these a rank: one lookup per field.
     try:
-        return Msg(peer=int(m["peer"]), dir=str(m["dir"]), state=MsgState(m["state"]),
-                   bytes=int(m["bytes"]), moved=int(m["moved"]),
-                   first_ns=None if m.get("first_ns") is None else int(m["first_ns"]),
-                   last_ns=None if m.get("last_ns") is None else int(m["last_ns"]),
-                   count=_count(m.get("count", 1)))
+        state = _STATES.get(m["state"])
+        if state is None:
+            raise ValueError(f"state {m['state']!r}")
+        first, last, count = m.get("first_ns"), m.get("last_ns"), m.get("count", 1)
+        return Msg(int(m["peer"]), str(m["dir"]), state, int(m["bytes"]), int(m["moved"]),
+                   None if first is None else int(first), None if last is None else int(last),
+                   1 if count == 1 else _count(count))
     except (KeyError, TypeError, ValueError) as e:
         raise DumpError(f"{where}: a message record is malformed ({e})") from None
 

@@ -262,6 +262,7 @@ def rank_summary(d: Dump, span_cap: int = SPAN_CAP) -> RankSummary:
                      d.wall(o.start_ns), d.wall(o.end_ns))
              for o in d.ops if not o.is_p2p]
     groups: dict[tuple[int, int], list] = {}
+    base = d.base_unix_ns - d.clock_offset_ns  # d.wall, inlined: once per message
     for o in d.ops:
         if o.is_p2p or not o.ok or not o.messages:
             continue
@@ -272,7 +273,7 @@ def rank_summary(d: Dump, span_cap: int = SPAN_CAP) -> RankSummary:
             g = groups.setdefault((o.seq, m.peer), [0, 0, []])
             g[0] += m.bytes
             g[1] += 1
-            g[2].append((d.wall(m.first_ns), d.wall(m.last_ns)))
+            g[2].append(((base + m.first_ns) / 1e9, (base + m.last_ns) / 1e9))
     links = None if d.links is None else [
         Counters(c.peer, c.transport, c.bytes_sent, c.msgs_sent) for c in d.links]
     hosts = {int(p["rank"]): str(p["host"]) for p in d.peers if "rank" in p and "host" in p}
