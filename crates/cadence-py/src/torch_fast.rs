@@ -122,7 +122,9 @@ impl TorchFast {
         let Some(code) = self.dtypes.bind(py).get_item(dtype)? else {
             return Ok(None);
         };
-        let dtype = DType::from_code(code.extract()?).expect("checked when made");
+        let Some(dtype) = DType::from_code(code.extract()?) else {
+            return Ok(None); // checked when made: not reached
+        };
         if !t.getattr(intern!(py, "is_cpu"))?.is_truthy()?
             || !t.call_method0(intern!(py, "is_contiguous"))?.is_truthy()?
         {

@@ -571,13 +571,13 @@ def _slow_both_ways(us: list[LinkRate], under: float, spared: set, slow: set[int
     for u in us:
         outs.setdefault(u.src, []).append(u)
         ins.setdefault(u.dst, []).append(u)
-    found: list[LinkRate] = []
+    found: dict[int, LinkRate] = {}
     for e in sorted(outs.keys() & ins.keys() - spared, key=str):
         mine = outs[e] + ins[e]
         if (all(u.rate < under and u.op_median < under for u in mine)
                 and not any(id(u) in slow for u in mine)):
-            found += [u for u in mine if id(u) not in {id(f) for f in found}]
-    return found
+            found.update((id(u), u) for u in mine)  # a unit between two such ends once
+    return list(found.values())
 
 
 def _fewest_sides(candidates: list[_Side], slow: set[int]) -> list[_Side]:
