@@ -25,15 +25,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import pickle
-import socket
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
-import torch.multiprocessing as tmp
+from cadence.bench import torch_job
 
 WAYS = ("torch", "own", "gloo")
 #: Every order of the ways in turn: each follows each other equally often.
@@ -85,35 +82,13 @@ def _rank_main(rank, n, port, args, outdir):
                         ways[way](t)
                     out.setdefault((dtype, nbytes, way), []).append(
                         (time.perf_counter() - t0) / k)
-    with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(out, f)
+    torch_job.report(outdir, rank, out)
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(n: int, args) -> dict:
     """Rank 0's {(dtype, bytes, way): seconds per call, one per round}."""
-    with tempfile.TemporaryDirectory(prefix="cadence-torch-path-") as outdir:
-        ctx = tmp.start_processes(_rank_main, args=(n, _free_port(), args, outdir),
-                                  nprocs=n, join=False, start_method="spawn")
-        deadline = time.monotonic() + args.timeout
-        for p in ctx.processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                for q in ctx.processes:
-                    q.kill()
-                raise RuntimeError(f"{n} ranks: still running after {args.timeout:g} s; killed")
-        path = os.path.join(outdir, "rank0.pkl")
-        if not os.path.exists(path):
-            codes = [p.exitcode for p in ctx.processes]
-            raise RuntimeError(f"{n} ranks: rank 0 did not report (exit codes {codes})")
-        with open(path, "rb") as f:
-            return pickle.load(f)
+    return torch_job.run(_rank_main, n, args, args.timeout)[0]
 
 
 def floor_us(calls: int = 20000) -> float:

@@ -27,17 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
-import socket
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
-import torch.multiprocessing as tmp
 import torch.nn as nn
 import torch.nn.functional as F
+from cadence.bench import torch_job
 
 BACKENDS = ("cadence", "gloo")
 FLOORS = ("sync-only", "local")
@@ -145,38 +142,14 @@ def _rank_main(rank, n, port, args, outdir):
                                / (time.perf_counter() - t))
     # Results first: gloo's teardown sometimes aborts the process (SIGABRT,
     # "terminate called without an active exception") after a clean run.
-    with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(rates, f)
+    torch_job.report(outdir, rank, rates)
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(n: int, args) -> dict[str, list[list[float]]]:
     """One job training both models; returns {backend: per-rank lists of
     images/sec, one entry per timed iteration}."""
-    with tempfile.TemporaryDirectory(prefix="cadence-synth-") as outdir:
-        ctx = tmp.start_processes(_rank_main, args=(n, _free_port(), args, outdir),
-                                  nprocs=n, join=False, start_method="spawn")
-        deadline = time.monotonic() + args.timeout
-        for p in ctx.processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                for q in ctx.processes:
-                    q.kill()
-                raise RuntimeError(f"{n} ranks: still running after {args.timeout:g} s; killed")
-        ranks = []
-        for r, p in enumerate(ctx.processes):
-            path = os.path.join(outdir, f"rank{r}.pkl")
-            if not os.path.exists(path):
-                raise RuntimeError(f"{n} ranks: rank {r} failed (exit code {p.exitcode}) "
-                                   "before reporting")
-            with open(path, "rb") as f:
-                ranks.append(pickle.load(f))
+    ranks = torch_job.run(_rank_main, n, args, args.timeout)
     return {b: [rk[b] for rk in ranks] for b in ranks[0]}
 
 

@@ -34,18 +34,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
-import torch.multiprocessing as tmp
 import torch.nn as nn
 import torch.nn.functional as F
+from cadence.bench import torch_job
 
 #: torch's tensor parallelism (DTensor) on each backend, the same shards by
 #: hand with dist.all_reduce (as inference engines do), and the local floor.
@@ -268,36 +265,8 @@ def _rank_main(rank, n, port, args, outdir):
             prefill, per_token, toks = generate(models[name], prompt, args.tokens)
             times[name].append((prefill, per_token))
             texts[name] = toks
-    with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump({"times": times, "texts": texts}, f)
+    torch_job.report(outdir, rank, {"times": times, "texts": texts})
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_job(n: int, args) -> list[dict]:
-    with tempfile.TemporaryDirectory(prefix="cadence-tp-") as outdir:
-        ctx = tmp.start_processes(_rank_main, args=(n, _free_port(), args, outdir),
-                                  nprocs=n, join=False, start_method="spawn")
-        deadline = time.monotonic() + args.timeout
-        for p in ctx.processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                for q in ctx.processes:
-                    q.kill()
-                raise RuntimeError(f"{n} ranks: still running after {args.timeout:g} s; killed")
-        out = []
-        for r, p in enumerate(ctx.processes):
-            path = os.path.join(outdir, f"rank{r}.pkl")
-            if not os.path.exists(path):
-                raise RuntimeError(f"{n} ranks: rank {r} failed (exit code {p.exitcode})")
-            with open(path, "rb") as f:
-                out.append(pickle.load(f))
-        return out
 
 
 def main(argv=None) -> int:
@@ -328,7 +297,7 @@ def main(argv=None) -> int:
     print(f"{'ranks':>5} {'model':>13} {'prefill':>9} {'per token':>10} {'tokens/s':>9} "
           f"{'vs gloo':>8} {'comm share':>10}", flush=True)
     for n in args.nranks:
-        ranks = run_job(n, args)
+        ranks = torch_job.run(_rank_main, n, args, args.timeout)
         texts = ranks[0]["texts"]
         # Every rank decodes the same tokens (the local model aside: each
         # rank's holds other weights).

@@ -145,7 +145,12 @@ fn tensor_view(obj: &Bound<'_, PyAny>) -> PyResult<Option<View>> {
     let Some(dtype) = DType::from_name(&name) else {
         return Ok(None);
     };
-    Ok(Some(View {
+    Ok(Some(tensor_span_view(addr, bytes, dtype)))
+}
+
+/// A tensor's storage as a view, from its address and size.
+pub(crate) fn tensor_span_view(addr: usize, bytes: usize, dtype: DType) -> View {
+    View {
         // An empty tensor may have no storage at all (address 0).
         ptr: if bytes == 0 {
             std::ptr::NonNull::dangling().as_ptr()
@@ -154,7 +159,7 @@ fn tensor_view(obj: &Bound<'_, PyAny>) -> PyResult<Option<View>> {
         },
         bytes,
         dtype,
-    }))
+    }
 }
 
 /// The leading fields of numpy's array object (`PyArrayObject_fields`), the

@@ -9,7 +9,7 @@
 //! reduction, a tensor to stage) returns None, and the Python backend runs
 //! its general path, where every error message is.
 
-use crate::buffers::View;
+use crate::buffers::{tensor_span_view, View};
 use crate::call::Call;
 use crate::communicator::PyComm;
 use cadence_core::{CollKind, DType, RedOp};
@@ -132,15 +132,6 @@ impl TorchFast {
         }
         let bytes: usize = t.getattr(intern!(py, "nbytes"))?.extract()?;
         let addr: usize = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
-        Ok(Some(View {
-            // An empty tensor may have no storage at all (address 0).
-            ptr: if bytes == 0 {
-                std::ptr::NonNull::dangling().as_ptr()
-            } else {
-                addr as *mut u8
-            },
-            bytes,
-            dtype,
-        }))
+        Ok(Some(tensor_span_view(addr, bytes, dtype)))
     }
 }
