@@ -2,7 +2,8 @@
 spines (optimal on small cases, at the lower bound with every uplink
 live), the protocol (authenticated, one-line errors, a lease per
 connection), and on a routed emulated cluster (root): planned source ports
-land on their spines, a cut uplink moves its streams and tells the job, a
+land on their spines, a cut uplink holds the streams that cross it and tells
+the jobs at both ends, a
 planner that dies leaves its clients an error, not a hang."""
 
 from __future__ import annotations
@@ -116,7 +117,11 @@ def test_requests_are_authenticated_and_refusals_are_one_line():
     bad = [([], "non-empty list"), ([{"src": "10.77.0.1", "dst": "10.9.9.9", "dport": 1,
                                      "streams": 1}], "no address of cluster"),
            ([{"src": "10.77.0.1", "dst": "10.77.0.3", "dport": 0, "streams": 1}], "'dport'"),
-           ([{"src": "10.77.0.1", "dst": "10.77.0.3", "dport": 5, "streams": 99}], "'streams'")]
+           ([{"src": "10.77.0.1", "dst": "10.77.0.3", "dport": 5, "streams": 99}], "'streams'"),
+           ([{"src": "10.77.0.1", "dst": "10.77.0.3", "dport": 5, "streams": 2,
+              "notify": [{"job": "j", "peer": 1, "streams": [0]}]}], "notify streams"),
+           ([{"src": "10.77.0.1", "dst": "10.77.0.3", "dport": 5, "streams": 1,
+              "notify": "everyone"}], "notify must be")]
     for conns, words in bad:
         with pytest.raises(Refused, match=words):
             p.handle(job, {**ok, "op": "plan", "connections": conns}, None)
@@ -196,15 +201,19 @@ def routed(tmp_path):
 
 
 @needs_clusters
-def test_planned_ports_land_on_their_spines_and_a_cut_uplink_moves_them(routed):
+def test_planned_ports_land_on_their_spines_and_a_cut_uplink_holds_them(routed):
     from cadence.testbed import ecmp_check
 
     cluster, served = routed
     src, dst = cluster.hosts[0].nics[0].address, cluster.hosts[1].nics[0].address
-    with Client(served.address, TOKEN) as c:
-        c.request("hello", job="train")
+    with Client(served.address, TOKEN) as c, Client(served.address, TOKEN) as other:
+        c.request("hello", job="train/rank0")
+        other.request("hello", job="train/rank1")
         conns = [{"id": k, "src": src, "dst": dst, "dport": ecmp_check.DPORTS[k % 4],
                   "streams": 2} for k in range(6)]  # fmt: skip
+        # The last one names both its ends, as the library does.
+        conns[5]["notify"] = [{"job": "train/rank0", "peer": 1, "streams": [1, 3]},
+                              {"job": "train/rank1", "peer": 0, "streams": [1, 3]}]
         paths = c.request("plan", connections=conns)["paths"]
         streams = [(p["dport"], s) for p in paths for s in p["streams"]]
         assert sorted(s["spine"] for _, s in streams) == [0] * 6 + [1] * 6
@@ -213,20 +222,31 @@ def test_planned_ports_land_on_their_spines_and_a_cut_uplink_moves_them(routed):
         assert [f.seen for f in flows] == [s["spine"] for _, s in streams]
         st = c.request("status")
         assert max(u["up"] for u in st["uplinks"]) == 6
-        # Host 1 is in rack 1: cut its uplink to spine 0.
+        # Host 1 is in rack 1: cut its uplink to spine 0. Every stream that
+        # crosses it, either way, is held; both ends hear of theirs.
+        on_cut = {(p["id"], k) for p in paths for k, s in enumerate(p["streams"])
+                  if 0 in (s["spine"], s["back"])}  # fmt: skip
         testbed.set_uplink(cluster, 1, 0, up=False)
         event = c.next_event(5.0)
-        assert event is not None and event["state"] == "down", event
-        moved = {(p["id"], k): s for p in event["paths"] for k, s in enumerate(p["streams"])}
-        assert len(moved) == 12 and {s["spine"] for s in moved.values()} == {1}
-        flows = ecmp_check.check(cluster, 0, src=0, dst=1, ports=[
-            (s["sports"][0], ecmp_check.DPORTS[i % 4]) for (i, _), s in sorted(moved.items())])
-        assert {f.seen for f in flows} == {1}
+        assert event is not None and event["changed"] == [
+            {"rack": 1, "spine": 0, "state": "down"}], event
+        held = {(h["peer"], k) for h in event["hold"] for k in h["streams"]}
+        named = {(i, k) if i < 5 else (1, [1, 3][k]) for i, k in on_cut}
+        assert held == named and event["release"] == [], (event, on_cut)
+        theirs = other.next_event(5.0)
+        assert theirs["hold"] == [{"peer": 0, "streams": sorted(
+            [1, 3][k] for i, k in on_cut if i == 5)}], theirs
+        st = c.request("status")
+        assert {j["job"]: j["held"] for j in st["jobs"]} == {
+            "train/rank0": len(on_cut), "train/rank1": 0}
+        assert all(u["up"] == 0 and u["down"] == 0 for u in st["uplinks"] if u["spine"] == 0)
+        # Restored: the same streams released, and counted again.
         testbed.set_uplink(cluster, 1, 0, up=True)
         event = c.next_event(5.0)
-        assert event is not None and event["state"] == "up"
-        back = [s["spine"] for p in event["paths"] for s in p["streams"]]
-        assert sorted(back).count(0) == 6, back
+        assert event is not None and event["changed"][0]["state"] == "up"
+        assert {(h["peer"], k) for h in event["release"] for k in h["streams"]} == named
+        assert event["hold"] == []
+        assert max(u["up"] for u in c.request("status")["uplinks"]) == 6
     served.stop()
     with pytest.raises(PlannerError, match="unreachable"):
         Client(served.address, TOKEN, timeout=2.0)
@@ -367,3 +387,84 @@ def test_the_probe_finds_the_one_slow_uplink_among_three_racks():
         assert probe(cluster, seconds=0.3)[0] == set()
     finally:
         testbed.down(name)
+
+
+_LOOP = r"""
+import time
+import numpy as np, cadence
+c = cadence.init()
+x = np.arange(1 << 18, dtype=np.float32) + c.rank
+want = np.arange(1 << 18, dtype=np.float32) * c.size + sum(range(c.size))
+end, n = time.monotonic() + float(__import__("sys").argv[1]), 0
+while True:
+    y = c.allreduce(x.copy())  # in place
+    assert np.array_equal(y, want)
+    n += 1
+    go = np.array([time.monotonic() < end], dtype=np.int32)
+    if not c.allreduce(go, op="min")[0]:
+        break
+    if n == 1:
+        print("LOOPING", flush=True)
+print(f"DONE {n}", flush=True)
+"""
+
+
+class _Stamped:
+    """Output lines with the time each arrived."""
+
+    def __init__(self):
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, b: bytes) -> None:
+        self.lines.extend((time.monotonic(), x) for x in b.decode().splitlines())
+
+    def flush(self) -> None:
+        pass
+
+    def first(self, words: str, after: float = 0.0) -> float | None:
+        return next((t for t, x in self.lines if words in x and t >= after), None)
+
+
+@needs_clusters
+def test_a_cut_uplink_holds_its_streams_at_once_at_both_ends_and_a_restored_one_frees_them(
+        routed, tmp_path):
+    from cadence.testbed import jobs
+
+    cluster, served = routed
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    out = _Stamped()
+    env = {"CADENCE_PLANNER": served.address, "CADENCE_PLANNER_TOKEN_FILE": str(token),
+           "CADENCE_TOPO_FILE": "none", "CADENCE_NSTREAMS": "2"}  # fmt: skip
+    result = {}
+    job = threading.Thread(target=lambda: result.update(r=jobs.run(
+        cluster, 1, [sys.executable, "-c", _LOOP, "12"], timeout=120, out=out,
+        env={**os.environ, **env})))  # fmt: skip
+    job.start()
+    for _ in range(600):
+        if out.first("LOOPING") or not job.is_alive():
+            break
+        time.sleep(0.05)
+    assert out.first("LOOPING"), out.lines
+    time.sleep(1.0)
+    cut = time.monotonic()
+    testbed.set_uplink(cluster, 1, 0, up=False)
+    time.sleep(4.0)
+    restored = time.monotonic()
+    testbed.set_uplink(cluster, 1, 0, up=True)
+    job.join(150)
+    text = "\n".join(x for _, x in out.lines)
+    assert result["r"].status == 0, text
+    assert text.count("DONE") == 4, text
+    why = "uplink rack 1 - spine 0 is down, says the path planner"
+    held = [x for _, x in out.lines if f"is down ({why})" in x]
+    # Both ends of the links that cross rack 1's uplink to spine 0 hold the
+    # streams on it: host 1 (rack 1) and its ring neighbours in rack 0.
+    ranks = {x.split("]")[0] for x in held}
+    assert len(ranks) >= 2, text
+    first = out.first(f"is down ({why})", cut)
+    assert first is not None and first - cut < 2.5, text
+    assert "no answer for" not in text, text  # held before any timeout
+    assert out.first("is released by the path planner", restored), text
+    assert out.first("works again", restored), text
+    assert "ERROR" not in text, text

@@ -227,7 +227,8 @@ def _status(args: argparse.Namespace, address: str, token_file: str) -> int:
         return 0
     print(f"planner of cluster {st['cluster']} on {address}: {len(st['jobs'])} job(s)")
     for j in st["jobs"]:
-        print(f"  job {j['job']}: {j['connections']} connections, {j['streams']} streams")
+        held = f", {j['held']} held (an uplink they cross is down)" if j.get("held") else ""
+        print(f"  job {j['job']}: {j['connections']} connections, {j['streams']} streams{held}")
     print("  uplink          streams up  streams down  state")
     for u in st["uplinks"]:
         print(f"  rack {u['rack']:>2} spine {u['spine']:>2}  {u['up']:>10}  {u['down']:>12}  "

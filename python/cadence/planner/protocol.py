@@ -8,20 +8,28 @@ Requests (`{"v": 1, "token": T, "op": OP, ...}`):
 
 - `hello` {job}: opens the job's lease, held as long as this connection
   stays open; answers {ok, planner, racks, spines, excluded}.
-- `plan` {job, connections: [{id, src, dst, dport, streams, weight}]}: a path for
+- `plan` {job, connections: [{id, src, dst, dport, streams, weight, notify}]}: a path for
   every stream of every connection: answers {ok, paths: [{id, streams:
   [{spine, sports}]}]}: the spine (None inside a rack) and source ports
   whose 5-tuple (src, dst, tcp, sport, dport) the fabric hashes onto it,
   best first (a port may be busy on the host: the next one lands there too).
   `weight` (default 1) is what each stream counts in the uplinks' balance:
   a library asks 0 for a link it makes for small messages (a barrier's),
-  which is placed but not counted.
+  which is placed but not counted. `notify` (default: this job, naming
+  the connection `id` and its streams 0..streams-1) says whom to tell
+  when a stream is held or released, and by what names: [{job, peer,
+  streams}], one entry per end of the connection (a library names the
+  link by its peer's rank, and the connection's stream k by its stream
+  number on that link; the accepting end learns of the connection only
+  this way).
 - `release` {job}: forgets the job's streams (closing the connection does).
 - `status`: {ok, jobs, uplinks: [{rack, spine, up, down, state}], excluded}.
 
-Events: `{"event": "link", "rack", "spine", "state": "down"|"up", "paths":
-[...]}`: an uplink changed; `paths` re-plans this job's streams that used
-it (or could use it again).
+Events: `{"event": "links", "changed": [{rack, spine, state: "down"|"up"}],
+"hold": [{peer, streams}], "release": [{peer, streams}]}`: uplinks
+changed; the job stops using the streams in `hold` (one of the uplinks
+either direction crosses is down) and uses those in `release` again
+(every uplink they cross is back), named as its `notify` entries said.
 
 Errors are `{"ok": false, "error": "<one line>"}`; a malformed line or a
 wrong token also closes the connection.

@@ -3,9 +3,10 @@
 spine each takes, places new ones where the busiest uplink stays lowest
 (assign.py), finds source ports the fabric hashes onto the chosen spine
 (asking the leaf's kernel, `fabric.next_spines`), watches the uplinks, and
-when one goes down (or comes back) moves the streams it concerns and tells
-their jobs. Every decision is logged. A job's lease is its connection:
-when it closes, the job's streams are forgotten.
+when one goes down (or comes back) holds the streams that cross it (and
+releases them) and tells the jobs at both ends of each. Every decision is
+logged. A job's lease is its connection: when it closes, the job's streams
+are forgotten.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class Conn:
     streams: list[assign.Stream]
     back: list[assign.Stream]
     sports: list[list[int]] = field(default_factory=list)
+    #: Whom to tell when a stream is held or released, and how each names
+    #: it: [{job, peer, streams}] (`streams[k]`: that job's name for stream
+    #: k of this connection on its link to `peer`).
+    notify: list[dict] = field(default_factory=list)
+    #: Per stream: held (an uplink it crosses is down).
+    held: list[bool] = field(default_factory=list)
 
     def both(self) -> list[assign.Stream]:
         return self.streams + self.back
@@ -145,13 +152,17 @@ class Planner:
             cid = c.get("id", i)
             if cid in job.conns or any(x.id == cid for x in new):
                 raise Refused(f"connection id {cid!r} planned twice for job {job.name}")
+            notify = _notify(c, i, job.name, count)
             rs, rd = self.where[src][1], self.where[dst][1]
             streams = [assign.Stream((job.name, cid, k), rs, rd, weight) for k in range(count)]
             back = [assign.Stream((job.name, cid, k, "back"), rd, rs, weight)
                     for k in range(count)]
-            new.append(Conn(cid, src, dst, dport, streams, back))
+            new.append(Conn(cid, src, dst, dport, streams, back, notify=notify,
+                            held=[False] * count))
         fresh = [s for c in new for s in c.both()]
-        placed = [s for j in self.jobs.values() for s in j.streams()]
+        placed = [s for j in self.jobs.values() for c in j.conns.values()
+                  for k, pair in enumerate(zip(c.streams, c.back, strict=True))
+                  if not c.held[k] for s in pair]  # fmt: skip
         try:
             worst = assign.place(self.model, fresh, fixed=placed)
         except ValueError as e:
@@ -177,16 +188,19 @@ class Planner:
     def status(self) -> dict:
         loads = assign.Loads(self.model)
         for j in self.jobs.values():
-            for s in j.streams():
-                if s.spine is not None:
-                    loads.add(s, s.spine)
+            for c in j.conns.values():
+                for k, pair in enumerate(zip(c.streams, c.back, strict=True)):
+                    for s in pair:
+                        if s.spine is not None and not c.held[k]:
+                            loads.add(s, s.spine)
         uplinks = [{"rack": r, "spine": m, "up": loads.of(r, m, assign.UP),
                     "down": loads.of(r, m, assign.DOWN),
                     "state": ("excluded" if (r, m) in self.excluded else
                               "down" if (r, m) in self.down else "up")}
                    for r in range(self.cluster.racks) for m in range(self.cluster.spines)]
         jobs = [{"job": j.name, "connections": len(j.conns), "streams": len(j.streams()) // 2,
-                 "since": j.since} for j in self.jobs.values()]  # fmt: skip
+                 "held": sum(sum(c.held) for c in j.conns.values()), "since": j.since}
+                for j in self.jobs.values()]  # fmt: skip
         return {"ok": True, "cluster": self.cluster.name, "jobs": jobs, "uplinks": uplinks,
                 "excluded": sorted(map(list, self.excluded))}
 
@@ -202,16 +216,14 @@ class Planner:
                 "streams": [{"spine": s.spine, "back": b.spine, "sports": ps}
                             for s, b, ps in zip(c.streams, c.back, c.sports, strict=True)]}
 
-    def _ports(self, c: Conn, keep: list[list[int]] | None = None) -> list[list[int]]:
+    def _ports(self, c: Conn) -> list[list[int]]:
         """Per stream of `c`, source ports that put its two directions on
-        their spines (`keep`: the ports each had, kept where neither of its
-        spines changed). A stream inside a rack needs none."""
+        their spines. A stream inside a rack needs none."""
         _host, rack, port = self.where[c.src]
         _host, back_rack, back_port = self.where[c.dst]
         taken = self.taken.setdefault(c.src, set())
-        keep = keep or [[] for _ in c.streams]
-        redo = [s.spine is not None and not k for s, k in zip(c.streams, keep, strict=True)]
-        want = {(s.spine, b.spine) for s, b, r in zip(c.streams, c.back, redo, strict=True) if r}
+        want = {(s.spine, b.spine) for s, b in zip(c.streams, c.back, strict=True)
+                if s.spine is not None}  # fmt: skip
         found: dict[tuple, list[int]] = {w: [] for w in want}
         need = PORTS_PER_STREAM * len(c.streams)
         for _ in range(64):
@@ -228,9 +240,9 @@ class Planner:
                 if w in found and len(found[w]) < need:
                     found[w].append(p)
         out = []
-        for s, b, r, k in zip(c.streams, c.back, redo, keep, strict=True):
-            if not r:
-                out.append(k if s.spine is not None else [])
+        for s, b in zip(c.streams, c.back, strict=True):
+            if s.spine is None:
+                out.append([])
                 continue
             ps = found[(s.spine, b.spine)][:PORTS_PER_STREAM]
             del found[(s.spine, b.spine)][:PORTS_PER_STREAM]
@@ -244,51 +256,53 @@ class Planner:
     # -------------------------------------------------------------- links
 
     def links_changed(self, down: set[tuple[int, int]]) -> list[tuple[Job, dict]]:
-        """The uplinks now down: re-plans the streams they concern (moved
-        off a link gone down; every stream again when one came back, so it
-        carries its share) and says what to tell which job."""
+        """The uplinks now down: every stream that crosses one, either way,
+        is held (it carries nothing and counts nothing until every uplink
+        it crosses is back; the fabric may have rehashed it onto a live
+        spine, where it would crowd the streams planned there), and the
+        jobs that know it are told which to hold and which to release.
+        Streams planned while an uplink is down avoid it."""
         gone, back = down - self.down, self.down - down
         self.down = set(down)
         self.model.dead = set(self.excluded) | self.down
         if not gone and not back:
             return []
-        every = [(j, c, s) for j in self.jobs.values() for c in j.conns.values()
-                 for s in c.both() if s.spine is not None]  # fmt: skip
-        before = {id(s): s.spine for _, _, s in every}
-        if back:
-            movable = [s for _, _, s in every]
-            fixed = []
-        else:
-            movable = [s for _, _, s in every
-                       if (s.src, s.spine) in gone or (s.dst, s.spine) in gone]
-            fixed = [s for _, _, s in every if s not in movable]
-        try:
-            worst = assign.place(self.model, movable, fixed=fixed)
-        except ValueError as e:
-            log.warning("uplinks %s down: %s; those streams keep their paths", sorted(down), e)
-            return []
-        for link in sorted(gone):
-            log.warning("uplink rack %d spine %d down: %d streams moved", *link,
-                        sum(1 for _, _, s in every if before[id(s)] != s.spine))
-        for link in sorted(back):
-            log.info("uplink rack %d spine %d up again: streams rebalanced", *link)
-        log.info("busiest uplink now %d streams", worst)
-        events = []
+        changed = [{"rack": r, "spine": m, "state": "down" if (r, m) in gone else "up"}
+                   for r, m in sorted(gone | back)]  # fmt: skip
+        tell: dict[str, dict[str, dict]] = {}
+        counts = {"hold": 0, "release": 0}
         for job in self.jobs.values():
-            changed = [c for c in job.conns.values()
-                       if any(before.get(id(s)) != s.spine for s in c.both())]
-            for c in changed:
-                moved = [before.get(id(s)) != s.spine or before.get(id(b)) != b.spine
-                         for s, b in zip(c.streams, c.back, strict=True)]
-                self.taken.get(c.src, set()).difference_update(
-                    p for ps, m in zip(c.sports, moved, strict=True) if m for p in ps)
-                c.sports = self._ports(c, keep=[[] if m else ps for ps, m in
-                                                zip(c.sports, moved, strict=True)])
-            for link in sorted(gone | back):
-                events.append((job, {"event": "link", "rack": link[0], "spine": link[1],
-                                     "state": "down" if link in gone else "up",
-                                     "paths": [self._path(c) for c in changed]}))
+            for c in job.conns.values():
+                for k, (s, b) in enumerate(zip(c.streams, c.back, strict=True)):
+                    held = _crosses(s, self.down) or _crosses(b, self.down)
+                    if held == c.held[k]:
+                        continue
+                    c.held[k] = held
+                    verb = "hold" if held else "release"
+                    counts[verb] += 1
+                    for n in c.notify:
+                        peers = tell.setdefault(n["job"], {}).setdefault(verb, {})
+                        peers.setdefault(n["peer"], []).append(n["streams"][k])
+        for ch in changed:
+            log.warning("uplink rack %d spine %d %s", ch["rack"], ch["spine"], ch["state"])
+        log.info("%d streams held, %d released", counts["hold"], counts["release"])
+        events = []
+        for name, verbs in tell.items():
+            job = self.jobs.get(name)
+            if job is None:
+                continue  # that end holds no lease: nothing to tell it
+            event = {"event": "links", "changed": changed}
+            for verb in ("hold", "release"):
+                event[verb] = [{"peer": p, "streams": sorted(ss)}
+                               for p, ss in sorted(verbs.get(verb, {}).items(), key=str)]
+            events.append((job, event))
         return events
+
+
+def _crosses(s: assign.Stream, down: set[tuple[int, int]]) -> bool:
+    """Whether stream direction `s` leaves or enters its rack on an uplink
+    in `down`."""
+    return s.spine is not None and ((s.src, s.spine) in down or (s.dst, s.spine) in down)
 
 
 def _text(obj: dict, key: str) -> str:
@@ -296,6 +310,28 @@ def _text(obj: dict, key: str) -> str:
     if not isinstance(v, str) or not v:
         raise Refused(f"{key!r} must be a non-empty string")
     return v
+
+
+def _notify(c: dict, i: int, job: str, count: int) -> list[dict]:
+    """A connection's `notify` (default: the job that plans it, naming the
+    connection by its id and its streams 0..count-1), checked."""
+    if "notify" not in c:
+        return [{"job": job, "peer": c.get("id", i), "streams": list(range(count))}]
+    got = c["notify"]
+    if not isinstance(got, list) or not got or len(got) > 2:
+        raise Refused(f"connection {i}: notify must be a list of one or two ends")
+    out = []
+    for n in got:
+        if not isinstance(n, dict):
+            raise Refused(f"connection {i}: a notify entry is not an object")
+        streams = n.get("streams")
+        if (not isinstance(streams, list) or len(streams) != count
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 4096
+                           for x in streams)):  # fmt: skip
+            raise Refused(f"connection {i}: notify streams must be {count} stream numbers")
+        out.append({"job": _text(n, "job"), "peer": _int(n, "peer", 0, 1 << 30),
+                    "streams": streams})  # fmt: skip
+    return out
 
 
 def _int(obj: dict, key: str, lo: int, hi: int) -> int:

@@ -109,6 +109,10 @@ def rank_env(
     env.setdefault("OMP_NUM_THREADS", "1")
     # Start-up topology profiles live and die with the cluster.
     env.setdefault("CADENCE_TOPO_CACHE", str(cache_dir(cluster.name)))
+    # On a routed fabric, a link's streams can cover every spine (where the
+    # planner puts them; and that many hashed flows spread better).
+    if cluster.fabric is not None and "CADENCE_NSTREAMS" not in env:
+        env["CADENCE_NSTREAMS"] = str(max(2, cluster.spines))
     # A routed cluster's path planner, while one serves it (`cadence planner`).
     sock, token = planner_socket(cluster.name), planner_token(cluster.name)
     if "CADENCE_PLANNER" not in env and sock.exists() and token.exists():

@@ -6,10 +6,10 @@
 use super::PeerTable;
 use crate::config::DebugLevel;
 use crate::error::{CommError, ErrorKind, Result};
-use crate::fabric::planner::{Planner, PlannerAddr};
+use crate::fabric::planner::{Lessee, Planner, PlannerAddr};
 use crate::transport::handshake::JobSecret;
 use crate::transport::tcp::poll_fds;
-use crate::transport::tcp::TcpLink;
+use crate::transport::tcp::{PathHolds, TcpLink};
 use crate::transport::tcp_setup::{connect, Dial, Dialer};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -42,13 +42,17 @@ pub struct LinkCtx {
     pub planner: Option<PlannerLease>,
 }
 
-/// This rank's lease with the path planner, opened on the first link that
-/// asks; after a failure it is given up for good (one warning): the links
-/// dial as before and ECMP picks their paths.
+/// This rank's lease with the path planner, opened with the first link
+/// the rank dials or accepts (so that both ends of a link hear the link
+/// events that concern it); after a failure it is given up for good (one
+/// warning): the links dial as before and ECMP picks their paths.
 pub struct PlannerLease {
     at: PlannerAddr,
-    job: String,
+    comm_id: String,
     state: Mutex<LeaseState>,
+    /// The streams the planner's link events hold down, which every link
+    /// of the rank follows.
+    holds: Arc<PathHolds>,
 }
 
 enum LeaseState {
@@ -58,12 +62,19 @@ enum LeaseState {
 }
 
 impl PlannerLease {
-    pub fn new(at: PlannerAddr, comm_id: &str, rank: usize) -> PlannerLease {
+    pub fn new(at: PlannerAddr, comm_id: &str) -> PlannerLease {
         PlannerLease {
             at,
-            job: format!("{comm_id}/rank{rank}"),
+            comm_id: comm_id.to_string(),
             state: Mutex::new(LeaseState::Unopened),
+            holds: Arc::new(PathHolds::default()),
         }
+    }
+
+    /// The lease's name for `rank` of this communicator (the planner tells
+    /// each end of a connection by it).
+    fn job_of(&self, rank: usize) -> String {
+        format!("{}/rank{rank}", self.comm_id)
     }
 }
 
@@ -103,23 +114,19 @@ impl LinkCtx {
         };
         let npaths = self.paths_to(peer);
         let path = s % npaths;
-        let on_path = (path..self.streams_to(peer)).step_by(npaths).count();
+        // The link's streams on this path: the connection the planner plans.
+        let on_path: Vec<usize> = (path..self.streams_to(peer)).step_by(npaths).collect();
         let src = SocketAddr::new(self.my_ips[path], 0);
         let dst = self.infos.nic_addr(peer, path);
-        let mut state = lease.state.lock().unwrap();
-        if let LeaseState::Unopened = *state {
-            *state = match Planner::connect(&lease.at, &lease.job) {
-                Ok(p) => LeaseState::Open(p),
-                Err(e) => {
-                    self.give_up(&lease.at, &e);
-                    LeaseState::GivenUp
-                }
-            };
-        }
+        let notify = serde_json::json!([
+            {"job": lease.job_of(self.rank), "peer": peer, "streams": on_path},
+            {"job": lease.job_of(peer), "peer": self.rank, "streams": on_path},
+        ]);
+        let mut state = self.open_lease(lease);
         let LeaseState::Open(planner) = &mut *state else {
             return Vec::new();
         };
-        match planner.ports(peer, path, src, dst, on_path, bulk) {
+        match planner.ports(peer, path, src, dst, on_path.len(), bulk, notify) {
             Ok(ports) => ports[s / npaths].clone(),
             Err(e) => {
                 self.give_up(&lease.at, &e);
@@ -127,6 +134,28 @@ impl LinkCtx {
                 Vec::new()
             }
         }
+    }
+
+    /// The rank's lease, opened if it was not yet (given up if it cannot
+    /// be).
+    fn open_lease<'a>(&self, lease: &'a PlannerLease) -> std::sync::MutexGuard<'a, LeaseState> {
+        let mut state = lease.state.lock().unwrap();
+        if let LeaseState::Unopened = *state {
+            let who = Lessee {
+                job: lease.job_of(self.rank),
+                holds: lease.holds.clone(),
+                log_as: (self.debug >= DebugLevel::Warn)
+                    .then(|| format!("cadence rank {}", self.rank)),
+            };
+            *state = match Planner::connect(&lease.at, who) {
+                Ok(p) => LeaseState::Open(p),
+                Err(e) => {
+                    self.give_up(&lease.at, &e);
+                    LeaseState::GivenUp
+                }
+            };
+        }
+        state
     }
 
     fn give_up(&self, at: &PlannerAddr, why: &str) {
@@ -384,20 +413,33 @@ pub fn tcp_link(
     warn: &mut dyn FnMut(String),
 ) -> Result<TcpLink> {
     let npaths = ctx.paths_to(peer);
-    let mut link = TcpLink::new(peer, socks, npaths)
+    // With a path planner, each stream is a path of its own (it crosses
+    // the spine planned for it), which link events hold and release.
+    let per_stream = ctx.planner.is_some() && socks.len() > 1;
+    let nstreams = socks.len();
+    let mut link = TcpLink::new(peer, socks, if per_stream { nstreams } else { npaths })
         .map_err(|e| blame(ctx, format!("rank {peer}: {e}"), Some(peer)))?;
-    let names = (0..npaths)
-        .map(|p| {
-            let mine = ctx
-                .my_ips
-                .get(p)
-                .map_or_else(|| "?".into(), |a| a.to_string());
-            format!("{mine} -> {}", ctx.infos.nic_addr(peer, p).ip())
-        })
-        .collect();
+    let nic_pair = |p: usize| {
+        let mine = ctx
+            .my_ips
+            .get(p)
+            .map_or_else(|| "?".into(), |a| a.to_string());
+        format!("{mine} -> {}", ctx.infos.nic_addr(peer, p).ip())
+    };
+    let names = if per_stream {
+        (0..nstreams)
+            .map(|s| format!("{} stream {s}", nic_pair(s % npaths)))
+            .collect()
+    } else {
+        (0..npaths).map(nic_pair).collect()
+    };
     let log_as = (ctx.debug >= DebugLevel::Warn).then(|| format!("cadence rank {}", ctx.rank));
     link.set_failover(ctx.path_timeout, ctx.infos.host(peer), names, log_as);
-    if npaths > 1 {
+    if let Some(lease) = &ctx.planner {
+        drop(ctx.open_lease(lease));
+        link.follow_holds(lease.holds.clone());
+    }
+    if npaths > 1 && !per_stream {
         // Each stream's path is its local NIC: a stream whose own path did
         // not connect runs on another (see above), on either side.
         let path_of: Vec<usize> = link

@@ -9,11 +9,15 @@
 //! refuses, the rank says so once and dials as before (the fabric's ECMP
 //! picks the paths). A job never fails because of it.
 
+use crate::transport::tcp::PathHolds;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a rank waits for the planner at most, per request: a dial
@@ -28,49 +32,86 @@ pub struct PlannerAddr {
     pub token_file: String,
 }
 
-trait Conn: std::io::Read + Write + Send {}
-impl<T: std::io::Read + Write + Send> Conn for T {}
-
-/// One lease with the planner, and the ports it planned per link.
+/// One lease with the planner, and the ports it planned per link. A
+/// thread reads what the planner sends: answers go to the request that
+/// waits for them, link events to the rank's [`PathHolds`] at once.
 pub struct Planner {
-    conn: BufReader<Box<dyn Conn>>,
+    writer: Box<dyn Write + Send>,
+    answers: Receiver<Value>,
     token: String,
     /// Per (peer, path): per stream, its source ports (best first; empty:
     /// the stream stays inside a rack, any port does).
     planned: HashMap<(usize, usize), Vec<Vec<u16>>>,
+    /// Set before this end closes the lease, so the reader does not take
+    /// the close for the planner's.
+    closing: Arc<AtomicBool>,
+    shutdown: Box<dyn Fn() + Send>,
+}
+
+/// Who the lease is for, and where its events go.
+pub struct Lessee {
+    /// The job's name with the planner (the communicator and rank).
+    pub job: String,
+    /// The rank's streams held down by link events.
+    pub holds: Arc<PathHolds>,
+    /// Prefix of warning lines ("cadence rank 3"); `None`: none.
+    pub log_as: Option<String>,
 }
 
 impl Planner {
-    /// Opens the lease of `job` (the communicator and rank).
-    pub fn connect(at: &PlannerAddr, job: &str) -> Result<Planner, String> {
+    /// Opens the lease of `who`.
+    pub fn connect(at: &PlannerAddr, who: Lessee) -> Result<Planner, String> {
         let token = std::fs::read_to_string(&at.token_file)
             .map_err(|e| format!("cannot read its token {}: {e}", at.token_file))?
             .trim()
             .to_string();
-        let conn: Box<dyn Conn> = if let Some(path) = at.address.strip_prefix("unix:") {
-            let s = UnixStream::connect(path).map_err(|e| format!("{}: {e}", at.address))?;
-            s.set_read_timeout(Some(ANSWER_WITHIN)).ok();
-            s.set_write_timeout(Some(ANSWER_WITHIN)).ok();
-            Box::new(s)
-        } else if let Some(hp) = at.address.strip_prefix("tcp:") {
-            let addr: SocketAddr = hp
-                .parse()
-                .map_err(|_| format!("{}: not tcp:IP:PORT", at.address))?;
-            let s = TcpStream::connect_timeout(&addr, ANSWER_WITHIN)
-                .map_err(|e| format!("{}: {e}", at.address))?;
-            s.set_read_timeout(Some(ANSWER_WITHIN)).ok();
-            s.set_write_timeout(Some(ANSWER_WITHIN)).ok();
-            Box::new(s)
-        } else {
-            return Err(format!(
-                "CADENCE_PLANNER={:?}: expected unix:PATH or tcp:IP:PORT",
-                at.address
-            ));
+        let io = |e: std::io::Error| format!("{}: {e}", at.address);
+        let (reader, writer, shutdown): (Box<dyn Read + Send>, Box<dyn Write + Send>, _) =
+            if let Some(path) = at.address.strip_prefix("unix:") {
+                let s = UnixStream::connect(path).map_err(io)?;
+                s.set_write_timeout(Some(ANSWER_WITHIN)).ok();
+                let closer = s.try_clone().map_err(io)?;
+                let shut: Box<dyn Fn() + Send> = Box::new(move || {
+                    closer.shutdown(Shutdown::Both).ok();
+                });
+                (Box::new(s.try_clone().map_err(io)?), Box::new(s), shut)
+            } else if let Some(hp) = at.address.strip_prefix("tcp:") {
+                let addr: SocketAddr = hp
+                    .parse()
+                    .map_err(|_| format!("{}: not tcp:IP:PORT", at.address))?;
+                let s = TcpStream::connect_timeout(&addr, ANSWER_WITHIN).map_err(io)?;
+                s.set_write_timeout(Some(ANSWER_WITHIN)).ok();
+                let closer = s.try_clone().map_err(io)?;
+                let shut: Box<dyn Fn() + Send> = Box::new(move || {
+                    closer.shutdown(Shutdown::Both).ok();
+                });
+                (Box::new(s.try_clone().map_err(io)?), Box::new(s), shut)
+            } else {
+                return Err(format!(
+                    "CADENCE_PLANNER={:?}: expected unix:PATH or tcp:IP:PORT",
+                    at.address
+                ));
+            };
+        let (tx, answers) = mpsc::channel();
+        let closing = Arc::new(AtomicBool::new(false));
+        let job = who.job.clone();
+        let reading = Reading {
+            at: at.address.clone(),
+            who,
+            answers: tx,
+            closing: closing.clone(),
         };
+        std::thread::Builder::new()
+            .name("cadence-planner".into())
+            .spawn(move || reading.run(BufReader::new(reader)))
+            .map_err(|e| format!("cannot start its reader: {e}"))?;
         let mut p = Planner {
-            conn: BufReader::new(conn),
+            writer,
+            answers,
             token,
             planned: HashMap::new(),
+            closing,
+            shutdown,
         };
         p.request(json!({"op": "hello", "job": job}))?;
         Ok(p)
@@ -79,7 +120,9 @@ impl Planner {
     /// The source ports of each of `streams` streams from `src` to `dst`
     /// (the link to `peer` on path `path`), asked once per link; `bulk`:
     /// the link carries bulk data (weight 1 in the planner's balance, else
-    /// 0: placed, not counted).
+    /// 0: placed, not counted). `notify`: whom the planner tells when one
+    /// of these streams is held or released (protocol.py).
+    #[allow(clippy::too_many_arguments)]
     pub fn ports(
         &mut self,
         peer: usize,
@@ -88,12 +131,13 @@ impl Planner {
         dst: SocketAddr,
         streams: usize,
         bulk: bool,
+        notify: Value,
     ) -> Result<&[Vec<u16>], String> {
         if !self.planned.contains_key(&(peer, path)) {
             let answer = self.request(json!({"op": "plan", "connections": [{
                 "id": format!("{peer}/{path}"), "src": src.ip().to_string(),
                 "dst": dst.ip().to_string(), "dport": dst.port(), "streams": streams,
-                "weight": u8::from(bulk),
+                "weight": u8::from(bulk), "notify": notify,
             }]}))?;
             let ports = parse_ports(&answer, streams)?;
             self.planned.insert((peer, path), ports);
@@ -106,27 +150,137 @@ impl Planner {
         req["token"] = json!(self.token);
         let mut line = req.to_string();
         line.push('\n');
-        let io = |e: std::io::Error| format!("no answer: {e}");
-        self.conn.get_mut().write_all(line.as_bytes()).map_err(io)?;
-        loop {
+        self.writer
+            .write_all(line.as_bytes())
+            .map_err(|e| format!("no answer: {e}"))?;
+        let msg = match self.answers.recv_timeout(ANSWER_WITHIN) {
+            Ok(msg) => msg,
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(format!("no answer within {ANSWER_WITHIN:?}"))
+            }
+            Err(RecvTimeoutError::Disconnected) => return Err("it closed the connection".into()),
+        };
+        if msg["ok"] != json!(true) {
+            return Err(format!(
+                "refused: {}",
+                msg["error"].as_str().unwrap_or("no reason given")
+            ));
+        }
+        Ok(msg)
+    }
+}
+
+impl Drop for Planner {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::Release);
+        (self.shutdown)();
+    }
+}
+
+/// The lease's reader (its own thread, blocked in a read until the
+/// planner sends or the lease closes).
+struct Reading {
+    at: String,
+    who: Lessee,
+    answers: Sender<Value>,
+    closing: Arc<AtomicBool>,
+}
+
+impl Reading {
+    fn run(self, mut conn: BufReader<Box<dyn Read + Send>>) {
+        let why = loop {
             let mut got = String::new();
-            if self.conn.read_line(&mut got).map_err(io)? == 0 {
-                return Err("it closed the connection".into());
+            match conn.read_line(&mut got) {
+                Ok(0) => break "it closed the lease".to_string(),
+                Err(e) => break format!("the lease broke: {e}"),
+                Ok(_) => {}
             }
-            let msg: Value =
-                serde_json::from_str(&got).map_err(|e| format!("garbage answer: {e}"))?;
+            let msg: Value = match serde_json::from_str(&got) {
+                Ok(m) => m,
+                Err(e) => break format!("garbage from it: {e}"),
+            };
             if msg.get("event").is_some() {
-                continue; // link events: not acted on yet (docs/traffic.md)
+                self.apply(&msg);
+            } else if self.answers.send(msg).is_err() {
+                return;
             }
-            if msg["ok"] != json!(true) {
-                return Err(format!(
-                    "refused: {}",
-                    msg["error"].as_str().unwrap_or("no reason given")
-                ));
+        };
+        // No more events: nothing stays held on the planner's word.
+        self.who.holds.release_all();
+        if !self.closing.load(Ordering::Acquire) {
+            if let Some(who) = &self.who.log_as {
+                stderr_line!(
+                    "{who}: WARN the path planner at {} is gone ({why}): paths stay as \
+                     planned, and the links' own failover decides when one is down",
+                    self.at
+                );
             }
-            return Ok(msg);
         }
     }
+
+    /// A link event: holds and releases the streams it names.
+    fn apply(&self, event: &Value) {
+        let what = link_event_what(event);
+        let (hold, release) = (
+            named_streams(&event["hold"]),
+            named_streams(&event["release"]),
+        );
+        if let Some(who) = &self.who.log_as {
+            stderr_line!(
+                "{who}: WARN the path planner says {what}: {} streams of this rank held, {} \
+                 released",
+                hold.len(),
+                release.len()
+            );
+        }
+        let why = format!("{what}, says the path planner");
+        for (peer, stream) in hold {
+            self.who.holds.set(peer, stream, Some(why.clone()));
+        }
+        for (peer, stream) in release {
+            self.who.holds.set(peer, stream, None);
+        }
+    }
+}
+
+/// "uplink rack 1 - spine 0 is down", from a link event's `changed`.
+fn link_event_what(event: &Value) -> String {
+    let parts: Vec<String> = event["changed"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|l| {
+                    format!(
+                        "uplink rack {} - spine {} is {}",
+                        l["rack"],
+                        l["spine"],
+                        l["state"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    parts.join(", ")
+}
+
+/// (peer, stream) of every stream in an event's `hold` or `release` list
+/// (entries that are not that are skipped: the planner is advice).
+fn named_streams(list: &Value) -> Vec<(usize, usize)> {
+    let Some(list) = list.as_array() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in list {
+        let Some(peer) = e["peer"].as_u64() else {
+            continue;
+        };
+        for s in e["streams"].as_array().into_iter().flatten() {
+            if let Some(s) = s.as_u64() {
+                out.push((peer as usize, s as usize));
+            }
+        }
+    }
+    out
 }
 
 /// Per stream, its ports, from a plan's answer of one connection.
@@ -169,6 +323,18 @@ mod tests {
     }
 
     #[test]
+    fn a_link_event_names_its_uplinks_and_its_streams_and_skips_the_malformed() {
+        let event = json!({"event": "links",
+            "changed": [{"rack": 1, "spine": 0, "state": "down"}],
+            "hold": [{"peer": 3, "streams": [0, 2]}, {"peer": "x", "streams": [1]},
+                     {"peer": 5, "streams": [-1, 4]}],
+            "release": "nothing"});
+        assert_eq!(link_event_what(&event), "uplink rack 1 - spine 0 is down");
+        assert_eq!(named_streams(&event["hold"]), vec![(3, 0), (3, 2), (5, 4)]);
+        assert!(named_streams(&event["release"]).is_empty());
+    }
+
+    #[test]
     fn an_unreachable_planner_is_an_error_not_a_wait() {
         let dir = std::env::temp_dir().join(format!("cadence-planner-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -179,13 +345,18 @@ mod tests {
             token_file: token.display().to_string(),
         };
         let t = std::time::Instant::now();
-        assert!(Planner::connect(&at, "job").is_err());
+        let who = || Lessee {
+            job: "job".into(),
+            holds: Arc::new(PathHolds::default()),
+            log_as: None,
+        };
+        assert!(Planner::connect(&at, who()).is_err());
         assert!(t.elapsed() < Duration::from_secs(2));
         let odd = PlannerAddr {
             address: "http://x".into(),
             ..at
         };
-        assert!(Planner::connect(&odd, "job")
+        assert!(Planner::connect(&odd, who())
             .err()
             .unwrap()
             .contains("unix:PATH"));

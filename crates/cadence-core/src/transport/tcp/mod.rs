@@ -48,11 +48,14 @@
 //!   no I/O and is handed the time, tested on simulated time;
 //!   `multipath_io.rs` feeds it what the kernel says. `rate.rs`: one
 //!   stream's rate estimate, which it uses.
+//! - `holds.rs`: streams the path planner holds down (an uplink they cross
+//!   is cut), applied to the multipath state.
 //! - `socket.rs`: socket options and the other kernel calls (all `unsafe`).
 //! - `setup.rs`: connecting and authenticating the streams.
 
 mod dial;
 mod frame;
+mod holds;
 mod multipath;
 mod multipath_io;
 mod park;
@@ -63,6 +66,7 @@ pub mod setup;
 mod socket;
 
 pub use frame::{nchunks, TcpHeader, CHUNK_BYTES, FLAG_RESENT, TCP_HEADER_BYTES};
+pub use holds::PathHolds;
 pub use multipath::PATH_TIMEOUT;
 pub use socket::poll_fds;
 
@@ -115,6 +119,9 @@ pub struct TcpLink {
     /// Paths, rates and failover (see `multipath.rs`); boxed, as it is
     /// large and touched off the hot path mostly.
     multipath: Box<Multipath>,
+    /// The rank's table of streams held down by the path planner, when the
+    /// job has one (see `holds.rs`).
+    holds: Option<holds::Following>,
     /// Prefix of log lines ("cadence rank 3"); `None`: no log lines.
     log_as: Option<String>,
     pub stats: Arc<LinkCounters>,
@@ -144,6 +151,7 @@ impl TcpLink {
             rx_resent: false,
             parked: Parking::default(),
             multipath: Box::new(Multipath::new(peer, n, npaths, Instant::now())),
+            holds: None,
             log_as: None,
             stats: LinkCounters::with_paths(peer, "tcp", npaths),
         })

@@ -12,7 +12,9 @@
 //! and counters. `multipath_io.rs` is the layer that feeds it.
 //!
 //! Terms: a **path** is a pair of NICs; each of the link's streams runs on
-//! one. **Failover** (only with several paths) keeps a copy of every chunk
+//! one. Where the cluster's path planner places streams on spines, each
+//! stream is a path of its own: a (NIC pair, spine), which the planner can
+//! **hold** down while an uplink of it is cut ([`Multipath::hold`]). **Failover** (only with several paths) keeps a copy of every chunk
 //! until the peer's kernel acknowledges it, so that a path that goes down
 //! loses nothing: its unacknowledged chunks go again on the others.
 
@@ -99,6 +101,9 @@ struct PathState {
     /// Failed with an error (reset, broken pipe): never comes back (taking
     /// it back would need a new connection).
     dead: bool,
+    /// Held down from outside (the path planner: an uplink it crosses is
+    /// cut): does not come back until released.
+    held: bool,
     /// Why it went down.
     reason: String,
     /// Down: per stream of the path, the stream position its kernel must
@@ -154,6 +159,7 @@ impl Multipath {
                 .map(|_| PathState {
                     up: true,
                     dead: false,
+                    held: false,
                     reason: String::new(),
                     probe: Vec::new(),
                     since: now,
@@ -349,10 +355,11 @@ impl Multipath {
         self.quiet() && self.rate.iter_mut().all(|r| r.rest(now))
     }
 
-    /// [`Multipath::at_rest`] without touching the streams' progress.
+    /// [`Multipath::at_rest`] without touching the streams' progress. A
+    /// held path waits for its release, not for a check.
     pub fn quiet(&self) -> bool {
         self.resend.is_empty()
-            && self.paths.iter().all(|p| p.up || p.dead)
+            && self.paths.iter().all(|p| p.up || p.dead || p.held)
             && self.rate.iter().all(|r| r.queued == 0)
     }
 
@@ -399,7 +406,7 @@ impl Multipath {
                     );
                     self.path_down(p, why, false, now, sending)?;
                 }
-            } else if !self.paths[p].dead {
+            } else if !self.paths[p].dead && !self.paths[p].held {
                 let back = self.paths[p]
                     .probe
                     .iter()
@@ -502,6 +509,36 @@ impl Multipath {
             others,
         });
         Ok(())
+    }
+
+    /// Holds path `p` down for `why` (its chunks go again on the others, as
+    /// when it fails) until [`Multipath::release`]. Not the last path that
+    /// works: that one carries on whatever `why` says (returns `false`).
+    pub fn hold(&mut self, p: usize, why: &str, now: Instant, sending: &Sending) -> bool {
+        if self.paths[p].held {
+            return true;
+        }
+        if self.paths[p].up {
+            if !(0..self.paths.len()).any(|q| q != p && self.paths[q].up) {
+                return false;
+            }
+            self.path_down(p, why.to_string(), false, now, sending)
+                .expect("another path works");
+        }
+        self.paths[p].held = true;
+        true
+    }
+
+    /// Ends the hold of path `p`: it comes back once it has delivered what
+    /// it held when it went down (at once, if nothing), like a path that
+    /// failed and works again.
+    pub fn release(&mut self, p: usize) {
+        self.paths[p].held = false;
+    }
+
+    /// Whether path `p` is held down.
+    pub fn held(&self, p: usize) -> bool {
+        self.paths[p].held
     }
 
     /// The link's error when path `p`, the last one working, goes down for

@@ -18,7 +18,7 @@ impl TcpLink {
         self.sample_rates_at(Instant::now());
     }
 
-    fn sample_rates_at(&mut self, now: Instant) {
+    pub(super) fn sample_rates_at(&mut self, now: Instant) {
         for (s, sock) in self.streams.iter().enumerate() {
             self.multipath.on_queue(s, queued_bytes(sock), now);
         }
@@ -47,6 +47,7 @@ impl TcpLink {
         if !self.multipath.on() {
             return Ok(false);
         }
+        self.apply_holds();
         let now = Instant::now();
         if self.multipath.check_due(now) && !self.multipath.at_rest(now) {
             self.sample_rates_at(now);
@@ -87,6 +88,7 @@ impl TcpLink {
     /// so that the rest is not taken for a stall.
     pub fn wake(&mut self, now: Instant) {
         self.multipath.at_rest(now);
+        self.apply_holds();
     }
 
     /// Streams the link's own writes wait on (see [`TcpLink::maintain`]).
@@ -145,7 +147,7 @@ impl TcpLink {
     }
 
     /// Logs what happened to the paths and updates their counters.
-    fn report_path_events(&mut self) {
+    pub(super) fn report_path_events(&mut self) {
         while let Some(event) = self.multipath.poll_event() {
             match event {
                 PathEvent::Down {

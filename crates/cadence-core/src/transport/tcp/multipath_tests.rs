@@ -414,3 +414,60 @@ fn a_link_at_rest_is_not_read_and_a_write_after_a_long_rest_is_no_stall() {
     mp.on_queue(0, 0, t);
     assert!(!mp.at_rest(t), "path 1 may come back: still checked");
 }
+
+#[test]
+fn a_held_path_moves_its_chunks_at_once_and_stays_down_until_released() {
+    let t0 = Instant::now();
+    let mut mp = Multipath::new(4, 3, 3, t0);
+    let mut kernel = Kernel::new(&[100e6, 100e6, 100e6]);
+    let mut msg = 0;
+    let (_, mut t) = drive(&mut mp, &mut kernel, t0, 50, &mut msg);
+    assert!(kernel.queued[1] > 0);
+    let tx: Vec<Option<TxChunk>> = (0..3).map(|_| None).collect();
+    assert!(mp.hold(1, "uplink cut", t, &idle(&tx)));
+    match mp.poll_event() {
+        Some(PathEvent::Down {
+            path: 1,
+            why,
+            chunks,
+            others,
+            ..
+        }) => {
+            assert_eq!(why, "uplink cut");
+            assert!(chunks > 0);
+            assert_eq!(others, vec![0, 2]);
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(mp.has_resend() && !mp.stream_up(1) && mp.held(1));
+    // It delivers everything (the kernel rehashed it elsewhere): still held,
+    // and nothing more goes on it.
+    let (taken, t1) = drive(&mut mp, &mut kernel, t, 100, &mut msg);
+    t = t1;
+    assert_eq!(kernel.queued[1], 0);
+    assert_eq!(check(&mut mp, t, |_| PeerAcks::default()).unwrap(), vec![]);
+    assert_eq!(taken[1], 0, "{taken:?}");
+    assert!(!mp.has_resend());
+    // Released: back at the next check, and used again.
+    mp.release(1);
+    t += MS;
+    let events = check(&mut mp, t, |_| PeerAcks::default()).unwrap();
+    assert!(
+        matches!(events[..], [PathEvent::Up { path: 1, .. }]),
+        "{events:?}"
+    );
+    let (taken, _) = drive(&mut mp, &mut kernel, t, 50, &mut msg);
+    assert!(taken[1] > 0, "{taken:?}");
+}
+
+#[test]
+fn the_last_working_path_is_not_held() {
+    let t0 = Instant::now();
+    let mut mp = Multipath::new(4, 2, 2, t0);
+    let tx: Vec<Option<TxChunk>> = (0..2).map(|_| None).collect();
+    assert!(mp.hold(0, "uplink cut", t0, &idle(&tx)));
+    assert!(!mp.hold(1, "uplink cut", t0, &idle(&tx)));
+    assert!(mp.stream_up(1) && !mp.held(1));
+    // A held path is at rest: no check is due for it.
+    assert!(mp.quiet());
+}
