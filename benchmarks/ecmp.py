@@ -14,8 +14,15 @@ aggregate, fastest / slowest job, and the busiest uplink over the mean;
 then each backend's summary over the trials, and the solo figure (one job
 alone, planned) that every job is compared with.
 
+With `--cut RACK:SPINE` that uplink is cut when job 0 reports iteration
+`--cut-at` (and restored after the run): each job's busbw before and after
+the cut, against the ideal after it ((spines - 1) / spines of the solo
+figure, 1:1), and how evenly the cut rack's surviving uplinks carried
+what they did after it.
+
     python benchmarks/ecmp.py --trials 10
-    python benchmarks/ecmp.py --trials 3 --backends planned,cadence --plot ecmp.png
+    python benchmarks/ecmp.py --racks 2 --per-rack 4 --spines 4 --jobs 4 \
+        --iters 30 --cut 1:0 --cut-at 5
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 
 RANK = r"""
@@ -57,7 +65,7 @@ for i in range(iters):
     t1 = time.time()
     if rank == 0:
         busbw = 2 * (n - 1) / n * size / (t1 - t0)
-        print("ITER " + json.dumps({"i": i, "t": t1, "busbw": busbw}), flush=True)
+        print("ITER " + json.dumps({"i": i, "t0": t0, "t": t1, "busbw": busbw}), flush=True)
 done = True
 bar()
 """
@@ -79,9 +87,35 @@ def _launch(cluster, hosts, port, backend, size, iters, env_extra):
     return procs
 
 
-def run_jobs(cluster, groups, backend, size, iters, planner_env, algo):
-    """The jobs of `groups` (host lists) at once; per job its iterations'
-    bus bandwidths, and the uplinks' bytes over the run."""
+class Cut:
+    """An uplink cut when job 0's rank 0 reports iteration `at`: when, and
+    the uplinks' counters then."""
+
+    def __init__(self, cluster, rack: int, spine: int, at: int):
+        self.cluster, self.rack, self.spine, self.at = cluster, rack, spine, at
+        self.t: float | None = None
+        self.counters: dict | None = None
+
+    def seen(self, i: int) -> None:
+        from cadence import testbed
+        from cadence.testbed import fabric
+
+        if i == self.at and self.t is None:
+            self.counters = fabric.uplink_counters(self.cluster.fabric)
+            testbed.set_uplink(self.cluster, self.rack, self.spine, up=False)
+            self.t = time.time()
+
+    def restore(self) -> None:
+        from cadence import testbed
+
+        if self.t is not None:
+            testbed.set_uplink(self.cluster, self.rack, self.spine, up=True)
+
+
+def run_jobs(cluster, groups, backend, size, iters, planner_env, algo, cut=None):
+    """The jobs of `groups` (host lists) at once; per job its iterations
+    ({i, t, busbw}), and the uplinks' bytes over the run (after the cut,
+    with `cut`)."""
     from cadence.testbed import fabric
 
     env = dict(planner_env) if backend == "planned" else {"CADENCE_PLANNER": ""}
@@ -94,7 +128,13 @@ def run_jobs(cluster, groups, backend, size, iters, planner_env, algo):
     outs = [[None] * len(p) for p in jobs]
 
     def reap(j, k, p):
-        outs[j][k] = p.communicate(timeout=900)[0]
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if cut is not None and (j, k) == (0, 0) and line.startswith("ITER "):
+                cut.seen(json.loads(line[5:])["i"])
+        p.wait(timeout=900)
+        outs[j][k] = "".join(lines)
 
     threads = [threading.Thread(target=reap, args=(j, k, p))
                for j, ps in enumerate(jobs) for k, p in enumerate(ps)]  # fmt: skip
@@ -103,6 +143,8 @@ def run_jobs(cluster, groups, backend, size, iters, planner_env, algo):
     for t in threads:
         t.join()
     after = fabric.uplink_counters(cluster.fabric)
+    if cut is not None and cut.counters is not None:
+        before = cut.counters
     moved = {u: after[u]["tx_bytes"] - before[u]["tx_bytes"] for u in after}
     results = []
     for j, ps in enumerate(jobs):
@@ -111,7 +153,7 @@ def run_jobs(cluster, groups, backend, size, iters, planner_env, algo):
             raise RuntimeError(f"job {j} ({backend}) failed:\n{text[-3000:]}")
         iters_ = [json.loads(line[5:]) for line in outs[j][0].splitlines()
                   if line.startswith("ITER ")]  # fmt: skip
-        results.append([x["busbw"] for x in iters_])
+        results.append(iters_)
     return results, moved
 
 
@@ -126,6 +168,50 @@ def _balance(moved: dict) -> float:
         if up and statistics.mean(up) > 0:
             worst = max(worst, max(up) / statistics.mean(up))
     return worst
+
+
+def _after_cut(b, trial, res, moved, cut, solo_bw, spines) -> dict:
+    """One run with an uplink cut: each job's busbw before the cut and
+    after it (iterations that started a second after it: the fabric and the
+    library have acted by then), against the ideal after it; the cut rack's
+    surviving uplinks' spread after it."""
+    ideal = solo_bw * (spines - 1) / spines
+    if cut.t is None:
+        raise RuntimeError(f"{b}: job 0 never reached iteration {cut.at}")
+    # Only while every job still runs: the first to finish frees its share.
+    end = min(r[-1]["t"] for r in res)
+    before = [statistics.median([x["busbw"] for x in r if x["t"] < cut.t] or [0.0]) for r in res]
+    after_iters = [[x["busbw"] for x in r if x["t0"] > cut.t + 1.0 and x["t"] <= end]
+                   for r in res]  # fmt: skip
+    if not all(after_iters):
+        raise RuntimeError(f"{b}: a job ran no whole iteration between a second after the "
+                           f"cut and the first job's end: more --iters")  # fmt: skip
+    after = [statistics.median(x) for x in after_iters]
+    live = [v for (r, m), v in moved.items() if r == cut.rack and m != cut.spine]
+    row = {"before": sum(before), "after": sum(after), "ideal": ideal * len(res),
+           "worst_vs_ideal": min(after) / ideal,
+           "uplinks": (min(live) / statistics.mean(live), max(live) / statistics.mean(live))}
+    print(f"trial {trial} {b:>8}: jobs before " + " ".join(f"{x / 1e6:.2f}" for x in before) +
+          " after " + " ".join(f"{x / 1e6:.2f}" for x in after) +
+          f" MB/s; aggregate after {row['after'] / 1e6:.2f} = {row['after'] / row['ideal']:.0%} "
+          f"of the ideal {row['ideal'] / 1e6:.2f}; slowest {row['worst_vs_ideal']:.0%}; "
+          f"rack {cut.rack}'s live uplinks after the cut {row['uplinks'][0]:.2f}-"
+          f"{row['uplinks'][1]:.2f} of their mean", flush=True)  # fmt: skip
+    print("    up MB after the cut by (rack, spine): " + " ".join(
+        f"{r}.{m}:{v / 1e6:.1f}" for (r, m), v in sorted(moved.items())))
+    return row
+
+
+def _cut_table(summary: dict) -> None:
+    print("| backend | aggregate after the cut / ideal, mean (worst) | slowest job / its "
+          "ideal, worst | live uplinks min-max / mean, worst |")
+    print("|---|---|---|---|")
+    for b, rows in summary.items():
+        got = [r["after"] / r["ideal"] for r in rows]
+        print(f"| {b} | {statistics.mean(got):.0%} ({min(got):.0%}) | "
+              f"{min(r['worst_vs_ideal'] for r in rows):.0%} | "
+              f"{min(r['uplinks'][0] for r in rows):.2f}-"
+              f"{max(r['uplinks'][1] for r in rows):.2f} |")
 
 
 def main() -> int:
@@ -146,6 +232,9 @@ def main() -> int:
     p.add_argument("--bad-uplink", metavar="RACK:SPINE",
                    help="that uplink at a tenth of --rate from the start (before the planner "
                         "probes)")
+    p.add_argument("--cut", metavar="RACK:SPINE",
+                   help="cut that uplink when job 0 reports iteration --cut-at")
+    p.add_argument("--cut-at", type=int, default=5)
     p.add_argument("--keep", action="store_true", help="leave the cluster up")
     a = p.parse_args()
 
@@ -178,15 +267,26 @@ def main() -> int:
               f"{a.size} x {a.iters} ({a.algo}); the links' payload limit "
               f"{rate / 1e6:.1f} MB/s", flush=True)  # fmt: skip
         solo, _ = run_jobs(cluster, groups[:1], backends[0], size, a.iters, planner, a.algo)
-        solo_bw = statistics.median(solo[0])
+        solo_bw = statistics.median(x["busbw"] for x in solo[0])
         print(f"solo ({backends[0]}): {solo_bw / 1e6:.2f} MB/s busbw "
               f"({solo_bw / rate:.0%} of the link)", flush=True)
         summary: dict[str, list] = {b: [] for b in backends}
         for trial in range(a.trials):
             for k in range(len(backends)):
                 b = backends[(trial + k) % len(backends)]
-                res, moved = run_jobs(cluster, groups, b, size, a.iters, planner, a.algo)
-                per_job = [statistics.median(r) for r in res]
+                cut = None
+                if a.cut:
+                    cut = Cut(cluster, *map(int, a.cut.split(":")), a.cut_at)
+                try:
+                    res, moved = run_jobs(cluster, groups, b, size, a.iters, planner, a.algo,
+                                          cut)  # fmt: skip
+                finally:
+                    if cut is not None:
+                        cut.restore()
+                if cut is not None:
+                    summary[b].append(_after_cut(b, trial, res, moved, cut, solo_bw, a.spines))
+                    continue
+                per_job = [statistics.median(x["busbw"] for x in r) for r in res]
                 row = {"jobs": per_job, "aggregate": sum(per_job),
                        "spread": max(per_job) / min(per_job), "uplink": _balance(moved),
                        "worst_vs_solo": min(per_job) / solo_bw}
@@ -199,6 +299,9 @@ def main() -> int:
                 print("    up MB by (rack, spine): " + " ".join(
                     f"{r}.{m}:{v / 1e6:.0f}" for (r, m), v in sorted(moved.items())))
         print()
+        if a.cut:
+            _cut_table(summary)
+            return 0
         print("| backend | aggregate MB/s (mean) | slowest job / solo (worst) | fastest/slowest "
               "(worst) | uplink max/mean (worst) |")
         print("|---|---|---|---|---|")

@@ -125,6 +125,8 @@ def test_requests_are_authenticated_and_refusals_are_one_line():
     for conns, words in bad:
         with pytest.raises(Refused, match=words):
             p.handle(job, {**ok, "op": "plan", "connections": conns}, None)
+    with pytest.raises(Refused, match="unplan needs ids"):
+        p.handle(job, {**ok, "op": "unplan", "ids": "all"}, None)
     with pytest.raises(Refused, match="already holds a lease"):
         p.handle(None, {**ok, "op": "hello", "job": "j"}, None)
 
@@ -247,6 +249,13 @@ def test_planned_ports_land_on_their_spines_and_a_cut_uplink_holds_them(routed):
         assert {(h["peer"], k) for h in event["release"] for k in h["streams"]} == named
         assert event["hold"] == []
         assert max(u["up"] for u in c.request("status")["uplinks"]) == 6
+        # A connection unplanned (its dial lost to its peer's) counts nothing
+        # (each stream goes up one uplink each way).
+        assert sum(u["up"] for u in c.request("status")["uplinks"]) == 24
+        c.request("unplan", ids=[0, 99])
+        st = c.request("status")
+        assert st["jobs"][0]["streams"] == 10
+        assert sum(u["up"] for u in st["uplinks"]) == 20
     served.stop()
     with pytest.raises(PlannerError, match="unreachable"):
         Client(served.address, TOKEN, timeout=2.0)

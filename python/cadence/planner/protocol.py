@@ -22,6 +22,8 @@ Requests (`{"v": 1, "token": T, "op": OP, ...}`):
   link by its peer's rank, and the connection's stream k by its stream
   number on that link; the accepting end learns of the connection only
   this way).
+- `unplan` {ids}: forgets those connections of the job (a library asks it
+  for a link it dialed and then dropped: its peer's link won).
 - `release` {job}: forgets the job's streams (closing the connection does).
 - `status`: {ok, jobs, uplinks: [{rack, spine, up, down, state}], excluded}.
 

@@ -113,8 +113,8 @@ class Planner:
         if not hmac.compare_digest(str(req.get("token", "")), self.token):
             raise Refused("unauthenticated: wrong or missing cluster token", close=True)
         op = req.get("op")
-        if op not in ("hello", "plan", "release", "status"):
-            raise Refused(f"unknown op {op!r} (hello, plan, release, status)")
+        if op not in ("hello", "plan", "unplan", "release", "status"):
+            raise Refused(f"unknown op {op!r} (hello, plan, unplan, release, status)")
         if op == "hello":
             name = _text(req, "job")
             if job is None:
@@ -132,6 +132,9 @@ class Planner:
             raise Refused(f"{op!r} before hello: say which job first")
         if op == "plan":
             return {"ok": True, "paths": self.plan(job, req.get("connections"))}, job
+        if op == "unplan":
+            self.unplan(job, req.get("ids"))
+            return {"ok": True}, job
         self.release(job)
         return {"ok": True}, job
 
@@ -177,6 +180,14 @@ class Planner:
                       c.src, c.dst, c.dport, c.streams[0].weight, [s.spine for s in c.streams],
                       [s.spine for s in c.back], [ps[:1] for ps in c.sports])
         return [self._path(c) for c in new]
+
+    def unplan(self, job: Job, ids) -> None:
+        if not isinstance(ids, list):
+            raise Refused("unplan needs ids: a list of connection ids")
+        gone = [job.conns.pop(i) for i in ids if isinstance(i, str | int) and i in job.conns]
+        for c in gone:
+            self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
+        log.info("job %s: forgot %d connections (%d asked)", job.name, len(gone), len(ids))
 
     def release(self, job: Job) -> None:
         for c in job.conns.values():

@@ -281,7 +281,7 @@ impl LinkMaker for LazyLinks {
             let peer = self.flights.swap_remove(i).peer();
             match landed {
                 // The peer keeps its own link: the acceptor delivers it.
-                Landed::Dropped => {}
+                Landed::Dropped => self.ctx.unplan(peer),
                 Landed::Streams(socks) if socks.iter().all(Option::is_some) => {
                     let mut warn = |m: String| warn_line(&self.ctx, m);
                     let socks = socks.into_iter().flatten().collect();

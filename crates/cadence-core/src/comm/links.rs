@@ -136,6 +136,19 @@ impl LinkCtx {
         }
     }
 
+    /// The link to `peer` this rank dialed was dropped (the peer keeps its
+    /// own): its plan is forgotten.
+    pub fn unplan(&self, peer: usize) {
+        let Some(lease) = &self.planner else { return };
+        let mut state = lease.state.lock().unwrap();
+        if let LeaseState::Open(planner) = &mut *state {
+            if let Err(e) = planner.unplan(peer) {
+                self.give_up(&lease.at, &e);
+                *state = LeaseState::GivenUp;
+            }
+        }
+    }
+
     /// The rank's lease, opened if it was not yet (given up if it cannot
     /// be).
     fn open_lease<'a>(&self, lease: &'a PlannerLease) -> std::sync::MutexGuard<'a, LeaseState> {
@@ -205,7 +218,10 @@ pub fn connect_streams_deciding(
 ) -> Result<Option<(Vec<TcpStream>, Unreachable)>> {
     // Made whatever the traffic (at set-up, every link): counted as bulk.
     match Flight::start(ctx, peer, deadline, true).wait(deadline) {
-        Landed::Dropped => Ok(None),
+        Landed::Dropped => {
+            ctx.unplan(peer);
+            Ok(None)
+        }
         Landed::Streams(socks) => patiently(ctx, peer, socks, deadline, warn),
     }
 }

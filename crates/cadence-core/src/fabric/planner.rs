@@ -145,6 +145,22 @@ impl Planner {
         Ok(&self.planned[&(peer, path)])
     }
 
+    /// Forgets the plan of the link to `peer` (its dial was dropped: the
+    /// peer keeps the link it dialed itself), so that it counts nothing.
+    pub fn unplan(&mut self, peer: usize) -> Result<(), String> {
+        let ids: Vec<String> = self
+            .planned
+            .keys()
+            .filter(|(p, _)| *p == peer)
+            .map(|(p, path)| format!("{p}/{path}"))
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.planned.retain(|(p, _), _| *p != peer);
+        self.request(json!({"op": "unplan", "ids": ids})).map(drop)
+    }
+
     fn request(&mut self, mut req: Value) -> Result<Value, String> {
         req["v"] = json!(1);
         req["token"] = json!(self.token);
