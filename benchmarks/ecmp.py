@@ -12,7 +12,10 @@ kernel picks them: plain ECMP), `gloo` (torch's). Prints per trial and
 backend each job's bus bandwidth (median of its iterations), the
 aggregate, fastest / slowest job, and the busiest uplink over the mean;
 then each backend's summary over the trials, and the solo figure (one job
-alone, planned) that every job is compared with.
+alone, planned) that every job is compared with. First (with as many hosts
+a rack as spines), one flow from every host at once, each pinned to a
+spine so that no two share a link: each should reach the links' payload
+limit, or the machine's cores are the limit, not the paths.
 
 With `--cut RACK:SPINE` that uplink is cut when job 0 reports iteration
 `--cut-at` (and restored after the run): each job's busbw before and after
@@ -266,6 +269,14 @@ def main() -> int:
               f"too){bad}; {a.jobs} jobs of {a.racks} ranks (one a rack), allreduce "
               f"{a.size} x {a.iters} ({a.algo}); the links' payload limit "
               f"{rate / 1e6:.1f} MB/s", flush=True)  # fmt: skip
+        if a.per_rack == a.spines:
+            from cadence.planner import probe
+
+            flows = probe.disjoint_flows(cluster)
+            worst = min(x.rate / rate for x in flows)
+            print(f"{len(flows)} pinned disjoint flows at once: each "
+                  f"{min(x.rate for x in flows) / 1e6:.2f}-{max(x.rate for x in flows) / 1e6:.2f}"
+                  f" MB/s, the slowest {worst:.0%} of the payload limit", flush=True)
         solo, _ = run_jobs(cluster, groups[:1], backends[0], size, a.iters, planner, a.algo)
         solo_bw = statistics.median(x["busbw"] for x in solo[0])
         print(f"solo ({backends[0]}): {solo_bw / 1e6:.2f} MB/s busbw "

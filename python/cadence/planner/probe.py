@@ -98,6 +98,31 @@ def probe(cluster: testbed.Cluster, seconds: float = FLOW_S) -> tuple[set, list[
     return bad, flows
 
 
+def disjoint_flows(cluster: testbed.Cluster, seconds: float = 2.0) -> list[Flow]:
+    """Every host at once sends one flow to its counterpart in the next
+    rack (host k of rack j to host k of rack j+1), pinned to spine k mod
+    spines: with as many hosts a rack as spines, no two flows share a host
+    link or an uplink direction, so each should run at its link's rate.
+    What a benchmark on the emulated fabric shows first: that the machine's
+    cores, not the emulation, are not the limit."""
+    f = cluster.fabric
+    if f is None or cluster.racks < 2:
+        raise testbed.TestbedError(f"cluster {cluster.name} is not routed")
+    racks = [cluster.rack_hosts(r) for r in range(cluster.racks)]
+    expected = min(cluster.rate_bits, cluster.uplink_bits or cluster.rate_bits) / 8
+    plan = []
+    for j, hosts in enumerate(racks):
+        nxt = racks[(j + 1) % cluster.racks]
+        for k, a in enumerate(hosts[: len(nxt)]):
+            m = k % cluster.spines
+            sport = _port_onto(f, j, a, nxt[k], m)
+            if sport is None:
+                raise testbed.TestbedError(f"no source port of {a.name} takes spine {m}")
+            plan.append((j, (j + 1) % cluster.racks, m, a, nxt[k], sport))
+    rates = _flows([(a, b, sport) for *_, a, b, sport in plan], seconds)
+    return [Flow(j, k, m, r, expected) for (j, k, m, *_), r in zip(plan, rates, strict=True)]
+
+
 def _port_onto(f: fabric.Fabric, rack: int, a, b, m: int) -> int | None:
     src, dst = a.nics[0].address, b.nics[0].address
     for base in range(20000, 32000, 256):
@@ -111,16 +136,33 @@ def _port_onto(f: fabric.Fabric, rack: int, a, b, m: int) -> int | None:
 
 
 def _flow(a, b, sport: int, seconds: float) -> float:
-    server = subprocess.Popen(["ip", "netns", "exec", b.netns, sys.executable, "-c", _SERVER,
-                               str(PROBE_PORT)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return _flows([(a, b, sport)], seconds)[0]
+
+
+def _flows(pairs: list, seconds: float) -> list[float]:
+    """Flows (sender host, receiver host, source port) at once, each for
+    `seconds`: the rate each receiver saw (bytes/s)."""
+    servers = [subprocess.Popen(["ip", "netns", "exec", b.netns, sys.executable, "-c", _SERVER,
+                                 str(PROBE_PORT)], stdout=subprocess.PIPE, text=True)
+               for _, b, _ in pairs]  # fmt: skip
+    clients = []
     try:
-        if server.stdout.readline().strip() != "ready":
-            raise testbed.TestbedError(f"the probe's receiver on {b.name} did not start")
-        subprocess.run(["ip", "netns", "exec", a.netns, sys.executable, "-c", _CLIENT,
-                        b.nics[0].address, str(PROBE_PORT), str(sport), str(seconds)],
-                       check=True, timeout=seconds + 30)  # fmt: skip
-        got, secs = server.communicate(timeout=30)[0].split()
-        return int(got) / max(float(secs), 1e-6)
+        for (_, b, _), server in zip(pairs, servers, strict=True):
+            if server.stdout.readline().strip() != "ready":
+                raise testbed.TestbedError(f"the probe's receiver on {b.name} did not start")
+        clients = [subprocess.Popen(["ip", "netns", "exec", a.netns, sys.executable, "-c",
+                                     _CLIENT, b.nics[0].address, str(PROBE_PORT), str(sport),
+                                     str(seconds)])
+                   for a, b, sport in pairs]  # fmt: skip
+        for c in clients:
+            if c.wait(timeout=seconds + 30):
+                raise testbed.TestbedError("a probe flow failed")
+        rates = []
+        for server in servers:
+            got, secs = server.communicate(timeout=30)[0].split()
+            rates.append(int(got) / max(float(secs), 1e-6))
+        return rates
     finally:
-        server.kill()
-        server.wait()
+        for p in servers + clients:
+            p.kill()
+            p.wait()

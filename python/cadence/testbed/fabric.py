@@ -19,7 +19,9 @@ switches' hash of their 5-tuple (ECMP), as on a real fabric.
   ports, so no one could predict or choose a flow's spine.
 
 A cut uplink is withdrawn from every leaf's routes at once (`routes`), as
-a routing protocol would tell them; its flows rehash over the spines left.
+a routing protocol would tell them; its flows move to the spines left, the
+others keep theirs (resilient nexthop groups: the hash picks one of a
+fixed table of buckets, and only the cut uplink's buckets change hands).
 `next_spine` asks the kernel which spine a 5-tuple takes from its leaf
 (`ip route get … iif … ipproto tcp sport … dport …`), the same lookup and
 hash the packets get.
@@ -39,6 +41,9 @@ MAX_SPINES = 63  # 10.78.<rack>.<4m+2> stays within one /24
 #: destination port (`fib_multipath_hash_fields` bits 0, 1, 2, 4, 5).
 HASH_FIELDS = "0x0037"
 UPLINK_NET = "10.78"
+#: Hash buckets of each leaf's resilient nexthop groups (a multiple of
+#: 2, 3 and 4 spines, so that those split them evenly).
+BUCKETS = 96
 
 
 @dataclass(frozen=True)
@@ -125,16 +130,44 @@ def routes(f: Fabric, hosts: list[tuple[int, str, str]], down: set[tuple[int, in
                            f.leaf_addr(rack, m), "dev", f"l{rack}")  # fmt: skip
     for j in range(f.racks):
         leaf = f.leaf(j)
+        for m in range(f.spines):
+            if (j, m) not in down:
+                iproute.ip(leaf, "nexthop", "replace", "id", str(_hop_id(m)), "via",
+                           f.spine_addr(j, m), "dev", f"s{m}")  # fmt: skip
+        # One resilient group per other rack, changed in place: a member
+        # that leaves hands its buckets to the others, and every other
+        # flow keeps its spine (as a switch's resilient hashing does; a
+        # plain multipath route would rehash them all). A member that
+        # comes back takes buckets idle for a second.
+        for r in range(f.racks):
+            if r == j:
+                continue
+            up = [m for m in range(f.spines) if (j, m) not in down and (r, m) not in down]
+            if up:
+                members = "/".join(str(_hop_id(m)) for m in up)
+                iproute.ip(leaf, "nexthop", "replace", "id", str(_group_id(r)), "group",
+                           members, "type", "resilient", "buckets", str(BUCKETS),
+                           "idle_timer", "1")  # fmt: skip
+            else:
+                iproute.ip(leaf, "nexthop", "del", "id", str(_group_id(r)), check=False)
         for rack, addr, port in hosts:
             if rack == j:
                 iproute.ip(leaf, "route", "replace", f"{addr}/32", "dev", port, "scope", "link")
                 continue
-            up = [m for m in range(f.spines) if (j, m) not in down and (rack, m) not in down]
-            if not up:
+            if not any((j, m) not in down and (rack, m) not in down for m in range(f.spines)):
                 iproute.ip(leaf, "route", "del", f"{addr}/32", check=False)
                 continue
-            hops = [w for m in up for w in ("nexthop", "via", f.spine_addr(j, m), "dev", f"s{m}")]
-            iproute.ip(leaf, "route", "replace", f"{addr}/32", *hops)
+            iproute.ip(leaf, "route", "replace", f"{addr}/32", "nhid", str(_group_id(rack)))
+
+
+def _hop_id(m: int) -> int:
+    """A leaf's nexthop object for spine m."""
+    return 1 + m
+
+
+def _group_id(rack: int) -> int:
+    """A leaf's nexthop group towards `rack`."""
+    return 1000 + rack
 
 
 def next_spine(f: Fabric, rack: int, in_port: str, src: str, dst: str, sport: int,
