@@ -8,7 +8,8 @@ each of its hosts (job j takes the j-th host of every rack: its ring
 crosses every rack), each looping `--iters` allreduces of `--size`, and
 reads what every uplink carried. Backends, each in turn per trial:
 `planned` (cadence with the planner), `cadence` (cadence, ports as the
-kernel picks them: plain ECMP), `gloo` (torch's). Prints per trial and
+kernel picks them: plain ECMP), `gloo` (torch's), `mpi` (Open MPI through
+mpi4py, its TCP transport). Prints per trial and
 backend each job's bus bandwidth (median of its iterations), the
 aggregate, fastest / slowest job, and the busiest uplink over the mean;
 then each backend's summary over the trials, and the solo figure (one job
@@ -36,30 +37,38 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 RANK = r"""
 import json, os, sys, time
 import numpy as np
 backend, size, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-n = int(os.environ["WORLD_SIZE"])
 x = np.ones(size // 4, dtype=np.float32)
-if backend == "gloo":
+if backend == "mpi":
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    y = np.empty_like(x)
+    run = lambda: comm.Allreduce(x, y)
+    bar = comm.Barrier
+    rank, n = comm.rank, comm.size
+elif backend == "gloo":
     import torch, torch.distributed as dist
     dist.init_process_group("gloo")
     t = torch.from_numpy(x)
     run = lambda: dist.all_reduce(t)
     # Left to the interpreter's exit, gloo's teardown sometimes aborts.
     bar = lambda: (dist.barrier(), dist.destroy_process_group()) if done else dist.barrier()
-    rank = dist.get_rank()
+    rank, n = dist.get_rank(), dist.get_world_size()
 else:
     import cadence
     c = cadence.init()
     run = lambda: c.allreduce(x)
     bar = c.barrier
-    rank = c.rank
+    rank, n = c.rank, c.size
 done = False
 run(); bar()
 for i in range(iters):
@@ -75,16 +84,23 @@ bar()
 
 
 def _launch(cluster, hosts, port, backend, size, iters, env_extra):
-    """Every rank of one job: one per host of `hosts`."""
+    """Every rank of one job: one per host of `hosts` (Open MPI's: one
+    mpirun, which starts them)."""
     from cadence.testbed import jobs
 
     sub = replace(cluster, hosts=tuple(hosts))
+    cmd = [sys.executable, "-c", RANK, backend, str(size), str(iters)]
+    if backend == "mpi":
+        work = Path(tempfile.mkdtemp(prefix="ecmp-mpi-"))
+        return [subprocess.Popen(jobs.mpirun_command(sub, 1, work) + cmd,
+                                 env={**os.environ, **env_extra}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)]
     procs = []
     for i, h in enumerate(hosts):
         env = jobs.rank_env(sub, jobs.Placement(i, 0, h), 1, port, dict(os.environ))
         env.update(env_extra)
         procs.append(subprocess.Popen(
-            jobs.in_host(h, [sys.executable, "-c", RANK, backend, str(size), str(iters)]),
+            jobs.in_host(h, cmd),
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True))  # fmt: skip
     return procs
@@ -228,7 +244,7 @@ def main() -> int:
     p.add_argument("--size", default="8M")
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--backends", default="planned,cadence,gloo")
+    p.add_argument("--backends", default="planned,cadence,gloo,mpi")
     p.add_argument("--algo", default="ring",
                    help="cadence's allreduce algorithm (ring: as gloo's at these sizes, and "
                         "one peer a rank: every stream busy at once)")
