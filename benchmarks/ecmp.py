@@ -4,8 +4,9 @@
 Brings up a routed emulated cluster (`--racks` leaves of `--per-rack`
 hosts, `--spines` spines, host links and uplinks at `--rate`: 1:1 when
 per-rack equals spines), starts `--jobs` jobs at once, each one rank on
-each of its hosts (job j takes the j-th host of every rack: its ring
-crosses every rack), each looping `--iters` allreduces of `--size`, and
+each of its hosts (a job takes the i-th host of each rack of a block of
+`--span` racks, every rack by default: its ring crosses them all), each
+looping `--iters` allreduces of `--size`, and
 reads what every uplink carried. Backends, each in turn per trial:
 `planned` (cadence with the planner), `cadence` (cadence, ports as the
 kernel picks them: plain ECMP), `gloo` (torch's), `mpi` (Open MPI through
@@ -240,7 +241,10 @@ def main() -> int:
     p.add_argument("--per-rack", type=int, default=2, help="hosts per rack (2)")
     p.add_argument("--spines", type=int, default=2)
     p.add_argument("--rate", default="100mbit", help="host links and uplinks (100mbit)")
-    p.add_argument("--jobs", type=int, default=2, help="concurrent jobs (--per-rack at most)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="concurrent jobs (at most --per-rack x --racks / --span)")
+    p.add_argument("--span", type=int,
+                   help="racks a job spans, one rank in each (default: all)")
     p.add_argument("--size", default="8M")
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--trials", type=int, default=3)
@@ -279,10 +283,18 @@ def main() -> int:
             planner = {"CADENCE_PLANNER": f"unix:{testbed.cluster.planner_socket(name)}",
                        "CADENCE_PLANNER_TOKEN_FILE": str(testbed.cluster.planner_token(name))}
         racks = [cluster.rack_hosts(r) for r in range(a.racks)]
-        groups = [[racks[r][j] for r in range(a.racks)] for j in range(a.jobs)]
+        span = a.span or a.racks
+        if a.racks % span:
+            raise SystemExit(f"--span {span} does not divide --racks {a.racks}")
+        # Job (i, b): host i of each rack of block b (racks b*span ...).
+        groups = [[racks[b * span + r][i] for r in range(span)]
+                  for i in range(a.per_rack) for b in range(a.racks // span)]  # fmt: skip
+        if a.jobs > len(groups):
+            raise SystemExit(f"at most {len(groups)} jobs of {span} racks fit")
+        groups = groups[:a.jobs]
         bad = f"; uplink {a.bad_uplink} at a tenth" if a.bad_uplink else ""
         print(f"{hosts} hosts in {a.racks} racks x {a.spines} spines at {a.rate} (uplinks "
-              f"too){bad}; {a.jobs} jobs of {a.racks} ranks (one a rack), allreduce "
+              f"too){bad}; {a.jobs} jobs of {span} ranks (one a rack), allreduce "
               f"{a.size} x {a.iters} ({a.algo}); the links' payload limit "
               f"{rate / 1e6:.1f} MB/s", flush=True)  # fmt: skip
         if a.per_rack == a.spines:
