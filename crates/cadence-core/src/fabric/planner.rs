@@ -66,32 +66,23 @@ impl Planner {
             .trim()
             .to_string();
         let io = |e: std::io::Error| format!("{}: {e}", at.address);
-        let (reader, writer, shutdown): (Box<dyn Read + Send>, Box<dyn Write + Send>, _) =
-            if let Some(path) = at.address.strip_prefix("unix:") {
-                let s = UnixStream::connect(path).map_err(io)?;
-                s.set_write_timeout(Some(ANSWER_WITHIN)).ok();
-                let closer = s.try_clone().map_err(io)?;
-                let shut: Box<dyn Fn() + Send> = Box::new(move || {
-                    closer.shutdown(Shutdown::Both).ok();
-                });
-                (Box::new(s.try_clone().map_err(io)?), Box::new(s), shut)
-            } else if let Some(hp) = at.address.strip_prefix("tcp:") {
-                let addr: SocketAddr = hp
-                    .parse()
-                    .map_err(|_| format!("{}: not tcp:IP:PORT", at.address))?;
-                let s = TcpStream::connect_timeout(&addr, ANSWER_WITHIN).map_err(io)?;
-                s.set_write_timeout(Some(ANSWER_WITHIN)).ok();
-                let closer = s.try_clone().map_err(io)?;
-                let shut: Box<dyn Fn() + Send> = Box::new(move || {
-                    closer.shutdown(Shutdown::Both).ok();
-                });
-                (Box::new(s.try_clone().map_err(io)?), Box::new(s), shut)
-            } else {
-                return Err(format!(
-                    "CADENCE_PLANNER={:?}: expected unix:PATH or tcp:IP:PORT",
-                    at.address
-                ));
-            };
+        let (reader, writer, shutdown) = if let Some(path) = at.address.strip_prefix("unix:") {
+            let s = UnixStream::connect(path).map_err(io)?;
+            s.set_write_timeout(Some(ANSWER_WITHIN)).ok();
+            halves(s, UnixStream::try_clone, |s| s.shutdown(Shutdown::Both)).map_err(io)?
+        } else if let Some(hp) = at.address.strip_prefix("tcp:") {
+            let addr: SocketAddr = hp
+                .parse()
+                .map_err(|_| format!("{}: not tcp:IP:PORT", at.address))?;
+            let s = TcpStream::connect_timeout(&addr, ANSWER_WITHIN).map_err(io)?;
+            s.set_write_timeout(Some(ANSWER_WITHIN)).ok();
+            halves(s, TcpStream::try_clone, |s| s.shutdown(Shutdown::Both)).map_err(io)?
+        } else {
+            return Err(format!(
+                "CADENCE_PLANNER={:?}: expected unix:PATH or tcp:IP:PORT",
+                at.address
+            ));
+        };
         let (tx, answers) = mpsc::channel();
         let closing = Arc::new(AtomicBool::new(false));
         let job = who.job.clone();
@@ -191,6 +182,28 @@ impl Drop for Planner {
         self.closing.store(true, Ordering::Release);
         (self.shutdown)();
     }
+}
+
+/// A connection's two ends for two threads, and how to close both.
+type Halves = (
+    Box<dyn Read + Send>,
+    Box<dyn Write + Send>,
+    Box<dyn Fn() + Send>,
+);
+
+fn halves<S: Read + Write + Send + 'static>(
+    s: S,
+    clone: fn(&S) -> std::io::Result<S>,
+    shutdown: fn(&S) -> std::io::Result<()>,
+) -> std::io::Result<Halves> {
+    let closer = clone(&s)?;
+    Ok((
+        Box::new(clone(&s)?),
+        Box::new(s),
+        Box::new(move || {
+            shutdown(&closer).ok();
+        }),
+    ))
 }
 
 /// The lease's reader (its own thread, blocked in a read until the
