@@ -44,6 +44,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+#: The share of a link's rate TCP payload can use at MTU 1500 (1448 of
+#: every 1514 bytes on the wire, with timestamps).
+TCP_PAYLOAD = 0.956
+
 RANK = r"""
 import json, os, sys, time
 import numpy as np
@@ -190,12 +194,13 @@ def _balance(moved: dict) -> float:
     return worst
 
 
-def _after_cut(b, trial, res, moved, cut, solo_bw, spines) -> dict:
+def _after_cut(b, trial, res, moved, cut, healthy, spines) -> dict:
     """One run with an uplink cut: each job's busbw before the cut and
     after it (iterations that started a second after it: the fabric and the
-    library have acted by then), against the ideal after it; the cut rack's
-    surviving uplinks' spread after it."""
-    ideal = solo_bw * (spines - 1) / spines
+    library have acted by then), against the ideal after it ((spines - 1) /
+    spines of `healthy`, what one flow carries on these links); the cut
+    rack's surviving uplinks' spread after it."""
+    ideal = healthy * (spines - 1) / spines
     if cut.t is None:
         raise RuntimeError(f"{b}: job 0 never reached iteration {cut.at}")
     # Only while every job still runs: the first to finish frees its share.
@@ -209,12 +214,13 @@ def _after_cut(b, trial, res, moved, cut, solo_bw, spines) -> dict:
     after = [statistics.median(x) for x in after_iters]
     live = [v for (r, m), v in moved.items() if r == cut.rack and m != cut.spine]
     row = {"before": sum(before), "after": sum(after), "ideal": ideal * len(res),
-           "worst_vs_ideal": min(after) / ideal,
+           "worst_vs_ideal": min(after) / ideal, "jobs_before": before, "jobs_after": after,
            "uplinks": (min(live) / statistics.mean(live), max(live) / statistics.mean(live))}
     print(f"trial {trial} {b:>8}: jobs before " + " ".join(f"{x / 1e6:.2f}" for x in before) +
           " after " + " ".join(f"{x / 1e6:.2f}" for x in after) +
           f" MB/s; aggregate after {row['after'] / 1e6:.2f} = {row['after'] / row['ideal']:.0%} "
-          f"of the ideal {row['ideal'] / 1e6:.2f}; slowest {row['worst_vs_ideal']:.0%}; "
+          f"of the ideal {row['ideal'] / 1e6:.2f}, {row['after'] / row['before']:.0%} of before; "
+          f"slowest {row['worst_vs_ideal']:.0%}; "
           f"rack {cut.rack}'s live uplinks after the cut {row['uplinks'][0]:.2f}-"
           f"{row['uplinks'][1]:.2f} of their mean", flush=True)  # fmt: skip
     print("    up MB after the cut by (rack, spine): " + " ".join(
@@ -223,12 +229,13 @@ def _after_cut(b, trial, res, moved, cut, solo_bw, spines) -> dict:
 
 
 def _cut_table(summary: dict) -> None:
-    print("| backend | aggregate after the cut / ideal, mean (worst) | slowest job / its "
-          "ideal, worst | live uplinks min-max / mean, worst |")
-    print("|---|---|---|---|")
+    print("| backend | aggregate after the cut / ideal, mean (worst) | after / before, mean | "
+          "slowest job / its ideal, worst | live uplinks min-max / mean, worst |")
+    print("|---|---|---|---|---|")
     for b, rows in summary.items():
         got = [r["after"] / r["ideal"] for r in rows]
-        print(f"| {b} | {statistics.mean(got):.0%} ({min(got):.0%}) | "
+        kept = statistics.mean(r["after"] / r["before"] for r in rows)
+        print(f"| {b} | {statistics.mean(got):.0%} ({min(got):.0%}) | {kept:.0%} | "
               f"{min(r['worst_vs_ideal'] for r in rows):.0%} | "
               f"{min(r['uplinks'][0] for r in rows):.2f}-"
               f"{max(r['uplinks'][1] for r in rows):.2f} |")
@@ -258,6 +265,7 @@ def main() -> int:
     p.add_argument("--cut", metavar="RACK:SPINE",
                    help="cut that uplink when job 0 reports iteration --cut-at")
     p.add_argument("--cut-at", type=int, default=5)
+    p.add_argument("--json", metavar="FILE", help="every run's figures, for later tables")
     p.add_argument("--keep", action="store_true", help="leave the cluster up")
     a = p.parse_args()
 
@@ -297,10 +305,14 @@ def main() -> int:
               f"too){bad}; {a.jobs} jobs of {span} ranks (one a rack), allreduce "
               f"{a.size} x {a.iters} ({a.algo}); the links' payload limit "
               f"{rate / 1e6:.1f} MB/s", flush=True)  # fmt: skip
+        # What one flow carries on these links: TCP's payload at MTU 1500,
+        # or, where they can be measured alone, the disjoint flows' median.
+        healthy = rate * TCP_PAYLOAD
         if a.per_rack == a.spines:
             from cadence.planner import probe
 
             flows = probe.disjoint_flows(cluster)
+            healthy = statistics.median(x.rate for x in flows)
             worst = min(x.rate / rate for x in flows)
             print(f"{len(flows)} pinned disjoint flows at once: each "
                   f"{min(x.rate for x in flows) / 1e6:.2f}-{max(x.rate for x in flows) / 1e6:.2f}"
@@ -323,7 +335,7 @@ def main() -> int:
                     if cut is not None:
                         cut.restore()
                 if cut is not None:
-                    summary[b].append(_after_cut(b, trial, res, moved, cut, solo_bw, a.spines))
+                    summary[b].append(_after_cut(b, trial, res, moved, cut, healthy, a.spines))
                     continue
                 per_job = [statistics.median(x["busbw"] for x in r) for r in res]
                 row = {"jobs": per_job, "aggregate": sum(per_job),
@@ -338,6 +350,10 @@ def main() -> int:
                 print("    up MB by (rack, spine): " + " ".join(
                     f"{r}.{m}:{v / 1e6:.0f}" for (r, m), v in sorted(moved.items())))
         print()
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"args": vars(a), "healthy": healthy, "solo": solo_bw,
+                           "runs": summary}, fh, indent=1)  # fmt: skip
         if a.cut:
             _cut_table(summary)
             return 0
