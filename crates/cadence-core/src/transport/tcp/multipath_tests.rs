@@ -447,7 +447,7 @@ fn a_held_path_moves_its_chunks_at_once_and_stays_down_until_released() {
     assert_eq!(kernel.queued[1], 0);
     assert_eq!(check(&mut mp, t, |_| PeerAcks::default()).unwrap(), vec![]);
     assert_eq!(taken[1], 0, "{taken:?}");
-    assert!(!mp.has_resend());
+    assert!(mp.held(1) && !mp.stream_up(1));
     // Released: back at the next check, and used again.
     mp.release(1);
     t += MS;
