@@ -310,16 +310,18 @@ def test_profile_recovers_racks_and_rates_and_the_found_ring_is_faster(racked, t
     doc = json.loads(out.read_text())
     assert doc["hosts"] == [h.name for h in c.hosts]
     assert doc["groups"] == _as_groups(list(c.rack_of)), (doc["groups"], c.rack_of)
-    # Rates within 30 % of the configured ones (4x apart, so still told
-    # apart). A pair alone runs 50 ms on emulated links that need the 2
-    # cores: in 7 runs of this file one pair came out at 0.834
-    # of 1 Gbit/s and another at 0.734 of its 250 Mbit/s uplink (the
-    # profile measures again only pairs that look stalled; these did not).
+    # Rates within 45 % of the configured ones (4x apart, so still told
+    # apart: 0.55-1.45 of one never meets 0.55-1.45 of the other). A pair
+    # alone runs 50 ms on emulated links that need the 2 cores: in 7 runs
+    # of this file one pair came out at 0.834 of 1 Gbit/s and another at
+    # 0.734 of its 250 Mbit/s uplink, and a clean-clone CI run measured one
+    # at 0.61 (9 local runs after it: all within 30 %); the profile measures
+    # again only pairs that look stalled, and these did not.
     for a in range(6):
         for b in range(6):
             if a != b:
                 want = GBIT if c.rack_of[a] == c.rack_of[b] else UPLINK
-                assert abs(doc["rates"][a][b] / want - 1) < 0.3, (a, b, doc["rates"][a][b])
+                assert abs(doc["rates"][a][b] / want - 1) < 0.45, (a, b, doc["rates"][a][b])
     # Capacities within 20 %, as in the shifts' test below: a clean-clone CI
     # run here measured one uplink at 0.845 of its rate.
     for cap in doc["group_out"] + doc["group_in"]:
