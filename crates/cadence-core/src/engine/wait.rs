@@ -260,7 +260,16 @@ impl Engine {
     /// Whether every transfer that could move (unfinished, not held) waits
     /// for a link being made, and one does.
     fn waits_for_links_only(&self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]) -> bool {
-        self.links.makes_links() && all_movable(sends, recvs, |p| self.links.get(p).is_none())
+        if !self.links.makes_links() {
+            return false;
+        }
+        let mut heads = sends
+            .iter()
+            .map(|(p, j)| (*p, j.done, j.held))
+            .chain(recvs.iter().map(|(p, j)| (*p, j.done, j.held)))
+            .filter(|&(_, done, held)| !done && !held)
+            .peekable();
+        heads.peek().is_some() && heads.all(|(p, _, _)| self.links.get(p).is_none())
     }
 
     /// Whether every transfer that could move (unfinished, not held) waits
@@ -270,9 +279,14 @@ impl Engine {
         sends: &[(usize, SendJob)],
         recvs: &[(usize, RecvJob)],
     ) -> bool {
-        all_movable(sends, recvs, |p| {
-            self.links.get(p).is_some_and(|l| l.is_tcp())
-        })
+        let mut heads = sends
+            .iter()
+            .map(|(p, j)| (*p, j.done, j.held))
+            .chain(recvs.iter().map(|(p, j)| (*p, j.done, j.held)))
+            .filter(|&(_, done, held)| !done && !held)
+            .peekable();
+        heads.peek().is_some()
+            && heads.all(|(p, _, _)| self.links.get(p).is_some_and(|l| l.is_tcp()))
     }
 
     /// Fails if a peer with an active transfer is known to be gone.
@@ -392,23 +406,6 @@ impl Engine {
             .iter()
             .any(|&(p, is_send)| self.links.get(p).is_some_and(|l| l.ready(is_send)))
     }
-}
-
-/// Whether there is a transfer that could move (unfinished, not held), and
-/// `ok` holds for the peer of every one.
-fn all_movable(
-    sends: &[(usize, SendJob)],
-    recvs: &[(usize, RecvJob)],
-    ok: impl Fn(usize) -> bool,
-) -> bool {
-    let mut peers = sends
-        .iter()
-        .map(|(p, j)| (*p, j.done, j.held))
-        .chain(recvs.iter().map(|(p, j)| (*p, j.done, j.held)))
-        .filter(|&(_, done, held)| !done && !held)
-        .map(|(p, _, _)| p)
-        .peekable();
-    peers.peek().is_some() && peers.all(ok)
 }
 
 /// How long one idle sleep lasts with `local` ranks on `cores` cores, on
