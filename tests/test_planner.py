@@ -428,7 +428,7 @@ class _Stamped:
         self.lines.extend((time.monotonic(), x) for x in b.decode().splitlines())
 
     def flush(self) -> None:
-        pass
+        """Lines are kept as they arrive: nothing waits to be flushed."""
 
     def first(self, words: str, after: float = 0.0) -> float | None:
         return next((t for t, x in self.lines if words in x and t >= after), None)
