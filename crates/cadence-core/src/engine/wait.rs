@@ -2,9 +2,7 @@
 //! microseconds (a peer on another core answers in well under that; no
 //! spinning at all when ranks outnumber cores), then yields the CPU, then
 //! sleeps: in poll(2) on sockets, on the shared-memory doorbell, or in short
-//! turns of each, as the links say ([`crate::transport::WaitOn`]). A wait
-//! on sockets alone goes from the spin straight to poll(2): the kernel
-//! wakes it, and yielding meanwhile burnt half a core on a slow link. Pure
+//! turns of each, as the links say ([`crate::transport::WaitOn`]). Pure
 //! spinning would starve the very rank we wait for when ranks outnumber
 //! cores.
 //!
@@ -66,9 +64,6 @@ pub struct Wait {
     /// for its link to be made, and the number of links when that was
     /// asked (asked again once a link came up).
     links_only: Option<(bool, usize)>,
-    /// In this idle stretch, whether every transfer that could move waits
-    /// on a socket (asked once a stretch).
-    sockets_only: Option<bool>,
 }
 
 impl Wait {
@@ -86,7 +81,6 @@ impl Wait {
             handed: false,
             lost: false,
             links_only: None,
-            sockets_only: None,
         }
     }
     /// Something moved: the next idle stretch starts spinning again.
@@ -95,7 +89,6 @@ impl Wait {
         self.handed = false;
         self.lost = false;
         self.links_only = None;
-        self.sockets_only = None;
     }
 }
 
@@ -206,22 +199,8 @@ impl Engine {
                 only
             }
         };
-        // A wait on sockets alone does not yield either: the kernel wakes a
-        // poll(2) when the socket can move, and no peer shares the core to
-        // answer sooner. Yielding until the next acknowledgement of a slow
-        // link kept a rank's core half busy.
-        let sockets_only = *wait
-            .sockets_only
-            .get_or_insert_with(|| self.waits_on_sockets_only(sends, recvs));
         let (spin, yield_for) = if links_only {
             (Duration::ZERO, Duration::ZERO)
-        } else if sockets_only {
-            let spin = if ctx.unwatched() {
-                SPIN_OVERSUBSCRIBED
-            } else {
-                self.spin_budget
-            };
-            (spin, spin)
         } else if ctx.unwatched() {
             (SPIN_OVERSUBSCRIBED, YIELD_OVERSUBSCRIBED)
         } else {
@@ -260,19 +239,16 @@ impl Engine {
     /// Whether every transfer that could move (unfinished, not held) waits
     /// for a link being made, and one does.
     fn waits_for_links_only(&self, sends: &[(usize, SendJob)], recvs: &[(usize, RecvJob)]) -> bool {
-        self.links.makes_links() && all_movable(sends, recvs, |p| self.links.get(p).is_none())
-    }
-
-    /// Whether every transfer that could move (unfinished, not held) waits
-    /// on a TCP link, and one does.
-    fn waits_on_sockets_only(
-        &self,
-        sends: &[(usize, SendJob)],
-        recvs: &[(usize, RecvJob)],
-    ) -> bool {
-        all_movable(sends, recvs, |p| {
-            self.links.get(p).is_some_and(|l| l.is_tcp())
-        })
+        if !self.links.makes_links() {
+            return false;
+        }
+        let mut heads = sends
+            .iter()
+            .map(|(p, j)| (*p, j.done, j.held))
+            .chain(recvs.iter().map(|(p, j)| (*p, j.done, j.held)))
+            .filter(|&(_, done, held)| !done && !held)
+            .peekable();
+        heads.peek().is_some() && heads.all(|(p, _, _)| self.links.get(p).is_none())
     }
 
     /// Fails if a peer with an active transfer is known to be gone.
@@ -392,23 +368,6 @@ impl Engine {
             .iter()
             .any(|&(p, is_send)| self.links.get(p).is_some_and(|l| l.ready(is_send)))
     }
-}
-
-/// Whether there is a transfer that could move (unfinished, not held), and
-/// `ok` holds for the peer of every one.
-fn all_movable(
-    sends: &[(usize, SendJob)],
-    recvs: &[(usize, RecvJob)],
-    ok: impl Fn(usize) -> bool,
-) -> bool {
-    let mut peers = sends
-        .iter()
-        .map(|(p, j)| (*p, j.done, j.held))
-        .chain(recvs.iter().map(|(p, j)| (*p, j.done, j.held)))
-        .filter(|&(_, done, held)| !done && !held)
-        .map(|(p, _, _)| p)
-        .peekable();
-    peers.peek().is_some() && peers.all(ok)
 }
 
 /// How long one idle sleep lasts with `local` ranks on `cores` cores, on
