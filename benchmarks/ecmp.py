@@ -23,11 +23,12 @@ With `--cut RACK:SPINE` that uplink is cut when job 0 reports iteration
 `--cut-at` (and restored after the run): each job's busbw before and after
 the cut, against the ideal after it ((spines - 1) / spines of the solo
 figure, 1:1), and how evenly the cut rack's surviving uplinks carried
-what they did after it.
+what they did after it. With `--plot PNG`, each uplink's load over time
+in the first trial, a panel per backend (the seed's figure).
 
     python benchmarks/ecmp.py --trials 10
     python benchmarks/ecmp.py --racks 2 --per-rack 4 --spines 4 --jobs 4 \
-        --iters 30 --cut 1:0 --cut-at 5
+        --iters 30 --cut 1:0 --cut-at 5 --plot uplinks.png
 """
 
 from __future__ import annotations
@@ -136,10 +137,77 @@ class Cut:
             testbed.set_uplink(self.cluster, self.rack, self.spine, up=True)
 
 
-def run_jobs(cluster, groups, backend, size, iters, planner_env, algo, cut=None):
+class Sampler:
+    """Every uplink's bytes sent up it, read every `every` seconds while
+    jobs run (for `--plot`): [(time, {(rack, spine): tx_bytes})]."""
+
+    def __init__(self, cluster, every: float):
+        self.cluster, self.every = cluster, every
+        self.series: list[tuple[float, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from cadence.testbed import fabric
+
+        while not self._stop.is_set():
+            c = fabric.uplink_counters(self.cluster.fabric)
+            self.series.append((time.time(), {u: v["tx_bytes"] for u, v in c.items()}))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def rates(self) -> tuple[list[float], dict]:
+        """Seconds since the first reading (interval midpoints), and per
+        uplink its MB/s over each interval."""
+        s = self.series
+        if len(s) < 2:
+            return [], {}
+        pairs = list(zip(s, s[1:], strict=False))
+        t = [(a[0] + b[0]) / 2 - s[0][0] for a, b in pairs]
+        return t, {u: [(b[1][u] - a[1][u]) / (b[0] - a[0]) / 1e6 for a, b in pairs]
+                   for u in s[0][1]}  # fmt: skip
+
+
+def plot(path: str, runs: list[tuple[str, Sampler, float | None]], rate: float) -> None:
+    """One panel per backend: each uplink's MB/s over the run (the cut, if
+    any, marked), against the link's payload limit: the seed's figure of
+    per-uplink load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.6 * len(runs)), squeeze=False)
+    for ax, (backend, sampler, cut_t) in zip(axes[:, 0], runs, strict=True):
+        t, per = sampler.rates()
+        for (r, m), ys in sorted(per.items()):
+            ax.plot(t, ys, label=f"rack {r} up spine {m}", lw=1.2)
+        ax.axhline(rate / 1e6, color="grey", ls=":", lw=1)
+        if cut_t is not None and sampler.series:
+            ax.axvline(cut_t - sampler.series[0][0], color="red", ls="--", lw=1)
+        ax.set_title(backend, fontsize=10, loc="left")
+        ax.set_ylabel("MB/s")
+        ax.set_ylim(bottom=0)
+    axes[-1, 0].set_xlabel("seconds since the jobs started")
+    axes[0, 0].legend(fontsize=7, ncol=4, loc="upper left", bbox_to_anchor=(0, 1.35),
+                      frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"per-uplink load over time: {path}")
+
+
+def run_jobs(cluster, groups, backend, size, iters, planner_env, algo, cut=None,
+             sampler=None):
     """The jobs of `groups` (host lists) at once; per job its iterations
     ({i, t, busbw}), and the uplinks' bytes over the run (after the cut,
-    with `cut`)."""
+    with `cut`). `sampler`, if given, reads the uplinks meanwhile."""
     from cadence.testbed import fabric
 
     env = dict(planner_env) if backend == "planned" else {"CADENCE_PLANNER": ""}
@@ -164,6 +232,10 @@ def run_jobs(cluster, groups, backend, size, iters, planner_env, algo, cut=None)
                for j, ps in enumerate(jobs) for k, p in enumerate(ps)]  # fmt: skip
     for t in threads:
         t.start()
+    if sampler is not None:
+        with sampler:
+            for t in threads:
+                t.join()
     for t in threads:
         t.join()
     after = fabric.uplink_counters(cluster.fabric)
@@ -181,14 +253,14 @@ def run_jobs(cluster, groups, backend, size, iters, planner_env, algo, cut=None)
     return results, moved
 
 
-def _balance(moved: dict) -> float:
-    """How evenly each rack spread what it sent over its live uplinks: the
-    worst rack's busiest uplink over its mean (1.0: even). Racks carry
-    different totals (the job's rank 0 sends a little more), which is the
-    workload's, not the paths'."""
+def _balance(moved: dict, skip: frozenset = frozenset()) -> float:
+    """How evenly each rack spread what it sent over its live uplinks (not
+    those of `skip`): the worst rack's busiest uplink over its mean (1.0:
+    even). Racks carry different totals (the job's rank 0 sends a little
+    more), which is the workload's, not the paths'."""
     worst = 1.0
     for r in {r for r, _ in moved}:
-        up = [v for (j, _m), v in moved.items() if j == r and v > 0]
+        up = [v for (j, m), v in moved.items() if j == r and v > 0 and (j, m) not in skip]
         if up and statistics.mean(up) > 0:
             worst = max(worst, max(up) / statistics.mean(up))
     return worst
@@ -266,6 +338,9 @@ def main() -> int:
                    help="cut that uplink when job 0 reports iteration --cut-at")
     p.add_argument("--cut-at", type=int, default=5)
     p.add_argument("--json", metavar="FILE", help="every run's figures, for later tables")
+    p.add_argument("--plot", metavar="PNG",
+                   help="each uplink's load over time in the first trial, a panel per "
+                        "backend (uplinks read every 0.5 s)")
     p.add_argument("--keep", action="store_true", help="leave the cluster up")
     a = p.parse_args()
 
@@ -321,35 +396,56 @@ def main() -> int:
         solo_bw = statistics.median(x["busbw"] for x in solo[0])
         print(f"solo ({backends[0]}): {solo_bw / 1e6:.2f} MB/s busbw "
               f"({solo_bw / rate:.0%} of the link)", flush=True)
+        # A bad uplink is no uplink to balance over; with two racks the
+        # other rack's uplink to that spine leads only to it (the planner
+        # leaves both idle).
+        skip: frozenset = frozenset()
+        if a.bad_uplink:
+            r, m = map(int, a.bad_uplink.split(":"))
+            skip = frozenset({(r, m), (1 - r, m)} if a.racks == 2 else {(r, m)})
         summary: dict[str, list] = {b: [] for b in backends}
+        plotted: list[tuple[str, Sampler, float | None]] = []
         for trial in range(a.trials):
             for k in range(len(backends)):
                 b = backends[(trial + k) % len(backends)]
                 cut = None
                 if a.cut:
                     cut = Cut(cluster, *map(int, a.cut.split(":")), a.cut_at)
+                sampler = Sampler(cluster, 0.5) if a.plot and trial == 0 else None
                 try:
                     res, moved = run_jobs(cluster, groups, b, size, a.iters, planner, a.algo,
-                                          cut)  # fmt: skip
+                                          cut, sampler)  # fmt: skip
                 finally:
                     if cut is not None:
                         cut.restore()
+                if sampler is not None:
+                    plotted.append((b, sampler, cut.t if cut is not None else None))
                 if cut is not None:
                     summary[b].append(_after_cut(b, trial, res, moved, cut, healthy, a.spines))
                     continue
                 per_job = [statistics.median(x["busbw"] for x in r) for r in res]
                 row = {"jobs": per_job, "aggregate": sum(per_job),
-                       "spread": max(per_job) / min(per_job), "uplink": _balance(moved),
+                       "spread": max(per_job) / min(per_job), "uplink": _balance(moved, skip),
                        "worst_vs_solo": min(per_job) / solo_bw}
+                # With a bad uplink: each job's first iteration against the
+                # ideal without it ((spines - 1) / spines of a healthy flow).
+                ideal = healthy * (a.spines - 1) / a.spines
+                row["first_vs_ideal"] = min(r[0]["busbw"] for r in res) / ideal
+                row["vs_ideal"] = min(per_job) / ideal
                 summary[b].append(row)
+                first = (f"; slowest job / ideal {row['vs_ideal']:.0%}; first iterations / ideal "
+                         + " ".join(f"{r[0]['busbw'] / ideal:.0%}" for r in res)
+                         if a.bad_uplink else "")
                 print(f"trial {trial} {b:>8}: jobs " +
                       " ".join(f"{x / 1e6:.2f}" for x in per_job) +
                       f" MB/s; aggregate {row['aggregate'] / 1e6:.2f}; fastest/slowest "
                       f"{row['spread']:.2f}; uplink max/mean {row['uplink']:.2f}; slowest/solo "
-                      f"{row['worst_vs_solo']:.0%}", flush=True)  # fmt: skip
+                      f"{row['worst_vs_solo']:.0%}{first}", flush=True)  # fmt: skip
                 print("    up MB by (rack, spine): " + " ".join(
                     f"{r}.{m}:{v / 1e6:.0f}" for (r, m), v in sorted(moved.items())))
         print()
+        if plotted:
+            plot(a.plot, sorted(plotted, key=lambda x: backends.index(x[0])), rate * TCP_PAYLOAD)
         if a.json:
             with open(a.json, "w") as fh:
                 json.dump({"args": vars(a), "healthy": healthy, "solo": solo_bw,
@@ -357,6 +453,13 @@ def main() -> int:
         if a.cut:
             _cut_table(summary)
             return 0
+        if a.bad_uplink:
+            print("| backend | slowest job / ideal, worst | its first iteration / ideal, worst |")
+            print("|---|---|---|")
+            for b, rows in summary.items():
+                print(f"| {b} | {min(r['vs_ideal'] for r in rows):.0%} | "
+                      f"{min(r['first_vs_ideal'] for r in rows):.0%} |")
+            print()
         print("| backend | aggregate MB/s (mean) | slowest job / solo (worst) | fastest/slowest "
               "(worst) | uplink max/mean (worst) |")
         print("|---|---|---|---|---|")

@@ -477,3 +477,37 @@ def test_a_cut_uplink_holds_its_streams_at_once_at_both_ends_and_a_restored_one_
     assert out.first("is released by the path planner", restored), text
     assert out.first("works again", restored), text
     assert "ERROR" not in text, text
+
+
+def _ecmp_bench():
+    """benchmarks/ecmp.py as a module (it is a script, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ecmp.py"
+    spec = importlib.util.spec_from_file_location("ecmp_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_ecmp_benchmark_balances_live_uplinks_and_plots_their_load(tmp_path):
+    """The benchmark's figures: the busiest live uplink over its rack's
+    mean, leaving out a bad uplink (the planner's idle spine pair); each
+    uplink's MB/s between readings; the plot is written."""
+    ecmp = _ecmp_bench()
+    moved = {(0, 0): 0, (0, 1): 40e6, (0, 2): 44e6, (0, 3): 42e6,
+             (1, 0): 3e6, (1, 1): 30e6, (1, 2): 33e6, (1, 3): 30e6}  # fmt: skip
+    skip = frozenset({(1, 0), (0, 0)})
+    assert ecmp._balance(moved, skip) == pytest.approx(33 / 31)  # rack 1 the worse
+    # Counted, the bad uplink's trickle makes the others look uneven.
+    assert ecmp._balance(moved) == pytest.approx(33 / 24)
+    s = ecmp.Sampler(cluster=None, every=0.5)
+    s.series = [(100.0, {(0, 0): 0, (0, 1): 0}), (100.5, {(0, 0): 1e6, (0, 1): 3e6}),
+                (101.5, {(0, 0): 2e6, (0, 1): 3e6})]  # fmt: skip
+    t, per = s.rates()
+    assert t == [0.25, 1.0]
+    assert per == {(0, 0): [2.0, 1.0], (0, 1): [6.0, 0.0]}
+    out = tmp_path / "up.png"
+    ecmp.plot(str(out), [("planned", s, 100.7), ("gloo", s, None)], 6.0e6)
+    assert out.read_bytes()[:4] == b"\x89PNG"
