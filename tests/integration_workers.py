@@ -1,0 +1,59 @@
+"""What the framework integrations' tests run on every rank (spawned by
+`torch_launch.spawn`): a tiny model trained the way each framework's
+users train it, with the process group cadence or gloo."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+def _tiny_regression(seed: int = 0):
+    """A two-layer MLP and a fixed dataset of 64 samples."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 1))
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(64, 16, generator=gen)
+    y = x[:, :4].sum(dim=1, keepdim=True) + 0.1 * torch.randn(64, 1, generator=gen)
+    return model, torch.utils.data.TensorDataset(x, y)
+
+
+def accelerate_worker(rank, n, outdir, backend: str, epochs: int):
+    """HF Accelerate on CPU: the process group is made first with
+    `backend` (Accelerate's CPU path only ever asks for gloo or mpi, and
+    takes a group that already exists), then the usual loop. Returns the
+    losses, the final parameters, what Accelerate and torch report, the
+    gathered losses of the last step, and the loop's time."""
+    import cadence  # noqa: F401  (registers the backend)
+    from accelerate import Accelerator
+
+    dist.init_process_group(backend)
+    acc = Accelerator(cpu=True)
+    model, data = _tiny_regression()
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True,
+                                         generator=torch.Generator().manual_seed(3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    losses = []
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            acc.backward(loss)
+            opt.step()
+            losses.append(loss.item())
+    took = time.perf_counter() - t0
+    gathered = acc.gather(loss.detach().reshape(1)).tolist()
+    params = torch.cat([p.detach().reshape(-1) for p in acc.unwrap_model(model).parameters()])
+    out = {"losses": losses, "params": params, "took": took, "gathered": gathered,
+           "torch_backend": dist.get_backend(), "type": str(acc.distributed_type),
+           "processes": acc.num_processes}
+    acc.end_training()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return out
