@@ -48,7 +48,8 @@ BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 .PHONY: build run test test-torch-oldest test-no-torch bench bench-cluster tune soak lint fuzz clean clean-cache \
 	deps mpi iproute2 chromium
 
-build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2 $(VENV)/.stamp-chromium $(VENV)/.stamp-tools
+build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2 $(VENV)/.stamp-chromium $(VENV)/.stamp-tools \
+	$(VENV)/.stamp-deepspeed
 
 # --- Python environment -----------------------------------------------------
 
@@ -65,7 +66,7 @@ $(VENV)/.stamp-deps: requirements.txt | $(VENV)/bin/python
 	$(PIP_OFFLINE) -r requirements.txt
 	touch $@
 
-deps: $(VENV)/.stamp-deps $(VENV)/.stamp-mpi $(VENV)/.stamp-tools
+deps: $(VENV)/.stamp-deps $(VENV)/.stamp-mpi $(VENV)/.stamp-tools $(VENV)/.stamp-deepspeed
 
 # Reporting tools (matplotlib for `cadence bench --plot`): their own file and
 # cache key, so that adding one does not download torch again.
@@ -82,6 +83,23 @@ $(VENV)/.stamp-tools: $(TOOLS_REQ) $(VENV)/.stamp-deps
 	fi
 	$(VBIN)/python -m pip install --quiet --no-index --no-deps \
 	  --find-links "$(TOOLS_CACHE)" -r $(TOOLS_REQ)
+	touch $@
+
+# DeepSpeed, for its integration test (see requirements-deepspeed.txt: a
+# source package, built once against the environment's torch).
+DS_REQ := requirements-deepspeed.txt
+DS_CACHE ?= $(HOME)/.cache/cadence/wheels/deepspeed-$(shell sha256sum $(DS_REQ) | cut -d' ' -f1)
+
+$(VENV)/.stamp-deepspeed: $(DS_REQ) $(VENV)/.stamp-tools
+	@if [ ! -f "$(DS_CACHE)/.complete" ]; then \
+	  echo "make: downloading DeepSpeed once into $(DS_CACHE)"; \
+	  mkdir -p "$(DS_CACHE)"; \
+	  $(VBIN)/python -m pip download --quiet --no-deps --no-binary=deepspeed \
+	    --dest "$(DS_CACHE)" -r $(DS_REQ); \
+	  touch "$(DS_CACHE)/.complete"; \
+	fi
+	DS_BUILD_OPS=0 $(VBIN)/python -m pip install --quiet --no-index --no-deps --no-build-isolation \
+	  --find-links "$(DS_CACHE)" -r $(DS_REQ)
 	touch $@
 
 # Open MPI (apt) and mpi4py, for the `mpi` benchmark backend. Without Open MPI,

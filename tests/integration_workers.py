@@ -57,3 +57,39 @@ def accelerate_worker(rank, n, outdir, backend: str, epochs: int):
     if dist.is_initialized():
         dist.destroy_process_group()
     return out
+
+
+def deepspeed_worker(rank, n, outdir, backend: str, stages: tuple[int, ...], steps: int):
+    """DeepSpeed on CPU: `init_distributed(dist_backend=backend)`, then per
+    ZeRO stage of `stages` a fresh copy of the model trained `steps` steps
+    (every rank its own batches). Returns per stage the losses and the
+    final parameters (gathered whole under stage 3), and torch's backend."""
+    import cadence  # noqa: F401  (registers the backend)
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend)
+    out = {"torch_backend": dist.get_backend()}
+    for stage in stages:
+        model, _ = _tiny_regression()
+        cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+               "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+               "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               config=cfg)
+        gen = torch.Generator().manual_seed(100 + rank)
+        losses = []
+        for _ in range(steps):
+            x = torch.randn(8, 16, generator=gen)
+            y = x[:, :4].sum(dim=1, keepdim=True)
+            loss = F.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        with deepspeed.zero.GatheredParameters(list(engine.module.parameters()),
+                                               enabled=stage == 3):
+            params = torch.cat([p.detach().reshape(-1).clone()
+                                for p in engine.module.parameters()])
+        out[stage] = {"losses": losses, "params": params}
+        engine.destroy()
+    dist.destroy_process_group()
+    return out

@@ -3,6 +3,9 @@ recipe run as its users run it, against the same run over gloo."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 from torch_launch import all_ok, free_port, spawn
@@ -56,3 +59,31 @@ def test_accelerate_trains_over_cadence_exactly_as_over_gloo():
         assert ours[r]["gathered"] == [ours[0]["losses"][-1], ours[1]["losses"][-1]]
     # The loss went down: the loop trained something.
     assert ours[0]["losses"][-1] < 0.5 * ours[0]["losses"][0], ours[0]["losses"]
+
+
+def _deepspeed(backend: str, stages=(1, 2, 3), steps: int = 10, n: int = 2) -> dict:
+    import integration_workers as iw
+
+    # DeepSpeed's CPU accelerator compiles its shared-memory op with the
+    # ninja of this environment (on PATH) at first use.
+    env = {**_env(n), "DS_ACCELERATOR": "cpu",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    return all_ok(spawn(_ranked(iw.deepspeed_worker), n, backend, stages, steps, env=env,
+                        timeout=280))
+
+
+def test_deepspeed_zero_trains_over_cadence_exactly_as_over_gloo():
+    """`deepspeed.init_distributed(dist_backend="cadence")`, ZeRO stages 1,
+    2 and 3 on CPU: the same losses and parameters as over gloo, step by
+    step (two ranks: every sum is of two numbers)."""
+    pytest.importorskip("deepspeed")
+    ours, gloo = _deepspeed("cadence"), _deepspeed("gloo")
+    for r in (0, 1):
+        assert ours[r]["torch_backend"] == "cadence", ours[r]["torch_backend"]
+        for stage in (1, 2, 3):
+            a, b = ours[r][stage], gloo[r][stage]
+            assert a["losses"] == b["losses"], (r, stage, a["losses"], b["losses"])
+            assert torch.equal(a["params"], b["params"]), (r, stage)
+            assert torch.equal(a["params"], ours[0][stage]["params"]), (r, stage)
+    # The stages train the same model the same way: same trajectory.
+    assert ours[0][1]["losses"] == pytest.approx(ours[0][3]["losses"], rel=1e-5)
