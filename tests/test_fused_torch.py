@@ -174,14 +174,9 @@ def test_gradients_on_many_ranks_match_the_whole_computation(n, transport, fused
 
 
 def _dlrm():
-    import importlib.util
-    from pathlib import Path
+    from scripts import load_script
 
-    path = Path(__file__).resolve().parent.parent / "examples" / "dlrm.py"
-    spec = importlib.util.spec_from_file_location("dlrm_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/dlrm.py", "dlrm_example")
 
 
 def train_both_ways(comm, steps: int):

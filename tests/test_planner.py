@@ -479,23 +479,13 @@ def test_a_cut_uplink_holds_its_streams_at_once_at_both_ends_and_a_restored_one_
     assert "ERROR" not in text, text
 
 
-def _ecmp_bench():
-    """benchmarks/ecmp.py as a module (it is a script, not a package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ecmp.py"
-    spec = importlib.util.spec_from_file_location("ecmp_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_ecmp_benchmark_balances_live_uplinks_and_plots_their_load(tmp_path):
     """The benchmark's figures: the busiest live uplink over its rack's
     mean, leaving out a bad uplink (the planner's idle spine pair); each
     uplink's MB/s between readings; the plot is written."""
-    ecmp = _ecmp_bench()
+    from scripts import load_script
+
+    ecmp = load_script("benchmarks/ecmp.py", "ecmp_bench")
     moved = {(0, 0): 0, (0, 1): 40e6, (0, 2): 44e6, (0, 3): 42e6,
              (1, 0): 3e6, (1, 1): 30e6, (1, 2): 33e6, (1, 3): 30e6}  # fmt: skip
     skip = frozenset({(1, 0), (0, 0)})
