@@ -18,6 +18,13 @@ gloo's time over cadence's through torch, and the bus bandwidth
 A floor for the first ratio: torch's own layers cost something on any
 backend. `--floor` also times `dist.all_reduce` on torch's FakeProcessGroup
 (a C++ backend that does nothing, torch.testing), alone in a process.
+
+`--deepspeed` adds a fourth way: DeepSpeed's `inference_all_reduce`, its
+hand-written shared-memory allreduce for CPU tensor parallelism (on this
+job's cadence group, `deepspeed.init_distributed(dist_backend="cadence")`).
+Its float32 kernel needs AVX2 and its bfloat16/float16 kernels AVX-512BW;
+where the CPU lacks them DeepSpeed calls the process group's allreduce
+instead (cadence's here), which the header says.
 """
 
 from __future__ import annotations
@@ -33,8 +40,6 @@ import torch
 from cadence.bench import torch_job
 
 WAYS = ("torch", "own", "gloo")
-#: Every order of the ways in turn: each follows each other equally often.
-ORDERS = list(itertools.permutations(WAYS))
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -63,17 +68,23 @@ def _rank_main(rank, n, port, args, outdir):
         "own": lambda t: comm.allreduce(t),
         "gloo": lambda t: dist.all_reduce(t, group=gloo),
     }
+    if args.deepspeed:
+        ways["deepspeed"] = _deepspeed_way(n, port)
+        if rank == 0:
+            print(f"# {n} ranks: DeepSpeed's shared-memory kernel takes "
+                  f"{_deepspeed_kernels()}", flush=True)
+    orders = list(itertools.permutations(ways))
     out: dict[tuple[str, int, str], list[float]] = {}
     for dtype in args.dtypes:
         for nbytes in args.sizes:
             dt = getattr(torch, dtype)
             # Zeros: sums stay where they are (ones would overflow half types).
             t = torch.zeros(nbytes // dt.itemsize, dtype=dt)
-            for way in WAYS:
+            for way in ways:
                 for _ in range(3):
                     ways[way](t)
             for rnd in range(args.rounds):
-                for way in ORDERS[rnd % len(ORDERS)]:
+                for way in orders[rnd % len(orders)]:
                     k = _calls(nbytes, way)
                     time.sleep(0.01)  # what the way before left running settles
                     dist.barrier()
@@ -84,6 +95,31 @@ def _rank_main(rank, n, port, args, outdir):
                         (time.perf_counter() - t0) / k)
     torch_job.report(outdir, rank, out)
     dist.destroy_process_group()
+
+
+def _deepspeed_way(n: int, port: int):
+    """DeepSpeed's `inference_all_reduce` on this job's (cadence) group: its
+    shared-memory op wants every rank on this host (LOCAL_SIZE) and names
+    its segment after MASTER_ADDR/PORT; it is compiled (ninja, from this
+    environment) at first use."""
+    os.environ.update(LOCAL_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      DS_ACCELERATOR="cpu")
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    import deepspeed
+    import deepspeed.comm as ds_comm
+
+    deepspeed.init_distributed(dist_backend="cadence")
+    return lambda t: ds_comm.inference_all_reduce(t)
+
+
+def _deepspeed_kernels() -> str:
+    """Which element types DeepSpeed's shared-memory kernel takes on this
+    CPU (the rest go to the process group)."""
+    import deepspeed.comm.comm as c
+
+    level = getattr(c.cdb, "shm_vector_kernel_level", 0)
+    return {0: "none (all to the process group)", 1: "float32 only (no AVX-512BW)"}.get(
+        level, "float32, bfloat16, float16")
 
 
 def run_job(n: int, args) -> dict:
@@ -123,6 +159,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=12, help="timed blocks of each way")
     p.add_argument("--floor", action="store_true",
                    help="also time torch's FakeProcessGroup (its own layers' cost)")
+    p.add_argument("--deepspeed", action="store_true",
+                   help="also DeepSpeed's shared-memory inference_all_reduce")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     args = p.parse_args(argv)
     args.sizes = [_parse_size(s) for s in args.sizes.split(",") if s]
@@ -132,18 +170,22 @@ def main(argv=None) -> int:
     if args.floor:
         print(f"# torch's layers on a backend that does nothing (FakeProcessGroup), 8 KiB: "
               f"{floor_us():.1f} µs", flush=True)
+    ds = (f" {'deepspeed':>10} {'ds/torch':>8}" if args.deepspeed else "")
     print(f"{'ranks':>5} {'dtype':>9} {'size':>8} {'torch':>9} {'own API':>9} {'gloo':>10} "
-          f"{'torch/own':>9} {'gloo/torch':>10} {'busbw':>11}", flush=True)
+          f"{'torch/own':>9} {'gloo/torch':>10} {'busbw':>11}{ds}", flush=True)
     for n in args.nranks:
         res = run_job(n, args)
         for dtype in args.dtypes:
             for nbytes in args.sizes:
-                med = {w: statistics.median(res[dtype, nbytes, w]) for w in WAYS}
+                ways = WAYS + (("deepspeed",) if args.deepspeed else ())
+                med = {w: statistics.median(res[dtype, nbytes, w]) for w in ways}
                 bus = 2 * (n - 1) / n * nbytes / med["torch"] / 1e9
+                ds = (f" {med['deepspeed'] * 1e6:>10.1f} {med['deepspeed'] / med['torch']:>8.2f}"
+                      if args.deepspeed else "")
                 print(f"{n:>5} {dtype:>9} {_fmt_size(nbytes):>8} {med['torch'] * 1e6:>9.1f} "
                       f"{med['own'] * 1e6:>9.1f} {med['gloo'] * 1e6:>10.1f} "
                       f"{med['torch'] / med['own']:>9.2f} {med['gloo'] / med['torch']:>10.1f} "
-                      f"{bus:>7.2f} GB/s", flush=True)
+                      f"{bus:>7.2f} GB/s{ds}", flush=True)
     return 0
 
 
