@@ -12,9 +12,8 @@ from torch_launch import all_ok, free_port, spawn
 
 
 def _env(n: int) -> dict:
-    """What `accelerate launch --multi_cpu` (or torchrun) puts in the
-    environment of each of n ranks on one host, less the rank, which
-    Accelerate reads from RANK/LOCAL_RANK set here by rank."""
+    """What torchrun puts in the environment of each of n ranks on one
+    host, less the rank (`_ranked` sets RANK and LOCAL_RANK)."""
     return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n),
             "LOCAL_WORLD_SIZE": str(n)}
 
@@ -22,10 +21,7 @@ def _env(n: int) -> dict:
 def _accelerate(backend: str, n: int = 2, epochs: int = 3) -> dict:
     import integration_workers as iw
 
-    env = _env(n)
-    # spawn passes one environment to every rank; the rank comes from torch's
-    # own variables, which Accelerate's CPU path reads.
-    return all_ok(spawn(_ranked(iw.accelerate_worker), n, backend, epochs, env=env,
+    return all_ok(spawn(_ranked(iw.accelerate_worker), n, backend, epochs, env=_env(n),
                         timeout=240))
 
 
@@ -37,8 +33,6 @@ class _ranked:
         self.fn = fn
 
     def __call__(self, rank, n, outdir, *args):
-        import os
-
         os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
         return self.fn(rank, n, outdir, *args)
 
