@@ -36,9 +36,12 @@ def _capture():
     return h
 
 
-def load_batch(seconds):
-    """Stands for a data loader that got stuck."""
-    time.sleep(seconds)
+def load_batch(seconds, until=None):
+    """Stands for a data loader that got stuck: for `seconds`, or until the
+    file `until` appears (at most `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (until and os.path.exists(until)):
+        time.sleep(0.05)
 
 
 def _never_enters(comm, stuck):
@@ -201,50 +204,53 @@ def test_diag_after_is_bounded_by_the_timeout_and_can_be_turned_off(monkeypatch)
         diag_after(300)
 
 
-# Long enough for the doctor's process to start (torch's import) and gather
-# while every rank is still in the job.
-ASK_TIMEOUT = 12.0
+# The ranks' own rounds open at half the operation deadline: long enough that
+# the doctor's round (its process's start, the store's greeting, torch's
+# import, on a loaded CI host) comes first, and everyone is still in the job.
+ASK_TIMEOUT = 60.0
 
 
-def _doctor_asks(comm, stuck):
+def _doctor_asks(comm, stuck, asked):
+    """Rank `stuck` hangs in its data loader until rank 0's doctor has
+    answered (the file `asked`), then joins: the job ends cleanly, however
+    long the doctor took to start."""
     import subprocess
     import sys
     import threading
-
-    import cadence
 
     x = np.ones(1000, dtype=np.float32)
     comm.allreduce(x)
     comm.barrier()
     if comm.rank == stuck:
-        load_batch(ASK_TIMEOUT + 3.0)
-        with contextlib.suppress(cadence.CommError):
-            comm.allreduce(x)
+        load_batch(ASK_TIMEOUT / 2, until=asked)
+        comm.allreduce(x)
         return None
     result = {}
 
     def ask():
-        time.sleep(1.5)
-        p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "doctor", "--store",
-                            f"{comm._store.host}:{comm._store.port}", "--prefix", comm._prefix,
-                            "--hang-after", "1", "--gather", "3", "--json"],
-                           capture_output=True, text=True, timeout=30)
-        result["rc"], result["out"], result["err"] = p.returncode, p.stdout, p.stderr
+        try:
+            time.sleep(1.5)
+            p = subprocess.run([sys.executable, "-m", "cadence.cli.main", "doctor", "--store",
+                                f"{comm._store.host}:{comm._store.port}", "--prefix",
+                                comm._prefix, "--hang-after", "1", "--gather", "3", "--json"],
+                               capture_output=True, text=True, timeout=ASK_TIMEOUT / 2)
+            result["rc"], result["out"], result["err"] = p.returncode, p.stdout, p.stderr
+        finally:
+            open(asked, "w").close()
 
     t = threading.Thread(target=ask) if comm.rank == 0 else None
     if t:
         t.start()
-    with contextlib.suppress(cadence.CommError):
-        comm.allreduce(x)
+    comm.allreduce(x)
     if t:
         t.join()
     return result
 
 
-def test_doctor_asks_a_running_job_through_its_store():
+def test_doctor_asks_a_running_job_through_its_store(tmp_path):
     stuck = 1
-    res = run_ranks(_doctor_asks, 3, transport="tcp", args=(stuck,),
-                    env={"CADENCE_DIAG_AFTER": "60"}, op_timeout=ASK_TIMEOUT, timeout=90)
+    res = run_ranks(_doctor_asks, 3, transport="tcp", args=(stuck, str(tmp_path / "asked")),
+                    op_timeout=ASK_TIMEOUT, timeout=90)
     assert all(res[r][0] == "ok" for r in range(3)), res
     out = res[0][1]
     assert out["rc"] == 1, out
