@@ -49,7 +49,7 @@ BENCH_OPS ?= allreduce allgather reduce_scatter broadcast alltoall reduce
 	deps mpi iproute2 chromium
 
 build: $(EXT) $(VENV)/.stamp-mpi $(VENV)/.stamp-iproute2 $(VENV)/.stamp-chromium $(VENV)/.stamp-tools \
-	$(VENV)/.stamp-deepspeed
+	$(VENV)/.stamp-deepspeed $(VENV)/.stamp-ray
 
 # --- Python environment -----------------------------------------------------
 
@@ -66,7 +66,23 @@ $(VENV)/.stamp-deps: requirements.txt | $(VENV)/bin/python
 	$(PIP_OFFLINE) -r requirements.txt
 	touch $@
 
-deps: $(VENV)/.stamp-deps $(VENV)/.stamp-mpi $(VENV)/.stamp-tools $(VENV)/.stamp-deepspeed
+deps: $(VENV)/.stamp-deps $(VENV)/.stamp-mpi $(VENV)/.stamp-tools $(VENV)/.stamp-deepspeed \
+	$(VENV)/.stamp-ray
+
+# $(call pinned_wheels,WHAT,REQUIREMENTS,CACHE,DOWNLOAD FLAGS,INSTALL FLAGS):
+# downloads what REQUIREMENTS pins once into CACHE (a folder keyed by the
+# file's hash), then installs it offline with --no-deps (each such file lists
+# every package it needs beyond the others), and touches the target's stamp.
+define pinned_wheels
+	@if [ ! -f "$(3)/.complete" ]; then \
+	  echo "make: downloading $(1) once into $(3)"; \
+	  mkdir -p "$(3)"; \
+	  $(VBIN)/python -m pip download --quiet --no-deps $(4) --dest "$(3)" -r $(2); \
+	  touch "$(3)/.complete"; \
+	fi
+	$(VBIN)/python -m pip install --quiet --no-index --no-deps $(5) --find-links "$(3)" -r $(2)
+	touch $@
+endef
 
 # Reporting tools (matplotlib for `cadence bench --plot`): their own file and
 # cache key, so that adding one does not download torch again.
@@ -74,33 +90,23 @@ TOOLS_REQ := requirements-tools.txt
 TOOLS_CACHE ?= $(HOME)/.cache/cadence/wheels/tools-$(shell sha256sum $(TOOLS_REQ) | cut -d' ' -f1)
 
 $(VENV)/.stamp-tools: $(TOOLS_REQ) $(VENV)/.stamp-deps
-	@if [ ! -f "$(TOOLS_CACHE)/.complete" ]; then \
-	  echo "make: downloading the reporting tools once into $(TOOLS_CACHE)"; \
-	  mkdir -p "$(TOOLS_CACHE)"; \
-	  $(VBIN)/python -m pip download --quiet --no-deps --only-binary=:all: \
-	    --dest "$(TOOLS_CACHE)" -r $(TOOLS_REQ); \
-	  touch "$(TOOLS_CACHE)/.complete"; \
-	fi
-	$(VBIN)/python -m pip install --quiet --no-index --no-deps \
-	  --find-links "$(TOOLS_CACHE)" -r $(TOOLS_REQ)
-	touch $@
+	$(call pinned_wheels,the reporting tools,$(TOOLS_REQ),$(TOOLS_CACHE),--only-binary=:all:,)
 
 # DeepSpeed, for its integration test (see requirements-deepspeed.txt: a
 # source package, built once against the environment's torch).
 DS_REQ := requirements-deepspeed.txt
 DS_CACHE ?= $(HOME)/.cache/cadence/wheels/deepspeed-$(shell sha256sum $(DS_REQ) | cut -d' ' -f1)
 
+$(VENV)/.stamp-deepspeed: export DS_BUILD_OPS := 0
 $(VENV)/.stamp-deepspeed: $(DS_REQ) $(VENV)/.stamp-tools
-	@if [ ! -f "$(DS_CACHE)/.complete" ]; then \
-	  echo "make: downloading DeepSpeed once into $(DS_CACHE)"; \
-	  mkdir -p "$(DS_CACHE)"; \
-	  $(VBIN)/python -m pip download --quiet --no-deps --no-binary=deepspeed \
-	    --dest "$(DS_CACHE)" -r $(DS_REQ); \
-	  touch "$(DS_CACHE)/.complete"; \
-	fi
-	DS_BUILD_OPS=0 $(VBIN)/python -m pip install --quiet --no-index --no-deps --no-build-isolation \
-	  --find-links "$(DS_CACHE)" -r $(DS_REQ)
-	touch $@
+	$(call pinned_wheels,DeepSpeed,$(DS_REQ),$(DS_CACHE),--no-binary=deepspeed,--no-build-isolation)
+
+# Ray, for its collective backend's integration test (requirements-ray.txt).
+RAY_REQ := requirements-ray.txt
+RAY_CACHE ?= $(HOME)/.cache/cadence/wheels/ray-$(shell sha256sum $(RAY_REQ) | cut -d' ' -f1)
+
+$(VENV)/.stamp-ray: $(RAY_REQ) $(VENV)/.stamp-deepspeed
+	$(call pinned_wheels,Ray,$(RAY_REQ),$(RAY_CACHE),--only-binary=:all:,)
 
 # Open MPI (apt) and mpi4py, for the `mpi` benchmark backend. Without Open MPI,
 # and without root to install it, everything else still builds and tests. No

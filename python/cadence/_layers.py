@@ -1,7 +1,7 @@
 """Which modules of the package are the library and which are its tools.
 
 The library is what a user's program imports: `cadence` (the communicator),
-`cadence.torch`, `cadence.fused`, `cadence.topo` and the live diagnosis
+`cadence.torch`, `cadence.ray_collective`, `cadence.fused`, `cadence.topo` and the live diagnosis
 with the classifier it runs inside a job. The tools are what the `cadence`
 command and the test rigs run: the CLI, the benchmark harness, the testbed
 (emulated clusters, soak runs, campaigns) and the post-mortem reports.
@@ -45,6 +45,7 @@ LIBRARY = (
     "cadence.fused",
     "cadence.planner",  # the package root: nothing but its docstring
     "cadence.planner.protocol",  # the planner's wire format and the client a job holds
+    "cadence.ray_collective",  # the backend of Ray's collectives
     "cadence.topo",
     "cadence.torch",
     "cadence.units",  # parsing and printing sizes, rates and times
