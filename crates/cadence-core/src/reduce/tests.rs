@@ -335,6 +335,66 @@ fn bf16_rounds_to_nearest_even() {
     assert_eq!(r(Sum, f64::from(bf16::MAX.to_f32()), 1e36), bf16::INFINITY);
 }
 
+/// Every bf16 against a set of operands that covers the special cases, in
+/// both orders, in place and into: each result has the very bits (NaN
+/// payloads and signs included) of widening, operating in f32 and rounding
+/// with `half`, which the vector kernels' shortcuts must not change. Of two
+/// NaN operands, either one's payload (quieted) may come out: the compiler
+/// may swap the operands of a vector add, and x86 keeps the first.
+#[test]
+fn bf16_sum_and_prod_keep_every_bit_of_the_f32_rounding() {
+    let others: Vec<u16> = vec![
+        0x0000, 0x8000, 0x3f80, 0xbf80, 0x0001, 0x8001, 0x007f, 0x7f7f, 0xff7f, 0x7f80, 0xff80,
+        0x7fc0, 0xffc0, 0x7f81, 0xff81, 0x7fff, 0x7fa5, 0x4049, 0x3c01, 0xc2f7,
+    ];
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    for (op, f) in [
+        (ElemOp::Sum, (|a, b| a + b) as fn(f32, f32) -> f32),
+        (ElemOp::Prod, |a, b| a * b),
+    ] {
+        for &o in &others {
+            let other = vec![o; all.len()];
+            for (a, b) in [(&all, &other), (&other, &all)] {
+                let want: Vec<u16> = a
+                    .iter()
+                    .zip(b)
+                    .map(|(&x, &y)| {
+                        let (x, y) = (bf16::from_bits(x).to_f32(), bf16::from_bits(y).to_f32());
+                        bf16::from_f32(f(x, y)).to_bits()
+                    })
+                    .collect();
+                let mut dst = a.clone();
+                reduce_inplace(
+                    DType::BF16,
+                    op,
+                    bytemuck::cast_slice_mut(&mut dst),
+                    bytemuck::cast_slice(b),
+                );
+                let mut into = vec![0u16; a.len()];
+                reduce_into(
+                    DType::BF16,
+                    op,
+                    bytemuck::cast_slice_mut(&mut into),
+                    bytemuck::cast_slice(a),
+                    bytemuck::cast_slice(b),
+                );
+                let nan = |x: u16| x & 0x7fff > 0x7f80;
+                for (i, w) in want.iter().enumerate() {
+                    let (x, y) = (a[i], b[i]);
+                    for (got, how) in [(dst[i], "in place"), (into[i], "into")] {
+                        if nan(x) && nan(y) {
+                            let ok = got == x | 0x0040 || got == y | 0x0040;
+                            assert!(ok, "{op:?} {x:#06x} {y:#06x} {how}: {got:#06x}");
+                        } else {
+                            assert_eq!(got, *w, "{op:?} {x:#06x} {y:#06x} {how}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn float_min_max_propagate_nan() {
     use ElemOp::{Max, Min};
