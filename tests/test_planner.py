@@ -203,6 +203,31 @@ def routed(tmp_path):
 
 
 @needs_clusters
+def test_a_connections_back_direction_counts_its_own_weight(routed):
+    """`back_weight`: what the other direction of a connection counts (0 for
+    a ring's link, whose data flows one way); by default `weight`."""
+    cluster, served = routed
+    p = served.planner
+    ok = {"v": 1, "token": TOKEN}
+    a, b = (h.nics[0].address for h in cluster.hosts[:2])
+    _, job = p.handle(None, {**ok, "op": "hello", "job": "j"}, None)
+    from cadence.testbed import ecmp_check
+
+    d = ecmp_check.DPORTS
+    conns = [{"id": "ring", "src": a, "dst": b, "dport": d[0], "streams": 2, "weight": 1,
+              "back_weight": 0},
+             {"id": "both", "src": a, "dst": b, "dport": d[1], "streams": 1, "weight": 1},
+             {"id": "light", "src": b, "dst": a, "dport": d[2], "streams": 1, "weight": 0}]
+    p.handle(job, {**ok, "op": "plan", "connections": conns}, None)
+    got = {cid: ([s.weight for s in c.streams], [s.weight for s in c.back])
+           for cid, c in job.conns.items()}
+    assert got == {"ring": ([1, 1], [0, 0]), "both": ([1], [1]), "light": ([0], [0])}, got
+    bad = {**conns[0], "id": "bad", "back_weight": -1}
+    with pytest.raises(Refused, match="'back_weight'"):
+        p.handle(job, {**ok, "op": "plan", "connections": [bad]}, None)
+
+
+@needs_clusters
 def test_planned_ports_land_on_their_spines_and_a_cut_uplink_holds_them(routed):
     from cadence.testbed import ecmp_check
 

@@ -8,14 +8,17 @@ Requests (`{"v": 1, "token": T, "op": OP, ...}`):
 
 - `hello` {job}: opens the job's lease, held as long as this connection
   stays open; answers {ok, planner, racks, spines, excluded}.
-- `plan` {job, connections: [{id, src, dst, dport, streams, weight, notify}]}: a path for
-  every stream of every connection: answers {ok, paths: [{id, streams:
+- `plan` {job, connections: [{id, src, dst, dport, streams, weight, back_weight,
+  notify}]}: a path for every stream of every connection: answers {ok, paths: [{id, streams:
   [{spine, sports}]}]}: the spine (None inside a rack) and source ports
   whose 5-tuple (src, dst, tcp, sport, dport) the fabric hashes onto it,
   best first (a port may be busy on the host: the next one lands there too).
   `weight` (default 1) is what each stream counts in the uplinks' balance:
   a library asks 0 for a link it makes for small messages (a barrier's),
-  which is placed but not counted. `notify` (default: this job, naming
+  which is placed but not counted. `back_weight` (default: `weight`) is
+  what each stream counts from dst to src (the same TCP connection's
+  other direction, which the fabric hashes apart): 0 for a link whose
+  data flows one way (a ring's link to the next rank). `notify` (default: this job, naming
   the connection `id` and its streams 0..streams-1) says whom to tell
   when a stream is held or released, and by what names: [{job, peer,
   streams}], one entry per end of the connection (a library names the

@@ -152,13 +152,14 @@ class Planner:
                                   f"{self.cluster.name}")  # fmt: skip
             dport, count = _int(c, "dport", 1, 65535), _int(c, "streams", 1, 64)
             weight = _int(c, "weight", 0, 1000) if "weight" in c else 1
+            back_weight = _int(c, "back_weight", 0, 1000) if "back_weight" in c else weight
             cid = c.get("id", i)
             if cid in job.conns or any(x.id == cid for x in new):
                 raise Refused(f"connection id {cid!r} planned twice for job {job.name}")
             notify = _notify(c, i, job.name, count)
             rs, rd = self.where[src][1], self.where[dst][1]
             streams = [assign.Stream((job.name, cid, k), rs, rd, weight) for k in range(count)]
-            back = [assign.Stream((job.name, cid, k, "back"), rd, rs, weight)
+            back = [assign.Stream((job.name, cid, k, "back"), rd, rs, back_weight)
                     for k in range(count)]
             new.append(Conn(cid, src, dst, dport, streams, back, notify=notify,
                             held=[False] * count))
@@ -171,6 +172,12 @@ class Planner:
         except ValueError as e:
             raise Refused(str(e)) from None
         for c in new:
+            # A direction that counts nothing follows the other onto its
+            # spine: one source port must land both where they were put,
+            # and a symmetric hash (the kernel's here) offers no other pair.
+            for s, b in zip(c.streams, c.back, strict=True):
+                if b.weight == 0 and s.weight > 0 and s.spine is not None:
+                    b.spine = s.spine
             c.sports = self._ports(c)
             job.conns[c.id] = c
         log.info("job %s: planned %d connections, %d streams each way; busiest uplink now %d "

@@ -11,7 +11,7 @@ use super::links::{connect_streams, tcp_link, LinkCtx, PlannerLease, Unreachable
 use super::split::Inherited;
 use super::{Comm, OpRequest, PeerInfo, PeerTable};
 use crate::config::{Config, ConnectMode, DebugLevel};
-use crate::engine::{Engine, LinkMaker, Links};
+use crate::engine::{Engine, LinkMaker, LinkUse, Links};
 use crate::error::{CommError, ErrorKind, Result};
 use crate::rendezvous::Store;
 use crate::transport::handshake::JobSecret;
@@ -439,9 +439,16 @@ impl Bootstrap {
             while dist < n {
                 let to = (rank + dist) % n;
                 if !infos.same_host(to, rank) {
-                    // Counted by the path planner: in a ring in rank
-                    // order, the link to the next rank carries the bulk.
-                    lazy.request(to, true);
+                    // In a ring in rank order the link to the next rank
+                    // carries the bulk, one way; the barrier's others a
+                    // few bytes (counted, they took the spines that ring
+                    // links needed).
+                    let used = if dist == 1 {
+                        LinkUse::Forward
+                    } else {
+                        LinkUse::Light
+                    };
+                    lazy.request(to, used);
                 }
                 dist *= 2;
             }

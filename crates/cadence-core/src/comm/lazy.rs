@@ -18,7 +18,7 @@
 //! round trip for the whole link.
 
 use super::links::{patiently, tcp_link, Flight, Landed, LinkCtx};
-use crate::engine::LinkMaker;
+use crate::engine::{LinkMaker, LinkUse};
 use crate::error::ErrorKind;
 use crate::transport::handshake::Expected;
 use crate::transport::tcp_setup::{accept_each, Stop};
@@ -245,7 +245,7 @@ impl LazyLinks {
 }
 
 impl LinkMaker for LazyLinks {
-    fn request(&mut self, peer: usize, bulk: bool) {
+    fn request(&mut self, peer: usize, used: LinkUse) {
         if !self.asked.insert(peer) {
             return;
         }
@@ -258,7 +258,7 @@ impl LinkMaker for LazyLinks {
         }
         let deadline = Instant::now() + self.timeout;
         self.flights
-            .push(Flight::start(&self.ctx, peer, deadline, bulk));
+            .push(Flight::start(&self.ctx, peer, deadline, used));
     }
 
     fn in_flight(&self) -> bool {

@@ -5,6 +5,7 @@
 
 use super::PeerTable;
 use crate::config::DebugLevel;
+use crate::engine::LinkUse;
 use crate::error::{CommError, ErrorKind, Result};
 use crate::fabric::planner::{Lessee, Planner, PlannerAddr};
 use crate::transport::handshake::JobSecret;
@@ -107,8 +108,8 @@ impl LinkCtx {
     /// The source ports the path planner chose for stream `s` of the link
     /// to `peer` (empty: no planner, it failed, or the stream stays inside
     /// a rack). Its path is `s mod paths`, as `Flight::start` deals them.
-    /// `bulk`: the link carries bulk data (the planner's balance counts it).
-    pub fn planned_ports(&self, peer: usize, s: usize, bulk: bool) -> Vec<u16> {
+    /// `used`: what the link carries (what the planner's balance counts).
+    pub fn planned_ports(&self, peer: usize, s: usize, used: LinkUse) -> Vec<u16> {
         let Some(lease) = &self.planner else {
             return Vec::new();
         };
@@ -126,7 +127,7 @@ impl LinkCtx {
         let LeaseState::Open(planner) = &mut *state else {
             return Vec::new();
         };
-        match planner.ports(peer, path, src, dst, on_path.len(), bulk, notify) {
+        match planner.ports(peer, path, src, dst, on_path.len(), used.weights(), notify) {
             Ok(ports) => ports[s / npaths].clone(),
             Err(e) => {
                 self.give_up(&lease.at, &e);
@@ -217,7 +218,7 @@ pub fn connect_streams_deciding(
     warn: &mut dyn FnMut(String),
 ) -> Result<Option<(Vec<TcpStream>, Unreachable)>> {
     // Made whatever the traffic (at set-up, every link): counted as bulk.
-    match Flight::start(ctx, peer, deadline, true).wait(deadline) {
+    match Flight::start(ctx, peer, deadline, LinkUse::Both).wait(deadline) {
         Landed::Dropped => {
             ctx.unplan(peer);
             Ok(None)
@@ -250,9 +251,8 @@ pub enum Landed {
 }
 
 impl Flight {
-    /// `bulk`: the link is wanted for bulk data (`engine::lazy::BULK_BYTES`),
-    /// which the path planner balances.
-    pub fn start(ctx: &LinkCtx, peer: usize, deadline: Instant, bulk: bool) -> Flight {
+    /// `used`: what the link will carry, which the path planner balances.
+    pub fn start(ctx: &LinkCtx, peer: usize, deadline: Instant, used: LinkUse) -> Flight {
         let npaths = ctx.paths_to(peer);
         let nstreams = ctx.streams_to(peer);
         // A path that fails a stream at once takes no more of them.
@@ -262,7 +262,7 @@ impl Flight {
             let path = s % npaths;
             let dial = (!path_failed[path])
                 .then(|| {
-                    let sports = ctx.planned_ports(peer, s, bulk);
+                    let sports = ctx.planned_ports(peer, s, used);
                     // A planned port is planned from this NIC's address.
                     let from = (npaths > 1 || !sports.is_empty()).then(|| ctx.my_ips[path]);
                     let addr = ctx.infos.nic_addr(peer, path);
@@ -373,7 +373,7 @@ pub fn patiently(
                 .unwrap_or_default();
             // Planned ports only on the stream's own path.
             let sports = if path == s % npaths {
-                ctx.planned_ports(peer, s, true)
+                ctx.planned_ports(peer, s, LinkUse::Both)
             } else {
                 Vec::new()
             };

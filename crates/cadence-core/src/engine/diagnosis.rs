@@ -4,7 +4,7 @@
 //! peer in the middle.
 
 use super::wait::Wait;
-use super::{internal, Engine};
+use super::{internal, Engine, LinkUse};
 use crate::error::ErrorKind;
 use crate::transport::{RecvJob, SendJob, StallNotice, STALL_CHAIN_MAX};
 use std::time::Instant;
@@ -28,7 +28,7 @@ impl Engine {
         if self.links.makes_links() {
             for (peer, _) in recvs.iter().filter(|(_, j)| j.active()) {
                 if self.links.get(*peer).is_none() {
-                    self.links.request(*peer, false);
+                    self.links.request(*peer, LinkUse::Light);
                 }
             }
         }

@@ -7,17 +7,41 @@ use super::Engine;
 use crate::error::ErrorKind;
 use crate::transport::Link;
 
-/// Makes links in the background (the communicator's, over TCP).
 /// A link first wanted by a call this large carries bulk data: the path
 /// planner counts it when it balances the fabric's uplinks (a barrier's or
 /// a small allreduce's link it places without counting it).
 pub const BULK_BYTES: usize = 64 * 1024;
 
+/// What a link is expected to carry, for the path planner's balance of the
+/// fabric's uplinks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkUse {
+    /// Small messages (a barrier's, a small call's): placed, not counted.
+    Light,
+    /// Bulk data from the rank that dials it to its peer only (a ring's
+    /// link to the next rank): its other direction is not counted.
+    Forward,
+    /// Bulk data either way (a link first wanted by a large call).
+    Both,
+}
+
+impl LinkUse {
+    /// The planner's weights of the link's streams (dialer to peer, back).
+    pub fn weights(self) -> (u8, u8) {
+        match self {
+            LinkUse::Light => (0, 0),
+            LinkUse::Forward => (1, 0),
+            LinkUse::Both => (1, 1),
+        }
+    }
+}
+
+/// Makes links in the background (the communicator's, over TCP).
 pub trait LinkMaker: Send {
-    /// Asks for a link to `peer`; idempotent, never blocks. `bulk`: it is
-    /// wanted by a call of at least [`BULK_BYTES`] (the path planner
-    /// balances such links; others it places without counting them).
-    fn request(&mut self, peer: usize, bulk: bool);
+    /// Asks for a link to `peer`; idempotent, never blocks. `used`: what
+    /// it will carry, as far as the asker knows (the path planner balances
+    /// bulk links; the others it places without counting them).
+    fn request(&mut self, peer: usize, used: LinkUse);
     /// Whether links (or failures to make one) are waiting to be taken.
     fn has_ready(&self) -> bool;
     /// The links that came up since the last call (or why one could not).
@@ -64,7 +88,12 @@ impl Engine {
     pub(super) fn want_link(&mut self, peer: usize, bytes: usize) -> Result<(), ErrorKind> {
         match self.links.makes_links() {
             true if peer != self.rank => {
-                self.links.request(peer, bytes >= BULK_BYTES);
+                let used = if bytes >= BULK_BYTES {
+                    LinkUse::Both
+                } else {
+                    LinkUse::Light
+                };
+                self.links.request(peer, used);
                 Ok(())
             }
             _ => Err(ErrorKind::Internal(format!(

@@ -16,7 +16,7 @@
 //! pool under the root's number for it.
 
 use super::pool::{Lent, Pool, View};
-use super::LinkMaker;
+use super::{LinkMaker, LinkUse};
 use crate::error::ErrorKind;
 use crate::transport::{AbortNotice, Link, LinkCounters, StallNotice};
 use std::sync::{Arc, Mutex};
@@ -292,18 +292,18 @@ impl Links {
     }
 
     /// Asks for a link to `peer` (see [`LinkMaker::request`]).
-    pub fn request(&mut self, peer: usize, bulk: bool) {
+    pub fn request(&mut self, peer: usize, used: LinkUse) {
         match self.lent.as_mut() {
             Some(lent) => {
                 if let (Some(root), Some(m)) =
                     (lent.view.root(peer), lent.pool.links.maker.as_mut())
                 {
-                    m.request(root, bulk);
+                    m.request(root, used);
                 }
             }
             None => {
                 if let Some(m) = self.maker.as_mut() {
-                    m.request(peer, bulk);
+                    m.request(peer, used);
                 }
             }
         }

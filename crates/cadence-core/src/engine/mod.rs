@@ -29,7 +29,7 @@ mod wait;
 
 pub use context::{Cancel, InterruptCheck, OpCtx};
 pub use evidence::{Evidence, Moment};
-pub use lazy::LinkMaker;
+pub use lazy::{LinkMaker, LinkUse};
 pub use links::Links;
 pub use memory::Buffers;
 pub use pool::{Pool, View};

@@ -109,9 +109,9 @@ impl Planner {
     }
 
     /// The source ports of each of `streams` streams from `src` to `dst`
-    /// (the link to `peer` on path `path`), asked once per link; `bulk`:
-    /// the link carries bulk data (weight 1 in the planner's balance, else
-    /// 0: placed, not counted). `notify`: whom the planner tells when one
+    /// (the link to `peer` on path `path`), asked once per link; `weights`:
+    /// what each stream counts in the planner's balance from `src` to `dst`
+    /// and back (0: placed, not counted). `notify`: whom the planner tells when one
     /// of these streams is held or released (protocol.py).
     #[allow(clippy::too_many_arguments)]
     pub fn ports(
@@ -121,14 +121,14 @@ impl Planner {
         src: SocketAddr,
         dst: SocketAddr,
         streams: usize,
-        bulk: bool,
+        weights: (u8, u8),
         notify: Value,
     ) -> Result<&[Vec<u16>], String> {
         if !self.planned.contains_key(&(peer, path)) {
             let answer = self.request(json!({"op": "plan", "connections": [{
                 "id": format!("{peer}/{path}"), "src": src.ip().to_string(),
                 "dst": dst.ip().to_string(), "dport": dst.port(), "streams": streams,
-                "weight": u8::from(bulk), "notify": notify,
+                "weight": weights.0, "back_weight": weights.1, "notify": notify,
             }]}))?;
             let ports = parse_ports(&answer, streams)?;
             self.planned.insert((peer, path), ports);
