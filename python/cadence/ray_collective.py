@@ -25,6 +25,7 @@ from ray.util.collective.collective_group.base_collective_group import BaseGroup
 from ray.util.collective.types import ReduceOp
 
 import cadence
+from cadence._buffers import empty, is_tensor
 
 #: The name groups are made with: `backend="cadence"` (Ray upper-cases it).
 BACKEND = "CADENCE"
@@ -108,7 +109,7 @@ class CadenceGroup(BaseGroup):
         # Ray's reduce leaves the other ranks' tensors as they were.
         t = _one(tensor)
         root = getattr(reduce_options, "root_rank", 0)
-        out = t if self._rank == root else _empty_like(t)
+        out = t if self._rank == root else empty(t, tuple(t.shape))
         self._comm.reduce(t, root=root, out=out, op=_op(reduce_options))
 
     def allgather(self, tensor_list, tensor, allgather_options=None):
@@ -162,22 +163,8 @@ def _list(tensor_lists, n: int, like) -> list:
     return tensors
 
 
-def _is_torch(t) -> bool:
-    return type(t).__module__.startswith("torch")
-
-
-def _empty_like(t):
-    if _is_torch(t):
-        import torch
-
-        return torch.empty_like(t)
-    import numpy as np
-
-    return np.empty_like(t)
-
-
 def _stack(tensors):
-    if _is_torch(tensors[0]):
+    if is_tensor(tensors[0]):
         import torch
 
         return torch.stack(tensors)
@@ -187,7 +174,7 @@ def _stack(tensors):
 
 
 def _copy(dst, src) -> None:
-    if _is_torch(dst):
+    if is_tensor(dst):
         dst.copy_(src)
     else:
         import numpy as np
