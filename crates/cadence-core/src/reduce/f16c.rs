@@ -10,6 +10,7 @@
 //! way and round to nearest-even the other, and min/max follow `Arith`'s
 //! rules (NaN propagates; between equals the second operand).
 
+use super::prefetch;
 use crate::types::ElemOp;
 use half::f16;
 use std::arch::x86_64::{
@@ -79,19 +80,31 @@ fn lanes(
         let h: [f16; LANES] = bytemuck::cast(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         out.copy_from_slice(&h);
     };
+    // From memory, each cache line's first vector asks for the line
+    // `prefetch::AHEAD` bytes on in each buffer (see `prefetch.rs`).
+    let per_line = prefetch::line_of::<f16>() / LANES;
+    let ahead = prefetch::worth::<f16>(dst.len());
+    let (len, d0, b0) = (dst.len(), dst.as_ptr(), b.as_ptr());
     let bs = b[..whole].chunks_exact(LANES);
     match a {
         None => {
-            for (d, s) in dst[..whole].chunks_exact_mut(LANES).zip(bs) {
+            for (k, (d, s)) in dst[..whole].chunks_exact_mut(LANES).zip(bs).enumerate() {
+                if ahead && k % per_line == 0 {
+                    prefetch::ahead(d0, len, k * LANES);
+                    prefetch::ahead(b0, len, k * LANES);
+                }
                 let r = f(load(d), load(s));
                 store(r, d);
             }
         }
         Some(a) => {
-            for (d, (x, y)) in dst[..whole]
-                .chunks_exact_mut(LANES)
-                .zip(a[..whole].chunks_exact(LANES).zip(bs))
-            {
+            let pairs = a[..whole].chunks_exact(LANES).zip(bs);
+            for (k, (d, (x, y))) in dst[..whole].chunks_exact_mut(LANES).zip(pairs).enumerate() {
+                if ahead && k % per_line == 0 {
+                    prefetch::ahead(d0, len, k * LANES);
+                    prefetch::ahead(a.as_ptr(), len, k * LANES);
+                    prefetch::ahead(b0, len, k * LANES);
+                }
                 store(f(load(x), load(y)), d);
             }
         }

@@ -10,6 +10,7 @@
 //! per element, get the widest vectors.
 
 use super::halves::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use super::prefetch;
 use crate::types::ElemOp;
 use bytemuck::{bytes_of, pod_read_unaligned, Pod};
 use half::{bf16, f16};
@@ -121,6 +122,48 @@ fn zip_into<T: Copy>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
     for (d, (&x, &y)) in dst.iter_mut().zip(a.iter().zip(b)) {
         *d = f(x, y);
     }
+}
+
+/// `zip_inplace` for kernels with many instructions a cache line (bf16):
+/// a line at a time, asking for the line [`prefetch::AHEAD`] bytes on in
+/// each buffer (`prefetch.rs`); the loop over one line is unrolled and
+/// vectorized. Short buffers (likely in cache) take the plain loop, and so
+/// do cheap kernels (float32): the hardware keeps enough of their loads in
+/// flight, and a prefetch costs more in cache than it gains from memory.
+#[inline(always)]
+fn zip_inplace_ahead<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
+    if !prefetch::worth::<T>(dst.len()) {
+        return zip_inplace(dst, src, f);
+    }
+    let (n, len) = (prefetch::line_of::<T>(), dst.len());
+    let (d0, s0) = (dst.as_ptr(), src.as_ptr());
+    let mut ds = dst.chunks_exact_mut(n);
+    let mut ss = src.chunks_exact(n);
+    for (i, (dl, sl)) in (&mut ds).zip(&mut ss).enumerate() {
+        prefetch::ahead(d0, len, i * n);
+        prefetch::ahead(s0, len, i * n);
+        zip_inplace(dl, sl, &f);
+    }
+    zip_inplace(ds.into_remainder(), ss.remainder(), f);
+}
+
+/// `zip_into` as [`zip_inplace_ahead`].
+#[inline(always)]
+fn zip_into_ahead<T: Copy>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    if !prefetch::worth::<T>(dst.len()) {
+        return zip_into(dst, a, b, f);
+    }
+    let (n, len) = (prefetch::line_of::<T>(), dst.len());
+    let (d0, a0, b0) = (dst.as_ptr(), a.as_ptr(), b.as_ptr());
+    let mut ds = dst.chunks_exact_mut(n);
+    let (mut xs, mut ys) = (a.chunks_exact(n), b.chunks_exact(n));
+    for (i, (dl, (xl, yl))) in (&mut ds).zip((&mut xs).zip(&mut ys)).enumerate() {
+        prefetch::ahead(d0, len, i * n);
+        prefetch::ahead(a0, len, i * n);
+        prefetch::ahead(b0, len, i * n);
+        zip_into(dl, xl, yl, &f);
+    }
+    zip_into(ds.into_remainder(), xs.remainder(), ys.remainder(), f);
 }
 
 /// `zip_inplace` on byte slices of any alignment: unaligned loads and stores,
@@ -382,19 +425,19 @@ fn bf16x2_arith(a: u32, b: u32, f: impl Fn(f32, f32) -> f32) -> u32 {
 vectorized! {
     fn bf16_pairs_inplace(op: ElemOp, dst: &mut [u32], src: &[u32]) {
         match op {
-            ElemOp::Sum => zip_inplace(dst, src, |a, b| bf16x2_arith(a, b, f32::op_sum)),
-            ElemOp::Prod => zip_inplace(dst, src, |a, b| bf16x2_arith(a, b, f32::op_prod)),
-            ElemOp::Min => zip_inplace(dst, src, |a, b| bf16x2(a, b, f32::op_min)),
-            ElemOp::Max => zip_inplace(dst, src, |a, b| bf16x2(a, b, f32::op_max)),
+            ElemOp::Sum => zip_inplace_ahead(dst, src, |a, b| bf16x2_arith(a, b, f32::op_sum)),
+            ElemOp::Prod => zip_inplace_ahead(dst, src, |a, b| bf16x2_arith(a, b, f32::op_prod)),
+            ElemOp::Min => zip_inplace_ahead(dst, src, |a, b| bf16x2(a, b, f32::op_min)),
+            ElemOp::Max => zip_inplace_ahead(dst, src, |a, b| bf16x2(a, b, f32::op_max)),
         }
     }
 
     fn bf16_pairs_into(op: ElemOp, dst: &mut [u32], a: &[u32], b: &[u32]) {
         match op {
-            ElemOp::Sum => zip_into(dst, a, b, |a, b| bf16x2_arith(a, b, f32::op_sum)),
-            ElemOp::Prod => zip_into(dst, a, b, |a, b| bf16x2_arith(a, b, f32::op_prod)),
-            ElemOp::Min => zip_into(dst, a, b, |a, b| bf16x2(a, b, f32::op_min)),
-            ElemOp::Max => zip_into(dst, a, b, |a, b| bf16x2(a, b, f32::op_max)),
+            ElemOp::Sum => zip_into_ahead(dst, a, b, |a, b| bf16x2_arith(a, b, f32::op_sum)),
+            ElemOp::Prod => zip_into_ahead(dst, a, b, |a, b| bf16x2_arith(a, b, f32::op_prod)),
+            ElemOp::Min => zip_into_ahead(dst, a, b, |a, b| bf16x2(a, b, f32::op_min)),
+            ElemOp::Max => zip_into_ahead(dst, a, b, |a, b| bf16x2(a, b, f32::op_max)),
         }
     }
 }

@@ -23,6 +23,7 @@
 mod f16c;
 mod halves;
 mod kernels;
+mod prefetch;
 #[cfg(test)]
 mod tests;
 

@@ -226,6 +226,33 @@ fn reduce_into_matches_reference() {
     }
 }
 
+/// Buffers long enough for the half-precision kernels to prefetch
+/// (`prefetch.rs`: from 256 KiB), with an odd tail, aligned and not.
+#[test]
+fn long_half_buffers_match_reference() {
+    let mut rng = Rng(0x5eed_0f1a_2b3c_4d5e);
+    let n = (256 << 10) / 2 + 37;
+    for dtype in [DType::BF16, DType::F16] {
+        for op in OPS {
+            let a = random_bytes(dtype, n, &mut rng);
+            let b = random_bytes(dtype, n, &mut rng);
+            let want = reference(dtype, op, &a, &b);
+            for (od, os) in [(0, 0), (2, 2), (0, 2)] {
+                let mut dst = Buf::from(&a, od);
+                let src = Buf::from(&b, os);
+                reduce_inplace(dtype, op, dst.bytes_mut(), src.bytes());
+                let what = format!("long reduce_inplace dst+{od} src+{os}");
+                assert_same(dtype, Some(op), dst.bytes(), &want, &what);
+                let mut into = Buf::new(a.len(), od);
+                let ba = Buf::from(&a, os);
+                reduce_into(dtype, op, into.bytes_mut(), ba.bytes(), src.bytes());
+                let what = format!("long reduce_into dst+{od} a+{os} b+{os}");
+                assert_same(dtype, Some(op), into.bytes(), &want, &what);
+            }
+        }
+    }
+}
+
 /// Reduces single elements given as typed values, in place and into.
 fn reduce1<T: bytemuck::Pod>(dtype: DType, op: ElemOp, a: T, b: T) -> T {
     let (a, b) = ([a], [b]);
