@@ -204,10 +204,11 @@ def plot(path: str, runs: list[tuple[str, Sampler, float | None]], rate: float) 
 
 
 def run_jobs(cluster, groups, backend, size, iters, planner_env, algo, cut=None,
-             sampler=None):
+             sampler=None, logs=None):
     """The jobs of `groups` (host lists) at once; per job its iterations
     ({i, t, busbw}), and the uplinks' bytes over the run (after the cut,
-    with `cut`). `sampler`, if given, reads the uplinks meanwhile."""
+    with `cut`). `sampler`, if given, reads the uplinks meanwhile; `logs`,
+    a path prefix for each rank's output (`<prefix>job<j>.rank<k>.log`)."""
     from cadence.testbed import fabric
 
     env = dict(planner_env) if backend == "planned" else {"CADENCE_PLANNER": ""}
@@ -242,6 +243,10 @@ def run_jobs(cluster, groups, backend, size, iters, planner_env, algo, cut=None,
     if cut is not None and cut.counters is not None:
         before = cut.counters
     moved = {u: after[u]["tx_bytes"] - before[u]["tx_bytes"] for u in after}
+    if logs is not None:
+        for j, ps in enumerate(outs):
+            for k, text in enumerate(ps):
+                Path(f"{logs}job{j}.rank{k}.log").write_text(text or "")
     results = []
     for j, ps in enumerate(jobs):
         if any(p.returncode for p in ps):
@@ -342,6 +347,9 @@ def main() -> int:
                    help="each uplink's load over time in the first trial, a panel per "
                         "backend (uplinks read every 0.5 s)")
     p.add_argument("--keep", action="store_true", help="leave the cluster up")
+    p.add_argument("--logs", metavar="DIR",
+                   help="write each rank's output there, a file per trial, backend, job "
+                        "and rank (with CADENCE_DEBUG=INFO: each planned stream's port)")
     a = p.parse_args()
 
     from cadence import testbed
@@ -412,9 +420,13 @@ def main() -> int:
                 if a.cut:
                     cut = Cut(cluster, *map(int, a.cut.split(":")), a.cut_at)
                 sampler = Sampler(cluster, 0.5) if a.plot and trial == 0 else None
+                logs = None
+                if a.logs:
+                    Path(a.logs).mkdir(parents=True, exist_ok=True)
+                    logs = Path(a.logs) / f"trial{trial}.{b}."
                 try:
                     res, moved = run_jobs(cluster, groups, b, size, a.iters, planner, a.algo,
-                                          cut, sampler)  # fmt: skip
+                                          cut, sampler, logs)  # fmt: skip
                 finally:
                     if cut is not None:
                         cut.restore()

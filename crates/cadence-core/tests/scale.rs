@@ -623,6 +623,7 @@ fn one_handshake_round_trip(secret: &JobSecret) -> Duration {
                 secret,
                 comm_id: "hs",
                 rank: 1,
+                say_ports: false,
             };
             connect(who, addr, None, &[], i, 0, deadline).unwrap();
             let took = t.elapsed();

@@ -225,6 +225,7 @@ fn strangers_are_refused_without_delaying_set_up() {
             secret: &other,
             comm_id: &id1,
             rank: 1,
+            say_ports: false,
         };
         connect(who, addr0, None, &[], 0, 0, dl).unwrap_err()
     });
@@ -235,6 +236,7 @@ fn strangers_are_refused_without_delaying_set_up() {
             secret: &s2,
             comm_id: &id2,
             rank: 1,
+            say_ports: false,
         };
         connect(who, addr0, None, &[], 0, 0, dl).unwrap_err()
     });

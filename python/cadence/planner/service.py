@@ -176,9 +176,13 @@ class Planner:
             # spine: one source port must land both where they were put,
             # and a symmetric hash (the kernel's here) offers no other pair.
             for s, b in zip(c.streams, c.back, strict=True):
-                if b.weight == 0 and s.weight > 0 and s.spine is not None:
+                if s.spine is None:
+                    continue
+                if b.weight == 0:
                     b.spine = s.spine
-            c.sports = self._ports(c)
+                elif s.weight == 0:
+                    s.spine = b.spine
+            c.sports = self._ports(c, job)
             job.conns[c.id] = c
         log.info("job %s: planned %d connections, %d streams each way; busiest uplink now %d "
                  "streams", job.name, len(new), len(fresh) // 2, worst)
@@ -234,18 +238,21 @@ class Planner:
                 "streams": [{"spine": s.spine, "back": b.spine, "sports": ps}
                             for s, b, ps in zip(c.streams, c.back, c.sports, strict=True)]}
 
-    def _ports(self, c: Conn) -> list[list[int]]:
+    def _ports(self, c: Conn, job: Job) -> list[list[int]]:
         """Per stream of `c`, source ports that put its two directions on
-        their spines. A stream inside a rack needs none."""
+        their spines. A stream inside a rack needs none. Where no port
+        gives a stream's pair of spines (a symmetric hash gives none that
+        differ), the heavier direction keeps its spine and the other goes
+        where the ports found take it (the stream then counts there)."""
         _host, rack, port = self.where[c.src]
         _host, back_rack, back_port = self.where[c.dst]
         taken = self.taken.setdefault(c.src, set())
         want = {(s.spine, b.spine) for s, b in zip(c.streams, c.back, strict=True)
                 if s.spine is not None}  # fmt: skip
-        found: dict[tuple, list[int]] = {w: [] for w in want}
+        found: dict[tuple, list[int]] = {}
         need = PORTS_PER_STREAM * len(c.streams)
         for _ in range(64):
-            if all(len(found[w]) >= need for w in want):
+            if all(len(found.get(w, ())) >= need for w in want):
                 break
             tries = [p for p in self.rng.sample(range(PORT_LO, PORT_HI + 1),
                                                 16 * len(want) * self.cluster.spines + 16)
@@ -255,21 +262,39 @@ class Planner:
             back = fabric.next_spines(self.f, back_rack, back_port, c.dst, c.src,
                                       [(c.dport, p) for p in tries])  # fmt: skip
             for p, w in zip(tries, zip(there, back, strict=True), strict=True):
-                if w in found and len(found[w]) < need:
+                if len(found.setdefault(w, [])) < need:
                     found[w].append(p)
         out = []
-        for s, b in zip(c.streams, c.back, strict=True):
+        for k, (s, b) in enumerate(zip(c.streams, c.back, strict=True)):
             if s.spine is None:
                 out.append([])
                 continue
-            ps = found[(s.spine, b.spine)][:PORTS_PER_STREAM]
-            del found[(s.spine, b.spine)][:PORTS_PER_STREAM]
-            if not ps:
-                raise Refused(f"no source port of {c.src} reaches {c.dst}:{c.dport} over "
-                              f"spine {s.spine} and back over {b.spine}")  # fmt: skip
+            pair = (s.spine, b.spine)
+            if not found.get(pair):
+                pair = self._nearest_pair(found, s, b)
+                log.info("job %s: %s -> %s:%d stream %d: no source port takes it over spine %s "
+                         "and back over %s; %s instead", job.name, c.src, c.dst, c.dport, k,
+                         s.spine, b.spine, pair)  # fmt: skip
+                if pair is None:
+                    raise Refused(f"no source port of {c.src} reaches {c.dst}:{c.dport} over "
+                                  f"spine {s.spine}")  # fmt: skip
+                s.spine, b.spine = pair
+            ps = found[pair][:PORTS_PER_STREAM]
+            del found[pair][:PORTS_PER_STREAM]
             taken.update(ps)
             out.append(ps)
         return out
+
+    @staticmethod
+    def _nearest_pair(found: dict[tuple, list[int]], s: assign.Stream,
+                      b: assign.Stream) -> tuple[int, int] | None:
+        """Of the spine pairs some port gives, one where the heavier of the
+        stream's two directions keeps its spine (the most ports first)."""
+        heavy = 0 if s.weight >= b.weight else 1
+        spine = (s.spine, b.spine)[heavy]
+        pairs = [w for w, ps in found.items()
+                 if ps and None not in w and w[heavy] == spine]  # fmt: skip
+        return max(pairs, key=lambda w: len(found[w]), default=None)
 
     # -------------------------------------------------------------- links
 

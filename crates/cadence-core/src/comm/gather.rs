@@ -302,6 +302,7 @@ fn send_step(
         secret: ctx.secret,
         comm_id: ctx.comm_id,
         rank: ctx.rank,
+        say_ports: false,
     };
     let (mut s, _) =
         connect(who, addr, None, &[], GATHER_STREAM + k, to, ctx.deadline).map_err(|e| {

@@ -94,6 +94,7 @@ impl LinkCtx {
             secret: &self.secret,
             comm_id: &self.comm_id,
             rank: self.rank,
+            say_ports: self.debug >= DebugLevel::Info,
         }
     }
     /// The paths between this rank and `peer` (NIC k to NIC k).

@@ -21,8 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a rank waits for the planner at most, per request: a dial
-/// waits for it (it is on the way to the link's first message).
-pub const ANSWER_WITHIN: Duration = Duration::from_millis(500);
+/// waits for it (it is on the way to the link's first message). Generous,
+/// because one planner answers every rank of every job, and they ask in a
+/// burst when jobs start: a planner slowed by that burst must not send
+/// whole jobs back to plain ECMP (docs/traffic.md, "A planner too slow to
+/// wait for"). A planner that does not answer at all costs each rank this
+/// once: the rank then gives its lease up.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 /// Where the planner listens and the cluster's token
 /// (`CADENCE_PLANNER`, `CADENCE_PLANNER_TOKEN_FILE`).

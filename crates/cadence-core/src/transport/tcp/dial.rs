@@ -31,6 +31,10 @@ pub struct Dialer<'a> {
     pub secret: &'a JobSecret,
     pub comm_id: &'a str,
     pub rank: usize,
+    /// Print each planned stream's source port next to its plan (a line
+    /// on stderr; `CADENCE_DEBUG=INFO`): where the planner's spines and the
+    /// traffic disagree, this says whether the stream got its port.
+    pub say_ports: bool,
 }
 
 /// One stream's connect and handshake, moved on by [`Dial::advance`].
@@ -104,6 +108,14 @@ impl Dial {
                 Err(e) => return Err(refused_or_fatal(e)),
             }
         };
+        if who.say_ports && !sports.is_empty() {
+            let bound = sock.local_addr().ok().and_then(|a| a.as_socket());
+            let port = bound.map_or_else(|| "unknown".to_string(), |a| a.port().to_string());
+            stderr_line!(
+                "cadence: rank {} stream {stream} to rank {peer_rank} ({addr}): source port {port}, planned {sports:?}",
+                who.rank
+            );
+        }
         let nonce = fresh_nonce().map_err(|e| fatal(io::Error::other(e)))?;
         let (machine, hello) =
             Connector::new(who.secret, who.comm_id, who.rank, stream, peer_rank, nonce);
