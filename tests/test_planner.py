@@ -89,6 +89,36 @@ def test_other_jobs_streams_stay_and_a_dead_uplink_carries_nothing():
     assert {s.spine for s in first + second} == {1}
 
 
+def test_a_connections_streams_go_together_while_each_can_have_a_spine():
+    """A connection's streams (keys (job, connection, k)) take one spine
+    while its rack ends have a spine for each connection; past that they
+    spread, so that sharing is even."""
+    f = assign.Fabric(2, 2)
+
+    def conn(job, n=2):
+        return [assign.Stream((job, "c", k), 0, 1) for k in range(n)]
+
+    a = conn("a")
+    assign.place(f, a)
+    assert len({s.spine for s in a}) == 1
+    b = conn("b")
+    assign.place(f, b, fixed=a)
+    assert len({s.spine for s in b}) == 1 and b[0].spine != a[0].spine
+    c = conn("c")
+    assert assign.place(f, c, fixed=a + b) == 3
+    assert sorted(s.spine for s in c) == [0, 1]
+    # One spine of four excluded, four connections of four streams: three
+    # take a spine each, the fourth spreads over them (the lower bound, 6).
+    f = assign.Fabric(2, 4, {(1, 0)})
+    placed: list[assign.Stream] = []
+    for job in "abcd":
+        streams = conn(job, 4)
+        worst = assign.place(f, streams, fixed=placed)
+        placed += streams
+    assert worst == 6 == assign.lower_bound(f, placed)
+    assert [len({s.spine for s in placed[4 * j:4 * j + 4]}) for j in range(4)] == [1, 1, 1, 3]
+
+
 # ---------------------------------------------------------------- protocol
 
 
@@ -227,6 +257,50 @@ def test_a_connections_back_direction_counts_its_own_weight(routed):
         p.handle(job, {**ok, "op": "plan", "connections": [bad]}, None)
 
 
+def test_a_stream_goes_where_some_port_takes_it_both_ways(monkeypatch):
+    """On a symmetric hash (the kernel's: a connection's two directions on
+    one spine), no port gives a stream different spines up and back. Two
+    rings across 4 racks, as the library plans them (each rank's link to the
+    next counts one way, its set-up barrier's link to r + 2 nothing): every
+    request is answered (none refused: a refusal sends the rank back to
+    plain ECMP), every stream's two directions are on one spine, and the
+    links that carry the rings are spread evenly."""
+    import zlib
+
+    from cadence.testbed import fabric
+
+    def symmetric(_f, _rack, _port, src, dst, ports):
+        return [zlib.crc32(repr((sorted((src, dst)), sorted(pp))).encode()) % 2
+                for pp in ports]  # fmt: skip
+
+    monkeypatch.setattr(fabric, "next_spines", symmetric)
+    cluster = testbed.build("plsym", 8, 1, "100mbit", racks=4, spines=2)
+    by_rack = {}
+    for h in cluster.hosts:
+        by_rack.setdefault(cluster.rack_of[h.index], []).append(h.nics[0].address)
+    ok = {"v": 1, "token": TOKEN}
+    for seed in range(20):
+        # The ranks ask in any order (they start at once).
+        p = Planner(cluster, TOKEN, seed=seed)
+        order = [(j, r) for j in range(2) for r in range(4)]
+        random.Random(seed).shuffle(order)
+        for j, r in order:
+            ranks = [by_rack[k][j] for k in range(4)]
+            _, job = p.handle(None, {**ok, "op": "hello", "job": f"j{j}/r{r}"}, None)
+            for d in (1, 2):
+                if d == 2 and r >= 2:
+                    continue  # rank r + 2's link to r (the barrier's)
+                conn = {"id": f"{(r + d) % 4}/0", "src": ranks[r], "dst": ranks[(r + d) % 4],
+                        "dport": 30000 + 10 * j + (r + d) % 4, "streams": 1,
+                        "weight": int(d == 1), "back_weight": 0}  # fmt: skip
+                answer, _ = p.handle(job, {**ok, "op": "plan", "connections": [conn]}, None)
+                assert answer["ok"], (seed, answer)
+                st = answer["paths"][0]["streams"][0]
+                assert st["spine"] == st["back"] and st["sports"], (seed, answer)
+        ring = [u["up"] for u in p.status()["uplinks"]]
+        assert ring == [1] * 8, (seed, p.status()["uplinks"])
+
+
 @needs_clusters
 def test_planned_ports_land_on_their_spines_and_a_cut_uplink_holds_them(routed):
     from cadence.testbed import ecmp_check
@@ -249,26 +323,29 @@ def test_planned_ports_land_on_their_spines_and_a_cut_uplink_holds_them(routed):
         assert [f.seen for f in flows] == [s["spine"] for _, s in streams]
         st = c.request("status")
         assert max(u["up"] for u in st["uplinks"]) == 6
-        # Host 1 is in rack 1: cut its uplink to spine 0. Every stream that
-        # crosses it, either way, is held; both ends hear of theirs.
+        # Host 1 is in rack 1: cut its uplink to the spine of the last
+        # connection (a connection's streams go together). Every stream
+        # that crosses it, either way, is held; both ends hear of theirs.
+        cut = paths[5]["streams"][0]["spine"]
         on_cut = {(p["id"], k) for p in paths for k, s in enumerate(p["streams"])
-                  if 0 in (s["spine"], s["back"])}  # fmt: skip
-        testbed.set_uplink(cluster, 1, 0, up=False)
+                  if cut in (s["spine"], s["back"])}  # fmt: skip
+        assert {(5, 0), (5, 1)} <= on_cut
+        testbed.set_uplink(cluster, 1, cut, up=False)
         event = c.next_event(5.0)
         assert event is not None and event["changed"] == [
-            {"rack": 1, "spine": 0, "state": "down"}], event
+            {"rack": 1, "spine": cut, "state": "down"}], event
         held = {(h["peer"], k) for h in event["hold"] for k in h["streams"]}
         named = {(i, k) if i < 5 else (1, [1, 3][k]) for i, k in on_cut}
         assert held == named and event["release"] == [], (event, on_cut)
         theirs = other.next_event(5.0)
-        assert theirs["hold"] == [{"peer": 0, "streams": sorted(
+        assert theirs is not None and theirs["hold"] == [{"peer": 0, "streams": sorted(
             [1, 3][k] for i, k in on_cut if i == 5)}], theirs
         st = c.request("status")
         assert {j["job"]: j["held"] for j in st["jobs"]} == {
             "train/rank0": len(on_cut), "train/rank1": 0}
-        assert all(u["up"] == 0 and u["down"] == 0 for u in st["uplinks"] if u["spine"] == 0)
+        assert all(u["up"] == 0 and u["down"] == 0 for u in st["uplinks"] if u["spine"] == cut)
         # Restored: the same streams released, and counted again.
-        testbed.set_uplink(cluster, 1, 0, up=True)
+        testbed.set_uplink(cluster, 1, cut, up=True)
         event = c.next_event(5.0)
         assert event is not None and event["changed"][0]["state"] == "up"
         assert {(h["peer"], k) for h in event["release"] for k in h["streams"]} == named

@@ -17,6 +17,15 @@ uplink is above the bound, a stream on it moves to another spine, and
 where that overloads the far end, the alternating chain of streams between
 the two spines is swapped (a Kempe chain). Existing streams (other jobs')
 stay where they are unless `rebalance` is asked for (after a link event).
+
+A connection's streams (keys (job, connection, k[, "back"]): one direction)
+are placed as one: together on one spine. A collective's step ends with
+its slowest stream, so a connection spread over every spine shares each
+uplink with the other jobs' spread connections, and every job loses a
+tenth to a fifth of its rate to the others' (docs/traffic.md, "A
+connection's streams together"); on one spine it shares with none where
+the balance allows. With uplinks as fast as the hosts' links, spreading
+one connection gains it nothing.
 """
 
 from __future__ import annotations
@@ -60,7 +69,8 @@ class Loads:
         self.f = fabric
         self.w: dict[tuple[int, int, int], int] = {}
         self.n: dict[tuple[int, int, int], int] = {}
-        self.conn: dict[tuple, int] = {}
+        #: (rack, UP|DOWN) → the connections with streams there, and how many.
+        self.c: dict[tuple[int, int], dict] = {}
 
     def of(self, rack: int, m: int, d: int) -> int:
         return self.w.get((rack, m, d), 0)
@@ -68,16 +78,21 @@ class Loads:
     def count(self, s: Stream, m: int) -> int:
         return max(self.n.get((s.src, m, UP), 0), self.n.get((s.dst, m, DOWN), 0))
 
-    def siblings(self, s: Stream, m: int) -> int:
-        """Streams of `s`'s connection (its key but the last part) on m."""
-        return self.conn.get((_conn(s), m), 0)
-
     def add(self, s: Stream, m: int, sign: int = 1) -> None:
         for key in ((s.src, m, UP), (s.dst, m, DOWN)):
             self.w[key] = self.w.get(key, 0) + sign * s.weight
             self.n[key] = self.n.get(key, 0) + sign
-        c = (_conn(s), m)
-        self.conn[c] = self.conn.get(c, 0) + sign
+        for end in ((s.src, UP), (s.dst, DOWN)):
+            conns = self.c.setdefault(end, {})
+            conns[_conn(s)] = conns.get(_conn(s), 0) + sign
+            if not conns[_conn(s)]:
+                del conns[_conn(s)]
+
+    def room(self, s: Stream, spines: int) -> bool:
+        """Whether both ends of `s` have fewer other connections than
+        `spines`: then each can have a spine of its own."""
+        return all(len(self.c.get(end, {}).keys() - {_conn(s)}) < spines
+                   for end in ((s.src, UP), (s.dst, DOWN)))  # fmt: skip
 
     def worst(self) -> int:
         return max(self.w.values(), default=0)
@@ -130,21 +145,42 @@ def place(fabric: Fabric, streams: list[Stream], fixed: list[Stream] = (),
                 movable.append(s)
             else:
                 loads.add(s, s.spine)
+    units = _units(movable)
     # Fewest choices first, heaviest first: the constrained ones get theirs.
-    movable.sort(key=lambda s: (len(fabric.spines_for(s.src, s.dst)), -s.weight))
-    for s in movable:
-        options = fabric.spines_for(s.src, s.dst)
+    units.sort(key=lambda um: (len(fabric.spines_for(um[0].src, um[0].dst)), -um[0].weight))
+    placing: list[Stream] = []  # what is placed: whole connections, or streams
+    whole: list[tuple[Stream, list[Stream]]] = []
+    for u, members in units:
+        options = fabric.spines_for(u.src, u.dst)
         if not options:
-            raise ValueError(f"no live spine joins rack {s.src} to rack {s.dst}")
-        # Ties: apart from the connection's other streams (the library
-        # stripes a connection over its streams by their rates, so one on
-        # each spine rides out what the plan cannot foresee), then fewest.
-        s.spine = min(options, key=lambda m: (loads.after(s, m), loads.siblings(s, m),
-                                              loads.count(s, m), m))
-        loads.add(s, s.spine)
-    _improve(fabric, loads, movable, lower_bound(fabric, movable + [
+            raise ValueError(f"no live spine joins rack {u.src} to rack {u.dst}")
+        # A connection goes whole onto one spine while its ends have a spine
+        # for each connection; past that, sharing is certain, and its
+        # streams spread so that it shares evenly.
+        alone = len(members) == 1 or loads.room(u, len(options))
+        if alone:
+            whole.append((u, members))
+        for s in [u] if alone else members:
+            # Ties: the fewest streams (weightless ones are spread by count).
+            s.spine = min(options, key=lambda m: (loads.after(s, m), loads.count(s, m), m))
+            loads.add(s, s.spine)
+            placing.append(s)
+    _improve(fabric, loads, placing, lower_bound(fabric, placing + [
         s for s in fixed if s not in movable and s.spine is not None and s.src != s.dst]))
+    for u, members in whole:
+        for s in members:
+            s.spine = u.spine
     return loads.worst()
+
+
+def _units(streams: list[Stream]) -> list[tuple[Stream, list[Stream]]]:
+    """The streams by connection and direction, each group with one stream
+    that weighs what they weigh together (placed for them)."""
+    groups: dict[tuple, list[Stream]] = {}
+    for s in streams:
+        groups.setdefault((_conn(s), s.src, s.dst), []).append(s)
+    return [(Stream(g[0].key, g[0].src, g[0].dst, sum(s.weight for s in g)), g)
+            for g in groups.values()]
 
 
 def _improve(fabric: Fabric, loads: Loads, movable: list[Stream], bound: int) -> None:
