@@ -24,7 +24,10 @@ With `--cut RACK:SPINE` that uplink is cut when job 0 reports iteration
 the cut, against the ideal after it ((spines - 1) / spines of the solo
 figure, 1:1), and how evenly the cut rack's surviving uplinks carried
 what they did after it. With `--plot PNG`, each uplink's load over time
-in the first trial, a panel per backend (the seed's figure).
+in the first trial, a panel per backend (the seed's figure). With `--logs
+DIR`, every rank's output, a file per trial, backend, job and rank (with
+CADENCE_DEBUG=INFO in the environment: each planned stream's bound port
+and any warning that the planner was given up).
 
     python benchmarks/ecmp.py --trials 10
     python benchmarks/ecmp.py --racks 2 --per-rack 4 --spines 4 --jobs 4 \
