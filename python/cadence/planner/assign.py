@@ -69,7 +69,8 @@ class Loads:
         self.f = fabric
         self.w: dict[tuple[int, int, int], int] = {}
         self.n: dict[tuple[int, int, int], int] = {}
-        #: (rack, UP|DOWN) → the connections with streams there, and how many.
+        #: (rack, UP|DOWN) → the connections with streams that weigh
+        #: something there, and how many.
         self.c: dict[tuple[int, int], dict] = {}
 
     def of(self, rack: int, m: int, d: int) -> int:
@@ -82,6 +83,8 @@ class Loads:
         for key in ((s.src, m, UP), (s.dst, m, DOWN)):
             self.w[key] = self.w.get(key, 0) + sign * s.weight
             self.n[key] = self.n.get(key, 0) + sign
+        if not s.weight:
+            return  # carries nothing: shares no uplink with anyone
         for end in ((s.src, UP), (s.dst, DOWN)):
             conns = self.c.setdefault(end, {})
             conns[_conn(s)] = conns.get(_conn(s), 0) + sign

@@ -251,8 +251,13 @@ class Planner:
                 if s.spine is not None}  # fmt: skip
         found: dict[tuple, list[int]] = {}
         need = PORTS_PER_STREAM * len(c.streams)
+        tried = 0
         for _ in range(64):
-            if all(len(found.get(w, ())) >= need for w in want):
+            missing = [w for w in want if len(found.get(w, ())) < need]
+            # A pair no port gave in many tries is one the hash never gives
+            # (a symmetric hash: both directions on one spine).
+            if not missing or (tried >= 64 * self.cluster.spines ** 2
+                               and not any(found.get(w) for w in missing)):
                 break
             tries = [p for p in self.rng.sample(range(PORT_LO, PORT_HI + 1),
                                                 16 * len(want) * self.cluster.spines + 16)
@@ -261,6 +266,7 @@ class Planner:
                                        [(p, c.dport) for p in tries])  # fmt: skip
             back = fabric.next_spines(self.f, back_rack, back_port, c.dst, c.src,
                                       [(c.dport, p) for p in tries])  # fmt: skip
+            tried += len(tries)
             for p, w in zip(tries, zip(there, back, strict=True), strict=True):
                 if len(found.setdefault(w, [])) < need:
                     found[w].append(p)
