@@ -129,6 +129,81 @@ def test_a_connections_streams_go_together_while_each_can_have_a_spine():
     assert [len({s.spine for s in placed[4 * j:4 * j + 4]}) for j in range(4)] == [1, 1, 1, 3]
 
 
+def _hashed(spines: int):
+    """A leaf kernel's stand-in: a 5-tuple hash, not symmetric."""
+    import zlib
+
+    def next_spines(_f, _rack, _port, src, dst, ports):
+        return [zlib.crc32(f"{src} {dst} {sp} {dp}".encode()) % spines for sp, dp in ports]
+
+    return next_spines
+
+
+def test_a_request_costs_what_it_plans_not_what_was_planned_before(monkeypatch):
+    """256 ranks (each its own lease, as the library opens them) plan their
+    ring link and a light link: the loads a request touches and the ports
+    it has looked up do not grow with the leases before it (they did: every
+    request rebuilt every job's loads, and a burst of n ranks cost the
+    planner O(n^2)). The loads kept across requests stay what a rebuild
+    from every lease gives, through plans, unplans, releases, a cut and a
+    restore."""
+    from cadence.testbed import fabric
+
+    monkeypatch.setattr(fabric, "next_spines", _hashed(4))
+    asked = []
+    real_next = fabric.next_spines
+    monkeypatch.setattr(fabric, "next_spines",
+                        lambda *a: asked.append(len(a[-1])) or real_next(*a))  # fmt: skip
+    adds = []
+    real_add = assign.Loads.add
+    monkeypatch.setattr(assign.Loads, "add", lambda *a, **k: adds.append(1) or real_add(*a, **k))
+    cluster = testbed.build("plcost", 32, 1, "100mbit", racks=8, spines=4)
+    p = Planner(cluster, TOKEN, seed=3)
+    ok = {"v": 1, "token": TOKEN}
+    n = 256
+    addr = [cluster.hosts[r % 32].nics[0].address for r in range(n)]
+    cost = []
+    for r in range(n):
+        _, job = p.handle(None, {**ok, "op": "hello", "job": f"j/r{r}"}, None)
+        adds.clear(), asked.clear()
+        conns = [{"id": f"{(r + d) % n}/0", "src": addr[r], "dst": addr[(r + d) % n],
+                  "dport": 20000 + (r + d) % n, "streams": 4, "weight": w, "back_weight": 0}
+                 for d, w in ((1, 1), (2, 0))]  # fmt: skip
+        answer, _ = p.handle(job, {**ok, "op": "plan", "connections": conns}, None)
+        assert answer["ok"], answer
+        cost.append((len(adds), sum(asked)))
+    # 16 streams both ways a request: each is added a few times (as its
+    # connection, alone, without and with its ports' spines) and may move
+    # in the balance; the leases before it weigh nothing (the old planner
+    # added every one of them: some 3,000 by the last request).
+    assert max(a for a, _ in cost) <= 16 * 16, cost
+    first, last = cost[: n // 4], cost[-n // 4:]
+    for i in (0, 1):
+        assert sum(c[i] for c in last) <= 2 * sum(c[i] for c in first), (first, last)
+
+    def rebuilt() -> dict:
+        loads = assign.Loads(p.model)
+        for j in p.jobs.values():
+            for c in j.conns.values():
+                for k, pair in enumerate(zip(c.streams, c.back, strict=True)):
+                    for s in pair:
+                        if s.spine is not None and not c.held[k]:
+                            real_add(loads, s, s.spine)
+        return {k: v for k, v in loads.w.items() if v}
+
+    def kept() -> dict:
+        return {k: v for k, v in p.loads.w.items() if v}
+
+    assert kept() == rebuilt() and kept()
+    p.handle(p.jobs["j/r5"], {**ok, "op": "unplan", "ids": ["6/0"]}, None)
+    p.forget(p.jobs["j/r9"])
+    assert kept() == rebuilt()
+    p.links_changed({(1, 2), (4, 0)})
+    assert kept() == rebuilt() and not any(k[:2] in {(1, 2), (4, 0)} for k in kept())
+    p.links_changed(set())
+    assert kept() == rebuilt()
+
+
 # ---------------------------------------------------------------- protocol
 
 

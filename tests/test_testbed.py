@@ -407,6 +407,38 @@ def test_a_cut_uplink_moves_only_its_own_flows(make_cluster):
 
 
 @needs_clusters
+def test_a_leafs_lookup_process_survives_a_bad_question_and_follows_a_new_namespace(
+        make_cluster):  # fmt: skip
+    """The kept `ip -batch` of a leaf (`nexthops.py`): a question it cannot
+    answer is a clear error and the next question gets a fresh process; a
+    cluster made anew under its name gets a process in the new namespace
+    (the old one would answer from the old)."""
+    from cadence.testbed import fabric, nexthops
+
+    cluster = make_cluster(2, tag="nh", rate="100mbit", racks=2, spines=2,
+                           placement="interleaved")  # fmt: skip
+    a, b = cluster.hosts[0], cluster.hosts[1]
+    ports = [(p, 29400) for p in range(21000, 21600)]  # more than one batch
+
+    def spines(in_port=a.nics[0].port):
+        return fabric.next_spines(cluster.fabric, 0, in_port, a.nics[0].address,
+                                  b.nics[0].address, ports)  # fmt: skip
+
+    first = spines()
+    assert set(first) == {0, 1}
+    leaf = nexthops.leaf(cluster.fabric.leaf(0))
+    pid = leaf.proc.pid
+    assert spines() == first and leaf.proc.pid == pid  # kept
+    with pytest.raises(testbed.TestbedError, match="next hops failed: .*nosuch"):
+        spines("nosuch")
+    assert spines() == first and leaf.proc.pid != pid
+    pid = leaf.proc.pid
+    testbed.down(cluster.name)
+    testbed.up(cluster)
+    assert set(spines()) == {0, 1} and leaf.proc.pid != pid
+
+
+@needs_clusters
 def test_down_ends_what_still_runs_inside(make_cluster):
     cluster = make_cluster(2, tag="dk")
     proc = subprocess.Popen(jobs.in_host(cluster.hosts[1], ["sleep", "60"]))

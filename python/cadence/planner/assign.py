@@ -72,6 +72,9 @@ class Loads:
         #: (rack, UP|DOWN) → the connections with streams that weigh
         #: something there, and how many.
         self.c: dict[tuple[int, int], dict] = {}
+        #: (rack, UP|DOWN) → the weight of every stream that leaves or
+        #: enters the rack, whichever spine it takes (`bound`).
+        self.ends: dict[tuple[int, int], int] = {}
 
     def of(self, rack: int, m: int, d: int) -> int:
         return self.w.get((rack, m, d), 0)
@@ -83,6 +86,8 @@ class Loads:
         for key in ((s.src, m, UP), (s.dst, m, DOWN)):
             self.w[key] = self.w.get(key, 0) + sign * s.weight
             self.n[key] = self.n.get(key, 0) + sign
+        for end in ((s.src, UP), (s.dst, DOWN)):
+            self.ends[end] = self.ends.get(end, 0) + sign * s.weight
         if not s.weight:
             return  # carries nothing: shares no uplink with anyone
         for end in ((s.src, UP), (s.dst, DOWN)):
@@ -99,6 +104,19 @@ class Loads:
 
     def worst(self) -> int:
         return max(self.w.values(), default=0)
+
+    def bound(self) -> int:
+        """`lower_bound` of the streams these loads hold (live uplinks
+        as the fabric now says)."""
+        live = [sum(self.f.live(r, m) for m in range(self.f.spines))
+                for r in range(self.f.racks)]  # fmt: skip
+        bound = 0
+        for (rack, _d), w in self.ends.items():
+            if w and not live[rack]:
+                raise ValueError(f"rack {rack} has no live uplink")
+            if w:
+                bound = max(bound, math.ceil(w / live[rack]))
+        return bound
 
     def after(self, s: Stream, m: int) -> int:
         """The larger of the two loads `s` would make on spine m."""
@@ -132,31 +150,38 @@ def lower_bound(fabric: Fabric, streams: list[Stream]) -> int:
 
 
 def place(fabric: Fabric, streams: list[Stream], fixed: list[Stream] = (),
-          rebalance: bool = False) -> int:
+          rebalance: bool = False, loads: Loads | None = None) -> int:
     """Sets `spine` of every stream between racks in `streams` (inside a
     rack: None), given the `fixed` ones already placed (other jobs'; moved
-    too when `rebalance`). Returns the most loaded uplink's weight. Raises
-    ValueError when a stream has no live spine."""
-    loads = Loads(fabric)
+    too when `rebalance`), or, where the caller keeps them across calls,
+    the `loads` of what is placed (updated here with `streams`: a placement
+    then costs what it places, not everything placed before it). Returns
+    the most loaded uplink's weight. Raises ValueError when a stream has no
+    live spine."""
     movable = [s for s in streams if s.src != s.dst]
     for s in streams:
         if s.src == s.dst:
             s.spine = None
-    for s in fixed:
-        if s.spine is not None and s.src != s.dst:
-            if rebalance or not fabric.spines_for(s.src, s.dst).count(s.spine):
-                movable.append(s)
-            else:
-                loads.add(s, s.spine)
+    if loads is None:
+        loads = Loads(fabric)
+        for s in fixed:
+            if s.spine is not None and s.src != s.dst:
+                if rebalance or not fabric.spines_for(s.src, s.dst).count(s.spine):
+                    movable.append(s)
+                else:
+                    loads.add(s, s.spine)
+    elif fixed or rebalance:
+        raise ValueError("place: fixed streams or loads, not both")
     units = _units(movable)
     # Fewest choices first, heaviest first: the constrained ones get theirs.
     units.sort(key=lambda um: (len(fabric.spines_for(um[0].src, um[0].dst)), -um[0].weight))
+    for u, _members in units[:1]:  # the fewest choices first: none is none
+        if not fabric.spines_for(u.src, u.dst):
+            raise ValueError(f"no live spine joins rack {u.src} to rack {u.dst}")
     placing: list[Stream] = []  # what is placed: whole connections, or streams
     whole: list[tuple[Stream, list[Stream]]] = []
     for u, members in units:
         options = fabric.spines_for(u.src, u.dst)
-        if not options:
-            raise ValueError(f"no live spine joins rack {u.src} to rack {u.dst}")
         # A connection goes whole onto one spine while its ends have a spine
         # for each connection; past that, sharing is certain, and its
         # streams spread so that it shares evenly.
@@ -168,11 +193,13 @@ def place(fabric: Fabric, streams: list[Stream], fixed: list[Stream] = (),
             s.spine = min(options, key=lambda m: (loads.after(s, m), loads.count(s, m), m))
             loads.add(s, s.spine)
             placing.append(s)
-    _improve(fabric, loads, placing, lower_bound(fabric, placing + [
-        s for s in fixed if s not in movable and s.spine is not None and s.src != s.dst]))
+    _improve(fabric, loads, placing, loads.bound())
     for u, members in whole:
+        # The loads count streams one by one (what `count` and `room` see).
+        loads.add(u, u.spine, -1)
         for s in members:
             s.spine = u.spine
+            loads.add(s, s.spine)
     return loads.worst()
 
 

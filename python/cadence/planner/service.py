@@ -16,6 +16,7 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -31,8 +32,12 @@ log = logging.getLogger("cadence.planner")
 #: Source ports handed out: below Linux's ephemeral range (32768-60999), so
 #: a planned port never collides with one the kernel picked for a connect.
 PORT_LO, PORT_HI = 20000, 32767
-#: Ports offered per stream, all landing on its spine.
-PORTS_PER_STREAM = 4
+#: Ports offered per stream, all landing on its spine: the first, and one
+#: for when the first is busy (another program bound it, or the same
+#: connection's last incarnation lingers in TIME_WAIT); past them the
+#: library lets the kernel pick. Each costs lookups: the search for them is
+#: most of a request's cost.
+PORTS_PER_STREAM = 2
 #: How often the uplinks' states are read.
 WATCH_S = 0.5
 
@@ -94,6 +99,10 @@ class Planner:
         self.excluded = set(excluded or ())
         self.down: set[tuple[int, int]] = set()
         self.model = assign.Fabric(cluster.racks, cluster.spines, set(self.excluded))
+        #: The load of every stream planned and not held, kept as streams
+        #: come and go: a request costs what it plans, not what every job
+        #: planned before it (docs/traffic.md, "The planner at scale").
+        self.loads = assign.Loads(self.model)
         self.jobs: dict[str, Job] = {}
         self.rng = random.Random(seed)
         #: Cluster address → (host, rack, the leaf's port it arrives on).
@@ -164,26 +173,35 @@ class Planner:
             new.append(Conn(cid, src, dst, dport, streams, back, notify=notify,
                             held=[False] * count))
         fresh = [s for c in new for s in c.both()]
-        placed = [s for j in self.jobs.values() for c in j.conns.values()
-                  for k, pair in enumerate(zip(c.streams, c.back, strict=True))
-                  if not c.held[k] for s in pair]  # fmt: skip
         try:
-            worst = assign.place(self.model, fresh, fixed=placed)
+            worst = assign.place(self.model, fresh, loads=self.loads)
         except ValueError as e:
             raise Refused(str(e)) from None
+        # Taken out while the ports may still move a direction; back in
+        # with the spines the ports give.
+        self._count(fresh, -1)
+        done: list[Conn] = []
+        try:
+            for c in new:
+                # A direction that counts nothing follows the other onto its
+                # spine: one source port must land both where they were put,
+                # and a symmetric hash (the kernel's here) offers no other pair.
+                for s, b in zip(c.streams, c.back, strict=True):
+                    if s.spine is None:
+                        continue
+                    if b.weight == 0:
+                        b.spine = s.spine
+                    elif s.weight == 0:
+                        s.spine = b.spine
+                c.sports = self._ports(c, job)
+                done.append(c)
+        except Refused:
+            for c in done:  # a refused request plans nothing
+                self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
+            raise
         for c in new:
-            # A direction that counts nothing follows the other onto its
-            # spine: one source port must land both where they were put,
-            # and a symmetric hash (the kernel's here) offers no other pair.
-            for s, b in zip(c.streams, c.back, strict=True):
-                if s.spine is None:
-                    continue
-                if b.weight == 0:
-                    b.spine = s.spine
-                elif s.weight == 0:
-                    s.spine = b.spine
-            c.sports = self._ports(c, job)
             job.conns[c.id] = c
+            self._count(c.both(), 1)
         log.info("job %s: planned %d connections, %d streams each way; busiest uplink now %d "
                  "streams", job.name, len(new), len(fresh) // 2, worst)
         for c in new:
@@ -192,29 +210,36 @@ class Planner:
                       [s.spine for s in c.back], [ps[:1] for ps in c.sports])
         return [self._path(c) for c in new]
 
+    def _count(self, streams: list[assign.Stream], sign: int) -> None:
+        """Adds `streams` to the kept loads (sign 1) or takes them out (-1)."""
+        for s in streams:
+            if s.spine is not None:
+                self.loads.add(s, s.spine, sign)
+
+    def _forget(self, c: Conn) -> None:
+        """Frees a connection's ports and takes its live streams' load out."""
+        self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
+        for k, pair in enumerate(zip(c.streams, c.back, strict=True)):
+            if not c.held[k]:
+                self._count(list(pair), -1)
+
     def unplan(self, job: Job, ids) -> None:
         if not isinstance(ids, list):
             raise Refused("unplan needs ids: a list of connection ids")
         gone = [job.conns.pop(i) for i in ids if isinstance(i, str | int) and i in job.conns]
         for c in gone:
-            self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
+            self._forget(c)
         log.info("job %s: forgot %d connections (%d asked)", job.name, len(gone), len(ids))
 
     def release(self, job: Job) -> None:
         for c in job.conns.values():
-            self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
+            self._forget(c)
         n = len(job.conns)
         job.conns.clear()
         log.info("job %s: released %d connections", job.name, n)
 
     def status(self) -> dict:
-        loads = assign.Loads(self.model)
-        for j in self.jobs.values():
-            for c in j.conns.values():
-                for k, pair in enumerate(zip(c.streams, c.back, strict=True)):
-                    for s in pair:
-                        if s.spine is not None and not c.held[k]:
-                            loads.add(s, s.spine)
+        loads = self.loads
         uplinks = [{"rack": r, "spine": m, "up": loads.of(r, m, assign.UP),
                     "down": loads.of(r, m, assign.DOWN),
                     "state": ("excluded" if (r, m) in self.excluded else
@@ -243,37 +268,69 @@ class Planner:
         their spines. A stream inside a rack needs none. Where no port
         gives a stream's pair of spines (a symmetric hash gives none that
         differ), the heavier direction keeps its spine and the other goes
-        where the ports found take it (the stream then counts there)."""
+        where the ports found take it (the stream then counts there).
+        A stream that counts nothing either way goes where its first port
+        takes it: it is not worth a search."""
         _host, rack, port = self.where[c.src]
         _host, back_rack, back_port = self.where[c.dst]
         taken = self.taken.setdefault(c.src, set())
-        want = {(s.spine, b.spine) for s, b in zip(c.streams, c.back, strict=True)
-                if s.spine is not None}  # fmt: skip
+        lk = [k for k, (s, b) in enumerate(zip(c.streams, c.back, strict=True))
+              if s.spine is not None and s.weight == b.weight == 0]  # fmt: skip
+        pool = self._free_ports(taken, PORTS_PER_STREAM * len(lk))
+        light = {k: pool[i * PORTS_PER_STREAM:(i + 1) * PORTS_PER_STREAM]
+                 for i, k in enumerate(lk)}  # fmt: skip
+        if light:
+            firsts = [ps[0] for ps in light.values()]
+            there = fabric.next_spines(self.f, rack, port, c.src, c.dst,
+                                       [(p, c.dport) for p in firsts])  # fmt: skip
+            back = fabric.next_spines(self.f, back_rack, back_port, c.dst, c.src,
+                                      [(c.dport, p) for p in firsts])  # fmt: skip
+            for k, m, mb in zip(light, there, back, strict=True):
+                c.streams[k].spine, c.back[k].spine = m, mb
+                taken.update(light[k])
+        pairs = [(s, b) for k, (s, b) in enumerate(zip(c.streams, c.back, strict=True))
+                 if s.spine is not None and k not in light]  # fmt: skip
+        need: dict[tuple, int] = {}
+        for s, b in pairs:
+            need[(s.spine, b.spine)] = need.get((s.spine, b.spine), 0) + PORTS_PER_STREAM
+        # Where every stream's way there weighs at least its way back (the
+        # library's), the way back is asked only of ports whose way there
+        # is one some stream wants: a fallback keeps the way there.
+        ups = None if any(b.weight > s.weight for s, b in pairs) else {w[0] for w in need}
+        spines = self.cluster.spines
         found: dict[tuple, list[int]] = {}
-        need = PORTS_PER_STREAM * len(c.streams)
         tried = 0
         for _ in range(64):
-            missing = [w for w in want if len(found.get(w, ())) < need]
+            missing = {w: n - len(found.get(w, ())) for w, n in need.items()
+                       if len(found.get(w, ())) < n}  # fmt: skip
             # A pair no port gave in many tries is one the hash never gives
             # (a symmetric hash: both directions on one spine).
-            if not missing or (tried >= 64 * self.cluster.spines ** 2
+            if not missing or (tried >= 64 * spines ** 2
                                and not any(found.get(w) for w in missing)):
                 break
-            tries = [p for p in self.rng.sample(range(PORT_LO, PORT_HI + 1),
-                                                16 * len(want) * self.cluster.spines + 16)
+            # As many tries as the pairs' share of ports so far says the
+            # most missing needs (at first: as if one way chose the spine).
+            share = {w: max(len(found.get(w, ())) / tried, spines ** -2) if tried else 1 / spines
+                     for w in missing}  # fmt: skip
+            size = min(4096, 16 + math.ceil(1.3 * max(n / share[w] for w, n in missing.items())))
+            tries = [p for p in self.rng.sample(range(PORT_LO, PORT_HI + 1), size)
                      if p not in taken]  # fmt: skip
             there = fabric.next_spines(self.f, rack, port, c.src, c.dst,
                                        [(p, c.dport) for p in tries])  # fmt: skip
-            back = fabric.next_spines(self.f, back_rack, back_port, c.dst, c.src,
-                                      [(c.dport, p) for p in tries])  # fmt: skip
+            asked = [p for p, m in zip(tries, there, strict=True) if ups is None or m in ups]
+            back = dict(zip(asked, fabric.next_spines(
+                self.f, back_rack, back_port, c.dst, c.src, [(c.dport, p) for p in asked]),
+                strict=True))  # fmt: skip
             tried += len(tries)
-            for p, w in zip(tries, zip(there, back, strict=True), strict=True):
-                if len(found.setdefault(w, [])) < need:
+            cap = max(need.values())
+            for p, m in zip(tries, there, strict=True):
+                w = (m, back.get(p))
+                if p in back and len(found.setdefault(w, [])) < need.get(w, cap):
                     found[w].append(p)
         out = []
         for k, (s, b) in enumerate(zip(c.streams, c.back, strict=True)):
-            if s.spine is None:
-                out.append([])
+            if s.spine is None or k in light:
+                out.append(light.get(k, []))
                 continue
             pair = (s.spine, b.spine)
             if not found.get(pair):
@@ -290,6 +347,18 @@ class Planner:
             taken.update(ps)
             out.append(ps)
         return out
+
+    def _free_ports(self, taken: set[int], n: int) -> list[int]:
+        """`n` random planned source ports not in `taken`."""
+        pool = [p for p in self.rng.sample(range(PORT_LO, PORT_HI + 1), 2 * n + 16)
+                if p not in taken][:n]  # fmt: skip
+        if len(pool) < n:  # most are taken: draw from the free ones
+            free = [p for p in range(PORT_LO, PORT_HI + 1) if p not in taken]
+            if len(free) < n:
+                raise Refused(f"{len(taken)} of the {PORT_HI - PORT_LO + 1} planned source "
+                              f"ports of this address are taken")  # fmt: skip
+            pool = self.rng.sample(free, n)
+        return pool
 
     @staticmethod
     def _nearest_pair(found: dict[tuple, list[int]], s: assign.Stream,
@@ -327,6 +396,8 @@ class Planner:
                     if held == c.held[k]:
                         continue
                     c.held[k] = held
+                    # A held stream counts nothing until it is released.
+                    self._count([s, b], -1 if held else 1)
                     verb = "hold" if held else "release"
                     counts[verb] += 1
                     for n in c.notify:
