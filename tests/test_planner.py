@@ -303,6 +303,47 @@ def test_garbage_on_the_socket_gets_one_line_and_the_connection_closed(tmp_path)
         served.stop()
 
 
+def test_a_request_behind_a_burst_hears_it_is_queued_until_it_is_answered(tmp_path):
+    """30 leases say hello at once to a planner that takes 0.1 s a request:
+    each is answered, in the order sent, and every one that waited a second
+    or more was told so each second, with fewer ahead each time (a rank of
+    the library waits while it hears this, and gives up a planner silent
+    for 5 s)."""
+    served = _Served(_routed("pq"), str(tmp_path / "p.sock"))
+    real = served.planner.handle
+
+    def slow(*a):
+        time.sleep(0.1)
+        return real(*a)
+
+    served.planner.handle = slow
+    try:
+        socks = []
+        for i in range(30):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(10)
+            s.connect(str(tmp_path / "p.sock"))
+            s.sendall(encode({"v": 1, "token": TOKEN, "op": "hello", "job": f"j{i}"}))
+            socks.append(s)
+            time.sleep(0.002)  # sent in this order
+        heard = []
+        for s in socks:
+            lines = []
+            with s.makefile("rb") as f:
+                while not lines or "event" in lines[-1]:
+                    lines.append(json.loads(f.readline()))
+            heard.append(lines)
+        assert all(lines[-1]["ok"] for lines in heard)
+        aheads = [[m["ahead"] for m in lines if m.get("event") == "queued"] for lines in heard]
+        assert not aheads[0] and len(aheads[-1]) >= 2, aheads
+        for a in aheads:
+            assert a == sorted(a, reverse=True) and len(set(a)) == len(a), aheads
+        # The last sent waited behind all the others.
+        assert aheads[-1][0] >= 10, aheads
+    finally:
+        served.stop()
+
+
 # ------------------------------------------------------- on a routed cluster
 
 

@@ -35,6 +35,11 @@ Events: `{"event": "links", "changed": [{rack, spine, state: "down"|"up"}],
 changed; the job stops using the streams in `hold` (one of the uplinks
 either direction crosses is down) and uses those in `release` again
 (every uplink they cross is back), named as its `notify` entries said.
+`{"event": "queued", "ahead": N}`: the request sent has waited a second
+or more behind N others (the planner answers one at a time); sent every
+second until it is answered. A client waits on while it hears this, up
+to QUEUED_AT_MOST in all; a planner that says nothing for its timeout is
+given up.
 
 Errors are `{"ok": false, "error": "<one line>"}`; a malformed line or a
 wrong token also closes the connection.
@@ -45,11 +50,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 VERSION = 1
 #: Longest request line read (a plan of thousands of connections fits).
 MAX_LINE = 16 << 20
+#: How long a request may wait in all while the planner says it is queued
+#: (the library's `QUEUED_AT_MOST` too).
+QUEUED_AT_MOST = 30.0
 
 
 class PlannerError(RuntimeError):
@@ -155,11 +164,18 @@ class Client:
     def request(self, op: str, **fields) -> dict:
         try:
             self.sock.sendall(encode({"v": VERSION, "token": self.token, "op": op, **fields}))
+            until = time.monotonic() + QUEUED_AT_MOST
             while True:
                 msg = self._line(self.timeout)
                 if msg is None:
                     raise PlannerError(f"planner at {self.address} did not answer {op!r} "
                                        f"within {self.timeout:g}s")  # fmt: skip
+                if msg.get("event") == "queued":
+                    if time.monotonic() > until:
+                        raise PlannerError(f"planner at {self.address}: {op!r} still queued "
+                                           f"after {QUEUED_AT_MOST:g}s, {msg.get('ahead')} "
+                                           f"ahead")  # fmt: skip
+                    continue
                 if "event" not in msg:
                     break
                 self.events.append(msg)

@@ -40,6 +40,8 @@ PORT_LO, PORT_HI = 20000, 32767
 PORTS_PER_STREAM = 2
 #: How often the uplinks' states are read.
 WATCH_S = 0.5
+#: How often a connection whose request waits behind others is told so.
+QUEUED_EVERY = 1.0
 
 
 class Refused(Exception):
@@ -465,9 +467,45 @@ def _int(obj: dict, key: str, lo: int, hi: int) -> int:
 
 
 async def serve(planner: Planner, address: Address, ready=None) -> None:
-    """Serves until cancelled; `ready()` is called once listening."""
+    """Serves until cancelled; `ready()` is called once listening.
+
+    Requests are answered one at a time, in the order they came (one
+    worker, one request a turn of the loop): between two, the loop reads
+    new requests and the ticker tells every connection whose request has
+    waited QUEUED_EVERY or more how many are ahead of it (`queued` events),
+    so that a rank behind a burst of thousands waits for a planner it
+    hears from, and gives up only one that says nothing (`ANSWER_WITHIN` in
+    the library)."""
 
     clients: set[asyncio.Task] = set()
+    queue: asyncio.Queue = asyncio.Queue()
+    waiting: dict[asyncio.StreamWriter, float] = {}  # in the queue's order
+
+    async def work() -> None:
+        while True:
+            job, req, writer, done = await queue.get()
+            waiting.pop(writer, None)
+            try:
+                reply, job = planner.handle(job, req, writer)
+                close = False
+            except Refused as e:
+                reply, close = {"ok": False, "error": str(e)}, e.close
+            except testbed.TestbedError as e:
+                reply, close = {"ok": False, "error": str(e)}, False
+            if not done.done():  # its connection may be gone
+                done.set_result((reply, job, close))
+            # One request a turn of the loop: between two, new requests are
+            # read and the ticker runs.
+            await asyncio.sleep(0)
+
+    async def answer(job: Job | None, req, writer) -> tuple[dict, Job | None, bool]:
+        done = asyncio.get_running_loop().create_future()
+        waiting[writer] = time.monotonic()
+        queue.put_nowait((job, req, writer, done))
+        try:
+            return await done
+        finally:
+            waiting.pop(writer, None)
 
     async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         job: Job | None = None
@@ -486,16 +524,10 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
                 except ValueError:
                     writer.write(encode({"ok": False, "error": "not a JSON line"}))
                     break
-                try:
-                    answer, job = planner.handle(job, req, writer)
-                except Refused as e:
-                    writer.write(encode({"ok": False, "error": str(e)}))
-                    if e.close:
-                        break
-                    continue
-                except testbed.TestbedError as e:
-                    answer = {"ok": False, "error": str(e)}
-                writer.write(encode(answer))
+                reply, job, close = await answer(job, req, writer)
+                writer.write(encode(reply))
+                if close:
+                    break
                 await writer.drain()
         except ConnectionError:
             pass
@@ -505,6 +537,15 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
                 planner.forget(job)
             writer.close()
 
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(QUEUED_EVERY)
+            now = time.monotonic()
+            for ahead, (w, since) in enumerate(list(waiting.items())):
+                if now - since >= QUEUED_EVERY:
+                    with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+                        w.write(encode({"event": "queued", "ahead": ahead}))
+
     if address.kind == "unix":
         with contextlib.suppress(FileNotFoundError):
             os.unlink(address.path)
@@ -513,6 +554,8 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
     else:
         server = await asyncio.start_server(client, address.host, address.port, limit=MAX_LINE)
     watcher = asyncio.create_task(_watch(planner))
+    ticker = asyncio.create_task(tick())
+    worker = asyncio.create_task(work())
     log.info("planner for cluster %s listening on %s (%d racks x %d spines%s)",
              planner.cluster.name, address, planner.cluster.racks, planner.cluster.spines,
              f", excluded {sorted(planner.excluded)}" if planner.excluded else "")
@@ -522,10 +565,9 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
         async with server:
             await server.serve_forever()
     finally:
-        watcher.cancel()
-        for task in list(clients):  # stopping: every client's connection closes
+        for task in (watcher, ticker, worker, *clients):  # stopping: every connection closes
             task.cancel()
-        await asyncio.gather(watcher, *clients, return_exceptions=True)
+        await asyncio.gather(watcher, ticker, worker, *clients, return_exceptions=True)
         if address.kind == "unix":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address.path)

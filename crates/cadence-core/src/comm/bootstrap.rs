@@ -376,7 +376,7 @@ impl Bootstrap {
                 .cfg
                 .planner
                 .clone()
-                .map(|at| PlannerLease::new(at, &self.comm_id)),
+                .map(|at| PlannerLease::new(at, &self.comm_id, self.cfg.timeout)),
         };
         let debug = self.cfg.debug;
         let mut warn = |m: String| match &mut sink {

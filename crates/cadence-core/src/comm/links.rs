@@ -7,7 +7,7 @@ use super::PeerTable;
 use crate::config::DebugLevel;
 use crate::engine::LinkUse;
 use crate::error::{CommError, ErrorKind, Result};
-use crate::fabric::planner::{Lessee, Planner, PlannerAddr};
+use crate::fabric::planner::{Lessee, Planner, PlannerAddr, QUEUED_AT_MOST};
 use crate::transport::handshake::JobSecret;
 use crate::transport::tcp::poll_fds;
 use crate::transport::tcp::{PathHolds, TcpLink};
@@ -54,6 +54,9 @@ pub struct PlannerLease {
     /// The streams the planner's link events hold down, which every link
     /// of the rank follows.
     holds: Arc<PathHolds>,
+    /// How long a request may wait while the planner says it is queued: a
+    /// link's dial waits for it, so well inside the communicator's timeout.
+    queued_at_most: Duration,
 }
 
 enum LeaseState {
@@ -63,12 +66,14 @@ enum LeaseState {
 }
 
 impl PlannerLease {
-    pub fn new(at: PlannerAddr, comm_id: &str) -> PlannerLease {
+    /// `timeout`: the communicator's (`CADENCE_TIMEOUT`).
+    pub fn new(at: PlannerAddr, comm_id: &str, timeout: Duration) -> PlannerLease {
         PlannerLease {
             at,
             comm_id: comm_id.to_string(),
             state: Mutex::new(LeaseState::Unopened),
             holds: Arc::new(PathHolds::default()),
+            queued_at_most: QUEUED_AT_MOST.min(timeout / 4),
         }
     }
 
@@ -161,6 +166,7 @@ impl LinkCtx {
                 holds: lease.holds.clone(),
                 log_as: (self.debug >= DebugLevel::Warn)
                     .then(|| format!("cadence rank {}", self.rank)),
+                queued_at_most: lease.queued_at_most,
             };
             *state = match Planner::connect(&lease.at, who) {
                 Ok(p) => LeaseState::Open(p),

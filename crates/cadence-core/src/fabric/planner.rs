@@ -18,7 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a rank waits for the planner at most, per request: a dial
 /// waits for it (it is on the way to the link's first message). Generous,
@@ -28,6 +28,12 @@ use std::time::Duration;
 /// wait for"). A planner that does not answer at all costs each rank this
 /// once: the rank then gives its lease up.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long a request may wait in all while the planner says it is queued
+/// behind others (`queued` events, one a second: it answers one request at
+/// a time, and a job of thousands of ranks asks at once). Silence for
+/// [`ANSWER_WITHIN`] still gives the planner up.
+pub const QUEUED_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Where the planner listens and the cluster's token
 /// (`CADENCE_PLANNER`, `CADENCE_PLANNER_TOKEN_FILE`).
@@ -44,6 +50,7 @@ pub struct Planner {
     writer: Box<dyn Write + Send>,
     answers: Receiver<Value>,
     token: String,
+    queued_at_most: Duration,
     /// Per (peer, path): per stream, its source ports (best first; empty:
     /// the stream stays inside a rack, any port does).
     planned: HashMap<(usize, usize), Vec<Vec<u16>>>,
@@ -61,6 +68,9 @@ pub struct Lessee {
     pub holds: Arc<PathHolds>,
     /// Prefix of warning lines ("cadence rank 3"); `None`: none.
     pub log_as: Option<String>,
+    /// How long a request may wait in all while the planner says it is
+    /// queued ([`QUEUED_AT_MOST`] at most).
+    pub queued_at_most: Duration,
 }
 
 impl Planner {
@@ -91,6 +101,7 @@ impl Planner {
         let (tx, answers) = mpsc::channel();
         let closing = Arc::new(AtomicBool::new(false));
         let job = who.job.clone();
+        let queued_at_most = who.queued_at_most.min(QUEUED_AT_MOST);
         let reading = Reading {
             at: at.address.clone(),
             who,
@@ -105,6 +116,7 @@ impl Planner {
             writer,
             answers,
             token,
+            queued_at_most,
             planned: HashMap::new(),
             closing,
             shutdown,
@@ -165,12 +177,25 @@ impl Planner {
         self.writer
             .write_all(line.as_bytes())
             .map_err(|e| format!("no answer: {e}"))?;
-        let msg = match self.answers.recv_timeout(ANSWER_WITHIN) {
-            Ok(msg) => msg,
-            Err(RecvTimeoutError::Timeout) => {
-                return Err(format!("no answer within {ANSWER_WITHIN:?}"))
+        let asked = Instant::now();
+        let msg = loop {
+            match self.answers.recv_timeout(ANSWER_WITHIN) {
+                Ok(msg) if msg["event"] == json!("queued") => {
+                    if asked.elapsed() > self.queued_at_most {
+                        return Err(format!(
+                            "still queued after {:?}, {} requests ahead",
+                            self.queued_at_most, msg["ahead"]
+                        ));
+                    }
+                }
+                Ok(msg) => break msg,
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!("no answer within {ANSWER_WITHIN:?}"))
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err("it closed the connection".into())
+                }
             }
-            Err(RecvTimeoutError::Disconnected) => return Err("it closed the connection".into()),
         };
         if msg["ok"] != json!(true) {
             return Err(format!(
@@ -233,7 +258,7 @@ impl Reading {
                 Ok(m) => m,
                 Err(e) => break format!("garbage from it: {e}"),
             };
-            if msg.get("event").is_some() {
+            if msg.get("event").is_some() && msg["event"] != json!("queued") {
                 self.apply(&msg);
             } else if self.answers.send(msg).is_err() {
                 return;
@@ -383,6 +408,7 @@ mod tests {
             job: "job".into(),
             holds: Arc::new(PathHolds::default()),
             log_as: None,
+            queued_at_most: QUEUED_AT_MOST,
         };
         assert!(Planner::connect(&at, who()).is_err());
         assert!(t.elapsed() < Duration::from_secs(2));
@@ -394,6 +420,51 @@ mod tests {
             .err()
             .unwrap()
             .contains("unix:PATH"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_queued_request_waits_past_answer_within_while_the_planner_says_so() {
+        use std::os::unix::net::UnixListener;
+        let dir = std::env::temp_dir().join(format!("cadence-queued-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "t\n").unwrap();
+        let sock = dir.join("planner.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let busy = ANSWER_WITHIN + Duration::from_secs(1);
+        let server = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let mut lines = BufReader::new(conn.try_clone().unwrap()).lines();
+            let hello: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+            assert_eq!(hello["op"], "hello");
+            let mut w = conn;
+            let t = Instant::now();
+            let mut ahead = 40;
+            while t.elapsed() < busy {
+                writeln!(w, "{}", json!({"event": "queued", "ahead": ahead})).unwrap();
+                ahead -= 1;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            writeln!(w, "{}", json!({"ok": true, "racks": 2, "spines": 2})).unwrap();
+            lines.next(); // until the client closes
+        });
+        let at = PlannerAddr {
+            address: format!("unix:{}", sock.display()),
+            token_file: token.display().to_string(),
+        };
+        let who = Lessee {
+            job: "job".into(),
+            holds: Arc::new(PathHolds::default()),
+            log_as: None,
+            queued_at_most: QUEUED_AT_MOST,
+        };
+        let t = Instant::now();
+        let planner = Planner::connect(&at, who);
+        assert!(planner.is_ok(), "{:?}", planner.err());
+        assert!(t.elapsed() >= busy);
+        drop(planner);
+        server.join().unwrap();
         std::fs::remove_dir_all(&dir).ok();
     }
 }
