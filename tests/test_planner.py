@@ -340,6 +340,15 @@ def test_a_request_behind_a_burst_hears_it_is_queued_until_it_is_answered(tmp_pa
             assert a == sorted(a, reverse=True) and len(set(a)) == len(a), aheads
         # The last sent waited behind all the others.
         assert aheads[-1][0] >= 10, aheads
+        # A request the planner fails on (a bug, not a refusal) gets one
+        # line, and the next request is answered.
+        served.planner.handle = lambda *a: 1 / 0
+        with Client(served.address, TOKEN) as c, pytest.raises(PlannerError,
+                                                               match="ZeroDivision"):
+            c.request("status")
+        served.planner.handle = real
+        with Client(served.address, TOKEN) as c:
+            assert c.request("status")["ok"]
     finally:
         served.stop()
 

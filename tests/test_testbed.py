@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import secrets
 import shutil
 import statistics
@@ -424,9 +425,19 @@ def test_a_leafs_lookup_process_survives_a_bad_question_and_follows_a_new_namesp
         return fabric.next_spines(cluster.fabric, 0, in_port, a.nics[0].address,
                                   b.nics[0].address, ports)  # fmt: skip
 
-    first = spines()
+    # Its pipes past descriptor 1024, as in a planner holding a thousand
+    # leases (select() fails there).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        first = spines()
+    finally:
+        for fd in held:
+            os.close(fd)
     assert set(first) == {0, 1}
     leaf = nexthops.leaf(cluster.fabric.leaf(0))
+    assert leaf.proc.stdout.fileno() > 1024
     pid = leaf.proc.pid
     assert spines() == first and leaf.proc.pid == pid  # kept
     with pytest.raises(testbed.TestbedError, match="next hops failed: .*nosuch"):

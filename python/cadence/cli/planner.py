@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -128,11 +129,20 @@ def _serve(args: argparse.Namespace, address: str, token_file: str) -> int:
             log.warning("uplink rack %d spine %d runs far below its rate: excluded", r, m)
         excluded |= bad
     planner = Planner(cluster, token, excluded=excluded)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        asyncio.run(serve(planner, Address.parse(address)))
-    except KeyboardInterrupt:
-        logging.getLogger("cadence.planner").info("planner stopped")
+
+    async def main() -> None:
+        # SIGTERM (`stop`) and ^C cancel the service, which closes every
+        # connection in order (an exception thrown from a signal handler
+        # lands in whichever callback runs, one error per open lease).
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(planner, Address.parse(address))
+
+    asyncio.run(main())
+    logging.getLogger("cadence.planner").info("planner stopped")
     return 0
 
 

@@ -42,6 +42,10 @@ PORTS_PER_STREAM = 2
 WATCH_S = 0.5
 #: How often a connection whose request waits behind others is told so.
 QUEUED_EVERY = 1.0
+#: Connections not yet accepted that the listener keeps: every rank of a
+#: job connects at once when it starts, and past the backlog a connect is
+#: refused (asyncio's default is 100; the kernel caps it at somaxconn).
+BACKLOG = 4096
 
 
 class Refused(Exception):
@@ -492,6 +496,9 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
                 reply, close = {"ok": False, "error": str(e)}, e.close
             except testbed.TestbedError as e:
                 reply, close = {"ok": False, "error": str(e)}, False
+            except Exception as e:  # noqa: BLE001 - one request's bug stops no other
+                log.exception("answering %s", str(req)[:200])
+                reply, close = {"ok": False, "error": f"planner error: {e!r}"}, False
             if not done.done():  # its connection may be gone
                 done.set_result((reply, job, close))
             # One request a turn of the loop: between two, new requests are
@@ -549,10 +556,12 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
     if address.kind == "unix":
         with contextlib.suppress(FileNotFoundError):
             os.unlink(address.path)
-        server = await asyncio.start_unix_server(client, address.path, limit=MAX_LINE)
+        server = await asyncio.start_unix_server(client, address.path, limit=MAX_LINE,
+                                                 backlog=BACKLOG)  # fmt: skip
         os.chmod(address.path, 0o666)  # the token, not the path, guards it
     else:
-        server = await asyncio.start_server(client, address.host, address.port, limit=MAX_LINE)
+        server = await asyncio.start_server(client, address.host, address.port, limit=MAX_LINE,
+                                            backlog=BACKLOG)  # fmt: skip
     watcher = asyncio.create_task(_watch(planner))
     ticker = asyncio.create_task(tick())
     worker = asyncio.create_task(work())

@@ -85,6 +85,10 @@ class Leaf:
         nothing for COMMAND_TIMEOUT."""
         fd = proc.stdout.fileno()
         os.set_blocking(fd, False)
+        # poll, not select: a planner holding thousands of connections has
+        # descriptors past select's 1024.
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         chunks: list[bytes] = []
         lines = 0
         deadline = time.monotonic() + COMMAND_TIMEOUT
@@ -93,7 +97,7 @@ class Leaf:
                 chunk = os.read(fd, 1 << 16)
             except BlockingIOError:  # nothing yet: wait for it
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                if left <= 0 or not poller.poll(left * 1e3):
                     break
                 continue
             if not chunk:
