@@ -201,8 +201,8 @@ class Planner:
                         s.spine = b.spine
                 c.sports = self._ports(c, job)
                 done.append(c)
-        except Refused:
-            for c in done:  # a refused request plans nothing
+        except Exception:
+            for c in done:  # a request that fails plans nothing
                 self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
             raise
         for c in new:
