@@ -393,23 +393,33 @@ mod tests {
         assert!(named_streams(&event["release"]).is_empty());
     }
 
-    #[test]
-    fn an_unreachable_planner_is_an_error_not_a_wait() {
-        let dir = std::env::temp_dir().join(format!("cadence-planner-{}", std::process::id()));
+    /// A fresh directory with a token file, and the planner address of
+    /// socket `sock` in it.
+    fn token_dir(tag: &str, sock: &str) -> (std::path::PathBuf, PlannerAddr) {
+        let dir = std::env::temp_dir().join(format!("cadence-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let token = dir.join("token");
         std::fs::write(&token, "t\n").unwrap();
         let at = PlannerAddr {
-            address: format!("unix:{}", dir.join("none.sock").display()),
+            address: format!("unix:{}", dir.join(sock).display()),
             token_file: token.display().to_string(),
         };
-        let t = std::time::Instant::now();
-        let who = || Lessee {
+        (dir, at)
+    }
+
+    fn who() -> Lessee {
+        Lessee {
             job: "job".into(),
             holds: Arc::new(PathHolds::default()),
             log_as: None,
             queued_at_most: QUEUED_AT_MOST,
-        };
+        }
+    }
+
+    #[test]
+    fn an_unreachable_planner_is_an_error_not_a_wait() {
+        let (dir, at) = token_dir("planner", "none.sock");
+        let t = std::time::Instant::now();
         assert!(Planner::connect(&at, who()).is_err());
         assert!(t.elapsed() < Duration::from_secs(2));
         let odd = PlannerAddr {
@@ -426,12 +436,8 @@ mod tests {
     #[test]
     fn a_queued_request_waits_past_answer_within_while_the_planner_says_so() {
         use std::os::unix::net::UnixListener;
-        let dir = std::env::temp_dir().join(format!("cadence-queued-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let token = dir.join("token");
-        std::fs::write(&token, "t\n").unwrap();
-        let sock = dir.join("planner.sock");
-        let listener = UnixListener::bind(&sock).unwrap();
+        let (dir, at) = token_dir("queued", "planner.sock");
+        let listener = UnixListener::bind(dir.join("planner.sock")).unwrap();
         let busy = ANSWER_WITHIN + Duration::from_secs(1);
         let server = std::thread::spawn(move || {
             let (conn, _) = listener.accept().unwrap();
@@ -449,18 +455,8 @@ mod tests {
             writeln!(w, "{}", json!({"ok": true, "racks": 2, "spines": 2})).unwrap();
             lines.next(); // until the client closes
         });
-        let at = PlannerAddr {
-            address: format!("unix:{}", sock.display()),
-            token_file: token.display().to_string(),
-        };
-        let who = Lessee {
-            job: "job".into(),
-            holds: Arc::new(PathHolds::default()),
-            log_as: None,
-            queued_at_most: QUEUED_AT_MOST,
-        };
         let t = Instant::now();
-        let planner = Planner::connect(&at, who);
+        let planner = Planner::connect(&at, who());
         assert!(planner.is_ok(), "{:?}", planner.err());
         assert!(t.elapsed() >= busy);
         drop(planner);
