@@ -204,6 +204,104 @@ def test_a_request_costs_what_it_plans_not_what_was_planned_before(monkeypatch):
     assert kept() == rebuilt()
 
 
+def test_a_crowded_rack_end_spreads_every_connection_and_a_cut_moves_only_holds(monkeypatch):
+    """Laid out (layout.py): a connection has a stream on every spine and
+    carries on its home's while each has a spine of its own; when a rack
+    end has more connections than live spines (a cut, a fifth job), every
+    connection there carries on one stream a live spine, so every job gets
+    the same share; back home when the end empties or the uplink returns.
+    Only holds and releases move, and every job hears of its own."""
+    from cadence.testbed import fabric
+
+    monkeypatch.setattr(fabric, "next_spines", _hashed(4))
+    cluster = testbed.build("pllay", 8, 1, "100mbit", racks=2, spines=4)
+    p = Planner(cluster, TOKEN, seed=5)
+    ok = {"v": 1, "token": TOKEN}
+    addr = [h.nics[0].address for h in cluster.hosts]  # 0-3 rack 0, 4-7 rack 1
+
+    def lease(name: str):
+        return p.handle(None, {**ok, "op": "hello", "job": name}, None)[1]
+
+    def plan(job, src: int, dst: int) -> dict:
+        conn = {"id": "c", "src": addr[src], "dst": addr[dst], "dport": 30000,
+                "streams": 4, "back_weight": 0}  # fmt: skip
+        answer, _ = p.handle(job, {**ok, "op": "plan", "connections": [conn]}, None)
+        assert answer["ok"], answer
+        return answer["paths"][0]
+
+    def events() -> dict[str, dict]:
+        out = {j.name: e for j, e in p.outbox}
+        p.outbox.clear()
+        return out
+
+    def carrying(name: str) -> list[int]:
+        c = p.jobs[name].conns["c"]
+        return sorted(s.spine for s, h in zip(c.streams, c.held, strict=True) if not h)
+
+    def up_loads() -> list[int]:
+        return [p.loads.of(0, m, assign.UP) for m in range(4)]
+
+    jobs = [lease(f"j{i}") for i in range(4)]
+    homes = []
+    for i, job in enumerate(jobs):
+        path = plan(job, i, 4 + i)
+        # One stream on every spine, both ways alike, the first on its home.
+        assert sorted(s["spine"] for s in path["streams"]) == [0, 1, 2, 3]
+        assert all(s["spine"] == s["back"] for s in path["streams"])
+        homes.append(path["streams"][0]["spine"])
+        assert carrying(f"j{i}") == [homes[-1]]
+        # Its three others stand by: the job is told to hold them.
+        assert events()[f"j{i}"]["hold"] == [{"peer": "c", "streams": [1, 2, 3]}]
+    assert sorted(homes) == [0, 1, 2, 3]
+    assert up_loads() == [4, 4, 4, 4]  # a connection weighs its 4 at home
+    st = p.status()
+    assert [j["held"] for j in st["jobs"]] == [3] * 4 and not any(j["spread"] for j in st["jobs"])
+
+    # Rack 1's uplink to j0's home is cut: 4 connections, 3 live spines.
+    cut = homes[0]
+    by_name = {j.name: e for j, e in p.links_changed({(1, cut)})}
+    assert set(by_name) == {f"j{i}" for i in range(4)}
+    for i in range(4):
+        assert carrying(f"j{i}") == sorted(set(range(4)) - {cut}), i
+    assert up_loads() == [0 if m == cut else 4 for m in range(4)]
+    assert by_name["j0"]["hold"] == [{"peer": "c", "streams": [0]}]
+    assert len(by_name["j0"]["release"][0]["streams"]) == 3
+    assert by_name["j1"]["hold"] == [] and len(by_name["j1"]["release"][0]["streams"]) == 2
+    assert p.status()["jobs"][1]["spread"] == 1
+    # Restored: each back on its own home.
+    p.links_changed(set())
+    assert [carrying(f"j{i}") for i in range(4)] == [[h] for h in homes]
+    assert up_loads() == [4, 4, 4, 4]
+
+    # A fifth connection at rack 0's end: every one spreads; it goes, and
+    # they go home. The events say why.
+    j4 = lease("j4")
+    plan(j4, 0, 5)
+    sent = events()  # j4 holds nothing: it carries on every spine at once
+    assert set(sent) == {f"j{i}" for i in range(4)}
+    assert "5 connections over 4 live spines" in sent["j1"]["why"], sent["j1"]
+    assert all(carrying(f"j{i}") == [0, 1, 2, 3] for i in range(5))
+    p.forget(j4)
+    sent = events()
+    assert set(sent) == {f"j{i}" for i in range(4)}
+    assert [carrying(f"j{i}") for i in range(4)] == [[h] for h in homes]
+    assert all(e["hold"][0]["streams"] for e in sent.values())
+
+    # A connection's other end whose lease opens late hears what it holds
+    # (with j3 gone, the new one has a spine of its own: three stand by).
+    p.forget(jobs[3])
+    notify = [{"job": "j0", "peer": 1, "streams": [0, 1, 2, 3]},
+              {"job": "late", "peer": 0, "streams": [0, 1, 2, 3]}]
+    conn = {"id": "d", "src": addr[1], "dst": addr[6], "dport": 30001, "streams": 4,
+            "notify": notify}  # fmt: skip
+    assert p.handle(jobs[0], {**ok, "op": "plan", "connections": [conn]}, None)[0]["ok"]
+    assert "late" not in events()
+    lease("late")
+    held = events()["late"]["hold"]
+    assert held == [{"peer": 0, "streams": [k for k, h in enumerate(
+        p.jobs["j0"].conns["d"].held) if h]}] and held[0]["streams"]
+
+
 # ---------------------------------------------------------------- protocol
 
 

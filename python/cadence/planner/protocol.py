@@ -31,10 +31,15 @@ Requests (`{"v": 1, "token": T, "op": OP, ...}`):
 - `status`: {ok, jobs, uplinks: [{rack, spine, up, down, state}], excluded}.
 
 Events: `{"event": "links", "changed": [{rack, spine, state: "down"|"up"}],
-"hold": [{peer, streams}], "release": [{peer, streams}]}`: uplinks
-changed; the job stops using the streams in `hold` (one of the uplinks
-either direction crosses is down) and uses those in `release` again
-(every uplink they cross is back), named as its `notify` entries said.
+"hold": [{peer, streams}], "release": [{peer, streams}], "why": text}`:
+the job stops using the streams in `hold` and uses those in `release`
+again, named as its `notify` entries said. With `changed` non-empty,
+uplinks changed (a held stream crosses one that is down; a released one
+crosses only live ones, or its connection now carries there); with it
+empty, the planner's layout moved (`why` says how: a new connection's
+streams standing by while it runs on its home spine, a rack end that
+filled or emptied, streams held before a lease opened): no failure
+(layout.py).
 `{"event": "queued", "ahead": N}`: the request sent has waited a second
 or more behind N others (the planner answers one at a time); sent every
 second until it is answered. A client waits on while it hears this, up

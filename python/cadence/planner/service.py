@@ -1,12 +1,13 @@
 """The planner service: one process per cluster, shared by every job on it
 (protocol.py says what it answers). It keeps every job's streams and the
 spine each takes, places new ones where the busiest uplink stays lowest
-(assign.py), finds source ports the fabric hashes onto the chosen spine
-(asking the leaf's kernel, `fabric.next_spines`), watches the uplinks, and
-when one goes down (or comes back) holds the streams that cross it (and
-releases them) and tells the jobs at both ends of each. Every decision is
-logged. A job's lease is its connection: when it closes, the job's streams
-are forgotten.
+(assign.py), lays each connection's streams out over the spines and says
+which of them carry (layout.py), finds source ports the fabric hashes onto
+the chosen spine (asking the leaf's kernel, `fabric.next_spines`), watches
+the uplinks, and when one goes down (or comes back) or a rack end fills,
+holds and releases streams and tells the jobs at both ends of each. Every
+decision is logged. A job's lease is its connection: when it closes, the
+job's streams are forgotten.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import math
 import os
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from cadence import testbed
-from cadence.planner import assign
+from cadence.planner import assign, layout
 from cadence.planner.protocol import MAX_LINE, VERSION, Address, encode
 from cadence.testbed import fabric
 
@@ -75,8 +77,15 @@ class Conn:
     #: it: [{job, peer, streams}] (`streams[k]`: that job's name for stream
     #: k of this connection on its link to `peer`).
     notify: list[dict] = field(default_factory=list)
-    #: Per stream: held (an uplink it crosses is down).
-    held: list[bool] = field(default_factory=list)
+    #: Per stream: why it is held (it carries nothing), or None.
+    held: list[str | None] = field(default_factory=list)
+    #: The spine a laid-out connection carries on while it has one to itself
+    #: (layout.py); None: not laid out, every stream live carries.
+    home: int | None = None
+    #: Whether it carries on one stream a live spine (layout.py).
+    spread: bool = False
+    #: Per stream: the spines its two directions count at in the loads.
+    counted: list[tuple[int | None, int | None]] = field(default_factory=list)
 
     def both(self) -> list[assign.Stream]:
         return self.streams + self.back
@@ -116,6 +125,20 @@ class Planner:
                       for h in cluster.hosts for n in h.nics}  # fmt: skip
         #: Source ports handed out, per source address.
         self.taken: dict[str, set[int]] = {}
+        #: Per rack end (rack, UP|DOWN): the connections that weigh
+        #: something there (held or not), by id(): more of them than live
+        #: spines and they all spread (layout.py).
+        self.crowd: dict[tuple[int, int], dict[int, Conn]] = {}
+        #: Per job name: the connections that name it in `notify` (a lease
+        #: opened late is told what its streams already hold).
+        self.notified: dict[str, list[Conn]] = {}
+        #: Holds and releases decided and not yet sent: job → verb → peer
+        #: → streams; and why, for the events.
+        self.tell: dict[str, dict[str, dict]] = {}
+        self.why: list[str] = []
+        #: Events for jobs other than the asker's answer, sent by the
+        #: service after each request.
+        self.outbox: list[tuple[Job, dict]] = []
 
     # ------------------------------------------------------------ requests
 
@@ -138,6 +161,7 @@ class Planner:
                 job = Job(name, writer)
                 self.jobs[name] = job
                 log.info("job %s: lease opened", name)
+                self._tell_held(name)
             return {"ok": True, "planner": str(self.f.prefix), "racks": self.cluster.racks,
                     "spines": self.cluster.spines,
                     "excluded": sorted(map(list, self.excluded))}, job  # fmt: skip
@@ -177,15 +201,17 @@ class Planner:
             back = [assign.Stream((job.name, cid, k, "back"), rd, rs, back_weight)
                     for k in range(count)]
             new.append(Conn(cid, src, dst, dport, streams, back, notify=notify,
-                            held=[False] * count))
+                            held=[None] * count, counted=[(None, None)] * count))
         fresh = [s for c in new for s in c.both()]
         try:
-            worst = assign.place(self.model, fresh, loads=self.loads)
+            assign.place(self.model, fresh, loads=self.loads)
         except ValueError as e:
             raise Refused(str(e)) from None
-        # Taken out while the ports may still move a direction; back in
-        # with the spines the ports give.
+        # Taken out while the layout and the ports may still move a stream;
+        # back in as `_settle` counts them.
         self._count(fresh, -1)
+        for c in new:
+            self._lay_out(c)
         done: list[Conn] = []
         try:
             for c in new:
@@ -207,14 +233,167 @@ class Planner:
             raise
         for c in new:
             job.conns[c.id] = c
-            self._count(c.both(), 1)
-        log.info("job %s: planned %d connections, %d streams each way; busiest uplink now %d "
-                 "streams", job.name, len(new), len(fresh) // 2, worst)
+            for n in c.notify:
+                self.notified.setdefault(n["job"], []).append(c)
+        moved = self._enter(new)
         for c in new:
-            log.debug("job %s: %s -> %s:%d weight %d: spines %s, back %s, ports %s", job.name,
-                      c.src, c.dst, c.dport, c.streams[0].weight, [s.spine for s in c.streams],
-                      [s.spine for s in c.back], [ps[:1] for ps in c.sports])
+            self._settle(c)
+        for c in moved.values():
+            self._settle(c)
+        self.outbox.extend(self._events([]))
+        log.info("job %s: planned %d connections, %d streams each way; busiest uplink now %d "
+                 "streams", job.name, len(new), len(fresh) // 2, self.loads.worst())
+        for c in new:
+            log.debug("job %s: %s -> %s:%d weight %d: spines %s, back %s, home %s%s, ports %s",
+                      job.name, c.src, c.dst, c.dport, c.streams[0].weight,
+                      [s.spine for s in c.streams], [s.spine for s in c.back], c.home,
+                      " (spread)" if c.spread else "", [ps[:1] for ps in c.sports])
         return [self._path(c) for c in new]
+
+    def _lay_out(self, c: Conn) -> None:
+        """One stream of `c` on every live spine between its racks and the
+        rest on its home (where `place` put the heavier direction), both
+        directions alike (layout.py); a connection inside a rack, one that
+        weighs nothing, or one with fewer streams than spines is not laid
+        out."""
+        s0, b0 = c.streams[0], c.back[0]
+        if s0.src == s0.dst or not (s0.weight or b0.weight):
+            return
+        lead = c.streams if s0.weight >= b0.weight else c.back
+        home = Counter(s.spine for s in lead).most_common(1)[0][0]
+        spines = layout.lay_out(len(c.streams), home, self.model.spines_for(s0.src, s0.dst))
+        if spines is None:
+            return
+        c.home = home
+        for s, b, m in zip(c.streams, c.back, spines, strict=True):
+            s.spine = b.spine = m
+
+    @staticmethod
+    def _ends(c: Conn) -> list[tuple[int, int]]:
+        """The rack ends (rack, UP|DOWN) where `c` weighs something."""
+        s0, b0 = c.streams[0], c.back[0]
+        if s0.src == s0.dst:
+            return []
+        return ([(s0.src, assign.UP), (s0.dst, assign.DOWN)] if s0.weight else []) + (
+            [(b0.src, assign.UP), (b0.dst, assign.DOWN)] if b0.weight else [])
+
+    def _live(self, rack: int) -> int:
+        return sum(self.model.live(rack, m) for m in range(self.model.spines))
+
+    def _crowded(self, end: tuple[int, int]) -> bool:
+        """More connections weigh at `end` than its rack has live spines."""
+        return len(self.crowd.get(end, ())) > self._live(end[0])
+
+    def _enter(self, conns: list[Conn], sign: int = 1) -> dict[int, Conn]:
+        """Adds `conns` to the rack ends they weigh at (sign -1: takes them
+        out); returns the other connections at every end that became
+        crowded or stopped being so (they spread, or go home: `_settle`)."""
+        ends = {e for c in conns for e in self._ends(c)}
+        before = {e: self._crowded(e) for e in ends}
+        for c in conns:
+            for e in self._ends(c):
+                at = self.crowd.setdefault(e, {})
+                if sign > 0:
+                    at[id(c)] = c
+                else:
+                    at.pop(id(c), None)
+        moved: dict[int, Conn] = {}
+        for e in sorted(ends):
+            if self._crowded(e) != before[e]:
+                n, live = len(self.crowd.get(e, ())), self._live(e[0])
+                self.why.append(
+                    f"rack {e[0]} {'sends' if e[1] == assign.UP else 'receives'} "
+                    f"{n} connections over {live} live spines: each carries on " + (
+                        "one stream a spine" if n > live else "a spine of its own"))
+                moved.update(self.crowd.get(e, {}))
+        gone = {id(c) for c in conns} if sign < 0 else set()
+        return {k: c for k, c in moved.items() if k not in gone}
+
+    def _settle(self, c: Conn) -> None:
+        """Which of `c`'s streams carry now (layout.py), given the uplinks
+        down and how crowded its ends are; the loads count what carries
+        (a connection together: all of it at its home, which moves when
+        its home's uplink is down), and the holds and releases that
+        changes make are queued for the jobs (`_events`)."""
+        dead = self.model.dead
+        pairs = list(zip(c.streams, c.back, strict=True))
+        for (s, b), (ms, mb) in zip(pairs, c.counted, strict=True):
+            if ms is not None:
+                self.loads.add(s, ms, -1)
+            if mb is not None:
+                self.loads.add(b, mb, -1)
+        cut = [_crosses(s, dead) or _crosses(b, dead) for s, b in pairs]
+        spines = [s.spine for s in c.streams]
+        if c.home is None:
+            held = [layout.CUT if x else None for x in cut]
+            counted = [(None, None) if x else (s.spine, b.spine) for x, (s, b) in zip(
+                cut, pairs, strict=True)]
+        else:
+            c.spread = any(self._crowded(e) for e in self._ends(c))
+            live = {m for m, x in zip(spines, cut, strict=True) if not x}
+            if not c.spread and c.home not in live and live:
+                unit = assign.Stream(None, c.streams[0].src, c.streams[0].dst,
+                                     sum(s.weight for s in c.streams))
+                c.home = min(sorted(live), key=lambda m: (self.loads.after(unit, m), m))
+                log.info("%s -> %s:%d: home spine now %d", c.src, c.dst, c.dport, c.home)
+            held = layout.carrying(spines, cut, c.home, c.spread)
+            if c.spread or c.home not in live:
+                counted = [(None, None) if h else (m, m) for h, m in zip(held, spines,
+                                                                          strict=True)]
+            else:
+                counted = [(c.home, c.home)] * len(pairs)
+        for (s, b), (ms, mb) in zip(pairs, counted, strict=True):
+            if ms is not None:
+                self.loads.add(s, ms)
+            if mb is not None:
+                self.loads.add(b, mb)
+        c.counted = counted
+        for k, h in enumerate(held):
+            if bool(h) != bool(c.held[k]):
+                self._tell(c, k, "hold" if h else "release")
+            c.held[k] = h
+
+    def _tell(self, c: Conn, k: int, verb: str, only: str | None = None) -> None:
+        """Queues `verb` for stream k of `c` to every job it names (or
+        `only` that one)."""
+        for n in c.notify:
+            if only is None or n["job"] == only:
+                peers = self.tell.setdefault(n["job"], {}).setdefault(verb, {})
+                peers.setdefault(n["peer"], []).append(n["streams"][k])
+
+    def _tell_held(self, name: str) -> None:
+        """A lease opened: the streams it names that are already held."""
+        for c in self.notified.get(name, ()):
+            for k, h in enumerate(c.held):
+                if h:
+                    self._tell(c, k, "hold", only=name)
+        if self.tell:
+            self.why.append("streams held before this lease opened")
+            self.outbox.extend(self._events([]))
+
+    def _events(self, changed: list[dict]) -> list[tuple[Job, dict]]:
+        """The queued holds and releases as one event per job with a lease
+        (a job without one is told when it opens it), and why."""
+        events = []
+        why = "; ".join(dict.fromkeys(self.why))
+        for name, verbs in self.tell.items():
+            job = self.jobs.get(name)
+            if job is None:
+                continue
+            event = {"event": "links", "changed": changed}
+            if why:
+                event["why"] = why
+            for verb in ("hold", "release"):
+                event[verb] = [{"peer": p, "streams": sorted(ss)}
+                               for p, ss in sorted(verbs.get(verb, {}).items(), key=str)]
+            events.append((job, event))
+        if self.tell:
+            log.info("%s: %d streams held, %d released", why or "links changed",
+                     sum(len(ss) for v in self.tell.values() for ss in v.get("hold", {}).values()),
+                     sum(len(ss) for v in self.tell.values()
+                         for ss in v.get("release", {}).values()))  # fmt: skip
+        self.tell, self.why = {}, []
+        return events
 
     def _count(self, streams: list[assign.Stream], sign: int) -> None:
         """Adds `streams` to the kept loads (sign 1) or takes them out (-1)."""
@@ -222,24 +401,37 @@ class Planner:
             if s.spine is not None:
                 self.loads.add(s, s.spine, sign)
 
-    def _forget(self, c: Conn) -> None:
-        """Frees a connection's ports and takes its live streams' load out."""
-        self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
-        for k, pair in enumerate(zip(c.streams, c.back, strict=True)):
-            if not c.held[k]:
-                self._count(list(pair), -1)
+    def _forget(self, gone: list[Conn]) -> None:
+        """Frees connections' ports and takes their load out; connections
+        at ends they leave uncrowded go home (`_settle`)."""
+        for c in gone:
+            self.taken.get(c.src, set()).difference_update(p for ps in c.sports for p in ps)
+            for (s, b), (ms, mb) in zip(zip(c.streams, c.back, strict=True), c.counted,
+                                        strict=True):  # fmt: skip
+                if ms is not None:
+                    self.loads.add(s, ms, -1)
+                if mb is not None:
+                    self.loads.add(b, mb, -1)
+            c.counted = [(None, None)] * len(c.streams)
+            for n in c.notify:
+                named = self.notified.get(n["job"], [])
+                if c in named:
+                    named.remove(c)
+                if not named:
+                    self.notified.pop(n["job"], None)
+        for c in self._enter(gone, -1).values():
+            self._settle(c)
+        self.outbox.extend(self._events([]))
 
     def unplan(self, job: Job, ids) -> None:
         if not isinstance(ids, list):
             raise Refused("unplan needs ids: a list of connection ids")
         gone = [job.conns.pop(i) for i in ids if isinstance(i, str | int) and i in job.conns]
-        for c in gone:
-            self._forget(c)
+        self._forget(gone)
         log.info("job %s: forgot %d connections (%d asked)", job.name, len(gone), len(ids))
 
     def release(self, job: Job) -> None:
-        for c in job.conns.values():
-            self._forget(c)
+        self._forget(list(job.conns.values()))
         n = len(job.conns)
         job.conns.clear()
         log.info("job %s: released %d connections", job.name, n)
@@ -252,7 +444,8 @@ class Planner:
                               "down" if (r, m) in self.down else "up")}
                    for r in range(self.cluster.racks) for m in range(self.cluster.spines)]
         jobs = [{"job": j.name, "connections": len(j.conns), "streams": len(j.streams()) // 2,
-                 "held": sum(sum(c.held) for c in j.conns.values()), "since": j.since}
+                 "held": sum(bool(h) for c in j.conns.values() for h in c.held),
+                 "spread": sum(c.spread for c in j.conns.values()), "since": j.since}
                 for j in self.jobs.values()]  # fmt: skip
         return {"ok": True, "cluster": self.cluster.name, "jobs": jobs, "uplinks": uplinks,
                 "excluded": sorted(map(list, self.excluded))}
@@ -383,9 +576,11 @@ class Planner:
         """The uplinks now down: every stream that crosses one, either way,
         is held (it carries nothing and counts nothing until every uplink
         it crosses is back; the fabric may have rehashed it onto a live
-        spine, where it would crowd the streams planned there), and the
-        jobs that know it are told which to hold and which to release.
-        Streams planned while an uplink is down avoid it."""
+        spine, where it would crowd the streams planned there), laid-out
+        connections spread or go home as their ends' live spines say
+        (layout.py), and the jobs that know each stream are told which to
+        hold and which to release. Streams planned while an uplink is down
+        avoid it."""
         gone, back = down - self.down, self.down - down
         self.down = set(down)
         self.model.dead = set(self.excluded) | self.down
@@ -393,36 +588,12 @@ class Planner:
             return []
         changed = [{"rack": r, "spine": m, "state": "down" if (r, m) in gone else "up"}
                    for r, m in sorted(gone | back)]  # fmt: skip
-        tell: dict[str, dict[str, dict]] = {}
-        counts = {"hold": 0, "release": 0}
-        for job in self.jobs.values():
-            for c in job.conns.values():
-                for k, (s, b) in enumerate(zip(c.streams, c.back, strict=True)):
-                    held = _crosses(s, self.down) or _crosses(b, self.down)
-                    if held == c.held[k]:
-                        continue
-                    c.held[k] = held
-                    # A held stream counts nothing until it is released.
-                    self._count([s, b], -1 if held else 1)
-                    verb = "hold" if held else "release"
-                    counts[verb] += 1
-                    for n in c.notify:
-                        peers = tell.setdefault(n["job"], {}).setdefault(verb, {})
-                        peers.setdefault(n["peer"], []).append(n["streams"][k])
         for ch in changed:
             log.warning("uplink rack %d spine %d %s", ch["rack"], ch["spine"], ch["state"])
-        log.info("%d streams held, %d released", counts["hold"], counts["release"])
-        events = []
-        for name, verbs in tell.items():
-            job = self.jobs.get(name)
-            if job is None:
-                continue  # that end holds no lease: nothing to tell it
-            event = {"event": "links", "changed": changed}
-            for verb in ("hold", "release"):
-                event[verb] = [{"peer": p, "streams": sorted(ss)}
-                               for p, ss in sorted(verbs.get(verb, {}).items(), key=str)]
-            events.append((job, event))
-        return events
+        for job in self.jobs.values():
+            for c in job.conns.values():
+                self._settle(c)
+        return self._events(changed)
 
 
 def _crosses(s: assign.Stream, down: set[tuple[int, int]]) -> bool:
@@ -499,6 +670,7 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
             except Exception as e:  # noqa: BLE001 - one request's bug stops no other
                 log.exception("answering %s", str(req)[:200])
                 reply, close = {"ok": False, "error": f"planner error: {e!r}"}, False
+            _send(planner.outbox)
             if not done.done():  # its connection may be gone
                 done.set_result((reply, job, close))
             # One request a turn of the loop: between two, new requests are
@@ -542,6 +714,7 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
             clients.discard(asyncio.current_task())
             if job is not None:
                 planner.forget(job)
+                _send(planner.outbox)
             writer.close()
 
     async def tick() -> None:
@@ -580,6 +753,15 @@ async def serve(planner: Planner, address: Address, ready=None) -> None:
         if address.kind == "unix":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address.path)
+
+
+def _send(events: list[tuple[Job, dict]]) -> None:
+    """Writes each event to its job's connection (one that is gone hears
+    nothing; its lease ends with it) and empties the list."""
+    for job, event in events:
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            job.writer.write(encode(event))
+    events.clear()
 
 
 async def _watch(planner: Planner) -> None:

@@ -440,10 +440,13 @@ impl Bootstrap {
                 let to = (rank + dist) % n;
                 if !infos.same_host(to, rank) {
                     // In a ring in rank order the link to the next rank
-                    // carries the bulk, one way; the barrier's others a
-                    // few bytes (counted, they took the spines that ring
-                    // links needed).
-                    let used = if dist == 1 {
+                    // carries the bulk, one way (both, where the next rank
+                    // is also the one before: two ranks); the barrier's
+                    // others a few bytes (counted, they took the spines
+                    // that ring links needed).
+                    let used = if dist == 1 && n == 2 {
+                        LinkUse::Both
+                    } else if dist == 1 {
                         LinkUse::Forward
                     } else {
                         LinkUse::Light

@@ -166,6 +166,7 @@ impl LinkCtx {
                 holds: lease.holds.clone(),
                 log_as: (self.debug >= DebugLevel::Warn)
                     .then(|| format!("cadence rank {}", self.rank)),
+                log_info: self.debug >= DebugLevel::Info,
                 queued_at_most: lease.queued_at_most,
             };
             *state = match Planner::connect(&lease.at, who) {

@@ -9,7 +9,7 @@
 //! refuses, the rank says so once and dials as before (the fabric's ECMP
 //! picks the paths). A job never fails because of it.
 
-use crate::transport::tcp::PathHolds;
+use crate::transport::tcp::{Hold, PathHolds};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -68,6 +68,8 @@ pub struct Lessee {
     pub holds: Arc<PathHolds>,
     /// Prefix of warning lines ("cadence rank 3"); `None`: none.
     pub log_as: Option<String>,
+    /// Whether informational lines are said too (`CADENCE_DEBUG=INFO`).
+    pub log_info: bool,
     /// How long a request may wait in all while the planner says it is
     /// queued ([`QUEUED_AT_MOST`] at most).
     pub queued_at_most: Duration,
@@ -277,24 +279,43 @@ impl Reading {
         }
     }
 
-    /// A link event: holds and releases the streams it names.
+    /// A link event: holds and releases the streams it names. One that
+    /// names no uplink changed is the planner's layout moving (a rack end
+    /// filled or emptied, or a new link's standby streams): its holds are
+    /// quiet, and it is said only at `CADENCE_DEBUG=INFO`.
     fn apply(&self, event: &Value) {
         let what = link_event_what(event);
+        let quiet = what.is_empty();
+        let why = event["why"].as_str().unwrap_or_default();
         let (hold, release) = (
             named_streams(&event["hold"]),
             named_streams(&event["release"]),
         );
         if let Some(who) = &self.who.log_as {
-            stderr_line!(
-                "{who}: WARN the path planner says {what}: {} streams of this rank held, {} \
-                 released",
-                hold.len(),
-                release.len()
-            );
+            let (level, what) = if quiet {
+                ("INFO", why)
+            } else {
+                ("WARN", &*what)
+            };
+            if !quiet || self.who.log_info {
+                stderr_line!(
+                    "{who}: {level} the path planner says {what}: {} streams of this rank \
+                     held, {} released",
+                    hold.len(),
+                    release.len()
+                );
+            }
         }
-        let why = format!("{what}, says the path planner");
+        let why = format!(
+            "{}, says the path planner",
+            if quiet { why } else { &*what }
+        );
         for (peer, stream) in hold {
-            self.who.holds.set(peer, stream, Some(why.clone()));
+            let h = Hold {
+                why: why.clone(),
+                quiet,
+            };
+            self.who.holds.set(peer, stream, Some(h));
         }
         for (peer, stream) in release {
             self.who.holds.set(peer, stream, None);
@@ -412,6 +433,7 @@ mod tests {
             job: "job".into(),
             holds: Arc::new(PathHolds::default()),
             log_as: None,
+            log_info: false,
             queued_at_most: QUEUED_AT_MOST,
         }
     }

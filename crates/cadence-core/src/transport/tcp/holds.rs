@@ -14,20 +14,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// Why a stream is held.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hold {
+    pub why: String,
+    /// For the planner's layout (the stream stands by while its link runs
+    /// on other spines), not because an uplink failed: not logged as a
+    /// path down, nor counted as one.
+    pub quiet: bool,
+}
+
 /// The streams held down, per (peer, stream), with why.
 #[derive(Default)]
 pub struct PathHolds {
     changes: AtomicU64,
-    held: Mutex<HashMap<(usize, usize), String>>,
+    held: Mutex<HashMap<(usize, usize), Hold>>,
 }
 
 impl PathHolds {
-    /// Holds stream `stream` of the link to `peer` down for `why`, or (with
-    /// `None`) releases it.
-    pub fn set(&self, peer: usize, stream: usize, why: Option<String>) {
+    /// Holds stream `stream` of the link to `peer` down, or (with `None`)
+    /// releases it.
+    pub fn set(&self, peer: usize, stream: usize, hold: Option<Hold>) {
         let mut held = self.held.lock().unwrap();
-        match why {
-            Some(w) => held.insert((peer, stream), w),
+        match hold {
+            Some(h) => held.insert((peer, stream), h),
             None => held.remove(&(peer, stream)),
         };
         self.changes.fetch_add(1, Ordering::Release);
@@ -46,7 +56,7 @@ impl PathHolds {
 
     /// Per stream of the link to `peer` (`streams` of them): why it is
     /// held, if it is.
-    fn of_link(&self, peer: usize, streams: usize) -> Vec<Option<String>> {
+    fn of_link(&self, peer: usize, streams: usize) -> Vec<Option<Hold>> {
         let held = self.held.lock().unwrap();
         (0..streams)
             .map(|s| held.get(&(peer, s)).cloned())
@@ -80,22 +90,15 @@ impl TcpLink {
         let want = f.holds.of_link(self.peer, self.streams.len());
         let now = Instant::now();
         let mut refused = Vec::new();
-        for (s, why) in want.into_iter().enumerate() {
+        // Releases first: a path released comes back at once when it owes
+        // nothing, so that holding others in the same change finds it up
+        // (a link moving from its standby streams to its home's).
+        for (s, hold) in want.iter().enumerate() {
             let p = self.multipath.path_of(s);
-            match why {
-                Some(why) if !self.multipath.held(p) => {
-                    self.sample_rates_at(now);
-                    let sending = Sending {
-                        tx: &self.tx,
-                        next_msg: self.tx_msg,
-                        ctl_started: self.tx_ctl_done > 0,
-                    };
-                    if !self.multipath.hold(p, &why, now, &sending) {
-                        refused.push((p, why));
-                    }
-                }
-                None if self.multipath.held(p) => {
-                    self.multipath.release(p);
+            if hold.is_none() && self.multipath.held(p) {
+                let quiet = self.multipath.held_quietly(p);
+                self.multipath.release(p, now);
+                if !quiet {
                     self.log(format!(
                         "path {} to rank {} is released by the path planner; it carries \
                          chunks again once it delivers what it holds",
@@ -103,7 +106,22 @@ impl TcpLink {
                         self.peer
                     ));
                 }
-                _ => {}
+            }
+        }
+        for (s, hold) in want.into_iter().enumerate() {
+            let p = self.multipath.path_of(s);
+            if let Some(h) = hold {
+                if !self.multipath.held(p) {
+                    self.sample_rates_at(now);
+                    let sending = Sending {
+                        tx: &self.tx,
+                        next_msg: self.tx_msg,
+                        ctl_started: self.tx_ctl_done > 0,
+                    };
+                    if !self.multipath.hold(p, &h.why, h.quiet, now, &sending) {
+                        refused.push((p, h.why));
+                    }
+                }
             }
         }
         self.report_path_events();

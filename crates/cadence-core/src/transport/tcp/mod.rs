@@ -66,7 +66,7 @@ pub mod setup;
 mod socket;
 
 pub use frame::{nchunks, TcpHeader, CHUNK_BYTES, FLAG_RESENT, TCP_HEADER_BYTES};
-pub use holds::PathHolds;
+pub use holds::{Hold, PathHolds};
 pub use multipath::PATH_TIMEOUT;
 pub use socket::poll_fds;
 

@@ -90,9 +90,14 @@ pub(super) enum PathEvent {
         chunks: usize,
         bytes: usize,
         others: Vec<usize>,
+        quiet: bool,
     },
     /// `path` works again after `down_for`.
-    Up { path: usize, down_for: Duration },
+    Up {
+        path: usize,
+        down_for: Duration,
+        quiet: bool,
+    },
 }
 
 /// One path's state.
@@ -104,6 +109,9 @@ struct PathState {
     /// Held down from outside (the path planner: an uplink it crosses is
     /// cut): does not come back until released.
     held: bool,
+    /// Held, or back from a hold, for the planner's layout (a standby
+    /// stream), not a failure: its changes are neither logged nor counted.
+    quiet: bool,
     /// Why it went down.
     reason: String,
     /// Down: per stream of the path, the stream position its kernel must
@@ -160,6 +168,7 @@ impl Multipath {
                     up: true,
                     dead: false,
                     held: false,
+                    quiet: false,
                     reason: String::new(),
                     probe: Vec::new(),
                     since: now,
@@ -507,14 +516,23 @@ impl Multipath {
             chunks,
             bytes,
             others,
+            quiet: self.paths[p].quiet,
         });
         Ok(())
     }
 
     /// Holds path `p` down for `why` (its chunks go again on the others, as
-    /// when it fails) until [`Multipath::release`]. Not the last path that
-    /// works: that one carries on whatever `why` says (returns `false`).
-    pub fn hold(&mut self, p: usize, why: &str, now: Instant, sending: &Sending) -> bool {
+    /// when it fails) until [`Multipath::release`]; `quiet`: for the
+    /// planner's layout, not a failure. Not the last path that works: that
+    /// one carries on whatever `why` says (returns `false`).
+    pub fn hold(
+        &mut self,
+        p: usize,
+        why: &str,
+        quiet: bool,
+        now: Instant,
+        sending: &Sending,
+    ) -> bool {
         if self.paths[p].held {
             return true;
         }
@@ -522,6 +540,7 @@ impl Multipath {
             if !(0..self.paths.len()).any(|q| q != p && self.paths[q].up) {
                 return false;
             }
+            self.paths[p].quiet = quiet;
             self.path_down(p, why.to_string(), false, now, sending)
                 .expect("another path works");
         }
@@ -530,15 +549,31 @@ impl Multipath {
     }
 
     /// Ends the hold of path `p`: it comes back once it has delivered what
-    /// it held when it went down (at once, if nothing), like a path that
-    /// failed and works again.
-    pub fn release(&mut self, p: usize) {
+    /// it held when it went down, like a path that failed and works again;
+    /// at once when it owes nothing (a standby stream), so that a hold in
+    /// the same event finds it working.
+    pub fn release(&mut self, p: usize, now: Instant) {
         self.paths[p].held = false;
+        let st = &self.paths[p];
+        if !st.up
+            && !st.dead
+            && st
+                .probe
+                .iter()
+                .all(|&(s, mark)| self.rate[s].acked() >= mark)
+        {
+            self.path_up(p, now);
+        }
     }
 
     /// Whether path `p` is held down.
     pub fn held(&self, p: usize) -> bool {
         self.paths[p].held
+    }
+
+    /// Whether path `p`'s hold is the planner's layout, not a failure.
+    pub fn held_quietly(&self, p: usize) -> bool {
+        self.paths[p].quiet
     }
 
     /// The link's error when path `p`, the last one working, goes down for
@@ -575,7 +610,12 @@ impl Multipath {
             r.measured_at = now;
             r.progress_at = now;
         }
-        self.events.push_back(PathEvent::Up { path: p, down_for });
+        let quiet = std::mem::take(&mut self.paths[p].quiet);
+        self.events.push_back(PathEvent::Up {
+            path: p,
+            down_for,
+            quiet,
+        });
     }
 
     /// The next path change not yet reported, oldest first.

@@ -150,12 +150,15 @@ impl TcpLink {
     pub(super) fn report_path_events(&mut self) {
         while let Some(event) = self.multipath.poll_event() {
             match event {
+                // The planner's layout moving a standby stream: no failure.
+                PathEvent::Down { quiet: true, .. } | PathEvent::Up { quiet: true, .. } => {}
                 PathEvent::Down {
                     path,
                     why,
                     chunks,
                     bytes,
                     others,
+                    ..
                 } => {
                     let c = &self.stats.paths[path];
                     c.down.set(1);
@@ -171,7 +174,7 @@ impl TcpLink {
                         others.join(", ")
                     ));
                 }
-                PathEvent::Up { path, down_for } => {
+                PathEvent::Up { path, down_for, .. } => {
                     self.stats.paths[path].down.set(0);
                     self.log(format!(
                         "path {} to rank {} works again (down {:.1} s); it carries chunks again",

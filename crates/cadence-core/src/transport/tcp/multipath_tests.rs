@@ -287,7 +287,8 @@ fn a_failed_path_comes_back_once_it_delivers_what_it_held() {
         events,
         vec![PathEvent::Up {
             path: 1,
-            down_for: t - down_at.unwrap()
+            down_for: t - down_at.unwrap(),
+            quiet: false
         }]
     );
     assert!(mp.stream_up(1));
@@ -424,7 +425,7 @@ fn a_held_path_moves_its_chunks_at_once_and_stays_down_until_released() {
     let (_, mut t) = drive(&mut mp, &mut kernel, t0, 50, &mut msg);
     assert!(kernel.queued[1] > 0);
     let tx: Vec<Option<TxChunk>> = (0..3).map(|_| None).collect();
-    assert!(mp.hold(1, "uplink cut", t, &idle(&tx)));
+    assert!(mp.hold(1, "uplink cut", false, t, &idle(&tx)));
     match mp.poll_event() {
         Some(PathEvent::Down {
             path: 1,
@@ -448,8 +449,8 @@ fn a_held_path_moves_its_chunks_at_once_and_stays_down_until_released() {
     assert_eq!(check(&mut mp, t, |_| PeerAcks::default()).unwrap(), vec![]);
     assert_eq!(taken[1], 0, "{taken:?}");
     assert!(mp.held(1) && !mp.stream_up(1));
-    // Released: back at the next check, and used again.
-    mp.release(1);
+    // Released: it owes nothing, so it is back at once, and used again.
+    mp.release(1, t);
     t += MS;
     let events = check(&mut mp, t, |_| PeerAcks::default()).unwrap();
     assert!(
@@ -465,9 +466,73 @@ fn the_last_working_path_is_not_held() {
     let t0 = Instant::now();
     let mut mp = Multipath::new(4, 2, 2, t0);
     let tx: Vec<Option<TxChunk>> = (0..2).map(|_| None).collect();
-    assert!(mp.hold(0, "uplink cut", t0, &idle(&tx)));
-    assert!(!mp.hold(1, "uplink cut", t0, &idle(&tx)));
+    assert!(mp.hold(0, "uplink cut", false, t0, &idle(&tx)));
+    assert!(!mp.hold(1, "uplink cut", false, t0, &idle(&tx)));
     assert!(mp.stream_up(1) && !mp.held(1));
     // A held path is at rest: no check is due for it.
     assert!(mp.quiet());
+}
+
+#[test]
+fn a_standby_path_released_is_up_at_once_so_its_sibling_can_be_held_quietly() {
+    // The planner's layout: a link runs on path 0, path 1 stands by; then
+    // they swap in one change (release 1, hold 0). Path 1 owes nothing, so
+    // it works at once and path 0 can be held; neither move is a failure.
+    let t0 = Instant::now();
+    let mut mp = Multipath::new(4, 2, 2, t0);
+    let tx: Vec<Option<TxChunk>> = (0..2).map(|_| None).collect();
+    assert!(mp.hold(1, "standby", true, t0, &idle(&tx)));
+    assert!(matches!(
+        std::iter::from_fn(|| mp.poll_event()).collect::<Vec<_>>()[..],
+        [PathEvent::Down {
+            path: 1,
+            quiet: true,
+            ..
+        }]
+    ));
+    mp.release(1, t0);
+    assert!(mp.stream_up(1) && !mp.held(1));
+    assert!(mp.hold(0, "standby", true, t0, &idle(&tx)));
+    assert!(!mp.stream_up(0) && mp.held(0) && mp.held_quietly(0));
+    let events: Vec<_> = std::iter::from_fn(|| mp.poll_event()).collect();
+    assert!(
+        matches!(
+            events[..],
+            [
+                PathEvent::Up {
+                    path: 1,
+                    quiet: true,
+                    ..
+                },
+                PathEvent::Down {
+                    path: 0,
+                    quiet: true,
+                    ..
+                }
+            ]
+        ),
+        "{events:?}"
+    );
+    // A hold for a cut is no layout move: it is said.
+    mp.release(0, t0);
+    assert!(mp.hold(1, "uplink cut", false, t0, &idle(&tx)));
+    let events: Vec<_> = std::iter::from_fn(|| mp.poll_event()).collect();
+    assert!(
+        matches!(
+            events[..],
+            [
+                PathEvent::Up {
+                    path: 0,
+                    quiet: true,
+                    ..
+                },
+                PathEvent::Down {
+                    path: 1,
+                    quiet: false,
+                    ..
+                }
+            ]
+        ),
+        "{events:?}"
+    );
 }
