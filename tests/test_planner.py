@@ -268,10 +268,15 @@ def test_a_crowded_rack_end_spreads_every_connection_and_a_cut_moves_only_holds(
     assert len(by_name["j0"]["release"][0]["streams"]) == 3
     assert by_name["j1"]["hold"] == [] and len(by_name["j1"]["release"][0]["streams"]) == 2
     assert p.status()["jobs"][1]["spread"] == 1
-    # Restored: each back on its own home.
+    def alone() -> bool:
+        """Every connection on a spine of its own, and nothing else."""
+        on = [carrying(f"j{i}") for i in range(4)]
+        return all(len(c) == 1 for c in on) and sorted(c[0] for c in on) == [0, 1, 2, 3]
+
+    # Restored: each alone on a home again (chosen anew: homes chosen in a
+    # crowd could not all differ).
     p.links_changed(set())
-    assert [carrying(f"j{i}") for i in range(4)] == [[h] for h in homes]
-    assert up_loads() == [4, 4, 4, 4]
+    assert alone() and up_loads() == [4, 4, 4, 4]
 
     # A fifth connection at rack 0's end: every one spreads; it goes, and
     # they go home. The events say why.
@@ -284,8 +289,7 @@ def test_a_crowded_rack_end_spreads_every_connection_and_a_cut_moves_only_holds(
     p.forget(j4)
     sent = events()
     assert set(sent) == {f"j{i}" for i in range(4)}
-    assert [carrying(f"j{i}") for i in range(4)] == [[h] for h in homes]
-    assert all(e["hold"][0]["streams"] for e in sent.values())
+    assert alone() and all(e["hold"][0]["streams"] for e in sent.values())
 
     # A connection's other end whose lease opens late hears what it holds
     # (with j3 gone, the new one has a spine of its own: three stand by).

@@ -329,13 +329,16 @@ class Planner:
             counted = [(None, None) if x else (s.spine, b.spine) for x, (s, b) in zip(
                 cut, pairs, strict=True)]
         else:
-            c.spread = any(self._crowded(e) for e in self._ends(c))
+            was_spread, c.spread = c.spread, any(self._crowded(e) for e in self._ends(c))
             live = {m for m, x in zip(spines, cut, strict=True) if not x}
-            if not c.spread and c.home not in live and live:
+            # A home is chosen again where the old one is down, and when
+            # the connection comes back from spread: it was chosen in a
+            # crowd, where homes could not all differ.
+            if not c.spread and (was_spread or c.home not in live) and live:
                 unit = assign.Stream(None, c.streams[0].src, c.streams[0].dst,
                                      sum(s.weight for s in c.streams))
                 c.home = min(sorted(live), key=lambda m: (self.loads.after(unit, m), m))
-                log.info("%s -> %s:%d: home spine now %d", c.src, c.dst, c.dport, c.home)
+                log.debug("%s -> %s:%d: home spine now %d", c.src, c.dst, c.dport, c.home)
             held = layout.carrying(spines, cut, c.home, c.spread)
             if c.spread or c.home not in live:
                 counted = [(None, None) if h else (m, m) for h, m in zip(held, spines,
