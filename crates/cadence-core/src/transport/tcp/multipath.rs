@@ -462,7 +462,7 @@ impl Multipath {
         if !self.paths[p].up {
             return Ok(());
         }
-        if !(0..self.paths.len()).any(|q| q != p && self.paths[q].up) {
+        if !(0..self.paths.len()).any(|q| q != p && self.paths[q].up) && !self.stand_in(p, now) {
             return Err(self.no_path_left(p, &why));
         }
         let mut again = Vec::new();
@@ -519,6 +519,31 @@ impl Multipath {
             quiet: self.paths[p].quiet,
         });
         Ok(())
+    }
+
+    /// Path `p`, the last working one, is going down: a path held that
+    /// owes nothing (a standby first, then one held off a cut) takes over
+    /// instead of the link failing. The planner's word is advice: its
+    /// event may come after the path timeout, and a link must not die
+    /// while it has a stream that can carry. Whether one did.
+    fn stand_in(&mut self, p: usize, now: Instant) -> bool {
+        let owes_nothing = |q: usize| {
+            self.paths[q]
+                .probe
+                .iter()
+                .all(|&(s, mark)| self.rate[s].acked() >= mark)
+        };
+        let Some(q) = (0..self.paths.len())
+            .filter(|&q| q != p && self.paths[q].held && !self.paths[q].dead && owes_nothing(q))
+            .min_by_key(|&q| !self.paths[q].quiet)
+        else {
+            return false;
+        };
+        self.paths[q].held = false;
+        // Said, not quiet: the link runs where the planner did not put it.
+        self.paths[q].quiet = false;
+        self.path_up(q, now);
+        true
     }
 
     /// Holds path `p` down for `why` (its chunks go again on the others, as

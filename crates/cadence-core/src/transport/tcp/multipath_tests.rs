@@ -536,3 +536,42 @@ fn a_standby_path_released_is_up_at_once_so_its_sibling_can_be_held_quietly() {
         "{events:?}"
     );
 }
+
+#[test]
+fn a_held_path_stands_in_when_the_last_working_one_goes_down() {
+    // A link runs on path 0 with path 1 standing by (held for the
+    // planner's layout); path 0 stops answering before the planner's
+    // event moves it: path 1 takes over, and the link lives.
+    let t0 = Instant::now();
+    let mut mp = Multipath::new(4, 2, 2, t0);
+    let tx: Vec<Option<TxChunk>> = (0..2).map(|_| None).collect();
+    assert!(mp.hold(1, "standby", true, t0, &idle(&tx)));
+    mp.poll_event();
+    mp.path_down(0, "no answer".into(), false, t0, &idle(&tx))
+        .expect("the standby path stands in");
+    assert!(mp.stream_up(1) && !mp.held(1) && !mp.stream_up(0));
+    let events: Vec<_> = std::iter::from_fn(|| mp.poll_event()).collect();
+    assert!(
+        matches!(
+            events[..],
+            [
+                PathEvent::Up {
+                    path: 1,
+                    quiet: false,
+                    ..
+                },
+                PathEvent::Down {
+                    path: 0,
+                    quiet: false,
+                    ..
+                }
+            ]
+        ),
+        "{events:?}"
+    );
+    // With nothing held to stand in, the last path going down is the
+    // link's error, as before.
+    assert!(mp
+        .path_down(1, "no answer".into(), false, t0, &idle(&tx))
+        .is_err());
+}
