@@ -153,7 +153,8 @@ def served(args) -> int:
     print(f"plans answered: median {statistics.median(done):.2f} s, last {done[-1]:.2f} s "
           f"after the first hello; longest silence a lease heard "
           f"{max(h['silence'] for h in heard):.2f} s; queued events: "
-          f"{sum(1 for q in queued if q)} leases heard them, at most {max(queued)} each")
+          f"{sum(1 for q in queued if q)} leases heard them, at most {max(queued)} each; "
+          f"link events (holds) heard by {sum(1 for h in heard if h['events'])} leases")
     for h in bad[:3]:
         print(f"  {h['why']}")
     return 1 if bad else 0
@@ -178,6 +179,8 @@ async def _burst(sock: str, token: str, version: int, reqs: list[list[dict]]) ->
                 msg = json.loads(line)
                 if msg.get("event") == "queued":
                     got["queued"] += 1
+                elif msg.get("event"):
+                    got["events"] += 1  # holds and releases: the layout's
                 elif not msg.get("ok"):
                     got["why"] = msg.get("error", "refused")
                     return
@@ -186,7 +189,8 @@ async def _burst(sock: str, token: str, version: int, reqs: list[list[dict]]) ->
         got["ok"], got["answered"] = True, time.monotonic() - t0
 
     async def lease(fields: list[dict]) -> None:
-        got = {"ok": False, "queued": 0, "silence": 0.0, "answered": None, "why": ""}
+        got = {"ok": False, "queued": 0, "events": 0, "silence": 0.0, "answered": None,
+               "why": ""}
         writer = None
         try:
             reader, writer = await asyncio.open_unix_connection(sock, limit=1 << 24)

@@ -238,6 +238,8 @@ class Planner:
         moved = self._enter(new)
         for c in new:
             self._settle(c)
+        if any(any(c.held) for c in new):
+            self.why.append("new connections carry on their home spines; the others stand by")
         for c in moved.values():
             self._settle(c)
         self.outbox.extend(self._events([]))
