@@ -461,11 +461,29 @@ fn a_held_path_moves_its_chunks_at_once_and_stays_down_until_released() {
     assert!(taken[1] > 0, "{taken:?}");
 }
 
+/// A link of two paths with nothing in flight, and the time.
+fn two_idle_paths() -> (Multipath, Vec<Option<TxChunk>>, Instant) {
+    let t0 = Instant::now();
+    (
+        Multipath::new(4, 2, 2, t0),
+        (0..2).map(|_| None).collect(),
+        t0,
+    )
+}
+
+/// The path changes reported since the last call: (up, path, quiet).
+fn changes(mp: &mut Multipath) -> Vec<(bool, usize, bool)> {
+    std::iter::from_fn(|| mp.poll_event())
+        .map(|e| match e {
+            PathEvent::Up { path, quiet, .. } => (true, path, quiet),
+            PathEvent::Down { path, quiet, .. } => (false, path, quiet),
+        })
+        .collect()
+}
+
 #[test]
 fn the_last_working_path_is_not_held() {
-    let t0 = Instant::now();
-    let mut mp = Multipath::new(4, 2, 2, t0);
-    let tx: Vec<Option<TxChunk>> = (0..2).map(|_| None).collect();
+    let (mut mp, tx, t0) = two_idle_paths();
     assert!(mp.hold(0, "uplink cut", false, t0, &idle(&tx)));
     assert!(!mp.hold(1, "uplink cut", false, t0, &idle(&tx)));
     assert!(mp.stream_up(1) && !mp.held(1));
@@ -478,63 +496,18 @@ fn a_standby_path_released_is_up_at_once_so_its_sibling_can_be_held_quietly() {
     // The planner's layout: a link runs on path 0, path 1 stands by; then
     // they swap in one change (release 1, hold 0). Path 1 owes nothing, so
     // it works at once and path 0 can be held; neither move is a failure.
-    let t0 = Instant::now();
-    let mut mp = Multipath::new(4, 2, 2, t0);
-    let tx: Vec<Option<TxChunk>> = (0..2).map(|_| None).collect();
+    let (mut mp, tx, t0) = two_idle_paths();
     assert!(mp.hold(1, "standby", true, t0, &idle(&tx)));
-    assert!(matches!(
-        std::iter::from_fn(|| mp.poll_event()).collect::<Vec<_>>()[..],
-        [PathEvent::Down {
-            path: 1,
-            quiet: true,
-            ..
-        }]
-    ));
+    assert_eq!(changes(&mut mp), [(false, 1, true)]);
     mp.release(1, t0);
     assert!(mp.stream_up(1) && !mp.held(1));
     assert!(mp.hold(0, "standby", true, t0, &idle(&tx)));
     assert!(!mp.stream_up(0) && mp.held(0) && mp.held_quietly(0));
-    let events: Vec<_> = std::iter::from_fn(|| mp.poll_event()).collect();
-    assert!(
-        matches!(
-            events[..],
-            [
-                PathEvent::Up {
-                    path: 1,
-                    quiet: true,
-                    ..
-                },
-                PathEvent::Down {
-                    path: 0,
-                    quiet: true,
-                    ..
-                }
-            ]
-        ),
-        "{events:?}"
-    );
+    assert_eq!(changes(&mut mp), [(true, 1, true), (false, 0, true)]);
     // A hold for a cut is no layout move: it is said.
     mp.release(0, t0);
     assert!(mp.hold(1, "uplink cut", false, t0, &idle(&tx)));
-    let events: Vec<_> = std::iter::from_fn(|| mp.poll_event()).collect();
-    assert!(
-        matches!(
-            events[..],
-            [
-                PathEvent::Up {
-                    path: 0,
-                    quiet: true,
-                    ..
-                },
-                PathEvent::Down {
-                    path: 1,
-                    quiet: false,
-                    ..
-                }
-            ]
-        ),
-        "{events:?}"
-    );
+    assert_eq!(changes(&mut mp), [(true, 0, true), (false, 1, false)]);
 }
 
 #[test]
@@ -542,33 +515,13 @@ fn a_held_path_stands_in_when_the_last_working_one_goes_down() {
     // A link runs on path 0 with path 1 standing by (held for the
     // planner's layout); path 0 stops answering before the planner's
     // event moves it: path 1 takes over, and the link lives.
-    let t0 = Instant::now();
-    let mut mp = Multipath::new(4, 2, 2, t0);
-    let tx: Vec<Option<TxChunk>> = (0..2).map(|_| None).collect();
+    let (mut mp, tx, t0) = two_idle_paths();
     assert!(mp.hold(1, "standby", true, t0, &idle(&tx)));
-    mp.poll_event();
+    changes(&mut mp);
     mp.path_down(0, "no answer".into(), false, t0, &idle(&tx))
         .expect("the standby path stands in");
     assert!(mp.stream_up(1) && !mp.held(1) && !mp.stream_up(0));
-    let events: Vec<_> = std::iter::from_fn(|| mp.poll_event()).collect();
-    assert!(
-        matches!(
-            events[..],
-            [
-                PathEvent::Up {
-                    path: 1,
-                    quiet: false,
-                    ..
-                },
-                PathEvent::Down {
-                    path: 0,
-                    quiet: false,
-                    ..
-                }
-            ]
-        ),
-        "{events:?}"
-    );
+    assert_eq!(changes(&mut mp), [(true, 1, false), (false, 0, false)]);
     // With nothing held to stand in, the last path going down is the
     // link's error, as before.
     assert!(mp
