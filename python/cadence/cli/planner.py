@@ -237,8 +237,12 @@ def _status(args: argparse.Namespace, address: str, token_file: str) -> int:
         return 0
     print(f"planner of cluster {st['cluster']} on {address}: {len(st['jobs'])} job(s)")
     for j in st["jobs"]:
-        held = f", {j['held']} held (an uplink they cross is down)" if j.get("held") else ""
-        print(f"  job {j['job']}: {j['connections']} connections, {j['streams']} streams{held}")
+        held = (f", {j['held']} held (standing by, or an uplink they cross is down)"
+                if j.get("held") else "")
+        spread = (f", {j['spread']} spread over the live spines (a crowded rack end)"
+                  if j.get("spread") else "")
+        print(f"  job {j['job']}: {j['connections']} connections, {j['streams']} streams"
+              f"{held}{spread}")
     print("  uplink          streams up  streams down  state")
     for u in st["uplinks"]:
         print(f"  rack {u['rack']:>2} spine {u['spine']:>2}  {u['up']:>10}  {u['down']:>12}  "

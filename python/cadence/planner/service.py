@@ -131,7 +131,7 @@ class Planner:
         self.crowd: dict[tuple[int, int], dict[int, Conn]] = {}
         #: Per job name: the connections that name it in `notify` (a lease
         #: opened late is told what its streams already hold).
-        self.notified: dict[str, list[Conn]] = {}
+        self.notified: dict[str, dict[int, Conn]] = {}
         #: Holds and releases decided and not yet sent: job → verb → peer
         #: → streams; and why, for the events.
         self.tell: dict[str, dict[str, dict]] = {}
@@ -234,7 +234,7 @@ class Planner:
         for c in new:
             job.conns[c.id] = c
             for n in c.notify:
-                self.notified.setdefault(n["job"], []).append(c)
+                self.notified.setdefault(n["job"], {})[id(c)] = c
         moved = self._enter(new)
         for c in new:
             self._settle(c)
@@ -368,7 +368,7 @@ class Planner:
 
     def _tell_held(self, name: str) -> None:
         """A lease opened: the streams it names that are already held."""
-        for c in self.notified.get(name, ()):
+        for c in self.notified.get(name, {}).values():
             for k, h in enumerate(c.held):
                 if h:
                     self._tell(c, k, "hold", only=name)
@@ -419,9 +419,8 @@ class Planner:
                     self.loads.add(b, mb, -1)
             c.counted = [(None, None)] * len(c.streams)
             for n in c.notify:
-                named = self.notified.get(n["job"], [])
-                if c in named:
-                    named.remove(c)
+                named = self.notified.get(n["job"], {})
+                named.pop(id(c), None)
                 if not named:
                     self.notified.pop(n["job"], None)
         for c in self._enter(gone, -1).values():
