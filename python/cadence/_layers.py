@@ -59,6 +59,7 @@ TOOLS = (
     "cadence.diagnosis.report_html",
     "cadence.diagnosis.trace",
     "cadence.planner.assign",  # the planner service and what only it runs
+    "cadence.planner.layout",
     "cadence.planner.probe",
     "cadence.planner.service",
     "cadence.testbed",
