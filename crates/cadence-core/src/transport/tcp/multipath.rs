@@ -415,14 +415,8 @@ impl Multipath {
                     );
                     self.path_down(p, why, false, now, sending)?;
                 }
-            } else if !self.paths[p].dead && !self.paths[p].held {
-                let back = self.paths[p]
-                    .probe
-                    .iter()
-                    .all(|&(s, mark)| self.rate[s].acked() >= mark);
-                if back {
-                    self.path_up(p, now);
-                }
+            } else if !self.paths[p].dead && !self.paths[p].held && self.owes_nothing(p) {
+                self.path_up(p, now);
             }
         }
         Ok(())
@@ -527,14 +521,10 @@ impl Multipath {
     /// event may come after the path timeout, and a link must not die
     /// while it has a stream that can carry. Whether one did.
     fn stand_in(&mut self, p: usize, now: Instant) -> bool {
-        let owes_nothing = |q: usize| {
-            self.paths[q]
-                .probe
-                .iter()
-                .all(|&(s, mark)| self.rate[s].acked() >= mark)
-        };
         let Some(q) = (0..self.paths.len())
-            .filter(|&q| q != p && self.paths[q].held && !self.paths[q].dead && owes_nothing(q))
+            .filter(|&q| {
+                q != p && self.paths[q].held && !self.paths[q].dead && self.owes_nothing(q)
+            })
             .min_by_key(|&q| !self.paths[q].quiet)
         else {
             return false;
@@ -579,16 +569,18 @@ impl Multipath {
     /// the same event finds it working.
     pub fn release(&mut self, p: usize, now: Instant) {
         self.paths[p].held = false;
-        let st = &self.paths[p];
-        if !st.up
-            && !st.dead
-            && st
-                .probe
-                .iter()
-                .all(|&(s, mark)| self.rate[s].acked() >= mark)
-        {
+        if !self.paths[p].up && !self.paths[p].dead && self.owes_nothing(p) {
             self.path_up(p, now);
         }
+    }
+
+    /// Whether path `p`, down, has delivered everything it held when it
+    /// went down (then it may work again).
+    fn owes_nothing(&self, p: usize) -> bool {
+        self.paths[p]
+            .probe
+            .iter()
+            .all(|&(s, mark)| self.rate[s].acked() >= mark)
     }
 
     /// Whether path `p` is held down.
