@@ -19,7 +19,12 @@ A floor for the first ratio: torch's own layers cost something on any
 backend. `--floor` also times `dist.all_reduce` on torch's FakeProcessGroup
 (a C++ backend that does nothing, torch.testing), alone in a process.
 
-`--deepspeed` adds a fourth way: DeepSpeed's `inference_all_reduce`, its
+`--funcol` adds a way: torch's functional collective
+(`funcol.all_reduce(t, "sum", group)` and `wait_tensor`, what DTensor,
+`parallelize_module` and `torch.compile`d graphs call), which asks the
+backend for an asynchronous operation and copies the input first.
+
+`--deepspeed` adds another way: DeepSpeed's `inference_all_reduce`, its
 hand-written shared-memory allreduce for CPU tensor parallelism (on this
 job's cadence group, `deepspeed.init_distributed(dist_backend="cadence")`).
 Its float32 kernel needs AVX2 and its bfloat16/float16 kernels AVX-512BW;
@@ -68,6 +73,11 @@ def _rank_main(rank, n, port, args, outdir):
         "own": lambda t: comm.allreduce(t),
         "gloo": lambda t: dist.all_reduce(t, group=gloo),
     }
+    if args.funcol:
+        import torch.distributed._functional_collectives as funcol
+
+        world = dist.group.WORLD
+        ways["funcol"] = lambda t: funcol.wait_tensor(funcol.all_reduce(t, "sum", world))
     if args.deepspeed:
         ways["deepspeed"] = _deepspeed_way(n, port)
         if rank == 0:
@@ -127,18 +137,24 @@ def run_job(n: int, args) -> dict:
     return torch_job.run(_rank_main, n, args, args.timeout)[0]
 
 
-def floor_us(calls: int = 20000) -> float:
-    """µs per `dist.all_reduce` of 8 KiB on torch's FakeProcessGroup."""
+def floor_us(calls: int = 20000, functional: bool = False) -> float:
+    """µs per `dist.all_reduce` of 8 KiB on torch's FakeProcessGroup (or,
+    `functional`, per functional all_reduce and its wait)."""
     import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     t = torch.ones(2048)
+    world = dist.group.WORLD
+    call = ((lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", world))) if functional
+            else (lambda: dist.all_reduce(t)))  # fmt: skip
+    calls = calls // 10 if functional else calls
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(calls):
-            dist.all_reduce(t)
+            call()
         best = min(best, (time.perf_counter() - t0) / calls)
     dist.destroy_process_group()
     return best * 1e6
@@ -159,6 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=12, help="timed blocks of each way")
     p.add_argument("--floor", action="store_true",
                    help="also time torch's FakeProcessGroup (its own layers' cost)")
+    p.add_argument("--funcol", action="store_true",
+                   help="also torch's functional all_reduce (DTensor's, torch.compile's)")
     p.add_argument("--deepspeed", action="store_true",
                    help="also DeepSpeed's shared-memory inference_all_reduce")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
@@ -170,18 +188,25 @@ def main(argv=None) -> int:
     if args.floor:
         print(f"# torch's layers on a backend that does nothing (FakeProcessGroup), 8 KiB: "
               f"{floor_us():.1f} µs", flush=True)
-    ds = (f" {'deepspeed':>10} {'ds/torch':>8}" if args.deepspeed else "")
+        if args.funcol:
+            print(f"# the same, functional all_reduce and wait_tensor: "
+                  f"{floor_us(functional=True):.1f} µs", flush=True)
+    ds = (f" {'funcol':>9} {'funcol/own':>10}" if args.funcol else "") + (
+        f" {'deepspeed':>10} {'ds/torch':>8}" if args.deepspeed else "")
     print(f"{'ranks':>5} {'dtype':>9} {'size':>8} {'torch':>9} {'own API':>9} {'gloo':>10} "
           f"{'torch/own':>9} {'gloo/torch':>10} {'busbw':>11}{ds}", flush=True)
     for n in args.nranks:
         res = run_job(n, args)
         for dtype in args.dtypes:
             for nbytes in args.sizes:
-                ways = WAYS + (("deepspeed",) if args.deepspeed else ())
+                ways = WAYS + (("funcol",) if args.funcol else ()) + (
+                    ("deepspeed",) if args.deepspeed else ())
                 med = {w: statistics.median(res[dtype, nbytes, w]) for w in ways}
                 bus = 2 * (n - 1) / n * nbytes / med["torch"] / 1e9
-                ds = (f" {med['deepspeed'] * 1e6:>10.1f} {med['deepspeed'] / med['torch']:>8.2f}"
-                      if args.deepspeed else "")
+                ds = (f" {med['funcol'] * 1e6:>9.1f} {med['funcol'] / med['own']:>10.2f}"
+                      if args.funcol else "") + (
+                    f" {med['deepspeed'] * 1e6:>10.1f} {med['deepspeed'] / med['torch']:>8.2f}"
+                    if args.deepspeed else "")
                 print(f"{n:>5} {dtype:>9} {_fmt_size(nbytes):>8} {med['torch'] * 1e6:>9.1f} "
                       f"{med['own'] * 1e6:>9.1f} {med['gloo'] * 1e6:>10.1f} "
                       f"{med['torch'] / med['own']:>9.2f} {med['gloo'] / med['torch']:>10.1f} "

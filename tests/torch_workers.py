@@ -427,8 +427,43 @@ def check_async(c: Checker, group, n: int, me: int, shape_is_pg: bool) -> None:
         c.true("synchronous allreduce is_completed", w.is_completed())
         c.true(f"synchronous allreduce ran on the core's fast path: {type(w).__name__}",
                type(w).__name__ == ("DoneWork" if FAST_SYNC else "CadenceWork"))
+    _check_small_async(c, group, n, me, shape_is_pg)
     dist.barrier(group=group)
     monitored_barrier(c, group=group, timeout=timedelta(seconds=30))
+
+
+def _check_small_async(c: Checker, group, n: int, me: int, shape_is_pg: bool) -> None:
+    """Asynchronous collectives of small tensors run at once and return
+    finished (where torch reaches a finished Work), queued behind a large one
+    still in flight; functional collectives take the same path."""
+    import torch.distributed._functional_collectives as funcol
+    from cadence._core import TorchFast
+    from cadence.torch._work import FAST_SYNC
+
+    big = torch.full((TorchFast.INLINE_ASYNC_BYTES // 4 + 1,), float(me))
+    small = torch.full((5,), float(me + 1))
+    gathered = torch.empty(3 * n)
+    w_big = dist.all_reduce(big, async_op=True, group=group)
+    w_small = dist.all_reduce(small, async_op=True, group=group)
+    w_gather = dist.all_gather_into_tensor(gathered, torch.full((3,), float(me)),
+                                           async_op=True, group=group)
+    if shape_is_pg and FAST_SYNC:
+        c.true("a small asynchronous allreduce returns finished", w_small.is_completed())
+        c.true("a small asynchronous all_gather_into_tensor returns finished",
+               w_gather.is_completed())
+    for w in (w_small, w_gather, w_big):
+        w.wait()
+    c.eq("large async all_reduce before small ones", big,
+         torch.full_like(big, float(sum(range(n)))))
+    c.eq("small async all_reduce behind a large one", small,
+         torch.full((5,), float(sum(r + 1 for r in range(n)))))
+    c.eq("small async all_gather_into_tensor", gathered,
+         torch.arange(n, dtype=torch.float32).repeat_interleave(3))
+    pg = group or dist.group.WORLD
+    x = torch.full((9,), float(me))
+    y = funcol.wait_tensor(funcol.all_reduce(x, "sum", pg))
+    c.eq("functional all_reduce", y, torch.full((9,), float(sum(range(n)))))
+    c.eq("functional all_reduce leaves its input", x, torch.full((9,), float(me)))
 
 
 def _transport(rank: int, transport: str) -> None:

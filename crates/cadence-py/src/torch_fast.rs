@@ -5,9 +5,14 @@
 //! with its lock) cost about as much again; here the tensor and options are
 //! read through the C API and the Work is the plain finished one.
 //!
-//! Anything the path does not take (several tensors, `asyncOp`, another
-//! reduction, a tensor to stage) returns None, and the Python backend runs
-//! its general path, where every error message is.
+//! An asynchronous call (`asyncOp`: functional collectives, DTensor,
+//! `torch.compile`d graphs) of a small tensor takes the path too and returns
+//! finished: handing it to the progress thread and waking the caller again
+//! costs far more than the collective (see [`INLINE_ASYNC_BYTES`]).
+//!
+//! Anything the path does not take (several tensors, a larger asynchronous
+//! call, another reduction, a tensor to stage) returns None, and the Python
+//! backend runs its general path, where every error message is.
 
 use crate::buffers::{tensor_span_view, View};
 use crate::call::Call;
@@ -17,6 +22,14 @@ use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyType};
+
+/// The largest asynchronous allreduce run on the caller's thread. Below it
+/// the collective takes tens of microseconds and the hand-off to the
+/// progress thread and back several hundred (docs/benchmarks.md, "The torch
+/// path"); above it a caller may have work to overlap with the collective.
+/// Order is kept: [`Comm::run`](cadence_core::comm::Comm::run) queues behind
+/// any asynchronous operation still in flight.
+pub(crate) const INLINE_ASYNC_BYTES: usize = 256 * 1024;
 
 #[pyclass(module = "cadence._core", name = "TorchFast", frozen)]
 pub(crate) struct TorchFast {
@@ -64,6 +77,11 @@ impl TorchFast {
         })
     }
 
+    /// The largest asynchronous collective the backend runs on the caller's
+    /// thread (bytes of its larger side).
+    #[classattr]
+    const INLINE_ASYNC_BYTES: usize = INLINE_ASYNC_BYTES;
+
     /// allreduce(tensors, opts) -> DoneWork or None: runs the call when it
     /// is the common one, else returns None without doing anything.
     fn allreduce<'py>(
@@ -75,12 +93,10 @@ impl TorchFast {
         let Ok(list) = tensors.downcast::<PyList>() else {
             return Ok(None);
         };
-        if list.len() != 1
-            || !opts.get_type().is(self.options.bind(py))
-            || opts.getattr(intern!(py, "asyncOp"))?.is_truthy()?
-        {
+        if list.len() != 1 || !opts.get_type().is(self.options.bind(py)) {
             return Ok(None);
         }
+        let asynchronous = opts.getattr(intern!(py, "asyncOp"))?.is_truthy()?;
         let kind: i64 = opts
             .getattr(intern!(py, "reduceOp"))?
             .getattr(intern!(py, "op"))?
@@ -93,6 +109,9 @@ impl TorchFast {
         let Some(view) = self.view(py, &t)? else {
             return Ok(None);
         };
+        if asynchronous && view.bytes > INLINE_ASYNC_BYTES {
+            return Ok(None);
+        }
         let count = view.bytes / view.dtype.size();
         let call = Call::new(
             CollKind::AllReduce,

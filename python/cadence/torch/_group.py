@@ -14,7 +14,8 @@ below translate them into calls on one `cadence.Communicator` and return a
   that forwards `wait()` and `get_future()` but not `is_completed()`.
 
 Ops run inline on the caller's thread when torch asks for a synchronous
-operation (`_async(opts)` false: the common `dist.all_reduce(t)`), and on
+operation (`_async(opts)` false: the common `dist.all_reduce(t)`) or for an
+asynchronous collective of a small tensor (functional collectives), and on
 cadence's progress thread otherwise. The commonest of them, an allreduce of
 one contiguous CPU tensor, is read and run by the core itself
 (`_core.TorchFast`, returning a finished `DoneWork`): at decode sizes the
@@ -140,10 +141,19 @@ def _options(opts, cls):
     return opts
 
 
-def _async(opts) -> bool:
-    """Whether torch will wait for the Work itself. Options carry `asyncOp`
-    from torch 2.7 on; before, torch always waits (so: run async)."""
-    return getattr(opts, "asyncOp", True)
+def _async(opts, *tensors: torch.Tensor) -> bool:
+    """Whether to run the operation on the progress thread. Options carry
+    `asyncOp` from torch 2.7 on; before, torch always waits (so: run async).
+    A collective asked for asynchronously (functional collectives, DTensor,
+    `torch.compile`) whose `tensors` are small runs now all the same, where
+    a finished Work reaches torch (`FAST_SYNC`): the hand-off to the
+    progress thread and back costs more than the collective
+    (`TorchFast.INLINE_ASYNC_BYTES`); order is kept, since a call run now
+    queues behind asynchronous ones still in flight."""
+    a = getattr(opts, "asyncOp", True)
+    if a and tensors and FAST_SYNC:
+        return max(t.numel() * t.element_size() for t in tensors) > TorchFast.INLINE_ASYNC_BYTES
+    return a
 
 
 def _one(tensors, what: str) -> torch.Tensor:
@@ -209,7 +219,7 @@ class _Collectives:
         opts = _options(opts, c10d.AllreduceOptions)
         t = _one(tensors, "allreduce")
         red = Reduction(opts.reduceOp)
-        a = _async(opts)
+        a = _async(opts, t)
         if red.kind in BITWISE:
             return self._bitwise("allreduce", [t], [t], red, a,
                                  lambda folded: unpack(folded, [t], [folded.numel()]))
@@ -317,7 +327,7 @@ class _Collectives:
     @_translated
     def reduce_scatter_single(self, output, input, opts=None):
         opts = _options(opts, c10d.ReduceScatterOptions)
-        red, a = Reduction(opts.reduceOp), _async(opts)
+        red, a = Reduction(opts.reduceOp), _async(opts, input)
         return self._combine("reduce_scatter_tensor", [output], a,
                              self._reduce_scatter_one(output, input, red, a))
 
@@ -373,7 +383,7 @@ class _Collectives:
     def broadcast(self, tensors, opts=None):
         opts = _options(opts, c10d.BroadcastOptions)
         t = _one(tensors, "broadcast")
-        root, a = opts.rootRank, _async(opts)
+        root, a = opts.rootRank, _async(opts, t)
         at_root = self._g.comm.rank == root
         s = stage(t, reduce=False, read=at_root)
         w = self._g.comm.broadcast(core(s.buf), root, async_op=a)
@@ -441,8 +451,9 @@ class _Collectives:
     @_translated
     def all_gather_single(self, output, input, opts=None):
         opts = _options(opts, c10d.AllgatherOptions)
-        w, finish = self._allgather_one(output, input, _async(opts))
-        return self._g.work("all_gather_into_tensor", [output], _async(opts), [w], finish)
+        a = _async(opts, output)
+        w, finish = self._allgather_one(output, input, a)
+        return self._g.work("all_gather_into_tensor", [output], a, [w], finish)
 
     _allgather_base = all_gather_single
 
@@ -480,7 +491,7 @@ class _Collectives:
         pass none (equal blocks, one all-to-all); with them the ranks exchange
         their counts first, so a disagreement is reported, not corrupted."""
         opts = _options(opts, c10d.AllToAllOptions)
-        comm, a = self._g.comm, _async(opts)
+        comm, a = self._g.comm, _async(opts, input, output)
         if input.dtype != output.dtype:
             raise ValueError(f"cadence: all_to_all_single: input is {input.dtype}, "
                              f"output {output.dtype}")
