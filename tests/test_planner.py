@@ -8,6 +8,8 @@ planner that dies leaves its clients an error, not a hang."""
 
 from __future__ import annotations
 
+import collections
+
 import asyncio
 import itertools
 import json
@@ -304,6 +306,82 @@ def test_a_crowded_rack_end_spreads_every_connection_and_a_cut_moves_only_holds(
     held = events()["late"]["hold"]
     assert held == [{"peer": 0, "streams": [k for k, h in enumerate(
         p.jobs["j0"].conns["d"].held) if h]}] and held[0]["streams"]
+
+
+def test_the_connection_a_pair_forgets_leaves_its_streams_as_the_one_kept_says(monkeypatch):
+    """Both ranks of a two-rank job ask for the one link they share (the
+    next rank is also the one before); the dial that loses is forgotten.
+    The two connections name the same streams of that link with different
+    homes, and a library keeps one hold a stream (the last word), so the
+    forgotten one's holds stayed: every stream held, the link kept one
+    that was no home and ran on another job's spine (2 of 15 trials of
+    `benchmarks/ecmp.py` with two racks and four spines). Now, forgotten,
+    its streams are told again as the kept one says."""
+    from cadence.testbed import fabric
+
+    monkeypatch.setattr(fabric, "next_spines", _hashed(4))
+    cluster = testbed.build("plpair", 8, 1, "100mbit", racks=2, spines=4)
+    p = Planner(cluster, TOKEN, seed=3)
+    ok = {"v": 1, "token": TOKEN}
+    addr = [h.nics[0].address for h in cluster.hosts]  # 0-3 rack 0, 4-7 rack 1
+    tables: dict[str, dict] = collections.defaultdict(dict)  # a library's: (peer, stream)
+
+    def deliver() -> None:
+        """The events sent so far, applied as the library does: an event's
+        holds, then its releases."""
+        for job, e in p.outbox:
+            for verb in ("hold", "release"):
+                for entry in e.get(verb, []):
+                    for k in entry["streams"]:
+                        tables[job.name][entry["peer"], k] = verb == "hold"
+        p.outbox.clear()
+
+    ranks = {name: p.handle(None, {**ok, "op": "hello", "job": name}, None)[1]
+             for name in ("r0", "r1")}
+
+    def plan(name: str, src: int, dst: int, me: int, peer: int) -> None:
+        notify = [{"job": name, "peer": peer, "streams": [0, 1, 2, 3]},
+                  {"job": f"r{peer}", "peer": me, "streams": [0, 1, 2, 3]}]
+        conn = {"id": "ring", "src": addr[src], "dst": addr[dst], "dport": 30000 + me,
+                "streams": 4, "notify": notify}  # fmt: skip
+        answer, _ = p.handle(ranks[name], {**ok, "op": "plan", "connections": [conn]}, None)
+        assert answer["ok"], answer
+        deliver()
+
+    def other(i: int):
+        job = p.handle(None, {**ok, "op": "hello", "job": f"x{i}"}, None)[1]
+        conn = {"id": "x", "src": addr[i], "dst": addr[4 + i], "dport": 31000, "streams": 4}
+        assert p.handle(job, {**ok, "op": "plan", "connections": [conn]}, None)[0]["ok"]
+        deliver()
+        return job
+
+    x1, _ = other(1), other(2)  # two jobs, each alone on a spine
+    plan("r0", 0, 4, 0, 1)  # rank 0 (rack 0) dials rank 1 (rack 1)
+    plan("r1", 4, 0, 1, 0)  # and rank 1 dials rank 0 at once
+    a, b = p.jobs["r0"].conns["ring"], p.jobs["r1"].conns["ring"]
+    assert [s.spine for s in a.streams].index(a.home) == 0 == [
+        s.spine for s in b.streams].index(b.home)  # fmt: skip
+    # A fifth connection crowds the rack ends: every one spreads; the first
+    # job leaves, and the rest choose their homes again, in turn.
+    other(3)
+    assert a.spread and b.spread
+    p.forget(x1)
+    deliver()
+    assert not a.spread and not b.spread
+    # The pair's two connections now carry on different streams: together
+    # they held every stream of the link.
+    assert [s.spine for s in a.streams].index(a.home) != [s.spine for s in b.streams].index(b.home)
+    assert all(tables["r0"].get((1, k)) for k in range(4)), tables
+    # Rank 0's dial lost: its connection is forgotten; rank 1's is the link.
+    assert p.handle(ranks["r0"], {**ok, "op": "unplan", "ids": ["ring"]}, None)[0]["ok"]
+    deliver()
+    kept = [bool(h) for h in b.held]
+    assert kept.count(False) == 1 and b.streams[kept.index(False)].spine == b.home
+    assert [tables["r0"].get((1, k), False) for k in range(4)] == kept, tables
+    assert [tables["r1"].get((0, k), False) for k in range(4)] == kept, tables
+    # A lease that ends is told nothing more; its peer hears what is left.
+    p.forget(ranks["r1"])
+    assert [j.name for j, _ in p.outbox] == ["r0"]
 
 
 # ---------------------------------------------------------------- protocol

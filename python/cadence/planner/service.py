@@ -363,8 +363,41 @@ class Planner:
         `only` that one)."""
         for n in c.notify:
             if only is None or n["job"] == only:
-                peers = self.tell.setdefault(n["job"], {}).setdefault(verb, {})
-                peers.setdefault(n["peer"], []).append(n["streams"][k])
+                self._queue(n["job"], verb, n["peer"], n["streams"][k])
+
+    def _queue(self, job: str, verb: str, peer, stream: int) -> None:
+        """Queues `verb` (hold or release) of one stream for `job`; the
+        latest word on a stream replaces an earlier one not yet sent (the
+        library applies an event's holds before its releases)."""
+        verbs = self.tell.setdefault(job, {})
+        other = verbs.get("release" if verb == "hold" else "hold", {}).get(peer)
+        if other is not None and stream in other:
+            other.remove(stream)
+        queued = verbs.setdefault(verb, {}).setdefault(peer, [])
+        if stream not in queued:
+            queued.append(stream)
+
+    def _held_by_another(self, job: str, peer, stream: int) -> bool:
+        """Whether a connection still kept holds `job`'s stream `stream` to
+        `peer` (`notified`: the connections naming `job`)."""
+        return any(n["job"] == job and n["peer"] == peer and c.held[k]
+                   for c in self.notified.get(job, {}).values()
+                   for n in c.notify for k, s in enumerate(n["streams"]) if s == stream)
+
+    def _retell(self, gone: Conn) -> None:
+        """The streams a forgotten connection named, as the connections
+        kept that name them say. Two connections can name one link's
+        streams: both ranks of a pair ask for the link they share (a job of
+        two ranks, whose next rank is also the one before), and the one
+        whose dial lost is forgotten; a library keeps one hold a stream, so
+        the last word either gave stands until it is told again."""
+        for n in gone.notify:
+            for k, stream in enumerate(n["streams"]):
+                if self._held_by_another(n["job"], n["peer"], stream):
+                    self._queue(n["job"], "hold", n["peer"], stream)
+                elif gone.held[k]:
+                    self._queue(n["job"], "release", n["peer"], stream)
+        gone.held = [None] * len(gone.held)
 
     def _tell_held(self, name: str) -> None:
         """A lease opened: the streams it names that are already held."""
@@ -423,6 +456,8 @@ class Planner:
                 named.pop(id(c), None)
                 if not named:
                     self.notified.pop(n["job"], None)
+        for c in gone:
+            self._retell(c)
         for c in self._enter(gone, -1).values():
             self._settle(c)
         self.outbox.extend(self._events([]))
@@ -455,8 +490,9 @@ class Planner:
                 "excluded": sorted(map(list, self.excluded))}
 
     def forget(self, job: Job) -> None:
-        self.release(job)
+        # Out of `jobs` first: a lease that ends is told nothing more.
         self.jobs.pop(job.name, None)
+        self.release(job)
         log.info("job %s: lease ended", job.name)
 
     # ------------------------------------------------------------- paths
