@@ -8,9 +8,8 @@ planner that dies leaves its clients an error, not a hang."""
 
 from __future__ import annotations
 
-import collections
-
 import asyncio
+import collections
 import itertools
 import json
 import os
