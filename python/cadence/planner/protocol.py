@@ -26,7 +26,9 @@ Requests (`{"v": 1, "token": T, "op": OP, ...}`):
   number on that link; the accepting end learns of the connection only
   this way).
 - `unplan` {ids}: forgets those connections of the job (a library asks it
-  for a link it dialed and then dropped: its peer's link won).
+  for a link it dialed and then dropped: its peer's link won); the streams
+  they named are then held or released as the connections kept that name
+  them say.
 - `release` {job}: forgets the job's streams (closing the connection does).
 - `status`: {ok, jobs, uplinks: [{rack, spine, up, down, state}], excluded}.
 
