@@ -191,10 +191,10 @@ def main(argv=None) -> int:
         if args.funcol:
             print(f"# the same, functional all_reduce and wait_tensor: "
                   f"{floor_us(functional=True):.1f} µs", flush=True)
-    ds = (f" {'funcol':>9} {'funcol/own':>10}" if args.funcol else "") + (
+    extra = (f" {'funcol':>9} {'funcol/own':>10}" if args.funcol else "") + (
         f" {'deepspeed':>10} {'ds/torch':>8}" if args.deepspeed else "")
     print(f"{'ranks':>5} {'dtype':>9} {'size':>8} {'torch':>9} {'own API':>9} {'gloo':>10} "
-          f"{'torch/own':>9} {'gloo/torch':>10} {'busbw':>11}{ds}", flush=True)
+          f"{'torch/own':>9} {'gloo/torch':>10} {'busbw':>11}{extra}", flush=True)
     for n in args.nranks:
         res = run_job(n, args)
         for dtype in args.dtypes:
@@ -203,14 +203,14 @@ def main(argv=None) -> int:
                     ("deepspeed",) if args.deepspeed else ())
                 med = {w: statistics.median(res[dtype, nbytes, w]) for w in ways}
                 bus = 2 * (n - 1) / n * nbytes / med["torch"] / 1e9
-                ds = (f" {med['funcol'] * 1e6:>9.1f} {med['funcol'] / med['own']:>10.2f}"
+                extra = (f" {med['funcol'] * 1e6:>9.1f} {med['funcol'] / med['own']:>10.2f}"
                       if args.funcol else "") + (
                     f" {med['deepspeed'] * 1e6:>10.1f} {med['deepspeed'] / med['torch']:>8.2f}"
                     if args.deepspeed else "")
                 print(f"{n:>5} {dtype:>9} {_fmt_size(nbytes):>8} {med['torch'] * 1e6:>9.1f} "
                       f"{med['own'] * 1e6:>9.1f} {med['gloo'] * 1e6:>10.1f} "
                       f"{med['torch'] / med['own']:>9.2f} {med['gloo'] / med['torch']:>10.1f} "
-                      f"{bus:>7.2f} GB/s{ds}", flush=True)
+                      f"{bus:>7.2f} GB/s{extra}", flush=True)
     return 0
 
 

@@ -35,8 +35,9 @@ def test_tp_decode_runs_and_every_sharding_decodes_the_same_tokens():
 
 def test_torch_path_prints_a_row_per_shape():
     out = _run("torch_path.py", "--nranks", "2", "--sizes", "8K,64K", "--dtypes",
-               "float32,bfloat16", "--rounds", "1")
+               "float32,bfloat16", "--rounds", "1", "--funcol")
     rows = [line.split() for line in out.splitlines() if line.startswith("    2")]
     assert [(r[1], r[2]) for r in rows] == [("float32", "8"), ("float32", "64"),
                                             ("bfloat16", "8"), ("bfloat16", "64")], out
     assert all(float(r[4]) > 0 and float(r[5]) > 0 and float(r[6]) > 0 for r in rows), out
+    assert all(float(r[-2]) > 0 for r in rows), out  # funcol's µs a call
